@@ -1,0 +1,289 @@
+"""orch exec, orch ct list|status|start, orch inventory check."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import time
+
+import click
+
+from orchestrator import console
+from orchestrator.errors import ConfigError, ExitCode, OrchError
+from orchestrator.fleet import each_concurrently
+from orchestrator.payloads import run_payload
+from orchestrator.proxmox import ProxmoxClient
+from orchestrator.remote.base import LineSplitter
+from orchestrator.remote.container import require_vmid
+
+pass_app = click.pass_obj
+
+
+# ---------------------------------------------------------------- orch exec
+@click.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("target")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="Kill the command after this long (default: no limit).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON when it ends.")
+@pass_app
+def exec_command(app, target, command, timeout, as_json):
+    """Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live.
+
+    Each argument arrives exactly as typed: orch quotes once, no shell in between.
+    orch exits with the command's exit code (255 for orch's own errors, as ssh does).
+    Standard input is forwarded when it is a pipe or a file.
+
+    \b
+    Examples:
+      orch exec drafters -- nvidia-smi
+      orch exec pve:200 -- python3 -c 'import sys; print(sys.argv)' 'a b' '$HOME'
+      orch exec all-drafters -- df -h /
+    """
+    targets = app.fleet.targets([target])
+    stdin = _forwarded_stdin()
+    if len(targets) == 1 and not as_json:
+        result = targets[0].run(list(command), stdin=stdin, timeout=timeout,
+                                on_stdout=_writer(sys.stdout), on_stderr=_writer(sys.stderr))
+        sys.exit(result.exit_code)
+    results = each_concurrently(targets, lambda t: t.run(
+        list(command), stdin=stdin, timeout=timeout,
+        on_stdout=None if as_json else _prefixed(t.name, sys.stdout),
+        on_stderr=None if as_json else _prefixed(t.name, sys.stderr)))
+    if as_json:
+        console.print_json([_result_json(t, r) for t, r in zip(targets, results)])
+    for t, r in zip(targets, results):
+        if isinstance(r, OrchError):
+            console.error(str(r))
+    codes = [ExitCode.EXEC_ORCH_ERROR if isinstance(r, OrchError) else r.exit_code for r in results]
+    sys.exit(max(codes))
+
+
+def _forwarded_stdin():
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return None
+    if stat.S_ISFIFO(mode) or stat.S_ISREG(mode):
+        return sys.stdin.buffer.read()
+    return None
+
+
+def _writer(stream):
+    lock = threading.Lock()
+
+    def write(chunk: bytes) -> None:
+        with lock:
+            stream.buffer.write(chunk)
+            stream.flush()
+    return write
+
+
+def _prefixed(name: str, stream):
+    lock = threading.Lock()
+
+    def line(text: str) -> None:
+        with lock:
+            stream.write(f"[{name}] {text}\n")
+            stream.flush()
+    splitter = LineSplitter(line)
+    return splitter.feed
+
+
+def _result_json(target, result) -> dict:
+    if isinstance(result, OrchError):
+        return {"target": target.name, "error": str(result), "exit_code": None}
+    return {"target": target.name, "argv": result.argv, "exit_code": result.exit_code,
+            "stdout": result.text, "stderr": result.error_text, "duration_s": round(result.duration, 4)}
+
+
+# ---------------------------------------------------------------- orch ct ...
+@click.group("ct")
+def ct():
+    """Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token).
+
+    \b
+    Examples:
+      orch ct list pve
+      orch ct status drafters --json
+      orch ct start drafters
+    """
+
+
+@ct.command("list")
+@click.argument("hosts", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def ct_list(app, hosts, as_json):
+    """List the containers of HOSTS (default: every SSH host of the inventory).
+
+    \b
+    Example:
+      orch ct list pve --json
+    """
+    inventory = app.fleet.inventory
+    names = list(hosts) or [n for n, h in inventory.hosts.items() if h.transport == "ssh"]
+    for name in names:
+        if name not in inventory.hosts:
+            raise ConfigError(f"unknown host {name!r}", hint="hosts: " + ", ".join(inventory.hosts))
+    known = {(c.host, c.vmid): c.name for c in inventory.containers.values() if c.vmid}
+    outcomes = each_concurrently(names, lambda n: _client(app, n).containers())
+    rows, failed = [], False
+    for host, outcome in zip(names, outcomes):
+        if isinstance(outcome, OrchError):
+            failed = True
+            rows.append({"host": host, "error": str(outcome)})
+            continue
+        for item in outcome:
+            rows.append({"host": host, "vmid": int(item["vmid"]), "name": item.get("name"),
+                         "status": item.get("status"), "inventory": known.get((host, int(item["vmid"])))})
+    if as_json:
+        console.print_json(rows)
+    else:
+        console.table(["HOST", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
+                      [[r["host"], r.get("vmid"), r.get("name"), r.get("status") or r.get("error"),
+                        r.get("inventory")] for r in rows])
+    sys.exit(ExitCode.FAILED if failed else ExitCode.OK)
+
+
+def _client(app, host_name: str) -> ProxmoxClient:
+    spec = app.fleet.inventory.hosts[host_name]
+    if spec.transport == "local":
+        raise OrchError(f"host {host_name} is local: it has no Proxmox API")
+    return ProxmoxClient(spec, app.fleet.host(host_name))
+
+
+def _single_container(app, name: str):
+    targets = app.fleet.targets([name])
+    if len(targets) != 1:
+        raise ConfigError(f"{name!r} names {len(targets)} containers; name one")
+    require_vmid(targets[0])
+    return targets[0]
+
+
+@ct.command("status")
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def ct_status(app, target, as_json):
+    """Show the status of one container.
+
+    \b
+    Example:
+      orch ct status drafters
+    """
+    container = _single_container(app, target)
+    status = _client(app, container.host.name).status(container.vmid)
+    if as_json:
+        console.print_json(status)
+    else:
+        console.out.print(f"{container.describe()}: {status.get('status')}"
+                          + (f" (uptime {status.get('uptime')} s)" if status.get("uptime") else ""))
+
+
+@ct.command("start")
+@click.argument("target")
+@click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
+              help="Seconds to wait until it runs.")
+@pass_app
+def ct_start(app, target, wait_s):
+    """Start one container and wait until it runs.
+
+    \b
+    Example:
+      orch ct start drafters
+    """
+    container = _single_container(app, target)
+    client = _client(app, container.host.name)
+    if client.status(container.vmid).get("status") == "running":
+        console.info(f"{container.describe()} is already running")
+        return
+    client.start(container.vmid)
+    deadline = time.monotonic() + wait_s
+    while client.status(container.vmid).get("status") != "running":
+        if time.monotonic() > deadline:
+            raise OrchError(f"{container.describe()} did not start within {wait_s:g} s")
+        time.sleep(0.3)
+    console.info(f"{container.describe()} is running")
+
+
+# ---------------------------------------------------------------- orch inventory check
+@click.group("inventory")
+def inventory():
+    """Inspect the inventory.
+
+    \b
+    Example:
+      orch inventory check
+    """
+
+
+@inventory.command("check")
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="Only these containers or groups (default: every container).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def inventory_check(app, targets, as_json):
+    """Check every container at once: reachable, running, python, venv, GPUs.
+
+    \b
+    Example:
+      orch inventory check --json
+    """
+    fleet = app.fleet
+    names = list(targets) or list(fleet.inventory.containers)
+    chosen = fleet.targets(names)
+    reports = each_concurrently(chosen, _check_one)
+    rows = []
+    for target, report in zip(chosen, reports):
+        if isinstance(report, OrchError):
+            rows.append({"target": target.name, "where": target.describe(), "ok": False,
+                         "reachable": _reachable(report), "running": False, "error": str(report)})
+        else:
+            rows.append({"target": target.name, "where": target.describe(), **report})
+    if as_json:
+        console.print_json(rows)
+    else:
+        console.table(["TARGET", "WHERE", "OK", "PYTHON", "VENV", "GPUS", "PROBLEM"],
+                      [_check_row(r) for r in rows])
+    sys.exit(ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED)
+
+
+def _check_one(target) -> dict:
+    probe = run_payload(target, "probe", {"venv": target.venv}, python="python3", timeout=60)
+    venv = probe.get("venv")
+    problems = []
+    if venv is not None and not venv["present"]:
+        problems.append(f"venv {venv['path']} missing")
+    gpus = probe.get("gpus")
+    if target.gpus and isinstance(gpus, list):
+        seen = {gpu["index"] for gpu in gpus}
+        missing = [g for g in target.gpus if g not in seen]
+        if missing:
+            problems.append(f"GPUs {missing} not seen by nvidia-smi")
+    elif target.gpus and gpus is None:
+        problems.append("no nvidia-smi in the container")
+    return {"ok": not problems, "reachable": True, "running": True,
+            "python_version": probe.get("python_version"), "venv": venv, "gpus": gpus,
+            "ripgrep": probe.get("ripgrep"), "problems": problems}
+
+
+def _reachable(error: OrchError) -> bool:
+    from orchestrator.errors import ConnectionProblem
+    return not isinstance(error, ConnectionProblem)
+
+
+def _check_row(row: dict) -> list:
+    venv = row.get("venv") or {}
+    gpus = row.get("gpus")
+    gpu_text = ("-" if gpus is None else
+                gpus.get("error") if isinstance(gpus, dict) else ",".join(str(g["index"]) for g in gpus))
+    problem = row.get("error") or "; ".join(row.get("problems", []))
+    venv_text = (f"{venv.get('path')} ({'ok' if venv.get('present') else 'missing'})" if venv else "-")
+    return [row["target"], row["where"], "yes" if row["ok"] else "NO",
+            row.get("python_version"), venv_text, gpu_text, problem]
+
+
+COMMANDS = [exec_command, ct, inventory]

@@ -1,0 +1,223 @@
+"""The inventory: which Proxmox hosts exist, which containers run on them, and groups.
+
+    hosts:
+      pve:   {address: 10.1.2.6, user: root}
+      here:  {transport: local}
+    containers:
+      drafters: {host: pve, vmid: 200, venv: /root/venv, gpus: [5, 6, 7]}
+    groups:
+      all-drafters: [drafters]
+    default_target: drafters
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from orchestrator.config.schema import check_keys, expect, expect_list_of
+from orchestrator.config.yamlsrc import Source, load_yaml
+from orchestrator.errors import ConfigError
+
+HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
+             "connect_timeout", "timeout", "iface", "api", "description")
+CONTAINER_KEYS = ("host", "vmid", "venv", "gpus", "env", "description")
+API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend")
+TOP_KEYS = ("hosts", "containers", "groups", "default_target", "defaults")
+VMID_PATTERN = re.compile(r"^[1-9][0-9]{2,8}$")  # the ids pct accepts
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SANDBOX_DIR_DEFAULT = "/var/lib/orch-sandbox"
+
+
+@dataclass
+class HostSpec:
+    name: str
+    transport: str = "ssh"
+    address: Optional[str] = None
+    user: Optional[str] = None
+    port: Optional[int] = None
+    identity: list[str] = field(default_factory=list)
+    jump: Optional[str] = None
+    known_hosts: Optional[str] = None
+    node: Optional[str] = None
+    connect_timeout: float = 10.0
+    timeout: float = 120.0
+    iface: Optional[str] = None
+    api: dict = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass
+class ContainerSpec:
+    name: str
+    host: str
+    vmid: Optional[int] = None
+    venv: Optional[str] = None
+    gpus: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass
+class Inventory:
+    path: str
+    hosts: dict[str, HostSpec]
+    containers: dict[str, ContainerSpec]
+    groups: dict[str, list[str]]
+    default_target: Optional[str] = None
+
+    def resolve(self, names: list[str] | tuple[str, ...]) -> list[ContainerSpec]:
+        """Targets by name: containers, groups, hosts (the host itself) or HOST:VMID."""
+        names = list(names) or [self._default_name()]
+        resolved: list[ContainerSpec] = []
+        for name in names:
+            for spec in self._resolve_one(name, seen=()):
+                if spec.name not in {r.name for r in resolved}:
+                    resolved.append(spec)
+        return resolved
+
+    def _default_name(self) -> str:
+        if self.default_target:
+            return self.default_target
+        if len(self.containers) == 1:
+            return next(iter(self.containers))
+        raise ConfigError(f"{self.path}: no target given and no default_target in the inventory",
+                          hint="pass -t TARGET, or set default_target: in the inventory")
+
+    def _resolve_one(self, name: str, seen: tuple) -> list[ContainerSpec]:
+        if name in self.containers:
+            return [self.containers[name]]
+        if name in self.groups:
+            if name in seen:
+                raise ConfigError(f"{self.path}: group {name!r} contains itself")
+            return [spec for member in self.groups[name]
+                    for spec in self._resolve_one(member, seen + (name,))]
+        host, _, vmid = name.partition(":")
+        if host in self.hosts and (not vmid or VMID_PATTERN.match(vmid)):
+            return [ContainerSpec(name=name, host=host, vmid=int(vmid) if vmid else None)]
+        known = sorted(self.containers) + sorted(self.groups) + sorted(self.hosts)
+        raise ConfigError(f"unknown target {name!r} in {self.path}",
+                          hint="known targets: " + ", ".join(known) + " (or HOST:VMID)")
+
+
+def inventory_path(explicit: Optional[str] = None) -> str:
+    """-i/--inventory, then $ORCH_INVENTORY, then ./inventory.yaml, then ~/.config/orch/."""
+    chosen = explicit or os.environ.get("ORCH_INVENTORY")
+    if chosen == "sandbox":
+        return os.path.join(os.environ.get("ORCH_SANDBOX_DIR", SANDBOX_DIR_DEFAULT), "inventory.yaml")
+    if chosen:
+        return chosen
+    for candidate in ("inventory.yaml", os.path.expanduser("~/.config/orch/inventory.yaml")):
+        if os.path.exists(candidate):
+            return candidate
+    return "inventory.yaml"
+
+
+def load_inventory(path: Optional[str] = None) -> Inventory:
+    source = load_yaml(inventory_path(path))
+    data = source.data if source.data is not None else {}
+    expect(source, (), data, dict, "the inventory")
+    check_keys(source, (), data, TOP_KEYS)
+    hosts = {name: _host(source, name, spec) for name, spec in _section(source, data, "hosts").items()}
+    containers = {name: _container(source, name, spec, hosts)
+                  for name, spec in _section(source, data, "containers").items()}
+    groups = _groups(source, data, hosts, containers)
+    for name, host in hosts.items():
+        if host.jump and host.jump not in hosts:
+            raise source.error(("hosts", name, "jump"), f"jump host {host.jump!r} is not in hosts")
+    default = data.get("default_target")
+    if default is not None:
+        expect(source, ("default_target",), default, str)
+        if default not in containers and default not in groups and default not in hosts:
+            raise source.error(("default_target",), f"default_target {default!r} names no container, "
+                                                   "group or host")
+    return Inventory(source.filename, hosts, containers, groups, default)
+
+
+def _section(source: Source, data: dict, key: str) -> dict:
+    section = data.get(key) or {}
+    expect(source, (key,), section, dict)
+    for name in section:
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise source.error((key, name), f"{name!r} is not a valid name (letters, digits, "
+                                            "'_', '.', '-')", key=True)
+    return section
+
+
+def _host(source: Source, name: str, spec) -> HostSpec:
+    path = ("hosts", name)
+    expect(source, path, spec, dict, f"host {name!r}")
+    check_keys(source, path, spec, HOST_KEYS)
+    transport = expect(source, path + ("transport",), spec.get("transport", "ssh"), str)
+    if transport not in ("ssh", "local"):
+        raise source.error(path + ("transport",), f"transport must be 'ssh' or 'local', not {transport!r}")
+    if transport == "ssh" and "address" not in spec:
+        raise source.error(path, f"host {name!r} needs an address (or transport: local)")
+    host = HostSpec(name=name, transport=transport)
+    for key in ("address", "user", "jump", "known_hosts", "node", "iface", "description"):
+        if key in spec:
+            setattr(host, key, str(expect(source, path + (key,), spec[key], (str, int))))
+    if "port" in spec:
+        host.port = expect(source, path + ("port",), spec["port"], int)
+        if not 0 < host.port < 65536:
+            raise source.error(path + ("port",), f"port {host.port} is out of range 1..65535")
+    for key in ("connect_timeout", "timeout"):
+        if key in spec:
+            value = expect(source, path + (key,), spec[key], (int, float))
+            if value <= 0:
+                raise source.error(path + (key,), f"{key} must be positive")
+            setattr(host, key, float(value))
+    identity = spec.get("identity", [])
+    host.identity = [identity] if isinstance(identity, str) else expect_list_of(
+        source, path + ("identity",), identity, str)
+    if "api" in spec:
+        expect(source, path + ("api",), spec["api"], dict)
+        check_keys(source, path + ("api",), spec["api"], API_KEYS)
+        host.api = dict(spec["api"])
+    return host
+
+
+def _container(source: Source, name: str, spec, hosts: dict) -> ContainerSpec:
+    path = ("containers", name)
+    expect(source, path, spec, dict, f"container {name!r}")
+    check_keys(source, path, spec, CONTAINER_KEYS, required=("host",))
+    host = expect(source, path + ("host",), spec["host"], str)
+    if host not in hosts:
+        raise source.error(path + ("host",), f"container {name!r} is on host {host!r}, "
+                                             "which is not in hosts")
+    container = ContainerSpec(name=name, host=host)
+    if "vmid" in spec:
+        vmid = expect(source, path + ("vmid",), spec["vmid"], int)
+        if not VMID_PATTERN.match(str(vmid)):
+            raise source.error(path + ("vmid",), f"vmid {vmid} is not a valid Proxmox id (100..999999999)")
+        if hosts[host].transport == "local":
+            raise source.error(path + ("vmid",), f"host {host!r} is local: it has no containers "
+                                                 "(remove vmid)")
+        container.vmid = vmid
+    if "venv" in spec:
+        container.venv = expect(source, path + ("venv",), spec["venv"], str)
+    if "gpus" in spec:
+        container.gpus = expect_list_of(source, path + ("gpus",), spec["gpus"], int)
+    if "env" in spec:
+        env = expect(source, path + ("env",), spec["env"], dict)
+        for key, value in env.items():
+            expect(source, path + ("env", key), value, (str, int, float))
+        container.env = {str(k): str(v) for k, v in env.items()}
+    container.description = str(spec.get("description", ""))
+    return container
+
+
+def _groups(source: Source, data: dict, hosts: dict, containers: dict) -> dict[str, list[str]]:
+    groups = _section(source, data, "groups")
+    for name, members in groups.items():
+        path = ("groups", name)
+        if name in containers:
+            raise source.error(path, f"group {name!r} has the name of a container", key=True)
+        expect_list_of(source, path, members, str, f"group {name!r}")
+        for index, member in enumerate(members):
+            if member not in containers and member not in groups and member not in hosts:
+                raise source.error(path + (index,), f"group {name!r} names {member!r}, which is "
+                                                    "no container, group or host")
+    return {name: list(members) for name, members in groups.items()}

@@ -1,0 +1,100 @@
+"""YAML that remembers where each value came from, so every error names file:line:col.
+
+load_yaml() returns plain dicts and lists (easy to use) plus a table from each value's path
+(a tuple of keys and indexes) to its position in the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import yaml
+
+from orchestrator.errors import ConfigError
+
+Path = tuple
+
+
+@dataclass
+class Source:
+    """A loaded YAML document and the positions of its values and keys (1-based)."""
+
+    filename: str
+    data: Any
+    value_marks: dict = field(default_factory=dict)
+    key_marks: dict = field(default_factory=dict)
+
+    def where(self, path: Path, key: bool = False) -> str:
+        marks = self.key_marks if key and path in self.key_marks else self.value_marks
+        probe = tuple(path)
+        while probe not in marks and probe:
+            probe = probe[:-1]  # fall back to the nearest enclosing value
+        line, col = marks.get(probe, (1, 1))
+        return f"{self.filename}:{line}:{col}"
+
+    def error(self, path: Path, message: str, key: bool = False, hint: str | None = None) -> ConfigError:
+        return ConfigError(f"{self.where(path, key)}: {message}", hint=hint)
+
+
+def describe_path(path: Iterable) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def load_yaml(filename: str, text: str | None = None) -> Source:
+    try:
+        if text is None:
+            with open(filename, encoding="utf-8") as handle:
+                text = handle.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{filename}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{filename}: cannot read: {error}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
+        raise ConfigError(f"{where}: invalid YAML: {error.problem or error.context}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{filename}: invalid YAML: {error}") from None
+    source = Source(filename, None)
+    source.data = _convert(node, (), source) if node is not None else {}
+    return source
+
+
+def _mark(node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _convert(node, path: Path, source: Source) -> Any:
+    source.value_marks[path] = _mark(node)
+    if isinstance(node, yaml.MappingNode):
+        return _convert_mapping(node, path, source)
+    if isinstance(node, yaml.SequenceNode):
+        return [_convert(item, path + (index,), source) for index, item in enumerate(node.value)]
+    try:
+        return yaml.SafeLoader(" ").construct_object(node, deep=True)
+    except yaml.constructor.ConstructorError as error:
+        raise source.error(path, f"cannot read this value: {error.problem}") from None
+
+
+def _convert_mapping(node, path: Path, source: Source) -> dict:
+    result: dict = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            raise source.error(path, "YAML merge keys (<<) are not supported here")
+        key = _convert(key_node, path + ("<key>",), source)
+        if not isinstance(key, (str, int)):
+            raise source.error(path, f"a key must be a string, not {type(key).__name__}")
+        child = path + (key,)
+        if key in result:
+            line, col = _mark(key_node)
+            raise ConfigError(f"{source.filename}:{line}:{col}: duplicate key {key!r} "
+                              f"(first at {source.where(child, key=True)})")
+        source.key_marks[child] = _mark(key_node)
+        result[key] = _convert(value_node, child, source)
+    return result

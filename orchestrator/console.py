@@ -1,0 +1,44 @@
+"""Printing: human tables and messages on the terminal, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Iterable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    grid = Table(title=title, show_edge=False, header_style="bold")
+    for column in columns:
+        grid.add_column(column)
+    for row in rows:
+        grid.add_row(*["" if cell is None else str(cell) for cell in row])
+    out.print(grid)
+
+
+def error(message: str) -> None:
+    err.print(f"[bold red]orch: error:[/] {escape(message)}")
+
+
+def warn(message: str) -> None:
+    err.print(f"[yellow]orch: warning:[/] {escape(message)}")
+
+
+def info(message: str) -> None:
+    err.print(escape(message))
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+    return rich_escape(str(text))

@@ -1,0 +1,107 @@
+"""Typed errors, each with a sentence a user can act on, and orch's exit codes.
+
+Every command maps an OrchError to its exit code in one place (cli.main), so a user
+never sees a traceback for a mistake they can fix.
+"""
+
+from __future__ import annotations
+
+
+class ExitCode:
+    """Documented exit codes (README, "Exit codes")."""
+
+    OK = 0
+    FAILED = 1            # the thing ran and failed (a check failed, a verdict is "failed")
+    USAGE = 2             # bad command line, inventory or playbook
+    UNREACHABLE = 3       # host unreachable, auth refused, host key unknown or changed
+    NO_CONTAINER = 4      # no such container, or it is not running
+    TIMEOUT = 5           # a remote command outlived its timeout
+    REMOTE_FAILED = 6     # a remote command exited non-zero where orch needed success
+    # orch run / orch nightly verdicts
+    RUN_FAILED = 10       # FX race, traceback, OOM, non-zero exit, killed
+    RUN_HANG = 11         # no progress for hang_after seconds while the process lived
+    RUN_DEGRADED = 12     # ran, but below the playbook's throughput threshold
+    RUN_UNREACHABLE = 13  # a target could not be reached during the run
+    REGRESSION = 20       # nightly: compared with the baseline, something got worse
+    LOCKED = 21           # nightly: another nightly of the same playbook is running
+    # orch exec: the remote exit code is passed through; orch's own failures use 255, as ssh does
+    EXEC_ORCH_ERROR = 255
+
+
+class OrchError(Exception):
+    """Base of every error orch reports to a user (message, not traceback)."""
+
+    exit_code = ExitCode.FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class ConfigError(OrchError):
+    """A mistake in an inventory or playbook; the message names file:line:col."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ConnectionProblem(OrchError):
+    exit_code = ExitCode.UNREACHABLE
+
+
+class HostUnreachable(ConnectionProblem):
+    pass
+
+
+class AuthRefused(ConnectionProblem):
+    pass
+
+
+class HostKeyUnknown(ConnectionProblem):
+    pass
+
+
+class HostKeyChanged(ConnectionProblem):
+    pass
+
+
+class ContainerProblem(OrchError):
+    exit_code = ExitCode.NO_CONTAINER
+
+
+class NoSuchContainer(ContainerProblem):
+    pass
+
+
+class ContainerNotRunning(ContainerProblem):
+    pass
+
+
+class CommandTimeout(OrchError):
+    exit_code = ExitCode.TIMEOUT
+
+    def __init__(self, message: str, *, result=None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.result = result
+
+
+class CommandFailed(OrchError):
+    """A remote command exited non-zero; carries its Result (exit code, last stderr lines)."""
+
+    exit_code = ExitCode.REMOTE_FAILED
+
+    def __init__(self, result, *, what: str | None = None):
+        self.result = result
+        tail = result.stderr_tail()
+        head = what or f"command {result.display()} on {result.target}"
+        message = f"{head} failed with exit code {result.exit_code}"
+        if tail:
+            message += ":\n" + "\n".join("  | " + line for line in tail)
+        super().__init__(message)
+
+
+class PayloadError(OrchError):
+    """A payload ran in the container but reported an error it found (JSON 'error' line)."""

@@ -1,0 +1,114 @@
+"""From inventory names to live Targets, with one connection per host shared by all."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional, TypeVar
+
+import paramiko
+
+from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, load_inventory
+from orchestrator.errors import OrchError
+from orchestrator.remote.base import Transport
+from orchestrator.remote.container import Target
+from orchestrator.remote.local import LocalTransport
+from orchestrator.remote.ssh import DEFAULT_KNOWN_HOSTS, SshHost, SshSettings
+
+T = TypeVar("T")
+SSH_CONFIG = "~/.ssh/config"
+
+
+class Fleet:
+    """Opens each host at most once, lazily, and closes them all at the end."""
+
+    def __init__(self, inventory: Inventory, trust_on_first_use: bool = False,
+                 ssh_config_path: str = SSH_CONFIG):
+        self.inventory = inventory
+        self.trust_on_first_use = trust_on_first_use
+        self._ssh_config = _read_ssh_config(ssh_config_path)
+        self._hosts: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_path(cls, path: Optional[str] = None, **kwargs) -> "Fleet":
+        return cls(load_inventory(path), **kwargs)
+
+    def host(self, name: str) -> Transport:
+        with self._lock:
+            if name not in self._hosts:
+                spec = self.inventory.hosts[name]
+                self._hosts[name] = (LocalTransport(name) if spec.transport == "local"
+                                     else SshHost(self.ssh_settings(spec)))
+            return self._hosts[name]
+
+    def target(self, spec: ContainerSpec) -> Target:
+        return Target(spec.name, self.host(spec.host), spec.vmid, spec.venv, spec.gpus, spec.env)
+
+    def targets(self, names) -> list[Target]:
+        return [self.target(spec) for spec in self.inventory.resolve(names)]
+
+    def ssh_settings(self, spec: HostSpec, seen: tuple = ()) -> SshSettings:
+        """Inventory values win; ~/.ssh/config fills what the inventory leaves open."""
+        if spec.name in seen:
+            raise OrchError(f"jump hosts of {spec.name} form a loop: {' -> '.join(seen)}")
+        found = self._ssh_config.lookup(spec.address) if self._ssh_config else {}
+        jump_name = spec.jump or found.get("proxyjump")
+        return SshSettings(
+            name=spec.name,
+            address=found.get("hostname", spec.address),
+            port=spec.port or int(found.get("port", 22)),
+            user=spec.user or found.get("user", "root"),
+            identity=spec.identity or found.get("identityfile", []),
+            known_hosts=spec.known_hosts or _first(found.get("userknownhostsfile")) or DEFAULT_KNOWN_HOSTS,
+            jump=self._jump_settings(jump_name, seen + (spec.name,)) if jump_name else None,
+            connect_timeout=spec.connect_timeout,
+            trust_on_first_use=self.trust_on_first_use)
+
+    def _jump_settings(self, jump: str, seen: tuple) -> SshSettings:
+        if jump in self.inventory.hosts:
+            return self.ssh_settings(self.inventory.hosts[jump], seen)
+        user, _, address = jump.rpartition("@")
+        address, _, port = address.partition(":")
+        return self.ssh_settings(HostSpec(name=jump, address=address, user=user or None,
+                                          port=int(port) if port else None), seen)
+
+    def close(self) -> None:
+        for host in self._hosts.values():
+            host.close()
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _first(value):
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value.split()[0] if value else None
+
+
+def _read_ssh_config(path: str) -> Optional[paramiko.SSHConfig]:
+    path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        return None
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except Exception as error:  # a broken ssh config should not stop orch; say so
+        raise OrchError(f"{path}: cannot read the SSH config: {error}") from None
+
+
+def each_concurrently(items: list, work: Callable, max_workers: int = 16) -> list:
+    """Run work(item) for every item at once; each outcome is a value or the OrchError raised."""
+    def guarded(item):
+        try:
+            return work(item)
+        except OrchError as error:
+            return error
+    if len(items) <= 1:
+        return [guarded(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        return list(pool.map(guarded, items))

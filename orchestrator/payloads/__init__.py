@@ -1,0 +1,62 @@
+"""Payloads: stdlib-only scripts shipped into a container over stdin and run there with the
+container's own python as `PYTHON - ARGS_JSON`. Each prints JSON lines; the last line is
+{"event": "result", ...} or {"event": "error", "message": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Callable, Optional
+
+from orchestrator.errors import OrchError, PayloadError
+from orchestrator.remote.base import LineSplitter
+from orchestrator.remote.container import Target
+
+EventCallback = Callable[[dict], None]
+
+
+def payload_source(name: str) -> bytes:
+    return resources.files(__package__).joinpath(f"{name}.py").read_bytes()
+
+
+def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] = None,
+                timeout: float = 300.0, on_event: Optional[EventCallback] = None) -> dict:
+    """Run payload `name` on target and return its result event (raise PayloadError on error)."""
+    python = python or target.python()
+    events: list[dict] = []
+
+    def on_line(line: str) -> None:
+        event = _parse_event(line)
+        if event is None:
+            return
+        events.append(event)
+        if on_event and event.get("event") not in ("result", "error"):
+            on_event(event)
+
+    splitter = LineSplitter(on_line)
+    result = target.run([python, "-", json.dumps(args)], stdin=payload_source(name),
+                        timeout=timeout, on_stdout=splitter.feed)
+    splitter.flush()
+    final = events[-1] if events else None
+    if final and final.get("event") == "result":
+        return final
+    if final and final.get("event") == "error":
+        raise PayloadError(f"{target.name}: {final.get('message', 'the payload failed')}")
+    if result.exit_code in (126, 127) or "No such file or directory" in result.error_text[:500]:
+        raise OrchError(f"{target.name}: cannot run {python}: {result.stderr_tail(1)}",
+                        hint="is the venv bootstrapped? (the venv: key of the inventory, "
+                             "or a bootstrap step in the playbook)")
+    raise PayloadError(f"{target.name}: payload {name} ended with exit code {result.exit_code} "
+                       "and no result:\n" + "\n".join("  | " + l for l in result.stderr_tail()))
+
+
+def _parse_event(line: str) -> Optional[dict]:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None  # a library printed something of its own; not ours
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None

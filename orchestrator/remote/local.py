@@ -1,0 +1,88 @@
+"""The local transport: commands run on this machine, as argv lists, never through a shell."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from orchestrator.errors import CommandTimeout, OrchError
+from orchestrator.remote.base import Result, RunOptions, Transport
+
+
+class LocalTransport(Transport):
+    def __init__(self, name: str = "local"):
+        self.name = name
+
+    def _run(self, argv: list[str], options: RunOptions) -> Result:
+        started = time.monotonic()
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE if options.stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**os.environ, **options.env}, start_new_session=True)
+        except FileNotFoundError:
+            raise OrchError(f"{argv[0]}: command not found on {self.name}") from None
+        except PermissionError:
+            raise OrchError(f"{argv[0]}: permission denied on {self.name}") from None
+        readers = [_start_reader(process.stdout, options.on_stdout),
+                   _start_reader(process.stderr, options.on_stderr)]
+        if options.stdin is not None:
+            threading.Thread(target=_feed_stdin, args=(process.stdin, options.stdin),
+                             daemon=True).start()
+        try:
+            exit_code = process.wait(timeout=options.timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            result = _collect(argv, process.wait(), readers, started, self.name)
+            raise CommandTimeout(
+                f"command {result.display()} on {self.name} did not finish within "
+                f"{options.timeout:g} s and was killed", result=result) from None
+        return _collect(argv, exit_code, readers, started, self.name)
+
+
+class _Reader(threading.Thread):
+    """Drains one pipe so the child never blocks on a full pipe, forwarding chunks live."""
+
+    def __init__(self, pipe, callback):
+        super().__init__(daemon=True)
+        self.pipe, self.callback, self.chunks = pipe, callback, []
+
+    def run(self) -> None:
+        for chunk in iter(lambda: self.pipe.read1(65536), b""):
+            self.chunks.append(chunk)
+            if self.callback:
+                self.callback(chunk)
+        self.pipe.close()
+
+
+def _start_reader(pipe, callback) -> _Reader:
+    reader = _Reader(pipe, callback)
+    reader.start()
+    return reader
+
+
+def _feed_stdin(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except BrokenPipeError:  # the command stopped reading; its exit code tells the story
+        pass
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _collect(argv, exit_code, readers, started, target) -> Result:
+    for reader in readers:
+        reader.join(timeout=5)
+    # A negative code means "killed by signal N"; report it the way a shell would.
+    code = 128 - exit_code if exit_code < 0 else exit_code
+    stdout, stderr = (b"".join(reader.chunks) for reader in readers)
+    return Result(argv, code, stdout, stderr, time.monotonic() - started, target)
