@@ -1,0 +1,295 @@
+"""orch grep-torch / grep-pkg, orch patch fx-tls, orch verify fx-race."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import click
+
+from orchestrator import console, forensics
+from orchestrator.errors import ExitCode, OrchError
+from orchestrator.fleet import each_concurrently
+
+pass_app = click.pass_obj
+TARGET_OPTION = click.option(
+    "-t", "--target", "targets", multiple=True, metavar="TARGET",
+    help="Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+# ---------------------------------------------------------------- grep-torch / grep-pkg
+def _search_options(command):
+    for option in reversed([
+        TARGET_OPTION,
+        click.option("-F", "--fixed-strings", "fixed", is_flag=True, help="PATTERN is a plain string."),
+        click.option("-w", "--word", is_flag=True, help="Match whole words only."),
+        click.option("-i", "--ignore-case", is_flag=True, help="Ignore case."),
+        click.option("-C", "--context", type=click.IntRange(0, 50), default=0, metavar="N",
+                     help="Show N lines around each hit."),
+        click.option("--def", "definition", is_flag=True,
+                     help="PATTERN is a name (or Class.method): find where it is defined."),
+        click.option("--show", is_flag=True, help="With --def: print each definition's whole body."),
+        click.option("--engine", type=click.Choice(["auto", "rg", "python"]), default="auto",
+                     show_default=True, help="ripgrep when the container has it, else Python."),
+        click.option("--max-hits", type=click.IntRange(1), default=200, show_default=True,
+                     help="Stop after this many hits per target (the output says so)."),
+        JSON_OPTION,
+    ]):
+        command = option(command)
+    return command
+
+
+@click.command("grep-torch")
+@click.argument("pattern")
+@_search_options
+@pass_app
+def grep_torch(app, pattern, **options):
+    """Search the installed torch source in each target's venv (torch is never imported).
+
+    PATTERN is a regular expression (Python syntax), or a plain string with -F; it is data,
+    never shell. Hits print as torch/fx/_symbolic_trace.py:70:<line>.
+    Exit code: 0 hits found, 1 none, other codes for errors (see README).
+
+    \b
+    Examples:
+      orch grep-torch _is_fx_tracing_flag
+      orch grep-torch --def is_fx_symbolic_tracing --show
+      orch grep-torch --def Tracer.trace --show -t drafters
+      orch grep-torch -F 'config.error_on_nested_fx_trace' -C 2 -t all-drafters --json
+    """
+    _search(app, "torch", pattern, **options)
+
+
+@click.command("grep-pkg")
+@click.argument("package")
+@click.argument("pattern")
+@_search_options
+@pass_app
+def grep_pkg(app, package, pattern, **options):
+    """Search any installed package's source (transformers, triton, ...) like grep-torch.
+
+    \b
+    Examples:
+      orch grep-pkg transformers 'flex_attention' -w
+      orch grep-pkg triton --def autotune --show
+    """
+    _search(app, package, pattern, **options)
+
+
+def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context, definition,
+            show, engine, max_hits, as_json):
+    if show and not definition:
+        raise click.UsageError("--show goes with --def (it prints a definition's body)")
+    chosen = app.fleet.targets(targets)
+    outcomes = each_concurrently(chosen, lambda target: forensics.search_source(
+        target, pattern, package=package, fixed=fixed, word=word, ignore_case=ignore_case,
+        context=context, mode="def" if definition else "grep", show=show, engine=engine,
+        max_hits=max_hits))
+    if as_json:
+        console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
+    else:
+        for target, outcome in zip(chosen, outcomes):
+            _print_search(target, outcome, max_hits)
+    sys.exit(_search_exit_code(outcomes))
+
+
+def _target_json(target, outcome) -> dict:
+    if isinstance(outcome, OrchError):
+        return {"target": target.name, "error": str(outcome)}
+    return {"target": target.name, **{k: v for k, v in outcome.items() if k != "event"}}
+
+
+def _print_search(target, outcome, max_hits) -> None:
+    if isinstance(outcome, OrchError):
+        console.error(f"{target.name}: {outcome}")
+        return
+    console.out.print(f"[bold]== {console.escape(target.describe())}[/]: "
+                      f"{outcome.get('package', 'torch')} {outcome.get('version')} in "
+                      f"{console.escape(str(outcome.get('site_packages')))} ({outcome.get('engine')})")
+    for match in outcome["matches"]:
+        if match["event"] == "def":
+            _print_definition(match)
+        else:
+            _print_hit(match)
+    if outcome.get("truncated"):
+        console.warn(f"{target.name}: output cut at {max_hits} hits; narrow the pattern or raise --max-hits")
+    elif not outcome["matches"]:
+        console.info(f"{target.name}: no match")
+
+
+def _print_hit(hit: dict) -> None:
+    for line, text in hit.get("before", []):
+        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
+    sys.stdout.write(f"{hit['path']}:{hit['line']}:{hit['text']}\n")
+    for line, text in hit.get("after", []):
+        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
+    if hit.get("before") or hit.get("after"):
+        sys.stdout.write("--\n")
+
+
+def _print_definition(found: dict) -> None:
+    sys.stdout.write(f"{found['path']}:{found['line']}: {found.get('kind')} {found.get('qualname')}\n")
+    body = found.get("body")
+    if body:
+        for number, text in enumerate(body.splitlines(), start=found["line"]):
+            sys.stdout.write(f"{number:>6}  {text}\n")
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _search_exit_code(outcomes) -> int:
+    errors = [o for o in outcomes if isinstance(o, OrchError)]
+    if errors:
+        return errors[0].exit_code
+    return ExitCode.OK if any(o["matches"] for o in outcomes) else ExitCode.FAILED
+
+
+# ---------------------------------------------------------------- patch fx-tls
+@click.group("patch")
+def patch():
+    """Patches orch applies to the installed torch of a container.
+
+    \b
+    Example:
+      orch patch fx-tls status
+    """
+
+
+STATE_TEXT = {
+    "vulnerable": "VULNERABLE: the FX tracing flag is a process-global (threads race)",
+    "fixed-upstream": "fixed upstream: this torch already keeps the flag thread-local",
+    "patched": "patched by orch: the flag is thread-local",
+    "drifted": "DRIFTED: orch's record says patched, but the files changed (torch reinstalled?)",
+    "unknown": "UNKNOWN shape: orch does not recognise this source and will not touch it",
+}
+
+
+@patch.command("fx-tls")
+@click.argument("action", type=click.Choice(list(forensics.PATCH_ACTIONS)))
+@TARGET_OPTION
+@JSON_OPTION
+@pass_app
+def fx_tls(app, action, targets, as_json):
+    """Make torch's FX tracing flag thread-local: status | diff | apply | revert.
+
+    \b
+    status  vulnerable, fixed-upstream, patched (when, which orch), drifted, or unknown
+    diff    what apply would change; changes nothing
+    apply   back up, rewrite atomically, check it compiles and imports, record it
+    revert  restore the original bytes, checked against the wheel's RECORD hashes
+    Exit code: 0 when every target ended fine, 1 when one is vulnerable/drifted/unknown
+    (status) or the action was refused.
+
+    \b
+    Examples:
+      orch patch fx-tls status -t all-drafters
+      orch patch fx-tls diff -t drafters
+      orch patch fx-tls apply -t drafters
+      orch patch fx-tls revert -t drafters --json
+    """
+    chosen = app.fleet.targets(targets)
+    outcomes = each_concurrently(chosen, lambda target: forensics.fx_patch(target, action))
+    if as_json:
+        console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
+    else:
+        for target, outcome in zip(chosen, outcomes):
+            _print_patch(target, action, outcome)
+    sys.exit(_patch_exit_code(action, outcomes))
+
+
+def _print_patch(target, action, outcome) -> None:
+    if isinstance(outcome, OrchError):
+        console.error(f"{target.name}: {outcome}")
+        return
+    state = outcome.get("state")
+    header = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
+    if action == "diff":
+        console.out.print(header + (STATE_TEXT.get(state, state or "")))
+        sys.stdout.write(outcome.get("diff") or "(no change)\n")
+        return
+    console.out.print(header + STATE_TEXT.get(state, str(state)))
+    message = outcome.get("message")
+    if message:
+        console.out.print("  " + console.escape(message))
+    for item in outcome.get("files", []) or []:
+        if isinstance(item, dict):
+            console.out.print("  " + console.escape(" ".join(
+                f"{k}={v}" for k, v in item.items() if k in ("path", "status", "changed", "record_ok"))))
+
+
+def _patch_exit_code(action, outcomes) -> int:
+    errors = [o for o in outcomes if isinstance(o, OrchError)]
+    if errors:
+        return errors[0].exit_code
+    if action in ("status", "diff"):
+        bad = [o for o in outcomes if o.get("state") in ("vulnerable", "drifted", "unknown")]
+        return ExitCode.FAILED if bad else ExitCode.OK
+    return ExitCode.OK
+
+
+# ---------------------------------------------------------------- verify fx-race
+@click.group("verify")
+def verify():
+    """Checks that run a reproducer inside the container.
+
+    \b
+    Example:
+      orch verify fx-race
+    """
+
+
+@verify.command("fx-race")
+@TARGET_OPTION
+@click.option("--trials", type=click.IntRange(1, 100), default=10, show_default=True)
+@JSON_OPTION
+@pass_app
+def fx_race(app, targets, trials, as_json):
+    """Run the deterministic FX race reproducer with each target's venv python.
+
+    Thread A holds an FX trace open; thread B calls a freshly compiled function. A vulnerable
+    torch raises in every trial; a patched or upstream-fixed one in none, while the
+    same-thread control must still raise (the guard is still on).
+    Exit code: 0 when safe (fixed), 1 when vulnerable, the guard is off, or inconclusive.
+
+    \b
+    Examples:
+      orch verify fx-race -t drafters
+      orch verify fx-race -t all-drafters --trials 20 --json
+    """
+    chosen = app.fleet.targets(targets)
+    lock = threading.Lock()
+
+    def progress(name):
+        def on_event(event):
+            if not as_json and event.get("event") == "trial":
+                with lock:
+                    console.info(f"{name}: trial {event.get('trial')}: "
+                                 f"{'raised' if event.get('raised') else 'no error'}")
+        return on_event
+
+    outcomes = each_concurrently(chosen, lambda target: forensics.verify_fx_race(
+        target, trials, on_event=progress(target.name)))
+    if as_json:
+        console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
+    else:
+        for target, outcome in zip(chosen, outcomes):
+            _print_race(target, outcome)
+    errors = [o for o in outcomes if isinstance(o, OrchError)]
+    if errors:
+        sys.exit(errors[0].exit_code)
+    sys.exit(ExitCode.OK if all(o.get("verdict") == "fixed" for o in outcomes) else ExitCode.FAILED)
+
+
+def _print_race(target, outcome) -> None:
+    if isinstance(outcome, OrchError):
+        console.error(f"{target.name}: {outcome}")
+        return
+    console.out.print(
+        f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
+        f"cross-thread raised {outcome.get('cross_thread_raised')}/{outcome.get('trials')}, "
+        f"same-thread control raised {outcome.get('same_thread_raised')}/"
+        f"{outcome.get('same_thread_trials')} -> [bold]{outcome.get('verdict')}[/]")
+
+
+COMMANDS = [grep_torch, grep_pkg, patch, verify]
