@@ -1,0 +1,77 @@
+"""The CLI on the local transport: exit codes pass through, errors are sentences."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+@pytest.fixture()
+def inventory(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(textwrap.dedent("""\
+        hosts:
+          here: {transport: local}
+        containers:
+          dev: {host: here, venv: /nonexistent/venv}
+          dev2: {host: here}
+        groups:
+          both: [dev, dev2]
+        default_target: dev
+        """))
+    return str(path)
+
+
+def orch(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
+                          text=True, input=stdin, timeout=120)
+
+
+def test_exec_passes_argv_and_exit_code(inventory):
+    out = orch("-i", inventory, "exec", "dev", "--", sys.executable, "-c",
+               "import sys, json; print(json.dumps(sys.argv[1:])); sys.exit(42)", "$(id)", "a'b", "")
+    assert out.returncode == 42
+    assert json.loads(out.stdout) == ["$(id)", "a'b", ""]
+
+
+def test_exec_forwards_piped_stdin(inventory):
+    assert orch("-i", inventory, "exec", "dev", "--", "cat", stdin="piped\n").stdout == "piped\n"
+
+
+def test_exec_on_a_group_prefixes_lines_and_json(inventory):
+    out = orch("-i", inventory, "exec", "both", "--json", "--", "echo", "hi")
+    rows = json.loads(out.stdout)
+    assert [(r["target"], r["stdout"], r["exit_code"]) for r in rows] == [("dev", "hi\n", 0), ("dev2", "hi\n", 0)]
+
+
+def test_bad_inventory_exits_2_with_position(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts:\n  x: {adress: 1}\n")
+    out = orch("-i", str(bad), "exec", "x", "--", "true")
+    assert out.returncode == 2
+    assert f"{bad}:2:7: unknown key 'adress'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_inventory_check_reports_missing_venv(inventory):
+    out = orch("-i", inventory, "inventory", "check", "--json")
+    rows = {r["target"]: r for r in json.loads(out.stdout)}
+    assert out.returncode == 1
+    assert rows["dev"]["venv"]["present"] is False and rows["dev2"]["ok"] is True
+    assert rows["dev2"]["python_version"].count(".") == 2
+
+
+def test_every_command_has_help_with_an_example():
+    from orchestrator.cli import main
+    import click
+
+    def walk(command, path):
+        yield path, command
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                yield from walk(sub, path + [name])
+
+    for path, command in walk(main, ["orch"]):
+        assert "Example" in (command.help or ""), f"{' '.join(path)} --help has no example"

@@ -1,0 +1,100 @@
+"""The local transport and the Target layer on it: argv arrives exactly, pipes never block."""
+
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from orchestrator.errors import CommandFailed, CommandTimeout, OrchError
+from orchestrator.remote.base import LineSplitter, validate_argv
+from orchestrator.remote.container import Target
+from orchestrator.remote.local import LocalTransport
+
+ECHO_ARGV = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
+HOSTILE = ["", " ", "'", '"', "$(touch /tmp/orch-pwned)", "`id`", "; rm -rf /", "a && b", "a\nb",
+           "\t", "*", "-n", "--", "ünïcødé ✓", "\\", "${HOME}", "|", ">", "%s%%"]
+ARG = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=40)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target("dev", LocalTransport("here"))
+
+
+def test_hostile_strings_arrive_exactly(target):
+    import json
+    result = target.run(ECHO_ARGV + HOSTILE, check=True)
+    assert json.loads(result.text) == HOSTILE
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(ARG, max_size=6))
+def test_any_argv_round_trips(target, args):
+    import json
+    assert json.loads(target.run(ECHO_ARGV + args, check=True).text) == args
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 100, 254, 255])
+def test_exit_codes_propagate(target, code):
+    assert target.run(["sh", "-c", f"exit {code}"]).exit_code == code
+
+
+def test_big_stdout_and_stderr_at_once(target):
+    script = ("import sys\nchunk = b'x' * 65536\nfor _ in range(160):\n"
+              "    sys.stdout.buffer.write(chunk); sys.stderr.buffer.write(chunk)\n")
+    result = target.run([sys.executable, "-c", script], timeout=60, check=True)
+    assert len(result.stdout) == len(result.stderr) == 160 * 65536
+
+
+def test_timeout_kills_and_says_so(target):
+    with pytest.raises(CommandTimeout, match="did not finish within 0.5 s"):
+        target.run(["sleep", "30"], timeout=0.5)
+
+
+def test_check_raises_with_exit_code_and_stderr(target):
+    with pytest.raises(CommandFailed) as caught:
+        target.run(["sh", "-c", "echo boom >&2; exit 3"], check=True)
+    assert caught.value.result.exit_code == 3 and "boom" in str(caught.value)
+
+
+def test_missing_program_is_a_clear_error(target):
+    with pytest.raises(OrchError, match="command not found"):
+        target.run(["orch-no-such-program"])
+
+
+def test_stdin_and_streaming(target):
+    chunks = []
+    result = target.run(["cat"], stdin=b"hello\nworld\n", on_stdout=chunks.append)
+    assert result.stdout == b"hello\nworld\n" == b"".join(chunks)
+
+
+def test_put_get_roundtrip_with_awkward_path(target, tmp_path):
+    path = str(tmp_path / "a dir $x" / "f'ile")
+    (tmp_path / "a dir $x").mkdir()
+    data = bytes(range(256)) * 100
+    target.put(path, data, mode=0o600)
+    assert target.get(path) == data
+
+
+def test_argv_must_be_a_list():
+    with pytest.raises(TypeError):
+        validate_argv("ls -l")
+    with pytest.raises(ValueError):
+        validate_argv([])
+    with pytest.raises(ValueError, match="NUL"):
+        validate_argv(["a\0b"])
+
+
+def test_line_splitter_keeps_partial_lines():
+    lines = []
+    splitter = LineSplitter(lines.append)
+    for chunk in (b"ab", b"c\nde", b"f\n\ng"):
+        splitter.feed(chunk)
+    assert lines == ["abc", "def", ""]
+    splitter.flush()
+    assert lines[-1] == "g"
+
+
+def test_container_wraps_with_pct_exec():
+    container = Target("ct", LocalTransport("pve"), vmid=200)
+    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "echo", "a b"]
