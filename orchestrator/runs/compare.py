@@ -1,0 +1,289 @@
+"""Comparing two runs, and deciding whether the newer one regressed.
+
+Used by `orch runs compare`, by reports ("compared with the baseline") and by `orch nightly`,
+which exits with ExitCode.REGRESSION when `Comparison.regressions` is not empty.
+
+What counts as a regression (each one a `Change` with severity "regression"):
+  - throughput: a drafter's or the total tok/s fell by more than the threshold (default 10 %);
+  - verdict: the baseline was ok and this run is not;
+  - a new failure signature: a finding (fx-race, hang, cuda-oom, ...) the baseline did not have;
+  - patch drift: orch's record says the fx-tls patch was applied but the files say otherwise
+    (state "drifted"), or the baseline was patched and this run's torch is "vulnerable";
+  - a changed torch version on a target.
+Package differences from the recorded pip freeze (added, removed, changed versions) are
+reported as information: they explain a regression but are not one by themselves.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from orchestrator.runs.model import RunRecord
+
+DEFAULT_THRESHOLD = 0.10
+FX_STATES = ("vulnerable", "fixed-upstream", "patched", "drifted", "unknown")
+BAD_FX_STATES = ("drifted", "vulnerable")
+
+
+# ------------------------------------------------------------------ throughput
+def drafter_label(target: str, drafter: int, targets: set[str]) -> str:
+    """"d0" for a run on one target, "sb1-200/d0" when several targets ran drafters."""
+    return f"d{drafter}" if len(targets) <= 1 else f"{target}/d{drafter}"
+
+
+def series(record: RunRecord) -> dict[str, list]:
+    """Metric points grouped per drafter label, each list ordered by step."""
+    targets = {m.target for m in record.metrics}
+    grouped: dict[str, list] = {}
+    for point in sorted(record.metrics, key=lambda m: (m.target, m.drafter, m.step)):
+        grouped.setdefault(drafter_label(point.target, point.drafter, targets), []).append(point)
+    return grouped
+
+
+def throughput(record: RunRecord) -> dict:
+    """{"total": tok/s or None, "per_drafter": {label: tok/s}, "source": where it came from}.
+
+    The trainer's own numbers win when the runner recorded them (its summary line and each
+    drafter's "done" line exclude the compile step exactly). Otherwise the metric series: the
+    median of each drafter's tok/s over its points after the first (step 1 includes the
+    torch.compile time, which would make a cold cache look like a regression).
+    """
+    summary = record.summary or {}
+    per_drafter: dict[str, float] = {}
+    source = "none"
+    recorded = summary.get("per_drafter_tok_s") or summary.get("drafters_tok_s")
+    if isinstance(recorded, dict) and recorded:
+        per_drafter = {_label_from_summary(k): float(v) for k, v in recorded.items()
+                       if _is_number(v)}
+        source = "summary"
+    if not per_drafter and record.metrics:
+        for label, points in series(record).items():
+            values = [p.tok_s for p in points if p.tok_s is not None]
+            steady = values[1:] if len(values) > 1 else values
+            if steady:
+                per_drafter[label] = float(statistics.median(steady))
+        source = "metrics" if per_drafter else source
+    total = summary.get("total_tok_s")
+    if _is_number(total) and float(total) > 0:
+        total = float(total)
+        source = source if source != "none" else "summary"
+    else:
+        total = sum(per_drafter.values()) if per_drafter else None
+    return {"total": total, "per_drafter": dict(sorted(per_drafter.items())), "source": source}
+
+
+def _label_from_summary(key) -> str:
+    text = str(key)
+    return f"d{text}" if text.isdigit() else text
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ------------------------------------------------------------------ packages and patch state
+_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:(===?|@)\s*(.+?))?\s*$")
+
+
+def parse_freeze(lines: list[str]) -> dict[str, str]:
+    """`pip freeze` lines -> {normalised name: version or URL}; comments and -e lines kept by text."""
+    packages: dict[str, str] = {}
+    for line in lines or []:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-e "):
+            packages[line] = "editable"
+            continue
+        match = _REQ.match(line)
+        if match:
+            name = re.sub(r"[-_.]+", "-", match.group(1)).lower()   # PEP 503 normalisation
+            packages[name] = (match.group(3) or "").strip()
+        else:
+            packages[line] = ""
+    return packages
+
+
+def package_diff(old: list[str], new: list[str]) -> dict:
+    """{"added": {name: version}, "removed": {...}, "changed": {name: [old, new]}}."""
+    before, after = parse_freeze(old), parse_freeze(new)
+    return {
+        "added": {n: after[n] for n in sorted(after.keys() - before.keys())},
+        "removed": {n: before[n] for n in sorted(before.keys() - after.keys())},
+        "changed": {n: [before[n], after[n]] for n in sorted(before.keys() & after.keys())
+                    if before[n] != after[n]},
+    }
+
+
+def fx_states_seen(record: RunRecord) -> dict[str, list[str]]:
+    """Per target, every fx-tls state the run observed, in order, ending with the recorded one.
+
+    A playbook that re-applies the patch ends "patched" even after a torch reinstall undid it;
+    the drift is only visible in what the grep/patch/verify steps saw on the way, so look there.
+    """
+    seen: dict[str, list[str]] = {}
+    for step in record.steps:
+        data = step.data if isinstance(step.data, dict) else {}
+        for key in ("fx_tls_state", "state", "state_before"):
+            value = data.get(key)
+            if value in FX_STATES:
+                seen.setdefault(step.target, []).append(value)
+    for target in record.targets:
+        if target.fx_tls_state:
+            seen.setdefault(target.name, []).append(target.fx_tls_state)
+    return seen
+
+
+# ------------------------------------------------------------------ the comparison
+@dataclass
+class Change:
+    kind: str            # throughput | verdict | failure-signature | patch-drift | torch-version | packages
+    severity: str        # regression | info | improvement
+    message: str
+    target: Optional[str] = None
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    base: Optional[str]                       # run ids; base is None when there is no baseline
+    new: str
+    threshold: float
+    verdict: dict = field(default_factory=dict)          # {"base": ..., "new": ...}
+    throughput: dict = field(default_factory=dict)       # {"total": row, "per_drafter": {label: row}}
+    targets: dict = field(default_factory=dict)          # per target: torch, fx state, packages
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.severity == "regression"]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["regressed"] = self.regressed
+        data["regressions"] = [asdict(c) for c in self.regressions]
+        return data
+
+
+def _row(base: Optional[float], new: Optional[float], threshold: float) -> dict:
+    change = None
+    if base and new is not None:
+        change = (new - base) / base
+    return {"base": base, "new": new, "change": change,
+            "regressed": change is not None and change < -threshold}
+
+
+def _pct(change: float) -> str:
+    return f"{change * 100:+.1f} %"
+
+
+def compare(base: Optional[RunRecord], new: RunRecord, threshold: float = DEFAULT_THRESHOLD) -> Comparison:
+    """Compare NEW with BASE (the baseline; None: nothing to compare, only NEW's own problems)."""
+    if not 0 <= threshold < 1:
+        raise ValueError("threshold is a fraction between 0 and 1 (0.10 is 10 %)")
+    result = Comparison(base=base.run_id if base else None, new=new.run_id, threshold=threshold,
+                        verdict={"base": base.verdict if base else None, "new": new.verdict})
+    new_tp = throughput(new)
+    base_tp = throughput(base) if base else {"total": None, "per_drafter": {}}
+    result.throughput = {
+        "total": _row(base_tp["total"], new_tp["total"], threshold),
+        "per_drafter": {label: _row(base_tp["per_drafter"].get(label), new_tp["per_drafter"].get(label),
+                                    threshold)
+                        for label in sorted(set(base_tp["per_drafter"]) | set(new_tp["per_drafter"]))},
+    }
+    _throughput_changes(result)
+    _verdict_changes(result, base, new)
+    _signature_changes(result, base, new)
+    _target_changes(result, base, new)
+    return result
+
+
+def _throughput_changes(result: Comparison) -> None:
+    total = result.throughput["total"]
+    if total["regressed"]:
+        result.changes.append(Change(
+            "throughput", "regression",
+            f"total throughput fell {_pct(total['change'])}: {total['base']:.0f} -> "
+            f"{total['new']:.0f} tok/s (threshold {result.threshold * 100:.0f} %)", detail=total))
+    elif total["change"] is not None and total["change"] > result.threshold:
+        result.changes.append(Change("throughput", "improvement",
+                                     f"total throughput rose {_pct(total['change'])}", detail=total))
+    for label, row in result.throughput["per_drafter"].items():
+        if row["regressed"]:
+            result.changes.append(Change(
+                "throughput", "regression",
+                f"drafter {label} throughput fell {_pct(row['change'])}: {row['base']:.0f} -> "
+                f"{row['new']:.0f} tok/s", detail={"drafter": label, **row}))
+        elif row["base"] and row["new"] is None:
+            result.changes.append(Change("throughput", "regression",
+                                         f"drafter {label} reported no throughput this time",
+                                         detail={"drafter": label, **row}))
+
+
+def _verdict_changes(result: Comparison, base: Optional[RunRecord], new: RunRecord) -> None:
+    if new.verdict == "ok":
+        return
+    if base is None or base.verdict == "ok":
+        result.changes.append(Change("verdict", "regression",
+                                     f"verdict {new.verdict}" + (f" (baseline was {base.verdict})"
+                                                                 if base else "")))
+
+
+def _signature_changes(result: Comparison, base: Optional[RunRecord], new: RunRecord) -> None:
+    known = {f.signature for f in base.findings} if base else set()
+    for signature in sorted({f.signature for f in new.findings} - known):
+        first = next(f for f in new.findings if f.signature == signature)
+        result.changes.append(Change("failure-signature", "regression",
+                                     f"new failure signature {signature}: {first.message}",
+                                     target=first.target, detail={"signature": signature}))
+
+
+def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecord) -> None:
+    base_targets = {t.name: t for t in base.targets} if base else {}
+    base_states = fx_states_seen(base) if base else {}
+    new_states = fx_states_seen(new)
+    for target in new.targets:
+        old = base_targets.get(target.name)
+        seen = new_states.get(target.name, [])
+        was = (base_states.get(target.name) or [None])[-1]
+        info = {"torch": {"base": old.torch_version if old else None, "new": target.torch_version},
+                "fx_tls_state": {"base": was, "new": target.fx_tls_state, "seen": seen},
+                "packages": package_diff(old.pip_freeze, target.pip_freeze)
+                if old and (old.pip_freeze or target.pip_freeze) else None}
+        result.targets[target.name] = info
+        if "drifted" in seen:
+            result.changes.append(Change(
+                "patch-drift", "regression",
+                f"{target.name}: the fx-tls patch drifted (orch's record says applied, the torch "
+                f"files say not: torch reinstalled or upgraded?)"
+                + (" - re-applied during this run" if target.fx_tls_state == "patched" else ""),
+                target=target.name, detail=info["fx_tls_state"]))
+        elif was == "patched" and any(s in BAD_FX_STATES for s in seen):
+            result.changes.append(Change(
+                "patch-drift", "regression",
+                f"{target.name}: torch was patched in the baseline and was found "
+                f"{_first_bad(seen)} in this run (the patch is gone: torch reinstalled?)"
+                + (" - re-applied during this run" if target.fx_tls_state == "patched" else ""),
+                target=target.name, detail=info["fx_tls_state"]))
+        if old and old.torch_version and target.torch_version and old.torch_version != target.torch_version:
+            result.changes.append(Change(
+                "torch-version", "regression",
+                f"{target.name}: torch changed {old.torch_version} -> {target.torch_version}",
+                target=target.name, detail=info["torch"]))
+        diff = info["packages"]
+        if diff and any(diff.values()):
+            parts = [f"{len(diff[k])} {k}" for k in ("added", "removed", "changed") if diff[k]]
+            result.changes.append(Change("packages", "info",
+                                         f"{target.name}: packages " + ", ".join(parts),
+                                         target=target.name, detail=diff))
+
+
+def _first_bad(states: list[str]) -> str:
+    return next(s for s in states if s in BAD_FX_STATES)
