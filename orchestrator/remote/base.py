@@ -83,6 +83,10 @@ class Transport:
     def _run(self, argv: list[str], options: RunOptions) -> Result:  # pragma: no cover
         raise NotImplementedError
 
+    def spawn(self, argv: Sequence[str]) -> "Process":  # pragma: no cover
+        """Start a long-lived command and keep its stdin/stdout open."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -119,3 +123,42 @@ class LineSplitter:
         if self._pending:
             line, self._pending = self._pending, b""
             self._on_line(line.decode("utf-8", "replace"))
+
+
+class Process:
+    """A long-lived command with its stdin and stdout kept open (see remote/session.py)."""
+
+    def write(self, data: bytes) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def readline(self, timeout: Optional[float]) -> bytes:
+        """One line including its newline; b"" at end of output; raises TimeoutError."""
+        raise NotImplementedError  # pragma: no cover
+
+    def close(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class BufferedLines:
+    """Line reading over a `read_some(timeout) -> bytes | None` function (None: no data yet)."""
+
+    def __init__(self, read_some):
+        self._read_some = read_some
+        self._buffer = b""
+
+    def readline(self, timeout: Optional[float]) -> bytes:
+        import time
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError("no answer in time")
+            chunk = self._read_some(left)
+            if chunk is None:
+                continue
+            if chunk == b"":
+                line, self._buffer = self._buffer, b""
+                return line
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line + b"\n"

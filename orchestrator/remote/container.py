@@ -49,6 +49,9 @@ class Target(Transport):
             self._raise_pct_error(result)
         return result
 
+    def spawn(self, argv):
+        return self.host.spawn(self.wrap(argv))
+
     def _raise_pct_error(self, result: Result) -> None:
         message = result.error_text.strip()
         if _PCT_NO_CONFIG.search(message) or _PCT_BAD_VMID.search(message):

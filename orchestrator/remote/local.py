@@ -9,7 +9,7 @@ import threading
 import time
 
 from orchestrator.errors import CommandTimeout, OrchError
-from orchestrator.remote.base import Result, RunOptions, Transport
+from orchestrator.remote.base import BufferedLines, Process, Result, RunOptions, Transport, validate_argv
 
 
 class LocalTransport(Transport):
@@ -41,6 +41,43 @@ class LocalTransport(Transport):
                 f"command {result.display()} on {self.name} did not finish within "
                 f"{options.timeout:g} s and was killed", result=result) from None
         return _collect(argv, exit_code, readers, started, self.name)
+
+
+    def spawn(self, argv) -> Process:
+        try:
+            process = subprocess.Popen(validate_argv(argv), stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
+        except (FileNotFoundError, PermissionError) as error:
+            raise OrchError(f"{argv[0]}: {error.strerror} on {self.name}") from None
+        return _LocalProcess(process)
+
+
+class _LocalProcess(Process):
+    def __init__(self, process: subprocess.Popen):
+        self._process = process
+        self._lines = BufferedLines(self._read_some)
+
+    def _read_some(self, timeout):
+        import select
+        ready, _, _ = select.select([self._process.stdout], [], [], timeout)
+        return os.read(self._process.stdout.fileno(), 65536) if ready else None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._process.stdin.write(data)
+            self._process.stdin.flush()
+        except (ValueError, OSError) as error:  # closed, or the process is gone
+            raise BrokenPipeError(str(error)) from None
+
+    def readline(self, timeout):
+        return self._lines.readline(timeout)
+
+    def close(self) -> None:
+        _kill_group(self._process)
+        self._process.wait()
+        for pipe in (self._process.stdin, self._process.stdout):
+            pipe.close()
 
 
 class _Reader(threading.Thread):

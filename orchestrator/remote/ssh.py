@@ -21,7 +21,7 @@ import paramiko
 
 from orchestrator.errors import (AuthRefused, CommandTimeout, HostKeyChanged, HostKeyUnknown,
                                  HostUnreachable, OrchError)
-from orchestrator.remote.base import Result, RunOptions, Transport
+from orchestrator.remote.base import BufferedLines, Process, Result, RunOptions, Transport, validate_argv
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
@@ -203,6 +203,11 @@ class SshHost(Transport):
                 hint="the host may be unreachable or the command slow; raise --timeout if it is slow")
         return result
 
+    def spawn(self, argv) -> Process:
+        channel = self._open_channel(30.0)
+        channel.exec_command(shlex.join(validate_argv(argv)))
+        return _ChannelProcess(channel)
+
     def _open_channel(self, timeout):
         transport = self.connect()
         try:
@@ -217,6 +222,33 @@ class SshHost(Transport):
                 return self.connect().open_session(timeout=timeout)
             except (paramiko.SSHException, OSError, EOFError) as again:
                 raise HostUnreachable(f"host {self.name} is not answering: {again}") from None
+
+
+class _ChannelProcess(Process):
+    def __init__(self, channel):
+        self._channel = channel
+        self._lines = BufferedLines(self._read_some)
+
+    def _read_some(self, timeout):
+        if not self._channel.recv_ready():
+            if self._channel.closed or self._channel.eof_received:
+                return b""
+            select.select([self._channel], [], [], timeout)
+            if not self._channel.recv_ready():
+                return b"" if self._channel.eof_received else None
+        return self._channel.recv(65536)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._channel.sendall(data)
+        except (OSError, paramiko.SSHException, EOFError) as error:
+            raise BrokenPipeError(str(error)) from None
+
+    def readline(self, timeout):
+        return self._lines.readline(timeout)
+
+    def close(self) -> None:
+        self._channel.close()
 
 
 class _ChannelDeadline:
