@@ -1,0 +1,94 @@
+"""Per-command latency into a container: orch's API against the manual way, side by side.
+
+The manual way is what a user types today: a new `ssh HOST "pct exec VMID -- CMD"` process
+for every command. orch keeps one SSH connection per host (a channel per command) and can
+keep a command session open in the container (one channel for many commands).
+
+    python benchmarks/exec_latency.py                # against the sandbox (orch sandbox up)
+    python benchmarks/exec_latency.py -n 100 --target sb1-200 --json
+
+Prints medians and p95 in milliseconds and the ratio to the manual way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+from orchestrator.fleet import Fleet
+from orchestrator.remote.session import ExecSession
+
+COMMANDS = {"true": ["true"], "python3 -c pass": ["python3", "-c", "pass"]}
+
+
+def timed(call, count: int) -> list[float]:
+    call()  # warm-up: connection set-up is not a per-command cost
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def manual_call(ssh_config: str, host: str, vmid: int, argv: list[str]):
+    remote = shlex.join(["pct", "exec", str(vmid), "--", *argv])
+    command = ["ssh", "-F", ssh_config, host, remote]
+    return lambda: subprocess.run(command, check=True, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL)
+
+
+def summary(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    return {"median_ms": statistics.median(ordered),
+            "p95_ms": ordered[int(0.95 * (len(ordered) - 1))], "n": len(ordered)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-i", "--inventory", default="sandbox")
+    parser.add_argument("-t", "--target", default="sb1-200")
+    parser.add_argument("--ssh-config", default=os.path.join(
+        os.environ.get("ORCH_SANDBOX_DIR", "/var/lib/orch-sandbox"), "ssh_config"))
+    parser.add_argument("-n", "--count", type=int, default=100)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    with Fleet.from_path(args.inventory) as fleet:
+        target = fleet.targets([args.target])[0]
+        session = ExecSession(target)
+        rows = []
+        for label, argv in COMMANDS.items():
+            ways = {
+                "manual: new ssh + pct exec per command": manual_call(
+                    args.ssh_config, target.host.name, target.vmid, argv),
+                "orch: one connection, channel per command": lambda a=argv: target.run(a, check=True),
+                "orch: persistent session in the container": lambda a=argv: session.run(a, check=True),
+            }
+            results = {way: summary(timed(call, args.count)) for way, call in ways.items()}
+            manual = next(iter(results.values()))["median_ms"]
+            for way, result in results.items():
+                rows.append({"command": label, "way": way, **result,
+                             "speedup": manual / result["median_ms"]})
+        session.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"| command | way | median ms | p95 ms | x faster than manual |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for row in rows:
+        print(f"| `{row['command']}` | {row['way']} | {row['median_ms']:.1f} | {row['p95_ms']:.1f} "
+              f"| {row['speedup']:.1f} |")
+    print(f"\n{args.count} sequential commands each, target {args.target}, "
+          f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

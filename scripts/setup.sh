@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets orch up on a fresh Debian 12 machine: the system packages the sandbox needs (when run
+# as root with apt), and .venv with orch and its test extras. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    packages=$(grep -v '^[[:space:]]*\(#\|$\)' .ci/apt-packages.txt)
+    wanted=$(echo $packages | wc -w)
+    # shellcheck disable=SC2086
+    installed=$(dpkg-query -W -f='${db:Status-Status}\n' $packages 2>/dev/null | grep -c '^installed$' || true)
+    if [ "$installed" -eq "$wanted" ]; then
+        echo "setup: system packages already installed"
+    else
+        echo "setup: installing system packages: $(echo $packages)"
+        apt-get update -qq
+        # shellcheck disable=SC2086
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null
+    fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+echo "setup: installing orch into .venv"
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+echo "setup: done. Try: .venv/bin/orch --help"
