@@ -1,0 +1,272 @@
+"""Reproduce the cross-thread FX tracing race, deterministically: is this torch affected?
+
+Shipped alone into a container and run with the target venv's python. Unlike the other
+payloads it imports torch: it runs the reproducer from TORCH-FX.md (CPU is enough).
+
+Each trial:
+
+- cross-thread: thread A runs ``torch.fx.symbolic_trace`` on a module whose forward sets
+  event ``entered`` and blocks on event ``release`` (so A's tracing flag stays set);
+  thread B waits for ``entered``, calls a freshly ``torch.compile``d function (backend
+  "eager"), records whether it raised "Detected that you are using FX to symbolically
+  trace a dynamo-optimized function", and sets ``release``.
+- same-thread control: a compiled function called inside ``symbolic_trace`` in ONE thread
+  must raise that error on every torch; if it does not, the guard itself is off (a
+  Dynamo config knob, or a patch that switched it off) and the cross-thread numbers say
+  nothing.
+
+Every wait is bounded by ``timeout``; threads are daemons, so a stuck compile cannot keep
+the process alive.
+
+Protocol
+--------
+Invocation: ``PYTHON - ARGS_JSON`` with this file on stdin, or ``PYTHON fx_race.py
+ARGS_JSON``; unknown keys are an error::
+
+    {"trials": 10, "timeout": 120}      # defaults; timeout in seconds, per wait
+
+Output: JSON lines. One progress line per trial::
+
+    {"event": "trial", "index": 1, "trials": 10, "cross_thread_raised": true,
+     "same_thread_raised": true, "seconds": 1.8, "problem": null}
+
+``problem`` is a sentence when the trial could not be judged (a hang, an unexpected
+exception). The last line is the result (exit code 0)::
+
+    {"event": "result", "torch_version": "2.13.0+cpu", "cross_thread_raised": k,
+     "trials": n, "same_thread_raised": k2, "same_thread_trials": n2,
+     "verdict": "vulnerable" | "fixed" | "inconclusive" | "guard-disabled",
+     "problems": ["..."], "seconds": 12.3}
+
+- "vulnerable": every cross-thread call raised (the flag leaks between threads);
+- "fixed": none did, and the same-thread control raised every time;
+- "guard-disabled": the same-thread control never raised;
+- "inconclusive": anything else (mixed results, hangs, unexpected errors).
+
+On failure (bad args, torch not importable) the last line is an error event (exit code 1)
+with kind "bad-args", "no-torch" or "internal".
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+# --- protocol (same copy in every payload) ---------------------------------------------
+
+REQUIRED = object()
+
+
+class PayloadError(Exception):
+    """An expected failure: reported as an error event, never as a traceback."""
+
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.kind = kind
+
+
+def emit(event, **fields):
+    line = dict(event=event)
+    line.update(fields)
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
+
+
+def _type_ok(value, expected):
+    # JSON true/false are bools, and bool is an int subclass: keep them apart.
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def parse_args(argv, spec):
+    """Validate the single JSON argv element against spec {name: (type, default)}."""
+    if len(argv) != 1:
+        raise PayloadError("expected exactly one argument: a JSON object of options", "bad-args")
+    try:
+        given = json.loads(argv[0])
+    except ValueError as exc:
+        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args")
+    if not isinstance(given, dict):
+        raise PayloadError("the argument must be a JSON object", "bad-args")
+    unknown = sorted(set(given) - set(spec))
+    if unknown:
+        raise PayloadError("unknown option(s): %s; known: %s"
+                           % (", ".join(unknown), ", ".join(sorted(spec))), "bad-args")
+    args = {}
+    for name, (expected, default) in spec.items():
+        if name not in given:
+            if default is REQUIRED:
+                raise PayloadError("missing required option %r" % name, "bad-args")
+            args[name] = default
+            continue
+        value = given[name]
+        if value is not None and not _type_ok(value, expected):
+            raise PayloadError("option %r must be of type %s, got %r"
+                               % (name, expected.__name__, value), "bad-args")
+        args[name] = default if value is None else value
+    return args
+
+
+def run_main(argv, spec, run):
+    """Parse args, run, and print the final result or error line; returns the exit code."""
+    try:
+        result = run(parse_args(argv[1:], spec))
+    except PayloadError as exc:
+        emit("error", message=str(exc), kind=exc.kind)
+        return 1
+    except Exception as exc:  # unexpected: still one error line, with the exception text
+        emit("error", message="unexpected %s: %s" % (type(exc).__name__, exc), kind="internal")
+        return 1
+    emit("result", **result)
+    return 0
+
+# --- end protocol -------------------------------------------------------------------------
+
+
+ARG_SPEC = {"trials": (int, 10), "timeout": (float, 120.0)}
+NESTED_TRACE_ERROR = "Detected that you are using FX to symbolically trace"
+
+
+def import_torch():
+    try:
+        import torch
+        import torch.fx
+    except Exception as exc:  # a broken install raises anything, not only ImportError
+        raise PayloadError("cannot import torch with %s: %s: %s"
+                           % (sys.executable, type(exc).__name__, exc), "no-torch")
+    return torch
+
+
+def fresh_compiled_function(torch):
+    """A new function object each time, so Dynamo cannot reuse an earlier compile."""
+    def double_plus_one(x):
+        return x * 2 + 1
+    return torch.compile(double_plus_one, backend="eager")
+
+
+def is_nested_trace_error(exc):
+    return isinstance(exc, RuntimeError) and NESTED_TRACE_ERROR in str(exc)
+
+
+def same_thread_control(torch):
+    """(raised, problem): a compiled call inside symbolic_trace in this very thread."""
+    compiled = fresh_compiled_function(torch)
+
+    class CallsCompiled(torch.nn.Module):
+        def forward(self, x):
+            return compiled(torch.ones(2))
+
+    try:
+        torch.fx.symbolic_trace(CallsCompiled())
+    except Exception as exc:
+        if is_nested_trace_error(exc):
+            return True, None
+        return False, "same-thread control: unexpected %s: %s" % (type(exc).__name__, exc)
+    return False, None
+
+
+def cross_thread_trial(torch, timeout):
+    """(raised, problem): thread B calls a compiled function while thread A traces."""
+    entered, release = threading.Event(), threading.Event()
+    outcome = {}
+
+    class BlocksWhileTracing(torch.nn.Module):
+        def forward(self, x):
+            entered.set()
+            release.wait(timeout)  # A's tracing flag stays set meanwhile
+            return x
+
+    def tracer():
+        try:
+            torch.fx.symbolic_trace(BlocksWhileTracing())
+        except Exception as exc:
+            outcome["tracer_error"] = "%s: %s" % (type(exc).__name__, exc)
+
+    def caller():
+        try:
+            if not entered.wait(timeout):
+                outcome["problem"] = "the tracing thread never reached forward()"
+                return
+            fresh_compiled_function(torch)(torch.ones(2))
+            outcome["raised"] = False
+        except Exception as exc:
+            if is_nested_trace_error(exc):
+                outcome["raised"] = True
+            else:
+                outcome["problem"] = "unexpected %s: %s" % (type(exc).__name__, exc)
+        finally:
+            release.set()
+
+    threads = [threading.Thread(target=tracer, daemon=True, name="fx-race-tracer"),
+               threading.Thread(target=caller, daemon=True, name="fx-race-caller")]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 3 * timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    release.set()
+    if any(thread.is_alive() for thread in threads):
+        return None, "a thread was still running after %.0fs (hung compile?)" % (3 * timeout)
+    if "tracer_error" in outcome:
+        return outcome.get("raised"), "the tracing thread failed: " + outcome["tracer_error"]
+    return outcome.get("raised"), outcome.get("problem")
+
+
+def verdict(cross_raised, same_raised, trials, problems):
+    if same_raised == 0:
+        return "guard-disabled"
+    if problems or same_raised != trials:
+        return "inconclusive"
+    if cross_raised == trials:
+        return "vulnerable"
+    return "fixed" if cross_raised == 0 else "inconclusive"
+
+
+def run(args):
+    trials, timeout = args["trials"], float(args["timeout"])
+    if not 1 <= trials <= 1000:
+        raise PayloadError("trials must be between 1 and 1000", "bad-args")
+    if not 0 < timeout <= 3600:
+        raise PayloadError("timeout must be between 0 and 3600 seconds", "bad-args")
+    torch = import_torch()
+    started = time.monotonic()
+    cross_raised = same_raised = 0
+    problems = []
+    for index in range(1, trials + 1):
+        trial_started = time.monotonic()
+        torch._dynamo.reset()  # each trial compiles from scratch, as a fresh drafter would
+        same, same_problem = same_thread_control(torch)
+        cross, cross_problem = cross_thread_trial(torch, timeout)
+        problem = "; ".join(p for p in (same_problem, cross_problem) if p) or None
+        same_raised += bool(same)
+        cross_raised += bool(cross)
+        if problem:
+            problems.append("trial %d: %s" % (index, problem))
+        emit("trial", index=index, trials=trials, cross_thread_raised=cross,
+             same_thread_raised=same, seconds=round(time.monotonic() - trial_started, 3),
+             problem=problem)
+    return {
+        "torch_version": torch.__version__,
+        "cross_thread_raised": cross_raised,
+        "trials": trials,
+        "same_thread_raised": same_raised,
+        "same_thread_trials": trials,
+        "verdict": verdict(cross_raised, same_raised, trials, problems),
+        "problems": problems,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def main():
+    code = run_main(sys.argv, ARG_SPEC, run)
+    sys.stdout.flush()
+    # A hung compile thread must not keep the process alive past the result line.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
