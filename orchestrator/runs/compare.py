@@ -134,7 +134,9 @@ def fx_states_seen(record: RunRecord) -> dict[str, list[str]]:
     for target in record.targets:
         if target.fx_tls_state:
             seen.setdefault(target.name, []).append(target.fx_tls_state)
-    return seen
+    # "patched, patched, patched" says no more than "patched": keep the changes only.
+    return {name: [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
+            for name, states in seen.items()}
 
 
 # ------------------------------------------------------------------ the comparison
@@ -210,7 +212,7 @@ def _throughput_changes(result: Comparison) -> None:
     if total["regressed"]:
         result.changes.append(Change(
             "throughput", "regression",
-            f"total throughput fell {_pct(total['change'])}: {total['base']:.0f} -> "
+            f"total throughput fell {-total['change'] * 100:.1f} %: {total['base']:.0f} -> "
             f"{total['new']:.0f} tok/s (threshold {result.threshold * 100:.0f} %)", detail=total))
     elif total["change"] is not None and total["change"] > result.threshold:
         result.changes.append(Change("throughput", "improvement",
@@ -219,7 +221,7 @@ def _throughput_changes(result: Comparison) -> None:
         if row["regressed"]:
             result.changes.append(Change(
                 "throughput", "regression",
-                f"drafter {label} throughput fell {_pct(row['change'])}: {row['base']:.0f} -> "
+                f"drafter {label} throughput fell {-row['change'] * 100:.1f} %: {row['base']:.0f} -> "
                 f"{row['new']:.0f} tok/s", detail={"drafter": label, **row}))
         elif row["base"] and row["new"] is None:
             result.changes.append(Change("throughput", "regression",

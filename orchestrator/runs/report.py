@@ -1,0 +1,175 @@
+"""`orch report`: one run as a self-contained HTML page or as Markdown for a ticket.
+
+Both formats are jinja2 templates in templates/ (report.html.j2, report.md.j2) fed the same
+context, built here: the record, its throughput, the comparison with the baseline, the
+charts (inline SVG from orchestrator.runs.svg) and a remediation for each finding.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import Optional
+
+import jinja2
+
+from orchestrator import __version__
+from orchestrator.runs.compare import Comparison, compare, fx_states_seen, series, throughput
+from orchestrator.runs.model import RunRecord, now_iso
+from orchestrator.runs.svg import line_chart, sparkline
+
+# What to do about a finding the runner left without a remediation of its own.
+REMEDIATIONS = {
+    "fx-race": "The installed torch has the FX thread-local race: apply orch's patch with "
+               "`orch patch fx-tls apply TARGET` (or add the patch step to the playbook), "
+               "or run one process per drafter.",
+    "hang": "A drafter errored and the others blocked in a compile lock. Read the first "
+            "drafter ERROR line in the log; `orch stop RUN` stops what is left.",
+    "degraded": "Throughput far under the expected rate: check for recompile-limit warnings, "
+                "a cold inductor cache, other jobs on the GPUs (nvidia-smi).",
+    "recompile-limit": "Worker threads hit torch._dynamo's recompile limit and run uncompiled: "
+                       "raise torch._dynamo.config.recompile_limit or mark dims dynamic.",
+    "cuda-oom": "CUDA out of memory: lower the batch or sequence length, or check for other "
+                "processes on the GPU.",
+    "nccl-error": "An NCCL error: check the GPUs given to the container and NCCL_DEBUG=INFO output.",
+    "patch-drift": "orch's patch record says applied but torch's files say not (torch was "
+                   "reinstalled?): `orch patch fx-tls apply TARGET` re-applies it.",
+    "traceback": "A Python traceback: see the evidence lines and the collected log.",
+}
+
+VERDICT_CLASS = {"ok": "ok", "running": "running", "degraded": "warn", "recompile-limit": "warn"}
+
+
+def templates_dir() -> str:
+    """templates/ beside the package ($ORCH_TEMPLATES overrides, e.g. for a packaged install)."""
+    explicit = os.environ.get("ORCH_TEMPLATES")
+    if explicit:
+        return explicit
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "templates")
+
+
+def environment(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()),
+                             autoescape=autoescape, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["num"] = _num
+    env.filters["pct"] = _pct
+    env.filters["duration"] = _duration
+    env.filters["mdcell"] = lambda text: str(text if text is not None else "").replace("|", "\\|") \
+        .replace("\n", " ")
+    return env
+
+
+def _num(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value * 100:+.1f} %"
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
+
+
+def _elapsed(record: RunRecord) -> Optional[float]:
+    try:
+        start = datetime.fromisoformat(record.started_at)
+        end = datetime.fromisoformat(record.ended_at) if record.ended_at else None
+    except (TypeError, ValueError):
+        return None
+    return (end - start).total_seconds() if end else None
+
+
+def context(record: RunRecord, baseline: Optional[RunRecord] = None,
+            comparison: Optional[Comparison] = None, threshold: float = 0.10) -> dict:
+    """Everything both templates show."""
+    if comparison is None and baseline is not None:
+        comparison = compare(baseline, record, threshold)
+    grouped = series(record)
+    tp = throughput(record)
+    base_tp = throughput(baseline) if baseline else None
+    throughput_series = {label: [(p.step, p.tok_s) for p in points[1:] or points]
+                         for label, points in grouped.items()}
+    reference = None
+    if base_tp and base_tp["per_drafter"]:
+        mean = sum(base_tp["per_drafter"].values()) / len(base_tp["per_drafter"])
+        reference = (f"baseline {_num(mean)} tok/s per drafter", mean)
+    charts = {
+        "throughput": line_chart(throughput_series, title="Throughput per drafter (tok/s)",
+                                 x_label="step", y_label="tok/s", y_from_zero=True,
+                                 css_class="chart chart-throughput", reference=reference),
+        "loss": line_chart({label: [(p.step, p.loss) for p in points]
+                            for label, points in grouped.items()},
+                           title="Loss per drafter", x_label="step", y_label="loss",
+                           css_class="chart chart-loss"),
+    }
+    findings = [{"target": f.target, "signature": f.signature, "message": f.message,
+                 "evidence": f.evidence,
+                 "remediation": f.remediation or REMEDIATIONS.get(f.signature, "")}
+                for f in record.findings]
+    drafters = []
+    for label, points in grouped.items():
+        last = points[-1]
+        drafters.append({"label": label, "steps": last.step, "loss": last.loss,
+                         "tok_s": tp["per_drafter"].get(label),
+                         "spark": sparkline([p.tok_s for p in points[1:] or points])})
+    states = fx_states_seen(record)
+    return {
+        "record": record,
+        "verdict_class": VERDICT_CLASS.get(record.verdict, "bad"),
+        "elapsed_s": _elapsed(record),
+        "throughput": tp,
+        "drafters": drafters,
+        "charts": charts,
+        "findings": findings,
+        "baseline": baseline,
+        "comparison": comparison,
+        "comparison_dict": comparison.to_dict() if comparison else None,
+        "fx_states_seen": states,
+        "generated_at": now_iso(),
+        "orch_version": __version__,
+    }
+
+
+def render_html(record: RunRecord, baseline: Optional[RunRecord] = None, **kw) -> str:
+    return environment(autoescape=True).get_template("report.html.j2").render(
+        context(record, baseline, **kw))
+
+
+def render_markdown(record: RunRecord, baseline: Optional[RunRecord] = None, **kw) -> str:
+    return environment(autoescape=False).get_template("report.md.j2").render(
+        context(record, baseline, **kw))
+
+
+def write_reports(record: RunRecord, baseline: Optional[RunRecord], directory: str,
+                  **kw) -> dict[str, str]:
+    """report.html and report.md into DIRECTORY (the run's folder); returns their paths."""
+    os.makedirs(directory, exist_ok=True)
+    written = {}
+    for kind, name, render in (("html", "report.html", render_html),
+                               ("md", "report.md", render_markdown)):
+        path = os.path.join(directory, name)
+        _write_atomic(path, render(record, baseline, **kw))
+        written[kind] = path
+    return written
+
+
+def _write_atomic(path: str, text: str) -> None:
+    # A half-written report is worse than the previous one: write aside, then rename.
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)

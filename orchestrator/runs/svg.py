@@ -1,0 +1,143 @@
+"""A small inline-SVG line chart: the report's charts, with no JS and no external assets.
+
+Why not a plotting library: the report must be one self-contained file that renders in any
+browser (and in a mail or a ticket attachment), and the controller should not need
+matplotlib. A line chart with axes, ticks and a legend is about a hundred lines.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from markupsafe import Markup, escape
+
+# Distinguishable on white and for the common colour-vision deficiencies (Okabe-Ito).
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#F0E442")
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values covering [low, high] (1, 2, 2.5 or 5 times a power of ten apart)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return [0.0, 1.0]
+    if high <= low:
+        high = low + (abs(low) or 1.0)
+    raw = (high - low) / max(1, count)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    first = math.floor(low / step) * step
+    ticks, value = [], first
+    while value < high + step * 0.999:
+        ticks.append(round(value, 10))
+        value += step
+    return ticks
+
+
+def format_number(value: float) -> str:
+    magnitude = abs(value)
+    if magnitude >= 1e6:
+        return f"{value / 1e6:g}M"
+    if magnitude >= 1e4:
+        return f"{value / 1e3:g}K"
+    if magnitude >= 100 or value == int(value):
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def line_chart(series: dict[str, Sequence[tuple[float, float]]], *, title: str,
+               x_label: str = "", y_label: str = "", width: int = 640, height: int = 260,
+               y_from_zero: bool = False, css_class: str = "chart",
+               reference: Optional[tuple[str, float]] = None) -> Markup:
+    """One SVG chart with a polyline per series; `reference` draws a dashed horizontal line
+    (e.g. the baseline's throughput). Points with a None y are skipped."""
+    clean = {name: [(float(x), float(y)) for x, y in points if y is not None and x is not None]
+             for name, points in series.items()}
+    clean = {name: points for name, points in clean.items() if points}
+    left, right, top, bottom = 62, 16, 30, 44      # bottom: tick labels and the x-axis label
+    legend_rows = math.ceil(len(clean) / 4) if clean else 0
+    legend_h = legend_rows * 16 + (6 if legend_rows else 0)
+    height += legend_h
+    plot_w, plot_h = width - left - right, height - top - bottom - legend_h
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{escape(css_class)}" role="img" '
+             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             f'font-family="system-ui, sans-serif" font-size="11">',
+             f"<title>{escape(title)}</title>",
+             f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>']
+    if not clean:
+        parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#888">'
+                     f"no data recorded</text></svg>")
+        return Markup("".join(parts))
+
+    xs = [x for points in clean.values() for x, _ in points]
+    ys = [y for points in clean.values() for _, y in points]
+    if reference:
+        ys.append(reference[1])
+    y_ticks = nice_ticks(0.0 if y_from_zero else min(ys), max(ys))
+    x_ticks = nice_ticks(min(xs), max(xs), count=6)
+    x0, x1, y0, y1 = x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1]
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / ((x1 - x0) or 1.0) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (y - y0) / ((y1 - y0) or 1.0) * plot_h
+
+    # grid and axes
+    for tick in y_ticks:
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{sy(tick):.1f}" y2="{sy(tick):.1f}" '
+                     f'stroke="#e5e5e5"/>'
+                     f'<text x="{left - 6}" y="{sy(tick) + 4:.1f}" text-anchor="end" fill="#555">'
+                     f"{format_number(tick)}</text>")
+    for tick in x_ticks:
+        parts.append(f'<line x1="{sx(tick):.1f}" x2="{sx(tick):.1f}" y1="{top + plot_h}" '
+                     f'y2="{top + plot_h + 4}" stroke="#555"/>'
+                     f'<text x="{sx(tick):.1f}" y="{top + plot_h + 16}" text-anchor="middle" '
+                     f'fill="#555">{format_number(tick)}</text>')
+    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+                 f'stroke="#999"/>')
+    if x_label:
+        parts.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 32}" text-anchor="middle" '
+                     f'fill="#333">{escape(x_label)}</text>')
+    if y_label:
+        parts.append(f'<text x="14" y="{top + plot_h / 2}" text-anchor="middle" fill="#333" '
+                     f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>')
+    if reference:
+        label, value = reference
+        parts.append(f'<line class="reference" x1="{left}" x2="{left + plot_w}" y1="{sy(value):.1f}" '
+                     f'y2="{sy(value):.1f}" stroke="#666" stroke-dasharray="5 4"/>'
+                     f'<text x="{left + plot_w - 4}" y="{sy(value) - 4:.1f}" text-anchor="end" '
+                     f'fill="#666">{escape(label)}</text>')
+
+    # one polyline per series, plus dots so a single point still shows
+    for index, (name, points) in enumerate(clean.items()):
+        color = PALETTE[index % len(PALETTE)]
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(points))
+        parts.append(f'<polyline data-series="{escape(name)}" fill="none" stroke="{color}" '
+                     f'stroke-width="1.8" stroke-linejoin="round" points="{coords}"/>')
+        if len(points) == 1:
+            x, y = points[0]
+            parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>')
+    # legend under the x axis label
+    for index, name in enumerate(clean):
+        row, col = divmod(index, 4)
+        lx = left + col * (plot_w / 4)
+        ly = top + plot_h + bottom + 12 + row * 16
+        color = PALETTE[index % len(PALETTE)]
+        parts.append(f'<rect x="{lx:.1f}" y="{ly - 8}" width="12" height="3" fill="{color}"/>'
+                     f'<text x="{lx + 16:.1f}" y="{ly - 4}" fill="#333">{escape(name)}</text>')
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """A text sparkline for Markdown: one block character per value (at most 40)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    if len(values) > 40:
+        stride = len(values) / 40
+        values = [values[int(i * stride)] for i in range(40)]
+    blocks = "▁▂▃▄▅▆▇█"
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    return "".join(blocks[min(7, int((v - low) / span * 7.999))] for v in values)

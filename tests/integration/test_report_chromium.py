@@ -1,0 +1,62 @@
+"""The HTML report in a real headless browser (Debian's chromium): it renders, the charts
+(inline SVG polylines) and the verdict are in the rendered DOM, and a screenshot is drawn."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from orchestrator.runs.model import Finding
+from orchestrator.runs.report import write_reports
+from orchestrator.runs.synthetic import synthetic_run
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed (it is in .ci/apt-packages.txt)")
+    pytest.skip("chromium is not installed: apt-get install -y chromium")
+
+
+def run_chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--no-first-run", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}",
+            *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def report_file(tmp_path):
+    base = synthetic_run("20261128-020000-aaaaaa", tok_s=6000)
+    new = synthetic_run("20261129-020000-bbbbbb", tok_s=4200, states_seen=["drifted", "patched"],
+                        findings=[Finding("sb1-200", "fx-race", "drafter=1 ERROR RuntimeError",
+                                          evidence=["drafter=1 ERROR RuntimeError: boom"])])
+    return write_reports(new, base, str(tmp_path / "run"))["html"]
+
+
+def test_report_renders_in_headless_chromium(tmp_path, report_file):
+    done = run_chromium(tmp_path, "--dump-dom", f"file://{report_file}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    # The DOM as the browser built it: both charts, one polyline per drafter in each.
+    assert dom.count("<svg") == 2
+    assert dom.count("<polyline") == 6
+    assert 'data-verdict="ok"' in dom and ">OK</span>" in dom
+    assert "fx-race" in dom and "orch patch fx-tls apply" in dom
+    assert "patch drifted" in dom
+
+
+def test_report_screenshot(tmp_path, report_file):
+    shot = tmp_path / "report.png"
+    done = run_chromium(tmp_path, "--window-size=1200,1800", f"--screenshot={shot}",
+                        f"file://{report_file}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000   # a page, not a blank

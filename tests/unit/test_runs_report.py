@@ -1,0 +1,118 @@
+"""Report rendering: HTML (self-contained, inline SVG charts, escaped) and Markdown."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from orchestrator.runs.model import Finding, RunRecord
+from orchestrator.runs.report import render_html, render_markdown, write_reports
+from orchestrator.runs.svg import line_chart, nice_ticks, sparkline
+from orchestrator.runs.synthetic import synthetic_run
+
+
+class Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def parse(html: str) -> list[tuple[str, dict]]:
+    parser = Tags()
+    parser.feed(html)
+    return parser.tags
+
+
+def test_html_has_verdict_charts_and_no_external_assets():
+    html = render_html(synthetic_run("b", tok_s=4000), synthetic_run("a", tok_s=6000))
+    tags = parse(html)
+    polylines = [a for t, a in tags if t == "polyline"]
+    assert len(polylines) == 6                              # 3 drafters x (throughput, loss)
+    assert {a["data-series"] for a in polylines} == {"d0", "d1", "d2"}
+    assert sum(1 for t, a in tags if t == "svg") == 2
+    assert any(t == "span" and a.get("data-verdict") == "ok" for t, a in tags)
+    assert not any(t in ("script", "link", "img", "iframe") for t, _ in tags)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "regressions" in html and "total throughput fell" in html
+    assert "Comparison with the baseline" in html
+
+
+def test_hostile_strings_are_escaped():
+    evil = '<script>alert(1)</script>"&'
+    record = synthetic_run("b", findings=[Finding("sb1-200", "traceback", evil, evil, [evil])])
+    record.vars = {"x": evil}
+    html = render_html(record)
+    assert "<script>" not in html
+    assert "&lt;script&gt;" in html
+    assert not any(t == "script" for t, _ in parse(html))
+
+
+def test_no_baseline_and_no_metrics_still_render():
+    record = RunRecord(run_id="r", playbook="p.yaml", playbook_sha256="", name="",
+                       verdict="unreachable")
+    html = render_html(record)
+    assert "no data recorded" in html and "No baseline" in html and "UNREACHABLE" in html
+    md = render_markdown(record)
+    assert "**UNREACHABLE**" in md and "(no metrics recorded)" in md
+
+
+def test_finding_without_remediation_gets_the_known_one():
+    record = synthetic_run("b", verdict="fx-race",
+                           findings=[Finding("sb1-200", "fx-race", "drafter=1 ERROR RuntimeError")])
+    assert "orch patch fx-tls apply" in render_html(record)
+    assert "orch patch fx-tls apply" in render_markdown(record)
+
+
+def test_markdown_tables_are_well_formed():
+    base = synthetic_run("a", tok_s=6000)
+    new = synthetic_run("b", tok_s=4000, torch_version="2.13.1+cpu",
+                        freeze=["torch==2.13.1+cpu", "pipe|name==1"])
+    md = render_markdown(new, base)
+    assert md.startswith("## orch run `b`: **OK**")
+    assert "### Regressions" in md and "torch changed 2.13.0+cpu -> 2.13.1+cpu" in md
+    for block in re.findall(r"(?:^\|.*\n)+", md, flags=re.M):
+        rows = block.strip().splitlines()
+        widths = {len(re.split(r"(?<!\\)\|", row)) for row in rows}
+        assert len(widths) == 1, block                      # same number of cells in every row
+    assert "`▁" in md or "`█" in md or re.search(r"`[▁-█]+`", md)
+
+
+def test_write_reports_into_the_run_folder(tmp_path):
+    written = write_reports(synthetic_run("b"), None, str(tmp_path / "run"))
+    assert set(written) == {"html", "md"}
+    assert (tmp_path / "run" / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert not list((tmp_path / "run").glob("*.tmp.*"))
+
+
+def test_line_chart_helper():
+    svg = str(line_chart({"a": [(1, 10), (2, 20)], "b": [(1, 5)], "empty": []}, title="t <x>",
+                         y_from_zero=True, reference=("base", 15)))
+    tags = parse(svg)
+    assert [a["data-series"] for t, a in tags if t == "polyline"] == ["a", "b"]
+    assert any(t == "circle" for t, _ in tags)              # a one-point series still shows
+    assert any(t == "line" and a.get("class") == "reference" for t, a in tags)
+    assert "t &lt;x&gt;" in svg
+    for t, a in tags:
+        if t == "polyline":
+            for pair in a["points"].split():
+                x, y = map(float, pair.split(","))
+                assert 0 <= x <= 640 and 0 <= y <= 300
+    assert "no data recorded" in str(line_chart({}, title="x"))
+
+
+@pytest.mark.parametrize("low,high", [(0, 1), (0, 17918), (3.2, 3.3), (5, 5), (-2, 7), (0, 1e7)])
+def test_nice_ticks_cover_the_range(low, high):
+    ticks = nice_ticks(low, high)
+    assert ticks[0] <= low and ticks[-1] >= high and 2 <= len(ticks) <= 12
+    assert ticks == sorted(ticks)
+
+
+def test_sparkline():
+    assert sparkline([]) == ""
+    assert sparkline([1, 2, 3]) == "▁▄█"
+    assert len(sparkline(list(range(100)))) == 40
