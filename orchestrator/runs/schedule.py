@@ -87,6 +87,13 @@ def systemd_quote(arg: str) -> str:
     return f'"{text}"'
 
 
+def systemd_env(assignment: str) -> str:
+    """One Environment= assignment: quoted, C-escaped, %specifiers escaped; '$' is literal
+    there (systemd does no variable expansion in Environment=)."""
+    text = assignment.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return '"' + text.replace("\n", "\\n").replace("\t", "\\t") + '"'
+
+
 def systemd_value(text: str) -> str:
     """A free-text value (Description=): only the %specifiers need escaping, one line."""
     return str(text).replace("%", "%%").replace("\n", " ")
@@ -109,6 +116,7 @@ def _templates() -> jinja2.Environment:
                              lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["sdq"] = systemd_quote
     env.filters["sdv"] = systemd_value
+    env.filters["sdenv"] = systemd_env
     return env
 
 
@@ -211,7 +219,8 @@ def choose_kind(*, cron: bool, system: bool, dest: Optional[str]) -> str:
 
 def make_entry(playbook: str, at: str, *, kind: str, targets: list[str], extra_vars: list[str],
                inventory: Optional[str], workdir: Optional[str] = None) -> Entry:
-    parse_at(at)
+    hour, minute = parse_at(at)
+    at = f"{hour:02d}:{minute:02d}"
     absolute = os.path.abspath(os.path.expanduser(playbook))
     if not os.path.isfile(absolute):
         raise ConfigError(f"no playbook {playbook} ({absolute})")
