@@ -1,0 +1,141 @@
+"""`orch sandbox up | down | status`: the Proxmox-like sandbox on this machine."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+
+import click
+
+from orchestrator.errors import OrchError
+
+STATE_DIR_HELP = "State directory (default /var/lib/orch-sandbox, or $ORCH_SANDBOX_DIR)."
+
+
+def reports_errors(command):
+    """Print an OrchError as its sentence (no traceback) and exit with its code."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except OrchError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(error.exit_code)
+    return wrapper
+
+
+@click.group("sandbox")
+def sandbox():
+    """A Proxmox-like test bed on this machine: hosts with real sshd and LXC containers.
+
+    Each host is a network namespace with its own OpenSSH server, real LXC containers,
+    and emulated `pct` and `pvesh`. Needs root and the packages in .ci/apt-packages.txt.
+
+    \b
+    Example:
+      sudo orch sandbox up
+      orch -i /var/lib/orch-sandbox/inventory.yaml exec sb1-200 -- python3 -V
+      ssh -F /var/lib/orch-sandbox/ssh_config sb1 "pct exec 200 -- hostname"
+      sudo orch sandbox down
+    """
+
+
+@sandbox.command("up")
+@click.option("--hosts", "hosts_count", default=2, show_default=True, type=int,
+              help="Number of hosts (sb1, sb2, ...).")
+@click.option("--containers", "containers_count", default=3, show_default=True, type=int,
+              help="Containers per host, VMIDs 200, 201, ...")
+@click.option("--stopped", default=1, show_default=True, type=int,
+              help="How many of them (the last ones) are created but left stopped.")
+@click.option("--state-dir", default=None, help=STATE_DIR_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@reports_errors
+def up_command(hosts_count, containers_count, stopped, state_dir, as_json):
+    """Create the sandbox, or repair and reuse the one that is there (idempotent).
+
+    \b
+    Example:
+      sudo orch sandbox up                 # sb1, sb2; CTs 200, 201 running, 202 stopped
+      sudo orch sandbox up --hosts 3 --containers 2 --stopped 0
+    """
+    from orchestrator import sandbox as sb
+
+    started = time.monotonic()
+    handle = sb.up(hosts_count, containers_count, stopped, state_dir=state_dir)
+    elapsed = time.monotonic() - started
+    if as_json:
+        click.echo(json.dumps({"seconds": round(elapsed, 3), **sb.status(state_dir)}, indent=2))
+        return
+    click.echo(f"sandbox up in {elapsed:.2f} s: {', '.join(handle.host_names)}")
+    click.echo(f"  inventory   {handle.inventory_path}")
+    click.echo(f"  ssh_config  {handle.ssh_config}   "
+               f"(ssh -F {handle.ssh_config} {handle.host_names[0]} 'pct list')")
+    for item in sb.recommended_missing():
+        click.echo(f"  note: {item}", err=True)
+
+
+@sandbox.command("down")
+@click.option("--purge", is_flag=True,
+              help="Also delete the state directory (SSH keys, logs).")
+@click.option("--state-dir", default=None, help=STATE_DIR_HELP)
+@reports_errors
+def down_command(purge, state_dir):
+    """Remove the sandbox: processes, containers, namespaces, veths, cgroups, files.
+
+    Keeps the SSH keys (known_hosts stays valid for the next up) and the logs in the
+    state directory, unless --purge.
+
+    \b
+    Example:
+      sudo orch sandbox down
+      sudo orch sandbox down --purge
+    """
+    from orchestrator import sandbox as sb
+
+    started = time.monotonic()
+    removed = sb.down(purge=purge, state_dir=state_dir)
+    elapsed = time.monotonic() - started
+    what = ", ".join(removed) if removed else "nothing was up"
+    click.echo(f"sandbox down in {elapsed:.2f} s ({what})")
+
+
+@sandbox.command("status")
+@click.option("--state-dir", default=None, help=STATE_DIR_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@reports_errors
+def status_command(state_dir, as_json):
+    """Show the hosts, their sshd and containers. Exit 0 when all is as `up` made it,
+    1 when the sandbox is down or something differs, 2 when it cannot run here.
+
+    \b
+    Example:
+      orch sandbox status
+      orch sandbox status --json | jq '.hosts[].containers'
+    """
+    from orchestrator import sandbox as sb
+
+    report = sb.status(state_dir)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(format_status(report))
+    sys.exit(0 if report["healthy"] else 1)
+
+
+def format_status(report: dict) -> str:
+    if not report["hosts"]:
+        return f"sandbox: down (state directory {report['state_dir']})"
+    word = "up" if report["healthy"] else ("up, degraded" if report["up"] else "broken")
+    lines = [f"sandbox: {word} (inventory {report['inventory']})"]
+    for host in report["hosts"]:
+        sshd = f"sshd pid {host['sshd_pid']}" if host["sshd_pid"] else "sshd DOWN"
+        if host["sshd_pid"] and not host["ssh_port_open"]:
+            sshd += " (port 22 unreachable)"
+        link = "" if host["link_up"] else ", link DOWN"
+        lines.append(f"  {host['name']:<6} {host['address']:<18} {sshd}{link}")
+        for ct in host["containers"]:
+            note = "" if ct["state"] == ct["expected"] else f" (up makes it {ct['expected']})"
+            lines.append(f"      CT {ct['vmid']}  {ct['state']}{note}")
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""The containers of a sandbox host: real, privileged LXC containers, as cheap as they come.
+
+A container's rootfs is a skeleton directory; its config bind-mounts the machine's /usr
+and /etc read-only (so Debian's python3 with venv, and rg, are in every container, at zero
+download and zero disk) and keeps /root, /tmp, /var and /home private. Beside the LXC
+config each container has a Proxmox config in the host's /etc/pve, which is what the
+emulated `pct` and `pvesh` read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .layout import ContainerSpec, HostSpec
+from .paths import StatePaths
+from .system import SandboxError, in_host, run
+
+LXC_PATH = "/var/lib/lxc"     # as seen inside a host (a private bind of hosts/HOST/lxc)
+PRIVATE_DIRS = ("root", "tmp", "var/tmp", "var/log", "var/lib", "var/cache", "home")
+MOUNT_POINTS = ("proc", "sys", "dev", "etc", "usr", "run")
+MERGED_USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib",
+                    "lib64": "usr/lib64", "lib32": "usr/lib32", "libx32": "usr/libx32"}
+
+
+def container_dir(paths: StatePaths, host: HostSpec, vmid: int) -> Path:
+    return paths.host_dir(host.name) / "lxc" / str(vmid)
+
+
+def pve_config_file(paths: StatePaths, host: HostSpec, vmid: int) -> Path:
+    return paths.host_dir(host.name) / "pve" / "nodes" / host.name / "lxc" / f"{vmid}.conf"
+
+
+def write_container(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> None:
+    """Create (or refresh) the container's rootfs skeleton, LXC config and PVE config."""
+    directory = container_dir(paths, host, ct.vmid)
+    _make_rootfs(directory / "rootfs")
+    (directory / "hostname").write_text(ct.hostname + "\n")
+    (directory / "hosts").write_text(
+        f"127.0.0.1\tlocalhost\n127.0.1.1\t{ct.hostname}\n::1\tlocalhost ip6-localhost\n")
+    (directory / "config").write_text(lxc_config(paths, host, ct))
+    pve_file = pve_config_file(paths, host, ct.vmid)
+    pve_file.parent.mkdir(parents=True, exist_ok=True)
+    pve_file.write_text(pve_config(ct))
+
+
+def _make_rootfs(rootfs: Path) -> None:
+    for name in MOUNT_POINTS + PRIVATE_DIRS:
+        (rootfs / name).mkdir(parents=True, exist_ok=True)
+    os.chmod(rootfs / "root", 0o700)
+    for sticky in ("tmp", "var/tmp"):
+        os.chmod(rootfs / sticky, 0o1777)
+    for name, target in MERGED_USR_LINKS.items():
+        link = rootfs / name
+        if Path("/", target).exists() and not link.is_symlink():
+            link.symlink_to(target)
+
+
+def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
+    """LXC config, with paths as the host sees them (its /var/lib/lxc is private)."""
+    here = f"{LXC_PATH}/{ct.vmid}"
+    return "\n".join([
+        f"# written by `orch sandbox up`: CT {ct.vmid} of sandbox host {host.name}",
+        f"lxc.uts.name = {ct.hostname}",
+        f"lxc.rootfs.path = dir:{here}/rootfs",
+        "lxc.mount.entry = /usr usr none bind,ro 0 0",
+        # non-recursive bind: the host's own mounts under /etc (its /etc/pve) stay out
+        "lxc.mount.entry = /etc etc none bind,ro 0 0",
+        f"lxc.mount.entry = {here}/hostname etc/hostname none bind,ro 0 0",
+        f"lxc.mount.entry = {here}/hosts etc/hosts none bind,ro 0 0",
+        "lxc.mount.entry = tmpfs run tmpfs rw,nosuid,nodev,mode=755 0 0",
+        # torch's DataLoader workers and multiprocessing need a /dev/shm
+        "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,create=dir 0 0",
+        "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
+        "lxc.autodev = 1",
+        "lxc.pty.max = 64",
+        "lxc.net.0.type = empty",
+        # without -n, init.lxc exits 1 silently (TESTHOST.md)
+        f"lxc.init.cmd = /usr/sbin/init.lxc.static -n {ct.vmid} -- /bin/sleep infinity",
+        "lxc.apparmor.profile = unconfined",
+        # per-host cgroup paths: two hosts can both run a CT 200, and down finds them all
+        f"lxc.cgroup.dir.monitor = {host.cgroup}/{ct.vmid}.monitor",
+        f"lxc.cgroup.dir.container = {host.cgroup}/{ct.vmid}",
+        f"lxc.log.file = {paths.lxc_log(host.name, ct.vmid)}",
+        "lxc.log.level = WARN",
+        "",
+    ])
+
+
+def pve_config(ct: ContainerSpec) -> str:
+    """A Proxmox CT config (/etc/pve/nodes/NODE/lxc/VMID.conf) as `pct create` writes it."""
+    cores = min(os.cpu_count() or 1, 4)
+    return "\n".join([
+        "#orch sandbox container (rootfs shares the machine's /usr and /etc read-only)",
+        "arch: amd64",
+        f"cores: {cores}",
+        "features: nesting=1",
+        f"hostname: {ct.hostname}",
+        "memory: 2048",
+        "ostype: debian",
+        f"rootfs: local:{ct.vmid}/vm-{ct.vmid}-disk-0.raw,size=8G",
+        "swap: 512",
+        "",
+    ])
+
+
+def running_vmids(holder_pid: int) -> set[int]:
+    """Containers whose LXC monitor socket exists in the host's network namespace.
+
+    /proc/PID/net/unix shows the sockets of PID's network namespace, so this needs no
+    process inside the host (the emulated pct uses the same test).
+    """
+    prefix, suffix = f"@{LXC_PATH}/", "/command"
+    running = set()
+    try:
+        text = Path(f"/proc/{holder_pid}/net/unix").read_text(errors="replace")
+    except OSError:
+        return running
+    for line in text.splitlines():
+        path = line.rpartition(" ")[2]
+        if path.startswith(prefix) and path.endswith(suffix):
+            name = path[len(prefix):-len(suffix)]
+            if name.isdigit():
+                running.add(int(name))
+    return running
+
+
+def start(holder_pid: int, vmid: int) -> None:
+    result = run(in_host(holder_pid, ["lxc-start", "-n", str(vmid)]), check=False, timeout=60)
+    if result.returncode != 0:
+        raise SandboxError(f"CT {vmid} did not start: "
+                           f"{result.stderr.decode(errors='replace').strip()} "
+                           "(see the LXC log in the sandbox's logs/ directory)")
+
+
+def stop(holder_pid: int, vmid: int) -> None:
+    run(in_host(holder_pid, ["lxc-stop", "-n", str(vmid), "--kill"]), timeout=60)
+
+
+def configured_vmids(paths: StatePaths, host: HostSpec) -> set[int]:
+    directory = pve_config_file(paths, host, 0).parent
+    if not directory.is_dir():
+        return set()
+    return {int(entry.name[:-5]) for entry in directory.iterdir()
+            if entry.name.endswith(".conf") and entry.name[:-5].isdigit()}
+
+
+def remove(paths: StatePaths, host: HostSpec, holder_pid: int, vmid: int, running: bool) -> None:
+    """Delete a container the layout no longer has (after `up` with fewer --containers)."""
+    from .hosts import remove_tree
+
+    if running:
+        stop(holder_pid, vmid)
+    pve_config_file(paths, host, vmid).unlink(missing_ok=True)
+    remove_tree(container_dir(paths, host, vmid))

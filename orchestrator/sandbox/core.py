@@ -1,0 +1,257 @@
+"""`up`, `down` and `status` of the sandbox as a whole.
+
+`up` converges: whatever is there (nothing, a healthy sandbox, the debris of a killed run,
+or a host a test broke on purpose) ends as the requested layout, reusing what is healthy.
+`down` removes everything it can find by name, not only what its records list.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import access, containers, faults, hosts
+from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
+from .paths import StatePaths
+from .prereqs import require
+from .system import SandboxError, cgroup_hierarchies, remove_empty_parents
+
+TOOLS_DIR = Path(__file__).with_name("bin")
+TOOLS = {"pct": 0o755, "pct.py": 0o644, "pvesh": 0o755, "pvelib.py": 0o644,
+         "pvefiles.py": 0o644}
+READY_MARK = "ready"
+MAX_PARALLEL_HOSTS = 8
+
+
+@contextmanager
+def locked(paths: StatePaths):
+    """Serialise up/down of one state directory (two test runs may start at once)."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock_file, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# --- up -----------------------------------------------------------------------------------------
+
+def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix: str = "sb",
+       state_dir: Path | str | None = None) -> "Sandbox":
+    from .handle import Sandbox
+
+    paths = StatePaths.at(state_dir)
+    require(paths)
+    layout = build_layout(hosts_count, containers_count, stopped, prefix)
+    with locked(paths):
+        previous = Layout.load(paths.layout_file)
+        wanted = {host.name for host in layout.hosts}
+        for name in sorted(_known_host_names(paths, previous, prefix) - wanted):
+            hosts.teardown(paths, name)
+        _prepare_machine(paths)
+        paths.layout_file.write_text(layout.to_json())
+        client_key = access.public_key(paths.client_key)
+        _for_each_host(layout, lambda spec: _ensure_host(paths, spec, client_key))
+        access.write_client_files(layout, paths)
+    return Sandbox(paths, layout)
+
+
+def _prepare_machine(paths: StatePaths) -> None:
+    """What every host needs from the machine: keys, tools, and directories that must exist
+    before a host can mount over them."""
+    for directory in (paths.logs, paths.hosts_dir, Path("/run/lxc"), Path("/run/sshd")):
+        directory.mkdir(parents=True, exist_ok=True)
+    access.ensure_key(paths.client_key, "orch-sandbox-client")
+    install_tools(paths)
+
+
+def install_tools(paths: StatePaths) -> None:
+    """Copy the emulated pct/pvesh into the state directory (hosts cannot see /root, where
+    a pyenv-installed orch would live); only changed files, atomically."""
+    paths.bin_dir.mkdir(parents=True, exist_ok=True)
+    for stale in paths.bin_dir.iterdir():
+        if stale.is_file() and stale.name not in TOOLS:
+            stale.unlink()
+    for name, mode in TOOLS.items():
+        source, target = TOOLS_DIR / name, paths.bin_dir / name
+        if target.exists() and target.read_bytes() == source.read_bytes():
+            continue
+        temporary = target.with_name(f".{name}.tmp")
+        shutil.copy2(source, temporary)
+        os.chmod(temporary, mode)
+        temporary.replace(target)
+
+
+def _for_each_host(layout: Layout, action) -> None:
+    """Hosts are independent: build them concurrently (most of the time is spent waiting)."""
+    workers = min(len(layout.hosts), MAX_PARALLEL_HOSTS)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(action, spec) for spec in layout.hosts]
+    errors = [future.exception() for future in futures if future.exception()]
+    if errors:
+        raise errors[0]
+
+
+def _ensure_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
+    access.ensure_key(paths.host_key(spec.name), f"orch-sandbox-{spec.name}")
+    health = hosts.health(paths, spec)
+    ready = (paths.host_dir(spec.name) / READY_MARK).exists()
+    if health.netns and health.holder and ready:
+        _converge_host(paths, spec, client_key, health)
+    else:
+        hosts.teardown(paths, spec.name)
+        _create_host(paths, spec, client_key)
+
+
+def _create_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
+    for log in (paths.sshd_log(spec.name), *(paths.lxc_log(spec.name, ct.vmid)
+                                             for ct in spec.containers)):
+        log.unlink(missing_ok=True)
+    hosts.prepare_host_dir(paths, spec, client_key)
+    for ct in spec.containers:
+        containers.write_container(paths, spec, ct)
+    hosts.create_network(spec)
+    holder = hosts.start_holder(paths, spec)
+    hosts.run_host_setup(paths, spec, holder)
+    hosts.write_sshd_config(paths, spec)
+    hosts.start_sshd(paths, spec, holder)
+    for ct in spec.containers:
+        if ct.running:
+            containers.start(holder, ct.vmid)
+    (paths.host_dir(spec.name) / READY_MARK).write_text(f"{time.time():.3f}\n")
+
+
+def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
+                   health: hosts.HostHealth) -> None:
+    """Reuse a live host, undoing what tests may have changed: link, firewall, sshd and its
+    host key, container states."""
+    holder = health.holder_pid
+    hosts.prepare_host_dir(paths, spec, client_key)
+    if not hosts.link_is_up(spec):
+        hosts.set_link(spec, up=True)
+    faults.clear_firewall(holder)
+    if hosts.write_sshd_config(paths, spec) or not health.sshd:
+        hosts.stop_sshd(paths, spec)
+        hosts.start_sshd(paths, spec, holder)
+    running = containers.running_vmids(holder)
+    for vmid in containers.configured_vmids(paths, spec) - {ct.vmid for ct in spec.containers}:
+        containers.remove(paths, spec, holder, vmid, running=vmid in running)
+    for ct in spec.containers:
+        if not containers.pve_config_file(paths, spec, ct.vmid).exists():
+            containers.write_container(paths, spec, ct)
+        if ct.running and ct.vmid not in running:
+            containers.start(holder, ct.vmid)
+        elif not ct.running and ct.vmid in running:
+            containers.stop(holder, ct.vmid)
+
+
+# --- down ---------------------------------------------------------------------------------------
+
+def down(purge: bool = False, state_dir: Path | str | None = None,
+         prefix: str | None = None) -> list[str]:
+    """Remove every host of this state directory; returns their names.
+
+    Keeps the SSH keys (so known_hosts entries stay valid for the next up) and the logs;
+    purge removes the whole state directory as well.
+    """
+    paths = StatePaths.at(state_dir)
+    require(paths)
+    with locked(paths):
+        previous = Layout.load(paths.layout_file)
+        names = sorted(_known_host_names(paths, previous, prefix))
+        for name in names:
+            hosts.teardown(paths, name)
+        access.remove_client_files(paths)
+        for leftover in (paths.layout_file,):
+            leftover.unlink(missing_ok=True)
+        for directory in (paths.bin_dir, paths.hosts_dir):
+            hosts.remove_tree(directory)
+        remove_empty_parents(f"{CGROUP_ROOT}/x")
+        if purge:
+            hosts.remove_tree(paths.root)
+    return names
+
+
+def _known_host_names(paths: StatePaths, layout: Layout | None, prefix: str | None) -> set[str]:
+    """Hosts of this sandbox, from its records and from what the machine shows by name."""
+    names = {host.name for host in layout.hosts} if layout else set()
+    if paths.hosts_dir.is_dir():
+        names |= {entry.name for entry in paths.hosts_dir.iterdir() if entry.is_dir()}
+    prefixes = {p for p in (prefix, layout.prefix if layout else None) if p} or {"sb"}
+    pattern = re.compile("^(" + "|".join(map(re.escape, prefixes)) + r")\d+$")
+    candidates = set()
+    if hosts.NETNS_DIR.is_dir():
+        candidates |= {entry.name[5:] for entry in hosts.NETNS_DIR.iterdir()
+                       if entry.name.startswith("orch-")}
+    candidates |= {entry.name[5:] for entry in Path("/sys/class/net").iterdir()
+                   if entry.name.startswith("orch-")}
+    for hierarchy in cgroup_hierarchies():
+        top = hierarchy / CGROUP_ROOT
+        if top.is_dir():
+            candidates |= {entry.name for entry in top.iterdir() if entry.is_dir()}
+    return names | {name for name in candidates if pattern.match(name)}
+
+
+# --- status -------------------------------------------------------------------------------------
+
+def status(state_dir: Path | str | None = None) -> dict:
+    """What runs, as data: the CLI prints it, tests and `--json` readers consume it."""
+    paths = StatePaths.at(state_dir)
+    require(paths)
+    layout = Layout.load(paths.layout_file)
+    report = {"state_dir": str(paths.root), "inventory": str(paths.inventory),
+              "ssh_config": str(paths.ssh_config), "up": False, "healthy": False, "hosts": []}
+    if layout is None:
+        return report
+    for spec in layout.hosts:
+        report["hosts"].append(_host_status(paths, spec))
+    report["up"] = all(h["netns"] and h["holder_pid"] and h["sshd_pid"]
+                       for h in report["hosts"])
+    report["healthy"] = report["up"] and all(
+        h["link_up"] and h["ssh_port_open"] and
+        all(ct["state"] == ct["expected"] for ct in h["containers"])
+        for h in report["hosts"])
+    return report
+
+
+def _host_status(paths: StatePaths, spec: HostSpec) -> dict:
+    health = hosts.health(paths, spec)
+    running = containers.running_vmids(health.holder_pid) if health.holder else set()
+    return {
+        "name": spec.name, "address": spec.address, "iface": spec.iface,
+        "netns": health.netns, "holder_pid": health.holder_pid, "sshd_pid": health.sshd_pid,
+        "link_up": hosts.link_is_up(spec),
+        "ssh_port_open": health.sshd and _port_open(spec.address, 22),
+        "containers": [{"vmid": ct.vmid, "name": f"{spec.name}-{ct.vmid}",
+                        "state": "running" if ct.vmid in running else "stopped",
+                        "expected": "running" if ct.running else "stopped"}
+                       for ct in spec.containers],
+    }
+
+
+def _port_open(address: str, port: int, timeout: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until_reachable(layout: Layout, timeout: float = 5.0) -> None:
+    """Each host's sshd accepts connections (it does once up returns; this is for tests
+    that just set a link back up)."""
+    deadline = time.monotonic() + timeout
+    for spec in layout.hosts:
+        while not _port_open(spec.address, 22):
+            if time.monotonic() > deadline:
+                raise SandboxError(f"sandbox host {spec.name} ({spec.address}) does not "
+                                   "accept SSH connections")
+            time.sleep(0.02)

@@ -1,0 +1,176 @@
+"""A running sandbox as tests see it: where its files are, and the faults they can cause.
+
+    sb = orchestrator.sandbox.up()            # or orchestrator.sandbox.current()
+    sb.inventory_path                         # STATE/inventory.yaml
+    sb.run_on_host("sb1", ["pct", "list"])    # a command on the host itself, no SSH
+    sb.link_down("sb1"); ...; sb.link_up("sb1")
+    sb.stop_container("sb1", 201); sb.start_container("sb1", 201)
+    with sb.changed_host_key("sb2"): ...      # the host presents a key known_hosts lacks
+"""
+
+from __future__ import annotations
+
+import subprocess
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import access, containers, faults, hosts
+from .layout import HostSpec, Layout
+from .paths import StatePaths
+from .system import SandboxError, in_host
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    paths: StatePaths
+    layout: Layout
+
+    # --- where things are -----------------------------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        return self.paths.root
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.paths.inventory
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.paths.ssh_config
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.paths.known_hosts
+
+    @property
+    def identity(self) -> Path:
+        return self.paths.client_key
+
+    @property
+    def host_names(self) -> list[str]:
+        return [spec.name for spec in self.layout.hosts]
+
+    def host(self, name: str) -> HostSpec:
+        return self.layout.host(name)
+
+    def address(self, host: str) -> str:
+        return self.host(host).address
+
+    def iface(self, host: str) -> str:
+        return self.host(host).iface
+
+    def targets(self, running: bool | None = None) -> list[str]:
+        """Inventory names (HOST-VMID) of the containers, optionally only running/stopped."""
+        return [f"{spec.name}-{ct.vmid}" for spec in self.layout.hosts for ct in spec.containers
+                if running is None or ct.running == running]
+
+    def ssh_argv(self, host: str, *remote: str) -> list[str]:
+        """Plain OpenSSH to a host (the "manual way"): the remote words go through the
+        host's shell, as they would with any ssh."""
+        return ["ssh", "-F", str(self.ssh_config), host, *remote]
+
+    # --- commands on a host, without SSH ----------------------------------------------------
+
+    def holder(self, host: str) -> int:
+        pid = hosts.holder_pid(self.paths, self.host(host))
+        if pid is None:
+            raise SandboxError(f"sandbox host {host} is not running: orch sandbox up")
+        return pid
+
+    def run_on_host(self, host: str, argv: list[str], *, input: bytes | None = None,
+                    timeout: float = 60.0, check: bool = False) -> subprocess.CompletedProcess:
+        """Run argv inside the host's namespaces (as its sshd would, minus SSH)."""
+        env = {"PATH": hosts.host_path(self.paths), "HOME": "/root", "LANG": "C.UTF-8",
+               "USER": "root", "LOGNAME": "root"}
+        return subprocess.run(in_host(self.holder(host), argv), input=input,
+                              capture_output=True, timeout=timeout, check=check, env=env,
+                              cwd="/")
+
+    def pct(self, host: str, *args: str, input: bytes | None = None,
+            timeout: float = 60.0) -> subprocess.CompletedProcess:
+        return self.run_on_host(host, ["pct", *args], input=input, timeout=timeout)
+
+    # --- containers ---------------------------------------------------------------------------
+
+    def container_running(self, host: str, vmid: int) -> bool:
+        return vmid in containers.running_vmids(self.holder(host))
+
+    def stop_container(self, host: str, vmid: int) -> None:
+        self.host(host).container(vmid)
+        if self.container_running(host, vmid):
+            containers.stop(self.holder(host), vmid)
+
+    def start_container(self, host: str, vmid: int) -> None:
+        self.host(host).container(vmid)
+        if not self.container_running(host, vmid):
+            containers.start(self.holder(host), vmid)
+
+    # --- network ----------------------------------------------------------------------------
+
+    def link_down(self, host: str) -> None:
+        """Cut the host off (its veth down): connections hang until the link is back."""
+        hosts.set_link(self.host(host), up=False)
+
+    def link_up(self, host: str) -> None:
+        hosts.set_link(self.host(host), up=True)
+
+    def link_is_up(self, host: str) -> bool:
+        return hosts.link_is_up(self.host(host))
+
+    def block_ssh(self, host: str, mode: str = "drop", percent: int = 30) -> None:
+        """Firewall the host's port 22: "drop" (connect times out), "reject" (refused at
+        once) or "loss" (percent % of packets dropped). Needs nftables."""
+        faults.block_ssh(self.holder(host), mode, percent)
+
+    def unblock_ssh(self, host: str) -> None:
+        faults.clear_firewall(self.holder(host))
+
+    # --- sshd and its host key --------------------------------------------------------------
+
+    def stop_sshd(self, host: str) -> None:
+        """New connections are refused; sessions already open carry on (as on a real host)."""
+        hosts.stop_sshd(self.paths, self.host(host))
+
+    def start_sshd(self, host: str) -> None:
+        spec = self.host(host)
+        if hosts.sshd_pid(self.paths, spec) is None:
+            hosts.start_sshd(self.paths, spec, self.holder(host))
+
+    def regenerate_host_key(self, host: str) -> str:
+        """Restart the host's sshd with a brand-new host key that known_hosts does not have
+        (a reinstalled host, or a man in the middle). Returns the new public key.
+        `restore_host_key` or the next `up` puts the original key back."""
+        spec = self.host(host)
+        key = self.paths.host_key(host, hosts.CHANGED_HOST_KEY)
+        key.unlink(missing_ok=True)
+        key.with_name(key.name + ".pub").unlink(missing_ok=True)
+        access.ensure_key(key, f"orch-sandbox-{host}-changed")
+        self._restart_sshd(spec, hosts.CHANGED_HOST_KEY)
+        return access.public_key(key)
+
+    def restore_host_key(self, host: str) -> None:
+        self._restart_sshd(self.host(host), hosts.DEFAULT_HOST_KEY)
+
+    @contextmanager
+    def changed_host_key(self, host: str):
+        new_key = self.regenerate_host_key(host)
+        try:
+            yield new_key
+        finally:
+            self.restore_host_key(host)
+
+    def _restart_sshd(self, spec: HostSpec, host_key: str) -> None:
+        hosts.write_sshd_config(self.paths, spec, host_key)
+        hosts.stop_sshd(self.paths, spec)
+        hosts.start_sshd(self.paths, spec, self.holder(spec.name))
+
+
+def current(state_dir: Path | str | None = None) -> Sandbox:
+    """The sandbox that `up` built in state_dir, without changing anything."""
+    paths = StatePaths.at(state_dir)
+    layout = Layout.load(paths.layout_file)
+    if layout is None:
+        raise SandboxError(f"no sandbox in {paths.root}: run `orch sandbox up`")
+    return Sandbox(paths, layout)

@@ -1,0 +1,295 @@
+"""Sandbox hosts: a network namespace with a real sshd, as a Proxmox VE node looks over SSH.
+
+A host is held by one "holder" process (`sleep infinity`, renamed orch-sandbox-host:NAME)
+that owns the host's mount and UTS namespaces and sits in its network namespace
+/run/netns/orch-NAME. Everything else (host-setup.sh, sshd, lxc-start) is started inside
+those namespaces with `nsenter -t HOLDER`. A veth pair links the machine (orch-NAME,
+fe80::1) with the host (eth0, fe80::2): link-local addresses only, never a private IPv4
+range outside the namespaces (the machine's addressing rule, TESTHOST.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .layout import ROOT_SIDE_ADDRESS, HostSpec
+from .paths import StatePaths
+from .system import (SandboxError, alive, cmdline, descendants, in_host, kill_and_wait,
+                     mounts_below, move_to_cgroup, namespace_inode, pids_in_cgroup_tree,
+                     pids_in_netns, read_pid, remove_cgroup_tree, run, wait_for)
+
+NETNS_DIR = Path("/run/netns")
+HOST_SETUP = Path(__file__).with_name("host-setup.sh")
+HOLDER_TAG = "orch-sandbox-host:"
+# bash execs sleep under the name given as $0: no text of ours is ever parsed by a shell
+HOLDER_SCRIPT = 'exec -a "$0" sleep infinity'
+SSHD = "/usr/sbin/sshd"
+DEFAULT_HOST_KEY = "ssh_host_ed25519_key"
+CHANGED_HOST_KEY = "changed_host_key"
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    netns: bool
+    holder_pid: int | None
+    sshd_pid: int | None
+
+    @property
+    def holder(self) -> bool:
+        return self.holder_pid is not None
+
+    @property
+    def sshd(self) -> bool:
+        return self.sshd_pid is not None
+
+    @property
+    def usable(self) -> bool:
+        return self.netns and self.holder and self.sshd
+
+
+def netns_path(spec_or_name: HostSpec | str) -> Path:
+    name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
+    return NETNS_DIR / f"orch-{name}"
+
+
+# --- state on disk: the host's HOME, /etc overlay, /etc/pve and /var/lib/lxc ---------------
+
+def prepare_host_dir(paths: StatePaths, spec: HostSpec, client_public_key: str) -> None:
+    root = paths.host_dir(spec.name)
+    for sub in ("lxc", "etc-upper/pve", "etc-work", "cgroup-aside",
+                f"pve/nodes/{spec.name}/lxc"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "etc-upper" / "hostname").write_text(spec.name + "\n")
+    _link(root / "pve" / "lxc", f"nodes/{spec.name}/lxc")     # as on a real node
+    _link(root / "pve" / "local", f"nodes/{spec.name}")
+    _write_home(root / "home", paths, client_public_key)
+
+
+def _link(link: Path, target: str) -> None:
+    if not link.is_symlink():
+        link.symlink_to(target)
+
+
+def _write_home(home: Path, paths: StatePaths, client_public_key: str) -> None:
+    """root's HOME on the host: sshd's StrictModes wants it and .ssh private."""
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    os.chmod(ssh_dir, 0o700)
+    keys = ssh_dir / "authorized_keys"
+    keys.write_text(client_public_key.strip() + "\n")
+    os.chmod(keys, 0o600)
+    # Debian's bash sources ~/.bashrc for commands run by sshd: keep it to one line.
+    (home / ".bashrc").write_text(
+        "# orch sandbox host: minimal on purpose (no pyenv init on every SSH command)\n"
+        f"export PATH={host_path(paths)}\n")
+    (home / ".profile").write_text('[ -f ~/.bashrc ] && . ~/.bashrc\n')
+
+
+def host_path(paths: StatePaths) -> str:
+    """PATH on a host: the emulated pct and pvesh first, then the standard root PATH."""
+    return f"{paths.bin_dir}:{STANDARD_PATH}"
+
+
+# --- network namespace and veth --------------------------------------------------------------
+
+def create_network(spec: HostSpec) -> None:
+    commands = "\n".join([
+        f"netns add {spec.netns}",
+        f"link add {spec.iface} type veth peer name eth0 netns {spec.netns}",
+        f"link set dev {spec.iface} addrgenmode none",
+        f"addr add {ROOT_SIDE_ADDRESS}/64 dev {spec.iface} nodad",
+        f"link set dev {spec.iface} up",
+    ]) + "\n"
+    run(["ip", "-batch", "-"], input=commands.encode())
+    # keep the address when a test sets the link down, so `link up` is all it takes
+    _set_ipv6_sysctl(spec.iface, "keep_addr_on_down", "1")
+
+
+def _set_ipv6_sysctl(iface: str, name: str, value: str) -> None:
+    path = Path("/proc/sys/net/ipv6/conf", iface, name)
+    if path.exists():
+        path.write_text(value)
+
+
+def link_is_up(spec: HostSpec) -> bool:
+    """Administratively up (IFF_UP), which is what link_down/link_up change."""
+    try:
+        return bool(int(Path(f"/sys/class/net/{spec.iface}/flags").read_text(), 16) & 0x1)
+    except OSError:
+        return False
+
+
+def set_link(spec: HostSpec, up: bool) -> None:
+    run(["ip", "link", "set", "dev", spec.iface, "up" if up else "down"])
+
+
+# --- the holder and the host's own mounts ------------------------------------------------------
+
+def start_holder(paths: StatePaths, spec: HostSpec) -> int:
+    """Start the process that owns the host's namespaces; returns its PID once it is ready."""
+    tag = HOLDER_TAG + spec.name
+    log = paths.logs / f"{spec.name}-holder.log"
+    argv = ["nsenter", f"--net={netns_path(spec)}",
+            "unshare", "--mount", "--uts", "--propagation", "private", "--",
+            "/bin/bash", "-c", HOLDER_SCRIPT, tag]
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
+                                   stderr=log_file, cwd="/", start_new_session=True)
+    # nsenter, unshare and bash exec one another in place, so the PID stays the same. Only
+    # once the renamed sleep runs has unshare(2) happened: entering it earlier would put
+    # the host's mounts into the machine's own mount namespace.
+    own_mnt = namespace_inode("self", "mnt")
+    if not wait_for(lambda: process.poll() is not None or (
+            cmdline(process.pid)[:1] == [tag]
+            and namespace_inode(process.pid, "mnt") not in (None, own_mnt)), timeout=10):
+        raise SandboxError(f"host {spec.name}: its namespaces did not come up within 10 s")
+    if process.poll() is not None:
+        raise SandboxError(f"host {spec.name}: could not create its namespaces: "
+                           f"{log.read_text(errors='replace').strip()}")
+    paths.holder_pid_file(spec.name).write_text(f"{process.pid}\n")
+    move_to_cgroup(process.pid, f"{spec.cgroup}/host")
+    return process.pid
+
+
+def run_host_setup(paths: StatePaths, spec: HostSpec, holder: int) -> None:
+    run(in_host(holder, ["/bin/bash", str(HOST_SETUP), spec.name,
+                         str(paths.host_dir(spec.name))]))
+
+
+def holder_pid(paths: StatePaths, spec_or_name: HostSpec | str) -> int | None:
+    """The host's holder, if it runs and is really ours (PIDs get reused)."""
+    name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
+    pid = read_pid(paths.holder_pid_file(name))
+    if not alive(pid) or cmdline(pid)[:1] != [HOLDER_TAG + name]:
+        return None
+    try:
+        if namespace_inode(pid, "net") != os.stat(netns_path(name)).st_ino:
+            return None
+    except OSError:
+        return None
+    return pid
+
+
+# --- sshd ------------------------------------------------------------------------------------
+
+def sshd_config(paths: StatePaths, spec: HostSpec, host_key: str = DEFAULT_HOST_KEY) -> str:
+    return "\n".join([
+        f"# written by `orch sandbox up` for sandbox host {spec.name}",
+        "Port 22",
+        f"HostKey {paths.host_key(spec.name, host_key)}",
+        f"PidFile {paths.sshd_pid_file(spec.name)}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "AuthorizedKeysFile .ssh/authorized_keys",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "PermitUserEnvironment no",
+        # orch opens many channels at once on one connection, and tests many connections
+        "MaxSessions 100",
+        "MaxStartups 100:30:200",
+        "UseDNS no",
+        "PrintMotd no",
+        "PrintLastLog no",
+        # no AcceptEnv: like a stock Proxmox node, the client's environment stays out
+        f"SetEnv PATH={host_path(paths)}",
+        "Subsystem sftp internal-sftp",
+        "LogLevel INFO",
+        "",
+    ])
+
+
+def write_sshd_config(paths: StatePaths, spec: HostSpec, host_key: str = DEFAULT_HOST_KEY) -> bool:
+    """Write the host's sshd_config; True when it changed (sshd must then restart)."""
+    path = paths.sshd_config(spec.name)
+    text = sshd_config(paths, spec, host_key)
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def start_sshd(paths: StatePaths, spec: HostSpec, holder: int) -> int:
+    pid_file = paths.sshd_pid_file(spec.name)
+    pid_file.unlink(missing_ok=True)
+    # sshd checks its config, binds port 22, then daemonizes and writes its PID file
+    run(in_host(holder, [SSHD, "-f", str(paths.sshd_config(spec.name)),
+                         "-E", str(paths.sshd_log(spec.name))]))
+    if not wait_for(lambda: read_pid(pid_file) is not None, timeout=10):
+        raise SandboxError(f"host {spec.name}: sshd did not write {pid_file}; "
+                           f"see {paths.sshd_log(spec.name)}")
+    pid = read_pid(pid_file)
+    move_to_cgroup(pid, f"{spec.cgroup}/host")
+    return pid
+
+
+def _is_listener(paths: StatePaths, name: str, pid: int | None) -> bool:
+    # the listener retitles itself ("sshd: /usr/sbin/sshd -f CONFIG ... [listener] ..."),
+    # so its config path is part of one string, not an argv element of its own; the
+    # per-connection children's titles ("sshd: root@notty") do not name the config
+    return alive(pid) and str(paths.sshd_config(name)) in " ".join(cmdline(pid))
+
+
+def sshd_listeners(paths: StatePaths, name: str) -> set[int]:
+    """Every listening sshd of the host, found without trusting the PID file."""
+    return {pid for pid in pids_in_netns(netns_path(name)) if _is_listener(paths, name, pid)}
+
+
+def sshd_pid(paths: StatePaths, spec_or_name: HostSpec | str) -> int | None:
+    name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
+    pid = read_pid(paths.sshd_pid_file(name))
+    if _is_listener(paths, name, pid):
+        return pid
+    return min(sshd_listeners(paths, name), default=None)
+
+
+def stop_sshd(paths: StatePaths, spec: HostSpec) -> None:
+    """Stop the listening sshd only: sessions already open carry on, as they do when a
+    real host's ssh service restarts (teardown sweeps them with the network namespace)."""
+    kill_and_wait(sshd_listeners(paths, spec.name))
+    paths.sshd_pid_file(spec.name).unlink(missing_ok=True)
+
+
+def health(paths: StatePaths, spec: HostSpec) -> HostHealth:
+    return HostHealth(netns=netns_path(spec).exists(), holder_pid=holder_pid(paths, spec),
+                      sshd_pid=sshd_pid(paths, spec))
+
+
+# --- teardown ----------------------------------------------------------------------------------
+
+def teardown(paths: StatePaths, name: str) -> None:
+    """Remove every trace of host `name`: processes, cgroups, veth, netns, its runtime dir.
+
+    Works from what the machine shows, not only from our records, so that it also cleans
+    after a run that was killed half-way (or whose state directory is gone).
+    """
+    cgroup = f"orch-sandbox/{name}"
+    suspects = pids_in_netns(netns_path(name)) | pids_in_cgroup_tree(cgroup)
+    suspects |= {pid for pid in (holder_pid(paths, name), sshd_pid(paths, name)) if pid}
+    survivors = kill_and_wait(descendants(suspects))
+    if survivors:
+        raise SandboxError(f"host {name}: processes {sorted(survivors)} did not die")
+    leftovers = remove_cgroup_tree(cgroup)
+    if leftovers:
+        raise SandboxError(f"host {name}: could not remove cgroups {leftovers}")
+    run(["ip", "link", "del", "dev", f"orch-{name}"], check=False)
+    if netns_path(name).exists():
+        run(["ip", "netns", "del", f"orch-{name}"])
+    remove_tree(paths.host_dir(name))
+
+
+def remove_tree(directory: Path) -> None:
+    """rm -rf, but never through a mount point (a bind of the machine's /usr, say)."""
+    if not directory.exists():
+        return
+    mounted = mounts_below(directory)
+    if mounted:
+        raise SandboxError(f"refusing to delete {directory}: still mounted there: "
+                           + ", ".join(mounted))
+    shutil.rmtree(directory)

@@ -1,0 +1,124 @@
+"""What a sandbox consists of: hosts, their containers, and the names derived from them.
+
+Every name a host leaves on the machine is derived from its name here, so that `down`
+(and `up`, cleaning after a killed run) can find all of it again:
+network namespace and root-side veth `orch-HOST`, cgroups `orch-sandbox/HOST/...`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from orchestrator.errors import OrchError
+
+FIRST_VMID = 200
+HOST_ADDRESS = "fe80::2"        # the host's end of its veth (inside its namespace)
+ROOT_SIDE_ADDRESS = "fe80::1"   # the machine's end (link-local: unique per interface)
+CGROUP_ROOT = "orch-sandbox"
+NAME_PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # orch-PREFIX99 fits IFNAMSIZ
+MAX_HOSTS = 99
+MAX_CONTAINERS = 50
+
+
+class LayoutError(OrchError):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    vmid: int
+    running: bool
+
+    @property
+    def hostname(self) -> str:
+        return f"CT{self.vmid}"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    containers: tuple[ContainerSpec, ...]
+
+    @property
+    def netns(self) -> str:
+        return f"orch-{self.name}"
+
+    @property
+    def iface(self) -> str:
+        """The root-namespace end of the host's veth (tests set it down to cut the link)."""
+        return f"orch-{self.name}"
+
+    @property
+    def address(self) -> str:
+        """How the machine reaches the host: its link-local address, scoped to the veth."""
+        return f"{HOST_ADDRESS}%{self.iface}"
+
+    @property
+    def cgroup(self) -> str:
+        return f"{CGROUP_ROOT}/{self.name}"
+
+    def container(self, vmid: int) -> ContainerSpec:
+        for spec in self.containers:
+            if spec.vmid == vmid:
+                return spec
+        raise LayoutError(f"sandbox host {self.name} has no container {vmid}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    prefix: str
+    hosts: tuple[HostSpec, ...]
+
+    def host(self, name: str) -> HostSpec:
+        for spec in self.hosts:
+            if spec.name == name:
+                return spec
+        known = ", ".join(h.name for h in self.hosts)
+        raise LayoutError(f"the sandbox has no host {name!r} (hosts: {known})")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Layout":
+        data = json.loads(text)
+        hosts = tuple(
+            HostSpec(h["name"], tuple(ContainerSpec(c["vmid"], c["running"])
+                                      for c in h["containers"]))
+            for h in data["hosts"])
+        return cls(data["prefix"], hosts)
+
+    @classmethod
+    def load(cls, path: Path) -> "Layout | None":
+        try:
+            return cls.from_json(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None  # a half-written file of a killed run: down sweeps by name instead
+
+
+def host_name(prefix: str, index: int) -> str:
+    return f"{prefix}{index}"
+
+
+def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
+                 prefix: str = "sb") -> Layout:
+    """N hosts named PREFIX1..PREFIXN, each with CTs 200.. of which the last `stopped` are
+    created but not started (tests need a stopped container)."""
+    if not NAME_PREFIX_PATTERN.match(prefix):
+        raise LayoutError(f"sandbox host prefix {prefix!r} must be 1-6 lowercase letters or "
+                          "digits, starting with a letter (interface names are 15 chars max)")
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise LayoutError(f"--hosts must be between 1 and {MAX_HOSTS}, not {hosts}")
+    if not 1 <= containers <= MAX_CONTAINERS:
+        raise LayoutError(f"--containers must be between 1 and {MAX_CONTAINERS}, not {containers}")
+    if not 0 <= stopped <= containers:
+        raise LayoutError(f"--stopped must be between 0 and --containers ({containers})")
+    running_count = containers - stopped
+    cts = tuple(ContainerSpec(FIRST_VMID + i, i < running_count) for i in range(containers))
+    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts)
+                                for i in range(1, hosts + 1)))

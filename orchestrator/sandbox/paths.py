@@ -1,0 +1,107 @@
+"""Where the sandbox keeps its files (the state directory) and what lives there.
+
+    STATE/                          /var/lib/orch-sandbox, or $ORCH_SANDBOX_DIR
+      id_ed25519, id_ed25519.pub    client key for root@every host      (kept by down)
+      keys/HOST/ssh_host_ed25519_key[.pub]   each host's SSH host key   (kept by down)
+      logs/                         sshd and LXC logs of the last up     (kept by down)
+      inventory.yaml                orch inventory of the sandbox        (written by up)
+      known_hosts                   host keys, keyed as paramiko looks them up
+      ssh_config                    for plain OpenSSH: ssh -F STATE/ssh_config sb1 ...
+      layout.json                   what up built: hosts, containers, PIDs
+      bin/                          the emulated pct and pvesh (copied at each up)
+      hosts/HOST/                   runtime of one host: its HOME, /var/lib/lxc, /etc/pve
+      .lock                         serialises up and down
+`down` removes everything but the keys and logs; `down --purge` removes STATE itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path("/var/lib/orch-sandbox")
+STATE_DIR_ENV = "ORCH_SANDBOX_DIR"
+
+# Inside a host these paths are replaced by private mounts, so a state directory below
+# one of them would be invisible to the host's sshd and LXC.
+SHADOWED_IN_HOSTS = ("/root", "/etc", "/var/lib/lxc", "/run/lxc", "/sys", "/proc", "/dev")
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def shadowing_mount(path: Path) -> str | None:
+    """The host-private mount that would hide `path` inside a sandbox host, if any."""
+    resolved = str(path.resolve())
+    for shadowed in SHADOWED_IN_HOSTS:
+        if resolved == shadowed or resolved.startswith(shadowed + "/"):
+            return shadowed
+    return None
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    root: Path
+
+    @classmethod
+    def at(cls, root: Path | str | None = None) -> "StatePaths":
+        return cls(Path(root) if root else default_state_dir())
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.root / "ssh_config"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory.yaml"
+
+    @property
+    def layout_file(self) -> Path:
+        return self.root / "layout.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def hosts_dir(self) -> Path:
+        return self.root / "hosts"
+
+    def host_dir(self, host: str) -> Path:
+        return self.hosts_dir / host
+
+    def host_key(self, host: str, variant: str = "ssh_host_ed25519_key") -> Path:
+        return self.root / "keys" / host / variant
+
+    def sshd_config(self, host: str) -> Path:
+        return self.host_dir(host) / "sshd_config"
+
+    def sshd_pid_file(self, host: str) -> Path:
+        return self.host_dir(host) / "sshd.pid"
+
+    def holder_pid_file(self, host: str) -> Path:
+        return self.host_dir(host) / "holder.pid"
+
+    def sshd_log(self, host: str) -> Path:
+        return self.logs / f"{host}-sshd.log"
+
+    def lxc_log(self, host: str, vmid: int) -> Path:
+        return self.logs / f"{host}-ct{vmid}.log"
