@@ -26,6 +26,7 @@ from orchestrator.runs.model import RunRecord
 DEFAULT_THRESHOLD = 0.10
 FX_STATES = ("vulnerable", "fixed-upstream", "patched", "drifted", "unknown")
 BAD_FX_STATES = ("drifted", "vulnerable")
+FX_SIGNATURE = "fx-tls:"     # patch-state findings; judged as patch drift, not as failures
 
 
 # ------------------------------------------------------------------ throughput
@@ -55,6 +56,9 @@ def throughput(record: RunRecord) -> dict:
     per_drafter: dict[str, float] = {}
     source = "none"
     recorded = summary.get("per_drafter_tok_s") or summary.get("drafters_tok_s")
+    if not isinstance(recorded, dict) and isinstance(summary.get("drafters"), dict):
+        # The monitor's summary: {"drafters": {"0": {"step": .., "loss": .., "tok_s": ..}}}
+        recorded = {k: v.get("tok_s") for k, v in summary["drafters"].items() if isinstance(v, dict)}
     if isinstance(recorded, dict) and recorded:
         per_drafter = {_label_from_summary(k): float(v) for k, v in recorded.items()
                        if _is_number(v)}
@@ -131,6 +135,15 @@ def fx_states_seen(record: RunRecord) -> dict[str, list[str]]:
             value = data.get(key)
             if value in FX_STATES:
                 seen.setdefault(step.target, []).append(value)
+    from_steps = set(seen)
+    for finding in record.findings:
+        # The patch step's findings, "fx-tls:<state>" (steps/patch.py): the same facts as its
+        # step data, so only used for a target whose steps said nothing.
+        if finding.target in from_steps or not finding.signature.startswith(FX_SIGNATURE):
+            continue
+        state = finding.signature[len(FX_SIGNATURE):]
+        if state in FX_STATES:
+            seen.setdefault(finding.target, []).append(state)
     for target in record.targets:
         if target.fx_tls_state:
             seen.setdefault(target.name, []).append(target.fx_tls_state)
@@ -240,7 +253,8 @@ def _verdict_changes(result: Comparison, base: Optional[RunRecord], new: RunReco
 
 def _signature_changes(result: Comparison, base: Optional[RunRecord], new: RunRecord) -> None:
     known = {f.signature for f in base.findings} if base else set()
-    for signature in sorted({f.signature for f in new.findings} - known):
+    failures = {f.signature for f in new.findings if not f.signature.startswith(FX_SIGNATURE)}
+    for signature in sorted(failures - known):
         first = next(f for f in new.findings if f.signature == signature)
         result.changes.append(Change("failure-signature", "regression",
                                      f"new failure signature {signature}: {first.message}",

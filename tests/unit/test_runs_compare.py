@@ -125,3 +125,25 @@ def test_empty_records_compare_without_errors():
     b.metrics = [MetricPoint("t", 0, 1, tok_s=10.0)]   # one point: used as it is
     assert throughput(b)["per_drafter"] == {"d0": 10.0}
     assert compare(a, b).to_dict()["regressed"] is False
+
+
+def test_patch_state_findings_are_not_failure_signatures():
+    # steps/patch.py records "fx-tls:<state>" findings: drift is judged from them, and a
+    # "patched" one is no failure.
+    base = synthetic_run("a", findings=[Finding("sb1-200", "fx-tls:patched", "patched")])
+    same = synthetic_run("b", findings=[Finding("sb1-200", "fx-tls:patched", "patched")])
+    assert not compare(base, same).regressed
+    assert not compare(synthetic_run("a"), same).regressed
+    drifted = synthetic_run("c", findings=[Finding("sb1-200", "fx-tls:drifted", "drifted"),
+                                           Finding("sb1-200", "fx-tls:patched", "re-applied")])
+    drifted.steps = []                     # only the findings tell
+    assert kinds(compare(base, drifted)) == ["patch-drift"]
+
+
+def test_monitor_summary_drafters_are_used():
+    record = synthetic_run("a", tok_s=6000)
+    record.summary = {"total_tok_s": 15000.0, "drafters": {
+        "0": {"step": 50, "loss": 2.1, "tok_s": 5000.0}, "1": {"step": 50, "tok_s": 5000.0},
+        "2": {"step": 50, "tok_s": None}}}
+    tp = throughput(record)
+    assert tp["per_drafter"] == {"d0": 5000.0, "d1": 5000.0} and tp["total"] == 15000.0
