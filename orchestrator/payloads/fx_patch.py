@@ -1063,7 +1063,11 @@ if seen != {"initial": False, "attribute": True, "is_fx_tracing": True}:
 if st._get_is_fx_tracing() is not False:
     problems.append("another thread's write leaked here, or the context did not restore")
 for name in json.loads(sys.argv[1]):
-    if importlib.util.find_spec(name) is not None:
+    try:
+        present = importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package this torch does not have
+        present = False
+    if present:
         importlib.import_module(name)
 try:
     import torch._dynamo.trace_rules as rules
