@@ -96,7 +96,9 @@ def _elapsed(record: RunRecord) -> Optional[float]:
 def context(record: RunRecord, baseline: Optional[RunRecord] = None,
             comparison: Optional[Comparison] = None, threshold: float = 0.10) -> dict:
     """Everything both templates show."""
-    if comparison is None and baseline is not None:
+    if baseline is None:
+        comparison = None        # a comparison with nothing: the verdict already says it all
+    elif comparison is None:
         comparison = compare(baseline, record, threshold)
     grouped = series(record)
     tp = throughput(record)

@@ -179,6 +179,9 @@ class RunStore:
     def begin(self, record: RunRecord) -> None:
         """Record a new run (normally verdict "running"), with whatever the record holds already."""
         with self._write() as db:
+            if db.execute("SELECT 1 FROM runs WHERE run_id=?", (record.run_id,)).fetchone():
+                raise OrchError(f"run {record.run_id} is already in the run store",
+                                hint="use update() or finish() for a run that was begun")
             db.execute(
                 "INSERT INTO runs (run_id, playbook, playbook_sha256, name, vars, started_at,"
                 " ended_at, verdict, exit_code, summary, artifacts_dir, launch)"

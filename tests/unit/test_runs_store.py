@@ -224,3 +224,9 @@ def test_kill_9_during_writes_leaves_a_readable_store(tmp_path, delay):
         # And the store takes writes again.
         s.add_metrics("victim", [MetricPoint("t", 9, 0)])
         assert s.metric_count("victim") == count + 1
+
+
+def test_begin_twice_is_a_clear_error(store):
+    store.begin(make_record("r"))
+    with pytest.raises(OrchError, match="already in the run store"):
+        store.begin(make_record("r"))

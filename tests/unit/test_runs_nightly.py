@@ -1,0 +1,289 @@
+"""orch nightly without a real playbook run: the runner is replaced by one that records a
+synthetic run. Lock, baseline choice, reports, exit codes, notifications, redaction."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator import paths
+from orchestrator.cli import main
+from orchestrator.errors import ConfigError, ExitCode
+from orchestrator.runs import nightly as nightly_mod
+from orchestrator.runs.nightly import (NightlyConfig, NightlyLock, NightlyLocked, NotifyConfig,
+                                       load_config, nightly, parse_threshold, redact_url)
+from orchestrator.runs.store import RunStore
+from orchestrator.runs.synthetic import synthetic_run
+
+
+@pytest.fixture
+def playbook(tmp_path):
+    path = tmp_path / "dflash.yaml"
+    path.write_text("name: dflash\n")
+    return str(path)
+
+
+RUNS = iter(range(1, 10_000))
+
+
+def fake_runner(**kw):
+    """A stand-in for orchestrator.runner.run_playbook that records one synthetic run."""
+    calls = []
+
+    def run(playbook, *, targets, extra_vars, app):
+        calls.append({"targets": targets, "extra_vars": extra_vars})
+        n = next(RUNS)
+        record = synthetic_run(f"20261129-{n:06d}-fake00", playbook=playbook, seed=n,
+                               started_at=f"2026-11-29T{n // 60 % 24:02d}:{n % 60:02d}:00+00:00",
+                               **kw)
+        with RunStore() as store:
+            store.begin(record)
+        return record
+    run.calls = calls
+    return run
+
+
+def seed_baseline(playbook, **kw):
+    with RunStore() as store:
+        store.begin(synthetic_run("20261128-020000-base00", playbook=playbook,
+                                  started_at="2026-11-28T02:00:00+00:00", **kw))
+
+
+def test_first_nightly_ok_writes_reports(playbook):
+    run = fake_runner()
+    outcome = nightly(playbook, targets=["sb1-200"], extra_vars={}, run=run)
+    assert outcome.exit_code == 0 and outcome.status == "ok" and outcome.baseline is None
+    assert run.calls == [{"targets": ["sb1-200"], "extra_vars": {}}]
+    folder = paths.run_dir(outcome.record.run_id)
+    assert sorted(os.listdir(folder)) == ["nightly.json", "report.html", "report.md"]
+    summary = json.load(open(os.path.join(folder, "nightly.json")))
+    assert summary["status"] == "ok" and summary["report_html"].endswith("report.html")
+
+
+def test_regression_against_the_last_ok_run(playbook):
+    seed_baseline(playbook, tok_s=6000)
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=4000))
+    assert outcome.baseline.run_id == "20261128-020000-base00"
+    assert outcome.exit_code == ExitCode.REGRESSION and outcome.status == "regression"
+    assert "total throughput fell" in outcome.summary()["text"]
+
+
+def test_threshold_from_config(playbook):
+    seed_baseline(playbook, tok_s=6000)
+    config = NightlyConfig(threshold=0.5)
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=4000), config=config)
+    assert outcome.exit_code == 0
+
+
+def test_pinned_baseline_wins(playbook):
+    seed_baseline(playbook, tok_s=4000)
+    with RunStore() as store:
+        store.begin(synthetic_run("20261128-030000-newer0", playbook=playbook, tok_s=9000,
+                                  started_at="2026-11-28T03:00:00+00:00"))
+    assert nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=4000)).exit_code == 20
+    with RunStore() as store:
+        store.pin("20261128-020000-base00")
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=4000))
+    assert outcome.baseline.run_id == "20261128-020000-base00" and outcome.exit_code == 0
+
+
+@pytest.mark.parametrize("verdict,code", [("fx-race", 10), ("traceback", 10), ("hang", 11),
+                                          ("degraded", 12), ("unreachable", 13), ("killed", 10)])
+def test_the_runs_own_verdict_code_wins(playbook, verdict, code):
+    seed_baseline(playbook)
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(verdict=verdict))
+    assert outcome.exit_code == code and outcome.status == verdict
+
+
+def test_lock_excludes_a_second_nightly_and_is_released(playbook):
+    with NightlyLock(playbook):
+        with pytest.raises(NightlyLocked) as caught:
+            nightly(playbook, targets=[], extra_vars={}, run=fake_runner())
+        assert caught.value.exit_code == ExitCode.LOCKED
+        assert f"pid {os.getpid()}" in str(caught.value)
+    assert nightly(playbook, targets=[], extra_vars={}, run=fake_runner()).exit_code == 0
+
+
+def test_locks_are_per_playbook(tmp_path, playbook):
+    other = tmp_path / "sub" / "dflash.yaml"      # same name, other folder: another lock
+    other.parent.mkdir()
+    other.write_text("name: x\n")
+    with NightlyLock(playbook):
+        with NightlyLock(str(other)):
+            pass
+
+
+CONCURRENT = textwrap.dedent("""
+    import sys, time
+    from orchestrator.runs import nightly as n
+    from orchestrator.runs.synthetic import synthetic_run
+    from orchestrator.runs.store import RunStore
+    def slow_run(playbook, *, targets, extra_vars, app):
+        time.sleep(3)
+        record = synthetic_run(sys.argv[2], playbook=playbook)
+        with RunStore() as s:
+            s.begin(record)
+        return record
+    n.run_playbook = slow_run
+    from orchestrator.cli import main
+    main(["nightly", sys.argv[1]], prog_name="orch")
+""")
+
+
+def test_two_nightly_processes_at_once_exactly_one_runs(playbook):
+    """Two real `orch nightly` processes (the runner is a 3 s stand-in): one runs, one exits 21."""
+    started = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, playbook, f"run-{i}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, ExitCode.LOCKED], results
+    loser = next(r for r in results if r[0] == ExitCode.LOCKED)
+    assert "another orch nightly" in loser[2] and "is running" in loser[2]
+    with RunStore() as store:
+        assert len(store.list()) == 1
+    assert time.monotonic() - started < 60
+
+
+def test_lock_is_released_when_the_holder_is_killed(playbook):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from orchestrator.runs.nightly import NightlyLock
+        lock = NightlyLock({playbook!r}).acquire()
+        print("locked", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(NightlyLocked):
+        NightlyLock(playbook).acquire()
+    holder.kill()
+    holder.wait()
+    NightlyLock(playbook).acquire().release()          # kill -9 left no stale lock
+
+
+# ------------------------------------------------------------------ notifications
+class Hook(http.server.BaseHTTPRequestHandler):
+    received: list = []
+    status = 200
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        Hook.received.append((self.path, self.headers["Content-Type"], json.loads(body)))
+        self.send_response(Hook.status)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def webhook():
+    Hook.received, Hook.status = [], 200
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_webhook_and_command_notifications(playbook, webhook, tmp_path):
+    out = tmp_path / "notified.json"
+    argv = [sys.executable, "-c",
+            "import json, os, sys; d = json.load(sys.stdin); "
+            "d['env'] = os.environ['ORCH_STATUS']; json.dump(d, open(sys.argv[1], 'w'))", str(out)]
+    seed_baseline(playbook, tok_s=6000)
+    config = NightlyConfig(notify=NotifyConfig(webhooks=[webhook + "/hooks/T0/SECRET-TOKEN"],
+                                               commands=[argv]))
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=3000), config=config)
+    assert [n["ok"] for n in outcome.notified] == [True, True]
+    path, ctype, body = Hook.received[0]
+    assert path == "/hooks/T0/SECRET-TOKEN" and ctype == "application/json"
+    assert body["status"] == "regression" and body["exit_code"] == 20 and body["regressions"]
+    assert body["text"].startswith("orch nightly dflash.yaml: REGRESSION")
+    assert json.loads(out.read_text())["env"] == "regression"
+    assert all("SECRET" not in n["to"] for n in outcome.notified)
+
+
+def test_failed_notification_warns_without_the_secret(playbook, webhook, capsys):
+    Hook.status = 500
+    config = NightlyConfig(notify=NotifyConfig(
+        webhooks=[webhook + "/x?token=SECRET-TOKEN", "http://user:SECRET-PW@127.0.0.1:9/h"],
+        commands=[["/nonexistent/notifier", "--token", "SECRET-ARG"]]))
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(), config=config)
+    assert outcome.exit_code == 0                           # notification trouble is not the run's
+    assert [n["ok"] for n in outcome.notified] == [False, False, False]
+    err = capsys.readouterr().err
+    assert "notification to" in err and "SECRET" not in err
+    assert "SECRET" not in json.dumps(outcome.notified)
+
+
+def test_notify_when_problems_only(playbook, webhook):
+    config = NightlyConfig(notify=NotifyConfig(webhooks=[webhook], when="problems"))
+    nightly(playbook, targets=[], extra_vars={}, run=fake_runner(), config=config)
+    assert Hook.received == []
+    nightly(playbook, targets=[], extra_vars={}, run=fake_runner(verdict="hang"), config=config)
+    assert [b["status"] for _, _, b in Hook.received] == ["hang"]
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("https://hooks.slack.com/services/T0/B0/SECRET", "https://hooks.slack.com/…"),
+    ("https://user:pw@ntfy.example:8443/topic?auth=SECRET", "https://ntfy.example:8443/…"),
+    ("http://host.example", "http://host.example"),
+    ("not a url", "<webhook>"),
+])
+def test_redact_url(url, shown):
+    assert redact_url(url) == shown
+
+
+# ------------------------------------------------------------------ config and CLI
+def test_config_file(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    monkeypatch.setenv("ORCH_DATA_DIR", str(tmp_path / "data"))
+    assert load_config().notify.webhooks == []             # no file: defaults
+    (tmp_path / "data" / "nightly.yaml").write_text(textwrap.dedent("""
+        threshold: 5%
+        notify:
+          when: problems
+          webhook: https://hooks.example.com/SECRET
+          command: [notify-send, "orch nightly"]
+    """))
+    config = load_config()
+    assert config.threshold == 0.05 and config.notify.when == "problems"
+    assert config.notify.commands == [["notify-send", "orch nightly"]]
+    for bad, message in [("notify: {command: 'notify-send x'}", "argv list"),
+                         ("notify: {webhook: 'ftp://x/SECRET'}", "not an http"),
+                         ("thresold: 1", "unknown key"), ("threshold: 150", "between"),
+                         ("notify: {when: sometimes}", "when must be")]:
+        (tmp_path / "data" / "nightly.yaml").write_text(bad + "\n")
+        with pytest.raises(ConfigError, match=message) as caught:
+            load_config()
+        assert "SECRET" not in str(caught.value)
+
+
+@pytest.mark.parametrize("text,value", [("0.1", 0.1), ("10%", 0.1), ("10", 0.1), ("0", 0.0)])
+def test_parse_threshold(text, value):
+    assert parse_threshold(text) == pytest.approx(value)
+
+
+def test_cli_nightly_json_and_exit_code(playbook, monkeypatch):
+    seed_baseline(playbook, tok_s=6000)
+    runner = fake_runner(tok_s=3000)
+    monkeypatch.setattr(nightly_mod, "run_playbook", runner)
+    result = CliRunner().invoke(main, ["nightly", playbook, "-t", "sb1-200", "-e", "slow_ms=40",
+                                       "--json", "--notify-on", "never"])
+    assert result.exit_code == 20, result.output
+    data = json.loads(result.output)
+    assert data["status"] == "regression" and data["baseline"] == "20261128-020000-base00"
+    assert runner.calls == [{"targets": ["sb1-200"], "extra_vars": {"slow_ms": "40"}}]
+    bad = CliRunner().invoke(main, ["nightly", playbook, "-e", "novalue"])
+    assert bad.exit_code == 2 and "key=value" in bad.output
