@@ -29,6 +29,15 @@ def _threshold(value) -> float:
     return DEFAULT_THRESHOLD if value is None else parse_threshold(value)
 
 
+def _wide():
+    """The terminal's console, or when piped (grep, less) a 200-column one: rich would
+    squeeze a table into 80 columns and cut the run ids."""
+    if console.out.is_terminal:
+        return console.out
+    from rich.console import Console
+    return Console(width=200, highlight=False, soft_wrap=True)
+
+
 def _tok(value) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -96,7 +105,7 @@ def runs_list(playbook, last, as_json):
                      r.started_at[:16].replace("T", " "), r.verdict,
                      _tok(rates[r.run_id]["total"]), _torch(r), _fx(r),
                      ", ".join(sorted({f.signature for f in r.findings})) or "-")
-    console.out.print(grid)
+    _wide().print(grid)
     if pins & {r.run_id for r in records}:
         console.info("* pinned baseline")
 
