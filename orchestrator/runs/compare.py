@@ -56,6 +56,12 @@ def throughput(record: RunRecord) -> dict:
     per_drafter: dict[str, float] = {}
     source = "none"
     recorded = summary.get("per_drafter_tok_s") or summary.get("drafters_tok_s")
+    monitors = summary.get("monitor")
+    if not isinstance(recorded, dict) and isinstance(monitors, dict) and len(monitors) > 1:
+        # The runner's summary for several targets: {"monitor": {target: {"drafters": {...}}}}
+        recorded = {f"{target}/d{k}": v.get("tok_s")
+                    for target, result in sorted(monitors.items()) if isinstance(result, dict)
+                    for k, v in (result.get("drafters") or {}).items() if isinstance(v, dict)}
     if not isinstance(recorded, dict) and isinstance(summary.get("drafters"), dict):
         # The monitor's summary: {"drafters": {"0": {"step": .., "loss": .., "tok_s": ..}}}
         recorded = {k: v.get("tok_s") for k, v in summary["drafters"].items() if isinstance(v, dict)}

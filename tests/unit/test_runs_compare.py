@@ -147,3 +147,20 @@ def test_monitor_summary_drafters_are_used():
         "2": {"step": 50, "tok_s": None}}}
     tp = throughput(record)
     assert tp["per_drafter"] == {"d0": 5000.0, "d1": 5000.0} and tp["total"] == 15000.0
+
+
+def test_runner_summary_for_several_targets():
+    record = synthetic_run("a")
+    record.summary = {"total_tok_s": 4.0, "monitor": {
+        "sb2-200": {"drafters": {"0": {"tok_s": 1.0}, "1": {"tok_s": 1.0}}},
+        "sb1-200": {"drafters": {"0": {"tok_s": 2.0}}}}}
+    assert throughput(record)["per_drafter"] == {"sb1-200/d0": 2.0, "sb2-200/d0": 1.0,
+                                                 "sb2-200/d1": 1.0}
+
+
+def test_verdict_codes_agree_with_the_runner():
+    runner = pytest.importorskip("orchestrator.runner")
+    from orchestrator.runs.model import VERDICTS
+    from orchestrator.runs.nightly import verdict_exit_code
+    for verdict in VERDICTS:
+        assert verdict_exit_code(verdict) == runner.exit_code_for(verdict), verdict
