@@ -16,12 +16,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import access, containers, faults, hosts
 from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
 from .paths import StatePaths
 from .prereqs import require
 from .system import SandboxError, cgroup_hierarchies, remove_empty_parents
+
+if TYPE_CHECKING:
+    from .handle import Sandbox
 
 TOOLS_DIR = Path(__file__).with_name("bin")
 TOOLS = {"pct": 0o755, "pct.py": 0o644, "pvesh": 0o755, "pvelib.py": 0o644,
@@ -135,8 +139,7 @@ def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
     host key, container states."""
     holder = health.holder_pid
     hosts.prepare_host_dir(paths, spec, client_key)
-    if not hosts.link_is_up(spec):
-        hosts.set_link(spec, up=True)
+    hosts.repair_link(spec)
     faults.clear_firewall(holder)
     if hosts.write_sshd_config(paths, spec) or not health.sshd:
         hosts.stop_sshd(paths, spec)

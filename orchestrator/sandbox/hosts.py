@@ -4,7 +4,7 @@ A host is held by one "holder" process (`sleep infinity`, renamed orch-sandbox-h
 that owns the host's mount and UTS namespaces and sits in its network namespace
 /run/netns/orch-NAME. Everything else (host-setup.sh, sshd, lxc-start) is started inside
 those namespaces with `nsenter -t HOLDER`. A veth pair links the machine (orch-NAME,
-fe80::1) with the host (eth0, fe80::2): link-local addresses only, never a private IPv4
+a kernel-made link-local address) with the host (eth0, fe80::2): link-local addresses only, never a private IPv4
 range outside the namespaces (the machine's addressing rule, TESTHOST.md).
 """
 
@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import ROOT_SIDE_ADDRESS, HostSpec
+from .layout import HostSpec
 from .paths import StatePaths
 from .system import (SandboxError, alive, cmdline, descendants, in_host, kill_and_wait,
                      mounts_below, move_to_cgroup, namespace_inode, pids_in_cgroup_tree,
@@ -99,16 +99,27 @@ def host_path(paths: StatePaths) -> str:
 # --- network namespace and veth --------------------------------------------------------------
 
 def create_network(spec: HostSpec) -> None:
-    commands = "\n".join([
-        f"netns add {spec.netns}",
-        f"link add {spec.iface} type veth peer name eth0 netns {spec.netns}",
-        f"link set dev {spec.iface} addrgenmode none",
-        f"addr add {ROOT_SIDE_ADDRESS}/64 dev {spec.iface} nodad",
-        f"link set dev {spec.iface} up",
-    ]) + "\n"
-    run(["ip", "-batch", "-"], input=commands.encode())
-    # keep the address when a test sets the link down, so `link up` is all it takes
-    _set_ipv6_sysctl(spec.iface, "keep_addr_on_down", "1")
+    """The host's namespace and a veth pair: eth0 inside (fe80::2, set by host-setup.sh),
+    orch-HOST outside with a kernel-made link-local address.
+
+    The outside address is left to the kernel on purpose: a link set down loses its
+    link-local addresses (keep_addr_on_down spares only global ones), and the kernel makes
+    a new one on every `ip link set IFACE up`. With DAD off it is usable at once, so a test
+    that cuts the link with plain `ip link set IFACE down/up` gets a working host back.
+    """
+    run(["ip", "-batch", "-"], input=(
+        f"netns add {spec.netns}\n"
+        f"link add {spec.iface} type veth peer name eth0 netns {spec.netns}\n").encode())
+    repair_link(spec)
+
+
+def repair_link(spec: HostSpec) -> None:
+    """Outside end: IPv6 on, no DAD, a link-local address made on every up; and up."""
+    _set_ipv6_sysctl(spec.iface, "disable_ipv6", "0")
+    _set_ipv6_sysctl(spec.iface, "accept_dad", "0")
+    _set_ipv6_sysctl(spec.iface, "addr_gen_mode", "0")   # eui64
+    if not link_is_up(spec):
+        set_link(spec, up=True)
 
 
 def _set_ipv6_sysctl(iface: str, name: str, value: str) -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 from orchestrator.errors import OrchError
 
 FIRST_VMID = 200
-HOST_ADDRESS = "fe80::2"        # the host's end of its veth (inside its namespace)
-ROOT_SIDE_ADDRESS = "fe80::1"   # the machine's end (link-local: unique per interface)
+HOST_ADDRESS = "fe80::2"   # the host's end of its veth; link-local, so scoped per veth
 CGROUP_ROOT = "orch-sandbox"
 NAME_PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # orch-PREFIX99 fits IFNAMSIZ
 MAX_HOSTS = 99

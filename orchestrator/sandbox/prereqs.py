@@ -71,6 +71,9 @@ def find_command(name: str) -> str | None:
 
 
 def missing_prerequisites(paths: StatePaths | None = None) -> list[Missing]:
+    """Everything that keeps the sandbox (state directory `paths`, default: the one
+    ORCH_SANDBOX_DIR or /var/lib/orch-sandbox names) from running here."""
+    paths = paths or StatePaths.at()
     missing: list[Missing] = []
     if os.geteuid() != 0:
         missing.append(Missing("not running as root (network namespaces, mounts and "
@@ -82,8 +85,7 @@ def missing_prerequisites(paths: StatePaths | None = None) -> list[Missing]:
         missing.append(Missing(f"{LXC_INIT} not found (the containers' init)", "lxc"))
     missing += _python_problems()
     missing += _kernel_problems()
-    if paths is not None:
-        missing += _state_dir_problems(paths)
+    missing += _state_dir_problems(paths)
     return _deduplicate(missing)
 
 

@@ -1,0 +1,54 @@
+"""The Proxmox-like sandbox as a pytest fixture for integration tests.
+
+    def test_something(sandbox):
+        inventory = sandbox.inventory_path       # STATE/inventory.yaml
+        sandbox.link_down("sb1")                 # faults: see orchestrator/sandbox/handle.py
+
+The sandbox (2 hosts sb1, sb2; CTs 200, 201 running, 202 stopped) is brought up once per
+session (`up` is idempotent and repairs what earlier tests broke) and left up afterwards,
+so the next run starts in about 0.05 s; ORCH_SANDBOX_TEARDOWN=1 takes it down at the end.
+Where the sandbox cannot run (not root, no LXC, ...) its tests are skipped with the reason;
+with ORCH_REQUIRE_SANDBOX=1 (CI) they fail instead, so CI can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from orchestrator.errors import OrchError
+
+
+def sandbox_required() -> bool:
+    return os.environ.get("ORCH_REQUIRE_SANDBOX") == "1"
+
+
+def sandbox_unavailable(reason: str):
+    if sandbox_required():
+        pytest.fail(f"ORCH_REQUIRE_SANDBOX=1 but the sandbox cannot run:\n{reason}",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that use the sandbox are marked `sandbox` (select them with -m sandbox)."""
+    for item in items:
+        if "sandbox" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.sandbox)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    from orchestrator import sandbox as sb
+
+    missing = sb.missing_prerequisites()
+    if missing:
+        sandbox_unavailable(sb.describe(missing))
+    try:
+        handle = sb.up()
+    except OrchError as error:
+        sandbox_unavailable(f"orch sandbox up failed: {error}")
+    yield handle
+    if os.environ.get("ORCH_SANDBOX_TEARDOWN") == "1":
+        sb.down()
