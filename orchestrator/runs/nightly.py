@@ -289,6 +289,8 @@ class NightlyOutcome:
 
 
 def outcome_code(record: RunRecord, comparison: Comparison) -> int:
+    if record.exit_code == ExitCode.USAGE:
+        return ExitCode.USAGE          # the runner found a mistake in the playbook's steps
     if record.verdict != "ok":
         return verdict_exit_code(record.verdict)
     return ExitCode.REGRESSION if comparison.regressed else ExitCode.OK
@@ -315,7 +317,13 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str], ap
         store = store or RunStore()
         try:
             baseline = store.baseline(playbook)
-            record = run(playbook, targets=targets, extra_vars=extra_vars, app=app)
+            try:
+                record = run(playbook, targets=targets, extra_vars=extra_vars, app=app)
+            except OrchError as error:
+                # No run at all (bad playbook, unknown target, ...): the scheduler's user
+                # still hears about it, then the error exits with its own code.
+                notify_error(playbook, error, config.notify)
+                raise
             # Reload: the store has everything the runner saved (its record may be partial).
             try:
                 record = store.get(record.run_id)
@@ -361,6 +369,22 @@ def notify(outcome: NightlyOutcome, config: NotifyConfig) -> list[dict]:
     return results
 
 
+def notify_error(playbook: str, error: OrchError, config: NotifyConfig) -> list[dict]:
+    if config.when == "never":
+        return []
+    message = str(error).splitlines()[0]
+    summary = {"status": "error", "exit_code": error.exit_code, "run_id": None,
+               "playbook": playbook, "verdict": None, "regressions": [], "findings": [],
+               "error": message, "report_html": None,
+               "text": f"orch nightly {os.path.basename(playbook)}: ERROR - {message}"}
+    results = [post_webhook(url, summary) for url in config.webhooks]
+    results += [run_notify_command(argv, summary) for argv in config.commands]
+    for result in results:
+        if not result["ok"]:
+            console.warn(f"notification to {result['to']} failed: {result['error']}")
+    return results
+
+
 def post_webhook(url: str, summary: dict, timeout: float = NOTIFY_TIMEOUT_S) -> dict:
     shown = redact_url(url)
     body = json.dumps(summary, default=str).encode()
@@ -389,8 +413,8 @@ def _scrub(text: str, url: str) -> str:
 
 def run_notify_command(argv: list[str], summary: dict, timeout: float = 60.0) -> dict:
     """Run ARGV (no shell) with the summary as JSON on stdin and in ORCH_* variables."""
-    env = dict(os.environ, ORCH_STATUS=summary["status"], ORCH_RUN_ID=summary["run_id"],
-               ORCH_VERDICT=summary["verdict"], ORCH_EXIT_CODE=str(summary["exit_code"]),
+    env = dict(os.environ, ORCH_STATUS=summary["status"], ORCH_RUN_ID=summary["run_id"] or "",
+               ORCH_VERDICT=summary["verdict"] or "", ORCH_EXIT_CODE=str(summary["exit_code"]),
                ORCH_SUMMARY=summary["text"], ORCH_REPORT=summary.get("report_html") or "")
     shown = argv[0]   # the rest of the argv may hold a token
     try:

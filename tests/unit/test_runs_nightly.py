@@ -287,3 +287,24 @@ def test_cli_nightly_json_and_exit_code(playbook, monkeypatch):
     assert runner.calls == [{"targets": ["sb1-200"], "extra_vars": {"slow_ms": "40"}}]
     bad = CliRunner().invoke(main, ["nightly", playbook, "-e", "novalue"])
     assert bad.exit_code == 2 and "key=value" in bad.output
+
+
+def test_a_run_that_cannot_start_is_notified_and_keeps_its_code(playbook, webhook):
+    def broken(playbook, **kw):
+        raise ConfigError(f"{playbook}:3:1: unknown step kind 'lanuch'")
+    config = NightlyConfig(notify=NotifyConfig(webhooks=[webhook]))
+    with pytest.raises(ConfigError):
+        nightly(playbook, targets=[], extra_vars={}, run=broken, config=config)
+    (_, _, body), = Hook.received
+    assert body["status"] == "error" and body["exit_code"] == 2 and "lanuch" in body["text"]
+    NightlyLock(playbook).acquire().release()            # and the lock was released
+
+
+def test_usage_error_recorded_by_the_runner_exits_2(playbook):
+    def usage(playbook, **kw):
+        record = synthetic_run("20261129-000000-usage0", playbook=playbook, verdict="failed")
+        record.exit_code = ExitCode.USAGE
+        with RunStore() as store:
+            store.begin(record)
+        return record
+    assert nightly(playbook, targets=[], extra_vars={}, run=usage).exit_code == ExitCode.USAGE
