@@ -162,6 +162,9 @@ class RunStore:
             return self._db.execute(sql, tuple(params)).fetchall()
 
     def _migrate(self) -> None:
+        # Fast path without the write lock: a reader (orch runs list) never waits on a writer.
+        if self._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
         with self._write() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
