@@ -85,5 +85,8 @@ def upstream_fixed_site(real_torch_venv, tmp_path_factory) -> Path:
                      or n.endswith(".dist-info/RECORD")]
         for name in list(UPSTREAM_FIXED_FILES) + dist_info:
             archive.extract(name, site)
+    # An empty __init__ of our own makes torch a regular package, so this partial tree
+    # wins over any torch installed further down sys.path (a namespace package would not).
+    (site / "torch" / "__init__.py").write_text("")
     return site
 

@@ -1,0 +1,229 @@
+"""fx_patch and fx_race against real torch 2.13 (in hard-link copies of the torch venv) and
+the sources of the upstream-fixed 2.14.1 wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+import pytest
+
+from tests.fixtures.payloads import (
+    clean_env, dist_record_hash, read_dist_record, replace_file, run_payload, tree_hashes)
+
+pytestmark = pytest.mark.torch
+
+ST = "torch/fx/_symbolic_trace.py"
+# What torch 2.13's tree turns out to need (the patcher finds these itself).
+CHANGED_IN_2_13 = ["torch/_higher_order_ops/utils.py", ST, "torch/utils/checkpoint.py"]
+RACE_TRIALS = 3
+
+
+def fx_patch(venv, action, **env):
+    return run_payload(venv.python, "fx_patch", {"action": action, "orch_version": "0.1.0-test"},
+                       env=clean_env(**env))
+
+
+def fx_race(venv):
+    run = run_payload(venv.python, "fx_race", {"trials": RACE_TRIALS, "timeout": 60},
+                      env=clean_env(), timeout=600)
+    result = run.expect_result()
+    assert len(run.of("trial")) == RACE_TRIALS
+    return result
+
+
+def torch_sources(venv):
+    return tree_hashes(venv.site_packages / "torch", suffix=".py")
+
+
+def dist_record(venv):
+    (dist_info,) = venv.site_packages.glob("torch-*.dist-info")
+    return read_dist_record(dist_info)
+
+
+def assert_pristine(venv, relpaths):
+    record = dist_record(venv)
+    for relpath in relpaths:
+        data = (venv.site_packages / relpath).read_bytes()
+        assert dist_record_hash(data) == record[relpath], relpath
+
+
+def test_life_cycle_status_apply_verify_revert_verify(venv_copy):
+    status = fx_patch(venv_copy, "status").expect_result()
+    assert status["status"] == "vulnerable" and status["torch_version"].startswith("2.13.0")
+    assert [f["path"] for f in status["files"]] == CHANGED_IN_2_13
+
+    before = torch_sources(venv_copy)
+    diff = fx_patch(venv_copy, "diff").expect_result()["diff"]
+    assert "+_is_fx_tracing_tls = threading.local()" in diff.splitlines()
+    assert torch_sources(venv_copy) == before
+
+    applied = fx_patch(venv_copy, "apply").expect_result()
+    assert applied["changed"] is True and applied["import_check"]["problems"] == []
+    status = fx_patch(venv_copy, "status").expect_result()
+    assert status["status"] == "patched" and status["record"]["orch_version"] == "0.1.0-test"
+
+    race = fx_race(venv_copy)
+    assert (race["cross_thread_raised"], race["same_thread_raised"], race["verdict"]) == \
+        (0, RACE_TRIALS, "fixed")
+
+    patched = torch_sources(venv_copy)
+    again = fx_patch(venv_copy, "apply").expect_result()
+    assert again["changed"] is False and torch_sources(venv_copy) == patched
+
+    reverted = fx_patch(venv_copy, "revert").expect_result()
+    assert {(f["action"], f["dist_record"]) for f in reverted["files"]} == {("restored", "ok")}
+    assert_pristine(venv_copy, CHANGED_IN_2_13)
+    assert torch_sources(venv_copy) == before
+    assert reverted["status"] == "vulnerable"
+
+    race = fx_race(venv_copy)
+    assert (race["cross_thread_raised"], race["same_thread_raised"], race["verdict"]) == \
+        (RACE_TRIALS, RACE_TRIALS, "vulnerable")
+
+
+@pytest.fixture(scope="module")
+def patched_venv(module_venv_copy):
+    fx_patch(module_venv_copy, "apply").expect_result()
+    return module_venv_copy
+
+
+def run_in(venv, code):
+    proc = subprocess.run([venv.python, "-c", textwrap.dedent(code)], env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_patched_torch_keeps_dynamo_hops_checkpoint_and_make_fx_working(patched_venv):
+    last = run_in(patched_venv, """
+        import threading
+        import torch
+        import torch._dynamo.trace_rules as rules
+        from torch.fx import _symbolic_trace as st
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.utils.checkpoint import checkpoint
+
+        # Dynamo constant-folds both functions: a fullgraph compile has no graph break.
+        def branchy(x):
+            if st.is_fx_symbolic_tracing() or st.is_fx_tracing():
+                return x + 100
+            return x - 1
+        compiled = torch.compile(branchy, backend="eager", fullgraph=True)
+        assert compiled(torch.zeros(2)).tolist() == [-1.0, -1.0]
+        assert rules.lookup(st.is_fx_symbolic_tracing) is not None
+        assert rules.lookup(st.is_fx_tracing) is not None
+
+        # torch.cond in eager goes through _set_compilation_env (rewritten to the helpers).
+        out = torch.cond(torch.tensor(True), lambda x: x + 1, lambda x: x - 1, (torch.ones(1),))
+        assert out.tolist() == [2.0] and st._get_is_fx_tracing() is False
+
+        # make_fx traces through Tracer.trace; the flag is back to False afterwards.
+        graph = make_fx(lambda x: x * 2)(torch.ones(2))
+        assert "mul" in graph.code and st.is_fx_tracing() is False
+
+        # Non-reentrant checkpoint: forward, recompute in backward.
+        x = torch.ones(3, requires_grad=True)
+        checkpoint(lambda t: (t * t).sum(), x, use_reentrant=False).backward()
+        assert x.grad.tolist() == [2.0, 2.0, 2.0]
+
+        # The attribute still reads and writes, per thread.
+        seen = []
+        st._is_fx_tracing_flag = True
+        worker = threading.Thread(target=lambda: seen.append(st._is_fx_tracing_flag))
+        worker.start(); worker.join()
+        assert seen == [False] and st._is_fx_tracing_flag is True
+        st._is_fx_tracing_flag = False
+
+        # nested_tensor_from_jagged still refuses inside symbolic_trace (same thread).
+        class UsesJagged(torch.nn.Module):
+            def forward(self, x):
+                return torch.nested.nested_tensor_from_jagged(torch.ones(4, 2), torch.tensor([0, 2, 4]))
+        try:
+            torch.fx.symbolic_trace(UsesJagged())
+        except RuntimeError as exc:
+            assert "does not support tracing with fx.symbolic_trace" in str(exc)
+        else:
+            raise AssertionError("nested_tensor_from_jagged did not see the flag")
+        print("ok")
+    """)
+    assert last == "ok"
+
+
+def test_patched_files_match_upstream_helper_use(patched_venv):
+    utils = (patched_venv.site_packages / "torch/_higher_order_ops/utils.py").read_text()
+    assert "torch.fx._symbolic_trace._get_is_fx_tracing()" in utils
+    assert "torch.fx._symbolic_trace._set_is_fx_tracing(False)" in utils
+    assert "_is_fx_tracing_flag" not in utils.split("\n", 1)[1]  # past the header comment
+
+
+def test_reinstalled_files_are_drift(venv_copy, real_torch_venv):
+    fx_patch(venv_copy, "apply").expect_result()
+    # What `pip install --force-reinstall` does to these files: pip's bytes come back,
+    # orch's record (beside torch/) stays.
+    for relpath in CHANGED_IN_2_13:
+        replace_file(venv_copy.site_packages / relpath,
+                     (real_torch_venv.site_packages / relpath).read_bytes())
+    status = fx_patch(venv_copy, "status").expect_result()
+    assert status["status"] == "drifted"
+    assert {(f["state"], f["dist_record"]) for f in status["files"]} == {("original", "ok")}
+    fx_patch(venv_copy, "apply").expect_error("refused")
+    reverted = fx_patch(venv_copy, "revert").expect_result()
+    assert reverted["changed"] is False and reverted["status"] == "vulnerable"
+    assert fx_patch(venv_copy, "apply").expect_result()["status"] == "patched"
+
+
+def test_an_unknown_shape_is_refused_without_touching_any_byte(venv_copy):
+    path = venv_copy.site_packages / ST
+    text = path.read_text()
+    # A release that saved the flag with a context manager instead: not a shape we know.
+    edited = text.replace("        global _is_fx_tracing_flag\n", "", 1)
+    assert edited != text
+    replace_file(path, edited.encode())
+    before = torch_sources(venv_copy)
+    status = fx_patch(venv_copy, "status").expect_result()
+    assert status["status"] == "unknown" and "Tracer.trace" in status["message"]
+    fx_patch(venv_copy, "apply").expect_error("unknown-shape")
+    assert torch_sources(venv_copy) == before
+    assert not (venv_copy.site_packages / ".orch-fx-tls").exists()
+
+
+def test_a_failure_mid_apply_leaves_nothing_half_patched(venv_copy):
+    before = torch_sources(venv_copy)
+    error = fx_patch(venv_copy, "apply", ORCH_FX_PATCH_FAIL_AFTER="1").expect_error("write-failed")
+    assert "restored" in error["message"]
+    assert torch_sources(venv_copy) == before
+    assert not list((venv_copy.site_packages / "torch").rglob("*.orch-tmp"))
+    assert not (venv_copy.site_packages / ".orch-fx-tls").exists()
+    assert_pristine(venv_copy, CHANGED_IN_2_13)
+
+
+def test_a_torch_that_fails_the_import_check_is_rolled_back(venv_copy):
+    replace_file(venv_copy.site_packages / "torch/export/unflatten.py",
+                 b"raise ImportError('simulated broken module')\n")
+    before = torch_sources(venv_copy)
+    error = fx_patch(venv_copy, "apply").expect_error("import-check-failed")
+    assert "simulated broken module" in error["message"]
+    assert torch_sources(venv_copy) == before
+    assert_pristine(venv_copy, CHANGED_IN_2_13)
+
+
+def test_upstream_fixed_2_14_1_is_recognised_and_left_alone(upstream_fixed_site, real_torch_venv):
+    before = tree_hashes(upstream_fixed_site)
+    env = clean_env(PYTHONPATH=str(upstream_fixed_site))
+    for action in ("status", "diff", "apply", "revert"):
+        result = run_payload(real_torch_venv.python, "fx_patch", {"action": action},
+                             env=env).expect_result()
+        assert result["status"] == "fixed-upstream" and result["changed"] is False, action
+        assert result["torch_version"] == "2.14.1"
+    assert "already keeps the FX tracing flag thread-local upstream" in result["message"]
+    assert tree_hashes(upstream_fixed_site) == before
+    # What upstream changed, for the record: both other users moved to the helpers.
+    for relpath in ("torch/_higher_order_ops/utils.py", "torch/utils/checkpoint.py"):
+        text = (upstream_fixed_site / relpath).read_text()
+        assert "_get_is_fx_tracing()" in text and "_is_fx_tracing_flag" not in text
+
+
+def test_the_shared_torch_venv_was_never_written(real_torch_venv):
+    assert_pristine(real_torch_venv, CHANGED_IN_2_13)
+    assert not (real_torch_venv.site_packages / ".orch-fx-tls").exists()
