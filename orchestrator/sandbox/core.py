@@ -58,12 +58,12 @@ def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix
     with locked(paths):
         previous = Layout.load(paths.layout_file)
         wanted = {host.name for host in layout.hosts}
-        for name in sorted(_known_host_names(paths, previous, prefix) - wanted):
-            hosts.teardown(paths, name)
+        unwanted = _known_host_names(paths, previous, prefix) - wanted
+        _in_parallel(lambda name: hosts.teardown(paths, name), sorted(unwanted))
         _prepare_machine(paths)
         paths.layout_file.write_text(layout.to_json())
         client_key = access.public_key(paths.client_key)
-        _for_each_host(layout, lambda spec: _ensure_host(paths, spec, client_key))
+        _in_parallel(lambda spec: _ensure_host(paths, spec, client_key), layout.hosts)
         access.write_client_files(layout, paths)
     return Sandbox(paths, layout)
 
@@ -94,11 +94,14 @@ def install_tools(paths: StatePaths) -> None:
         temporary.replace(target)
 
 
-def _for_each_host(layout: Layout, action) -> None:
-    """Hosts are independent: build them concurrently (most of the time is spent waiting)."""
-    workers = min(len(layout.hosts), MAX_PARALLEL_HOSTS)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(action, spec) for spec in layout.hosts]
+def _in_parallel(action, items) -> None:
+    """Hosts are independent: build or remove them concurrently (the time goes into
+    waiting for subprocesses and the disk)."""
+    items = list(items)
+    if not items:
+        return
+    with ThreadPoolExecutor(max_workers=min(len(items), MAX_PARALLEL_HOSTS)) as pool:
+        futures = [pool.submit(action, item) for item in items]
     errors = [future.exception() for future in futures if future.exception()]
     if errors:
         raise errors[0]
@@ -170,8 +173,7 @@ def down(purge: bool = False, state_dir: Path | str | None = None,
     with locked(paths):
         previous = Layout.load(paths.layout_file)
         names = sorted(_known_host_names(paths, previous, prefix))
-        for name in names:
-            hosts.teardown(paths, name)
+        _in_parallel(lambda name: hosts.teardown(paths, name), names)
         access.remove_client_files(paths)
         for leftover in (paths.layout_file,):
             leftover.unlink(missing_ok=True)

@@ -23,10 +23,12 @@ hostname "$name"
 
 # Network: loopback, and the host's end of the veth with its fixed link-local address.
 # nodad: the address is usable at once instead of after duplicate address detection.
-ip link set lo up
-ip link set eth0 addrgenmode none
-ip -6 addr add fe80::2/64 dev eth0 nodad
-ip link set eth0 up
+ip -batch - <<'END'
+link set dev lo up
+link set dev eth0 addrgenmode none
+addr add fe80::2/64 dev eth0 nodad
+link set dev eth0 up
+END
 
 # A sysfs of this network namespace (LXC reads /sys/class/net), with the machine's cgroup
 # tree moved back on top: a fresh sysfs would hide it and LXC fails "Failed to setup

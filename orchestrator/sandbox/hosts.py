@@ -25,8 +25,9 @@ from .system import (SandboxError, alive, cmdline, descendants, in_host, kill_an
 NETNS_DIR = Path("/run/netns")
 HOST_SETUP = Path(__file__).with_name("host-setup.sh")
 HOLDER_TAG = "orch-sandbox-host:"
-# bash execs sleep under the name given as $0: no text of ours is ever parsed by a shell
-HOLDER_SCRIPT = 'exec -a "$0" sleep infinity'
+# bash reports its PID (already inside the new namespaces), lets go of our pipe and execs
+# sleep under the name given as $0: no text of ours is ever parsed by a shell
+HOLDER_SCRIPT = 'echo "$$"; exec -a "$0" sleep infinity </dev/null >/dev/null 2>&1'
 SSHD = "/usr/sbin/sshd"
 DEFAULT_HOST_KEY = "ssh_host_ed25519_key"
 CHANGED_HOST_KEY = "changed_host_key"
@@ -143,29 +144,35 @@ def set_link(spec: HostSpec, up: bool) -> None:
 # --- the holder and the host's own mounts ------------------------------------------------------
 
 def start_holder(paths: StatePaths, spec: HostSpec) -> int:
-    """Start the process that owns the host's namespaces; returns its PID once it is ready."""
+    """Start the process that owns the host's namespaces; returns its PID once it is ready.
+
+    `setsid --fork` detaches it from us (it outlives `orch sandbox up` and the test run
+    that started it, and is nobody's child but init's). It reports its PID from inside
+    the new namespaces, then becomes the renamed `sleep infinity`.
+    """
     tag = HOLDER_TAG + spec.name
     log = paths.logs / f"{spec.name}-holder.log"
-    argv = ["nsenter", f"--net={netns_path(spec)}",
+    argv = ["setsid", "--fork", "nsenter", f"--net={netns_path(spec)}",
             "unshare", "--mount", "--uts", "--propagation", "private", "--",
             "/bin/bash", "-c", HOLDER_SCRIPT, tag]
     with open(log, "wb") as log_file:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
-                                   stderr=log_file, cwd="/", start_new_session=True)
-    # nsenter, unshare and bash exec one another in place, so the PID stays the same. Only
-    # once the renamed sleep runs has unshare(2) happened: entering it earlier would put
-    # the host's mounts into the machine's own mount namespace.
-    own_mnt = namespace_inode("self", "mnt")
-    if not wait_for(lambda: process.poll() is not None or (
-            cmdline(process.pid)[:1] == [tag]
-            and namespace_inode(process.pid, "mnt") not in (None, own_mnt)), timeout=10):
-        raise SandboxError(f"host {spec.name}: its namespaces did not come up within 10 s")
-    if process.poll() is not None:
+        launcher = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=log_file, cwd="/", timeout=10, check=False)
+    reported = launcher.stdout.decode(errors="replace").strip()
+    if not reported.isdigit():
         raise SandboxError(f"host {spec.name}: could not create its namespaces: "
-                           f"{log.read_text(errors='replace').strip()}")
-    paths.holder_pid_file(spec.name).write_text(f"{process.pid}\n")
-    move_to_cgroup(process.pid, f"{spec.cgroup}/host")
-    return process.pid
+                           f"{log.read_text(errors='replace').strip() or reported}")
+    pid = int(reported)
+    # Only a process past unshare(2) may be entered: entering earlier would put the
+    # host's mounts into the machine's own mount namespace.
+    own_mnt = namespace_inode("self", "mnt")
+    if not wait_for(lambda: cmdline(pid)[:1] == [tag]
+                    and namespace_inode(pid, "mnt") not in (None, own_mnt), timeout=10):
+        raise SandboxError(f"host {spec.name}: its namespaces did not come up within 10 s "
+                           f"(see {log})")
+    paths.holder_pid_file(spec.name).write_text(f"{pid}\n")
+    move_to_cgroup(pid, f"{spec.cgroup}/host")
+    return pid
 
 
 def run_host_setup(paths: StatePaths, spec: HostSpec, holder: int) -> None:
