@@ -1,0 +1,453 @@
+"""Watching a detached run: follow its log by byte offset, survive link drops, classify.
+
+Pieces:
+- launcher(): the controller's calls of the launcher payload (start, status, stop).
+- LogFollower: one long-lived `tail` payload in the container over one channel. Its JSON
+  events carry the byte offset each chunk starts at, so after a reconnect the follower
+  asks for exactly the bytes after the last one it has: no line lost, none repeated.
+  Heartbeats every second tell a live link from a dead one: after `stall_after` seconds of
+  silence the follower drops the channel (and the host's connection, which a dead link has
+  left half-open) and starts again.
+- Monitor: feeds the lines to a LogClassifier, batches metric points into the run store,
+  stops a hung process, and turns the end into a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from orchestrator.errors import ExitCode, OrchError, PayloadError
+from orchestrator.monitor_classify import EndState, LogClassifier, Verdict
+from orchestrator.payloads import payload_source, run_payload
+from orchestrator.remote.container import Target
+from orchestrator.runs.model import MetricPoint
+
+LAUNCHER_PYTHON = "python3"        # stdlib only: the container's own python is enough
+REMOTE_ROOT = "/var/tmp/orch/runs"
+
+
+class RunUnreachable(OrchError):
+    exit_code = ExitCode.RUN_UNREACHABLE
+
+
+# ---------------------------------------------------------------------- launcher calls
+def launcher(target: Target, action: str, run_dir: str, timeout: float = 60.0, **args) -> dict:
+    return run_payload(target, "launcher", {"action": action, "run_dir": run_dir, **args},
+                       python=LAUNCHER_PYTHON, timeout=timeout)
+
+
+def stop_run(target: Target, run_dir: str, grace: float = 10.0, reason: str = "orch stop") -> dict:
+    return launcher(target, "stop", run_dir, timeout=grace + 30.0, grace=grace, reason=reason)
+
+
+# ------------------------------------------------------------------------ the follower
+class FollowHandler:
+    """What a follower tells its user; every method is optional."""
+
+    def on_data(self, data: bytes) -> None: ...
+    def on_beat(self, event: dict) -> None: ...
+    def on_gpu(self, event: dict) -> None: ...
+    def on_connection(self, up: bool, detail: str, downtime: float = 0.0) -> None: ...
+    def tick(self) -> None: ...
+    def should_stop(self) -> bool:
+        return False
+
+
+class LogFollower:
+    def __init__(self, target: Target, run_dir: str, *, offset: int = 0, stall_after: float = 8.0,
+                 first_event_after: float = 30.0, unreachable_after: float = 300.0,
+                 rotate_after: float = 3600.0, gpu_every: float = 0.0, gpus=(),
+                 min_interval: float = 0.05, max_interval: float = 0.2,
+                 follower_id: Optional[str] = None, clock: Callable[[], float] = time.monotonic):
+        self.target = target
+        self.run_dir = run_dir
+        self.offset = offset
+        self.stall_after = stall_after
+        self.first_event_after = first_event_after
+        self.unreachable_after = unreachable_after
+        self.rotate_after = rotate_after
+        self.gpu_every = gpu_every
+        self.gpus = list(gpus)
+        self.min_interval = min_interval
+        self.max_interval = max_interval
+        self.follower_id = follower_id or uuid.uuid4().hex[:12]
+        self.clock = clock
+        self.reconnects = 0
+        self.last_beat: dict = {}
+        self._source = payload_source("launcher").decode()
+
+    def follow(self, handler: FollowHandler) -> Optional[dict]:
+        """Until the process ended and its whole log was read: returns the final event.
+        Returns None when handler.should_stop() said so. Raises RunUnreachable when the
+        target stayed out of reach for unreachable_after seconds."""
+        down_since: Optional[float] = None
+        backoff = 0.5
+        silent_starts = 0
+        while True:
+            if handler.should_stop():
+                return None
+            process = None
+            try:
+                process = self._spawn()
+                outcome, final = self._pump(process, handler, down_since)
+            except OrchError as error:
+                outcome, final = "error", str(error)
+            finally:
+                if process is not None:
+                    _close_quietly(process)
+            if outcome == "ended":
+                return final
+            if outcome == "stop":
+                return None
+            if outcome == "connected-rotate":
+                down_since, backoff, silent_starts = None, 0.5, 0
+                continue
+            if outcome == "lost":
+                # The payload ended without a word: ask the launcher the usual way, which
+                # raises the real reason (container stopped, no python3, no such CT).
+                silent_starts += 1
+                launcher(self.target, "status", self.run_dir, timeout=60)
+                if silent_starts >= 3:
+                    raise OrchError(f"{self.target.describe()}: the log follower ends at once "
+                                    f"without output (tried {silent_starts} times)",
+                                    hint=f"try `orch exec {self.target.name} -- python3 -V`")
+            # Lost: a stall, an end of output without a result, or a failed start.
+            now = self.clock()
+            if outcome == "connected-lost":
+                down_since = None
+            if down_since is None:
+                down_since = now
+                self.reconnects += 1
+                handler.on_connection(False, final if isinstance(final, str) else outcome)
+            if outcome in ("stalled", "connected-lost") or "timed out" in str(final) or \
+                    "did not open a channel" in str(final):
+                # A silent channel on a dead link leaves the SSH connection half-open: drop it
+                # so the next try connects afresh instead of waiting out TCP's back-off.
+                _drop_connection(self.target)
+            if now - down_since > self.unreachable_after:
+                raise RunUnreachable(
+                    f"{self.target.describe()} unreachable for {now - down_since:.0f} s while "
+                    f"monitoring {self.run_dir}: {final}",
+                    hint="the run goes on in the container; `orch attach RUN` follows it again")
+            deadline = self.clock() + backoff
+            while self.clock() < deadline:
+                handler.tick()
+                if handler.should_stop():
+                    return None
+                time.sleep(0.1)
+            backoff = min(backoff * 2, 4.0)
+
+    def _spawn(self):
+        args = {"action": "tail", "run_dir": self.run_dir, "offset": self.offset,
+                "follower": self.follower_id, "max_seconds": self.rotate_after,
+                "gpu_every": self.gpu_every, "gpus": self.gpus,
+                "min_interval": self.min_interval, "max_interval": self.max_interval}
+        # -c SOURCE instead of `-`: the payload must start without waiting for stdin's end.
+        return self.target.spawn([LAUNCHER_PYTHON, "-u", "-c", self._source, json.dumps(args)])
+
+    def _pump(self, process, handler: FollowHandler, down_since: Optional[float]):
+        started = last_event = self.clock()
+        connected = False
+        while True:
+            try:
+                line = process.readline(0.25)
+            except TimeoutError:
+                now = self.clock()
+                handler.tick()
+                if handler.should_stop():
+                    return "stop", None
+                limit = self.stall_after if connected else self.first_event_after
+                if now - last_event > limit:
+                    return ("connected-lost" if connected else "stalled"), \
+                        f"no word from the monitor in {now - last_event:.0f} s"
+                continue
+            except (BrokenPipeError, ConnectionError, EOFError, OSError) as error:
+                return ("connected-lost" if connected else "lost"), str(error)
+            if not line:
+                return ("connected-lost" if connected else "lost"), "the monitor's channel closed"
+            event = _parse(line)
+            if event is None:
+                continue
+            last_event = self.clock()
+            kind = event.get("event")
+            if kind == "hello":
+                connected = True
+                if down_since is not None:
+                    handler.on_connection(True, "reconnected", last_event - down_since)
+                self.last_beat = event
+                handler.on_beat(event)
+            elif kind == "data":
+                self._data(event, handler)
+            elif kind == "beat":
+                self.last_beat = event
+                handler.on_beat(event)
+            elif kind == "gpu":
+                handler.on_gpu(event)
+            elif kind == "truncated":
+                # The log shrank under us (rotated or rewritten): start over at its beginning.
+                self.offset = 0
+            elif kind == "result":
+                self.last_beat = event
+                if event.get("rotate") or event.get("superseded"):
+                    return "connected-rotate", event
+                return "ended", event
+            elif kind == "error":
+                raise PayloadError(f"{self.target.name}: {event.get('message')}")
+            handler.tick()
+            if handler.should_stop():
+                return "stop", None
+
+    def _data(self, event: dict, handler: FollowHandler) -> None:
+        raw = str(event.get("text", "")).encode("utf-8", "surrogateescape")
+        at = int(event.get("at", 0))
+        end = at + len(raw)
+        if end <= self.offset:
+            return  # all seen already (an older tail's last words)
+        if at < self.offset:
+            raw = raw[self.offset - at:]
+        self.offset = end
+        handler.on_data(raw)
+
+
+def _parse(line: bytes) -> Optional[dict]:
+    text = line.decode("utf-8", "replace").strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _close_quietly(process) -> None:
+    try:
+        process.close()
+    except Exception:  # noqa: BLE001 - a channel on a dead link may fail to close; it is gone
+        pass
+
+
+def _drop_connection(target: Target) -> None:
+    """Close the host's connection without waiting (a close on a dead link may take a while)."""
+    host = getattr(target, "host", None)
+    if host is not None and hasattr(host, "close"):
+        threading.Thread(target=_close_quietly, args=(host,), daemon=True).start()
+
+
+# --------------------------------------------------------------------------- settings
+@dataclass
+class MonitorSettings:
+    hang_after: float = 120.0
+    expected_tok_s: Optional[float] = None
+    degraded_below: Optional[float] = None
+    metric_regex: Optional[str] = None
+    warmup_steps: int = 1
+    expect_drafters: Optional[int] = None
+    watch_for: Optional[float] = None       # seconds; then leave a healthy run going
+    timeout: Optional[float] = None         # seconds; then stop the run (verdict timeout)
+    stop_on_hang: bool = True
+    grace: float = 10.0
+    gpu_every: float = 15.0
+    gpus: list = field(default_factory=list)
+    stall_after: float = 8.0
+    unreachable_after: float = 300.0
+    offset: int = 0
+
+    @classmethod
+    def from_params(cls, params: dict) -> "MonitorSettings":
+        known = {k: v for k, v in params.items() if k in cls.__dataclass_fields__ and v is not None}
+        return cls(**known)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class MonitorSink:
+    """Where a monitor reports: the console and the run store (the runner provides one)."""
+
+    def log_line(self, target: str, line: str) -> None: ...
+    def progress(self, target: str, classifier: LogClassifier, status: dict) -> None: ...
+    def note(self, target: str, text: str, level: str = "info") -> None: ...
+    def metrics(self, target: str, points: list[MetricPoint]) -> None: ...
+
+
+class Monitor(FollowHandler):
+    """Watches one launched run on one target until it ends (or watch_for, or a stop)."""
+
+    METRIC_FLUSH_S = 1.0
+
+    def __init__(self, target: Target, run_dir: str, settings: MonitorSettings, sink: MonitorSink,
+                 *, stream_copy: Optional[str] = None, follower_id: Optional[str] = None):
+        self.target = target
+        self.run_dir = run_dir
+        self.settings = settings
+        self.sink = sink
+        self.started = time.monotonic()
+        self.classifier = LogClassifier(
+            target.name, metric_regex=settings.metric_regex, hang_after=settings.hang_after,
+            expected_tok_s=settings.expected_tok_s, degraded_below=settings.degraded_below,
+            warmup_steps=settings.warmup_steps, expect_drafters=settings.expect_drafters,
+            now=self.started)
+        self.follower = LogFollower(target, run_dir, offset=settings.offset,
+                                    stall_after=settings.stall_after,
+                                    unreachable_after=settings.unreachable_after,
+                                    gpu_every=settings.gpu_every, gpus=settings.gpus,
+                                    follower_id=follower_id)
+        self._pending = b""
+        self._points: list[MetricPoint] = []
+        self._flushed = time.monotonic()
+        self._alive = True
+        self._state: dict = {}
+        self.stopped_for: Optional[str] = None
+        self.hang_seconds: Optional[float] = None
+        self._stopper: Optional[threading.Thread] = None
+        self._stop_error: Optional[str] = None
+        self._watch_ended = False
+        self._warned_degraded = False
+        self._down_since: Optional[float] = None
+        self.gpus_seen: list = []
+        self.cpu_s: Optional[float] = None
+        self._stream = open(stream_copy, "ab" if settings.offset else "wb") if stream_copy else None
+        self.lines: list[str] = []
+
+    # ----------------------------------------------------------------- the run
+    def run(self) -> tuple[EndState, dict]:
+        """Follow to the end; returns how it ended and the tail payload's last status."""
+        try:
+            final = self.follower.follow(self)
+        finally:
+            self._flush_lines(final=True)
+            self._flush_metrics(force=True)
+            if self._stream:
+                self._stream.close()
+        if self._stopper is not None:
+            self._stopper.join(timeout=self.settings.grace + 40)
+        if final is None:
+            # watch_for elapsed (or a stop was asked): the run goes on.
+            status = self.follower.last_beat or {}
+            return EndState(state="running", watch_ended=self._watch_ended,
+                            stopped_for=self.stopped_for), status
+        stop_requested = bool(final.get("stop_requested"))
+        stopped_for = self.stopped_for or ("user" if stop_requested else None)
+        return EndState(state=final.get("state", "unknown"), exit_code=final.get("exit_code"),
+                        signal=final.get("signal"), stopped_for=stopped_for,
+                        hang_seconds=self.hang_seconds), final
+
+    def verdict(self, end: EndState, facts: dict, cli: str, playbook: Optional[str]) -> Verdict:
+        result = self.classifier.classify(end, facts, cli=cli, playbook=playbook)
+        result.summary["reconnects"] = self.follower.reconnects
+        if self.gpus_seen:
+            result.summary["gpus"] = self.gpus_seen
+        if self.cpu_s is not None:
+            result.summary["monitor_cpu_s"] = self.cpu_s
+        if self._stop_error:
+            result.summary["stop_error"] = self._stop_error
+        return result
+
+    # ------------------------------------------------------------ FollowHandler
+    def on_data(self, data: bytes) -> None:
+        if self._stream:
+            self._stream.write(data)
+            self._stream.flush()
+        self._pending += data
+        self._flush_lines(final=False)
+
+    def _flush_lines(self, final: bool) -> None:
+        *lines, self._pending = self._pending.split(b"\n")
+        if final and self._pending:
+            lines.append(self._pending)
+            self._pending = b""
+        now = time.monotonic()
+        for raw in lines:
+            line = raw.decode("utf-8", "replace")
+            self.lines.append(line)
+            point = self.classifier.feed(line, now)
+            if point is not None:
+                self._points.append(point)
+            self.sink.log_line(self.target.name, line)
+        if lines:
+            self.sink.progress(self.target.name, self.classifier, self._state)
+        self._flush_metrics()
+
+    def _flush_metrics(self, force: bool = False) -> None:
+        if self._points and (force or time.monotonic() - self._flushed >= self.METRIC_FLUSH_S
+                             or len(self._points) >= 200):
+            points, self._points = self._points, []
+            self._flushed = time.monotonic()
+            self.sink.metrics(self.target.name, points)
+
+    def on_beat(self, event: dict) -> None:
+        self._state = event
+        self._alive = event.get("state") == "running"
+        if event.get("cpu_s") is not None:
+            self.cpu_s = event["cpu_s"]
+        self.sink.progress(self.target.name, self.classifier, event)
+
+    def on_gpu(self, event: dict) -> None:
+        self.gpus_seen = event.get("gpus") or []
+        self._state = {**self._state, "gpus": self.gpus_seen}
+
+    def on_connection(self, up: bool, detail: str, downtime: float = 0.0) -> None:
+        if up:
+            # Silence we could not see is not evidence of a hang.
+            self.classifier.shift(downtime)
+            self._down_since = None
+            self.sink.note(self.target.name, f"reconnected after {downtime:.1f} s; resuming the "
+                                             f"log at byte {self.follower.offset}", "warn")
+        else:
+            self._down_since = time.monotonic()
+            self.sink.note(self.target.name, f"lost the monitor's connection ({detail}); "
+                                             "the run goes on; reconnecting", "warn")
+
+    def tick(self) -> None:
+        self._flush_metrics()
+        now = time.monotonic()
+        s = self.settings
+        if self._down_since is not None or self._stopper is not None:
+            return
+        if s.timeout and now - self.started >= s.timeout and self._alive:
+            self._stop("timeout", f"the monitor's limit of {s.timeout:g} s is reached")
+            return
+        if s.stop_on_hang and self.classifier.hung(now, self._alive):
+            self.hang_seconds = self.classifier.silent_for(now)
+            self._stop("hang", f"no new step line for {self.hang_seconds:.0f} s while the "
+                               "process lives: a hang")
+            return
+        if s.watch_for and now - self.started >= s.watch_for and self._alive:
+            self._watch_ended = True
+        if not self._warned_degraded and self.classifier.degraded(live=True) and \
+                len([d for d in self.classifier.drafters.values() if d.rates]) > 0 and \
+                now - self.started > 30:
+            self._warned_degraded = True
+            total = self.classifier.total_tok_s(live=True) or 0
+            self.sink.note(self.target.name, f"throughput {total:,.0f} tok/s is under the "
+                                             f"threshold {float(s.degraded_below):,.0f}", "warn")
+
+    def should_stop(self) -> bool:
+        return self._watch_ended
+
+    def _stop(self, reason: str, why: str) -> None:
+        self.stopped_for = reason
+        self.sink.note(self.target.name, f"{why}; stopping it (SIGTERM, SIGKILL after "
+                                         f"{self.settings.grace:g} s)", "warn")
+
+        def work() -> None:
+            try:
+                stop_run(self.target, self.run_dir, self.settings.grace, reason=reason)
+            except OrchError as error:
+                self._stop_error = str(error)
+                self.sink.note(self.target.name, f"could not stop the run: {error}", "error")
+
+        self._stopper = threading.Thread(target=work, daemon=True)
+        self._stopper.start()
+
+
+def stream_copy_path(local_dir: str) -> str:
+    os.makedirs(local_dir, exist_ok=True)
+    return os.path.join(local_dir, "stream.log")

@@ -1,0 +1,371 @@
+"""Reading a training log: metric lines, failure signatures, and the run's verdict.
+
+Pure functions and small state machines, no I/O: the monitor feeds lines and the process
+state in, gets metric points, live per-drafter progress and, at the end, a verdict with
+findings and remediations out. The DFlash trainer's log format is the default:
+
+    start drafters=3 devices=cuda:0,cuda:1,cuda:2 torch=2.13.0+cpu pid=123 ...
+    drafter=1 step=20 loss=3.21 tok_s=1234
+    drafter=1 ERROR RuntimeError: ...
+    drafter=1 done steps=50 loss=2.10 tok_s=5321
+    summary status=ok|failed|timeout drafters=3 ok=3 failed=0 total_tok_s=16000 stalled=0
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from orchestrator.runs.model import Finding, MetricPoint
+
+DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
+                        r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
+_DONE = re.compile(r"drafter=(?P<drafter>\d+)\s+done\s+steps=(?P<steps>\d+)"
+                   r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
+_ERROR = re.compile(r"drafter=(?P<drafter>\d+)\s+ERROR\s+(?P<error>.*)")
+_KEYVALUES = re.compile(r"(\w+)=(\S+)")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*")
+
+# Failure signatures, most specific first. Each names the verdict it leads to.
+SIGNATURES: list[tuple[str, re.Pattern]] = [
+    ("fx-race", re.compile(r"Detected that you are using FX to symbolically trace a "
+                           r"dynamo-optimized function")),
+    ("cuda-oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                            r"CUDA error: out of memory")),
+    ("nccl-error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
+                              r"ncclRemoteError|Watchdog caught collective operation timeout|"
+                              r"ProcessGroupNCCL.*(?:[Tt]imeout|[Ee]rror)|NCCL WARN")),
+    ("recompile-limit", re.compile(r"hit config\.(?:recompile_limit|cache_size_limit|"
+                                   r"accumulated_recompile_limit)")),
+    ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
+]
+EVIDENCE_LINES = 5
+TAIL_LINES = 40
+
+
+@dataclass
+class DrafterProgress:
+    drafter: int
+    step: int = 0
+    loss: Optional[float] = None
+    tok_s: Optional[float] = None          # the latest rate (what the live view shows)
+    rates: list = field(default_factory=list)  # post-warmup rates, for the final mean
+    done: bool = False
+    done_tok_s: Optional[float] = None
+    error: Optional[str] = None
+    last_seen: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.error else "done" if self.done else "running"
+
+    def throughput(self) -> Optional[float]:
+        if self.done_tok_s:
+            return self.done_tok_s
+        if self.rates:
+            return sum(self.rates) / len(self.rates)
+        return None
+
+
+@dataclass
+class EndState:
+    """How the process ended (or why the monitor stopped watching)."""
+
+    state: str = "exited"                 # exited | vanished | running | unknown
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    stopped_for: Optional[str] = None     # hang | timeout | user (orch stop) | None
+    watch_ended: bool = False             # watch_for elapsed while it ran: left running
+    hang_seconds: Optional[float] = None
+
+
+@dataclass
+class Verdict:
+    verdict: str
+    message: str
+    findings: list[Finding]
+    summary: dict
+
+
+def compile_metric_regex(text: Optional[str]) -> re.Pattern:
+    pattern = re.compile(text or DEFAULT_METRIC_REGEX)
+    if "step" not in pattern.groupindex:
+        raise ValueError("the metric regex needs a named group (?P<step>...)")
+    return pattern
+
+
+def _number(text: Optional[str]) -> Optional[float]:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class LogClassifier:
+    """Feed it log lines as they come; ask it about progress; classify at the end."""
+
+    def __init__(self, target: str, *, metric_regex: Optional[str] = None, hang_after: float = 120.0,
+                 expected_tok_s: Optional[float] = None, degraded_below: Optional[float] = None,
+                 warmup_steps: int = 1, expect_drafters: Optional[int] = None, now: float = 0.0):
+        self.target = target
+        self.metric = compile_metric_regex(metric_regex)
+        self.hang_after = float(hang_after)
+        self.expected_tok_s = expected_tok_s
+        self.degraded_below = degraded_below
+        self.warmup_steps = warmup_steps
+        self.expect_drafters = expect_drafters
+        self.drafters: dict[int, DrafterProgress] = {}
+        self.start_fields: dict = {}
+        self.summary_fields: dict = {}
+        self.seen: dict[str, list[str]] = {}
+        self.tail: deque = deque(maxlen=TAIL_LINES)
+        self.last_progress = now
+        self.lines = 0
+        self.first_line_at: Optional[float] = None
+        self.started_at = now
+
+    # ------------------------------------------------------------------ feeding
+    def feed(self, line: str, now: float) -> Optional[MetricPoint]:
+        """One log line; returns the metric point it carried, if any."""
+        self.lines += 1
+        self.tail.append(line)
+        if self.first_line_at is None:
+            self.first_line_at = now
+        for name, pattern in SIGNATURES:
+            if pattern.search(line):
+                kept = self.seen.setdefault(name, [])
+                if len(kept) < EVIDENCE_LINES:
+                    kept.append(line.strip())
+        if line.startswith("start ") and not self.start_fields:
+            self.start_fields = dict(_KEYVALUES.findall(line))
+            return None
+        if line.startswith("summary "):
+            self.summary_fields = dict(_KEYVALUES.findall(line))
+            return None
+        error = _ERROR.search(line)
+        if error:
+            progress = self._drafter(int(error["drafter"]), now)
+            progress.error = progress.error or error["error"].strip()
+            self.seen.setdefault("drafter-error", []).append(line.strip())
+            return None
+        done = _DONE.search(line)
+        if done:
+            progress = self._drafter(int(done["drafter"]), now)
+            progress.done = True
+            progress.done_tok_s = _number(done["tok_s"])
+            progress.loss = _number(done["loss"]) if done["loss"] else progress.loss
+            self.last_progress = now
+            return None
+        match = self.metric.search(line)
+        if not match:
+            return None
+        groups = match.groupdict()
+        drafter = int(groups.get("drafter") or 0)
+        step = int(groups["step"])
+        progress = self._drafter(drafter, now)
+        progress.step = step
+        progress.loss = _number(groups.get("loss"))
+        rate = _number(groups.get("tok_s"))
+        progress.tok_s = rate
+        if rate is not None and step > self.warmup_steps:
+            progress.rates.append(rate)
+        self.last_progress = now
+        return MetricPoint(target=self.target, drafter=drafter, step=step, loss=progress.loss,
+                           tok_s=rate, elapsed_s=round(now - self.started_at, 3))
+
+    def _drafter(self, index: int, now: float) -> DrafterProgress:
+        if index not in self.drafters:
+            self.drafters[index] = DrafterProgress(index)
+        self.drafters[index].last_seen = now
+        return self.drafters[index]
+
+    # ----------------------------------------------------------------- progress
+    def shift(self, seconds: float) -> None:
+        """Time the monitor could not see (a dropped link) does not count as silence."""
+        self.last_progress += seconds
+
+    def silent_for(self, now: float) -> float:
+        return now - self.last_progress
+
+    def hung(self, now: float, alive: bool) -> bool:
+        return alive and self.silent_for(now) >= self.hang_after
+
+    def total_tok_s(self, live: bool = False) -> Optional[float]:
+        if not live and _number(self.summary_fields.get("total_tok_s")):
+            return _number(self.summary_fields["total_tok_s"])
+        rates = [d.tok_s if live else d.throughput() for d in self.drafters.values()]
+        rates = [r for r in rates if r is not None]
+        if live:
+            # Live: only drafters past warmup, so a compile step does not read as "degraded".
+            rates = [d.tok_s for d in self.drafters.values() if d.tok_s is not None and d.rates]
+        return sum(rates) if rates else None
+
+    def degraded(self, live: bool = False) -> bool:
+        total = self.total_tok_s(live)
+        return bool(self.degraded_below) and total is not None and total < float(self.degraded_below)
+
+    # ----------------------------------------------------------------- verdict
+    def classify(self, end: EndState, facts: Optional[dict] = None, cli: str = "orch",
+                 playbook: Optional[str] = None) -> Verdict:
+        facts = dict(facts or {})
+        facts.setdefault("torch_version", self.start_fields.get("torch"))
+        findings: list[Finding] = []
+        total = self.total_tok_s()
+        summary = self.summary(end, total)
+        failed_exit = end.exit_code not in (None, 0)
+
+        def add(signature: str, message: str, remediation: str = "", evidence=None) -> None:
+            findings.append(Finding(target=self.target, signature=signature, message=message,
+                                    remediation=remediation,
+                                    evidence=list(evidence if evidence is not None
+                                                  else self.seen.get(signature, []))))
+
+        if "fx-race" in self.seen:
+            add("fx-race", self._fx_message(facts), fx_remediation(self.target, facts, cli, playbook))
+        hang = end.stopped_for == "hang" or (
+            self.summary_fields.get("status") == "timeout" and
+            int(_number(self.summary_fields.get("stalled")) or 0) > 0)
+        if hang:
+            silent = end.hang_seconds if end.hang_seconds is not None else self.hang_after
+            errored = [d for d in self.drafters.values() if d.error]
+            cause = (f"; drafter {errored[0].drafter} had raised {errored[0].error!r} first"
+                     if errored else "")
+            add("hang", f"no new step line for {silent:.0f} s while the process lived{cause}; "
+                        + ("orch stopped it (SIGTERM, then SIGKILL)" if end.stopped_for == "hang"
+                           else "the trainer's watchdog ended it"),
+                "look at the first drafter error above; a drafter that died inside a compile can "
+                "leave the others waiting on its lock (DFLASH.md). If it is the FX race, apply "
+                f"`{cli} patch fx-tls apply -t {self.target}`; serialising each drafter's first "
+                "step (--serialize-compile) also avoids it.",
+                evidence=[line for line in self.seen.get("drafter-error", [])][:EVIDENCE_LINES]
+                or list(self.tail)[-5:])
+        if "cuda-oom" in self.seen:
+            add("cuda-oom", "CUDA ran out of memory",
+                "lower --batch or --seq, check for other processes on the GPUs "
+                f"(`{cli} exec {self.target} -- nvidia-smi`), or use fewer drafters per GPU")
+        if "nccl-error" in self.seen:
+            add("nccl-error", "NCCL reported an error",
+                "rerun with NCCL_DEBUG=INFO in the launch env; check that every rank sees its GPU "
+                "(CUDA_VISIBLE_DEVICES from the inventory's gpus) and that P2P/IB work in the container")
+        if "recompile-limit" in self.seen:
+            add("recompile-limit", "torch._dynamo hit its recompile limit: the function runs "
+                                   "uncompiled from then on (slow)",
+                "Dynamo config is per thread since torch 2.12: set torch._dynamo.config."
+                "recompile_limit inside each drafter thread (worker threads get the default of 8), "
+                "or mark the varying dimension dynamic")
+        exception = self._last_exception()
+        traceback_seen = "traceback" in self.seen or "drafter-error" in self.seen
+        stopped_by_user = end.stopped_for == "user"
+        killed = end.state in ("vanished", "missing") or (end.signal is not None and not end.stopped_for)
+        verdict = None
+        if "fx-race" in self.seen:
+            verdict = "fx-race"
+        elif hang:
+            verdict = "hang"
+        elif "cuda-oom" in self.seen:
+            verdict = "cuda-oom"
+        elif "nccl-error" in self.seen:
+            verdict = "nccl-error"
+        elif end.stopped_for == "timeout":
+            verdict = "timeout"
+            add("timeout", "the monitor's time limit ran out; orch stopped the run")
+        elif stopped_by_user:
+            verdict = "killed"
+            add("killed", "stopped with `orch stop`")
+        elif traceback_seen and (failed_exit or killed or self.summary_fields.get("status") == "failed"):
+            verdict = "traceback"
+            add("traceback", f"the run failed with {exception or 'a Python traceback'}",
+                "read the traceback in the collected log (orch collects it into the run folder)",
+                evidence=self.seen.get("drafter-error", [])[:EVIDENCE_LINES]
+                + ([exception] if exception else []))
+        elif killed:
+            verdict = "killed"
+            how = (f"by signal {end.signal}" if end.signal is not None
+                   else "without an exit status (its supervisor was killed too)")
+            add("killed", f"the process was killed {how}",
+                "look for the OOM killer (`dmesg` on the host) or someone's kill")
+        elif failed_exit or self.summary_fields.get("status") == "failed":
+            verdict = "nonzero-exit"
+            add("nonzero-exit", f"the process exited with code {end.exit_code}",
+                evidence=list(self.tail)[-8:])
+        elif self.expect_drafters and end.state == "exited" and \
+                sum(d.done for d in self.drafters.values()) < self.expect_drafters:
+            verdict = "failed"
+            done = sum(d.done for d in self.drafters.values())
+            add("failed", f"{done} of the expected {self.expect_drafters} drafters finished")
+        elif self.degraded(live=end.state == "running"):
+            verdict = "recompile-limit" if "recompile-limit" in self.seen else "degraded"
+            add("degraded", f"throughput {total or self.total_tok_s(True) or 0:,.0f} tok/s is under the "
+                            f"playbook's threshold of {float(self.degraded_below):,.0f}"
+                            + (f" (expected about {float(self.expected_tok_s):,.0f})"
+                               if self.expected_tok_s else ""),
+                "check that the kernels compiled (no --uncompiled, no recompile-limit warnings), "
+                "the GPUs' use (nvidia-smi) and that each drafter has its own GPU")
+        else:
+            verdict = "ok"
+        message = self._message(verdict, end, total)
+        summary["verdict"] = verdict
+        return Verdict(verdict=verdict, message=message, findings=findings, summary=summary)
+
+    def summary(self, end: EndState, total: Optional[float]) -> dict:
+        return {
+            "total_tok_s": round(total, 1) if total is not None else None,
+            "drafters": {str(d.drafter): {"step": d.step, "loss": d.loss, "tok_s": d.throughput(),
+                                          "status": d.status, "error": d.error}
+                         for d in sorted(self.drafters.values(), key=lambda d: d.drafter)},
+            "drafters_ok": sum(d.done and not d.error for d in self.drafters.values()),
+            "exit_code": end.exit_code, "signal": end.signal, "state": end.state,
+            "stopped_for": end.stopped_for, "lines": self.lines,
+            "trainer_summary": dict(self.summary_fields),
+            "torch_version": self.start_fields.get("torch"),
+        }
+
+    def _fx_message(self, facts: dict) -> str:
+        version = facts.get("torch_version") or "?"
+        state = facts.get("fx_tls_state")
+        state_text = {"vulnerable": "vulnerable (the flag is a process-global)",
+                      "drifted": "drifted (orch's patch was undone, e.g. by a reinstall)",
+                      "patched": "patched by orch, yet the error appeared",
+                      "fixed-upstream": "fixed upstream, yet the error appeared"}.get(
+            state, state or "not checked")
+        count = len({line for line in self.seen.get("drafter-error", []) if "FX" in line}) or 1
+        return (f"FX tracing race: {count} drafter(s) raised \"Detected that you are using FX to "
+                f"symbolically trace a dynamo-optimized function\"; torch {version} on "
+                f"{self.target}: fx-tls {state_text}")
+
+    def _last_exception(self) -> Optional[str]:
+        for line in reversed(self.tail):
+            text = line.strip()
+            if _EXCEPTION_LINE.match(text) and not text.startswith("Traceback"):
+                return text[:300]
+        return None
+
+    def _message(self, verdict: str, end: EndState, total: Optional[float]) -> str:
+        drafters = sorted(self.drafters.values(), key=lambda d: d.drafter)
+        done = sum(d.done and not d.error for d in drafters)
+        rate = f", {total:,.0f} tok/s total" if total else ""
+        if verdict == "ok":
+            if end.watch_ended:
+                return f"healthy: {len(drafters)} drafters training{rate}; the run goes on"
+            return f"ok: {done}/{len(drafters)} drafters trained{rate}"
+        ending = (f"exit {end.exit_code}" if end.exit_code is not None
+                  else "still running" if end.state == "running" else end.state)
+        return f"{verdict}: {done}/{len(drafters)} drafters finished{rate} ({ending})"
+
+
+def fx_remediation(target: str, facts: dict, cli: str = "orch", playbook: Optional[str] = None) -> str:
+    version = facts.get("torch_version") or "this torch"
+    state = facts.get("fx_tls_state")
+    rerun = f"; then rerun: `{cli} run {playbook}`" if playbook else "; then rerun the playbook"
+    if state in ("patched", "fixed-upstream"):
+        return (f"the flag is already thread-local in torch {version} on {target}; the race left "
+                "another trace: FX also patches nn.Module.__call__ process-wide while tracing "
+                "(upstream PR 187589). Serialise each drafter's first step (--serialize-compile).")
+    state_word = "vulnerable" if state in (None, "vulnerable") else state
+    return (f"torch {version} on {target} is {state_word}: its FX tracing flag is shared by all "
+            f"threads. Make it thread-local: `{cli} patch fx-tls apply -t {target}`" + rerun
+            + f" (check with `{cli} verify fx-race -t {target}`)")

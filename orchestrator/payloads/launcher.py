@@ -1,0 +1,491 @@
+"""Payload: start a command detached inside the container, watch it, stop it (stdlib only).
+
+Run as `PYTHON - ARGS_JSON`; ARGS_JSON is {"action": ..., "run_dir": ..., ...}.
+
+  start   fork a supervisor (new session, stdin/stdout/stderr on /dev/null) that forks the
+          command (its own session and process group, stdin /dev/null, stdout+stderr
+          appended to RUN_DIR/output.log), writes RUN_DIR/pid.json, waits for it and writes
+          RUN_DIR/exit.json. Neither holds the pipes of this payload, so the SSH channel and
+          `pct exec` end at once, and the run survives an SSH drop or the controller's exit.
+  status  {"state": "running" | "exited" | "vanished" | "missing", pid, exit_code, signal, ...}
+  stop    SIGTERM to the process group, SIGKILL after `grace` seconds; RUN_DIR/stop.json
+          records that orch asked (so the monitor can tell "stopped" from "killed").
+  tail    follow RUN_DIR/output.log from byte `offset`: JSON "data" events carry whole
+          lines and the byte offset they start at, "beat" events every second carry the
+          process state and this payload's own CPU time; the last event is "result" once
+          the command ended and its log was read to the end (or after `max_seconds`, with
+          state "running": the controller then starts a new tail from its offset).
+
+Why polling with a short sleep, not inotify: inotify needs ctypes tricks in the stdlib and
+does not see writes through every filesystem a container may use; a stat() every 50-200 ms
+costs far under 1 % of a core and keeps the latency well under the 250 ms goal.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+LOG = "output.log"
+PID = "pid.json"
+EXIT = "exit.json"
+STOP = "stop.json"
+CMD = "cmd.json"
+
+READ_CHUNK = 1 << 20          # the most bytes one data event carries
+BEAT_EVERY = 1.0              # seconds between heartbeats (the controller's dead-link detector)
+VANISHED_GRACE = 2.0          # a dead pid without exit.json for this long: the supervisor died
+
+
+def emit(event, **fields):
+    fields["event"] = event
+    try:
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        # The controller went away (SSH channel closed): nobody is listening, leave quietly.
+        os._exit(0)
+
+
+def fail(message):
+    emit("error", message=message)
+    sys.exit(1)
+
+
+def write_json(path, data):
+    """Atomic: a reader sees the old file or the whole new one, never half."""
+    part = path + ".part"
+    with open(part, "w") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(part, path)
+
+
+def read_json(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def start_ticks(pid):
+    """The process start time in clock ticks (field 22 of /proc/PID/stat): with the pid it
+    names one process for good, so a recycled pid is never taken for the run."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(info):
+    pid = info.get("pid")
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return False
+    if info.get("start_ticks") is not None and ticks != info["start_ticks"]:
+        return False
+    # A zombie (exited, not yet reaped by the supervisor) is not running any more.
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            text = handle.read()
+        return text[text.rfind(")") + 2:].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------------- start
+def start(args):
+    run_dir = args["run_dir"]
+    argv = args["argv"]
+    if not argv or not all(isinstance(a, str) for a in argv):
+        fail("the command must be a non-empty list of strings")
+    os.makedirs(run_dir, exist_ok=True)
+    existing = read_json(os.path.join(run_dir, PID))
+    if existing and alive(existing) and not os.path.exists(os.path.join(run_dir, EXIT)):
+        fail("a run is already going in %s (pid %s); stop it first" % (run_dir, existing["pid"]))
+    for name in (PID, EXIT, STOP):
+        try:
+            os.unlink(os.path.join(run_dir, name))
+        except FileNotFoundError:
+            pass
+
+    env = dict(os.environ)
+    venv = args.get("venv")
+    if venv:
+        # What `source VENV/bin/activate` does, without a shell.
+        env["VIRTUAL_ENV"] = venv
+        env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        env.pop("PYTHONHOME", None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for key, value in (args.get("env") or {}).items():
+        env[str(key)] = str(value)
+    cwd = args.get("cwd") or run_dir
+    log_path = os.path.join(run_dir, LOG)
+    write_json(os.path.join(run_dir, CMD), {
+        "argv": argv, "cwd": cwd, "env_keys": sorted((args.get("env") or {}).keys()),
+        "venv": venv, "started_at": time.time(), "log": log_path})
+
+    report_r, report_w = os.pipe()
+    supervisor = os.fork()
+    if supervisor == 0:
+        os.close(report_r)
+        try:
+            supervise(argv, env, cwd, run_dir, log_path, report_w)
+        finally:
+            os._exit(0)
+    os.close(report_w)
+    report = b""
+    while True:
+        chunk = os.read(report_r, 65536)
+        if not chunk:
+            break
+        report += chunk
+    os.close(report_r)
+    os.waitpid(supervisor, 0)  # the supervisor forks once more and its parent half exits
+    try:
+        info = json.loads(report.decode() or "{}")
+    except ValueError:
+        info = {}
+    if info.get("error"):
+        fail(info["error"])
+    if not info.get("pid"):
+        fail("the supervisor did not report the command's pid (see %s)" % log_path)
+    emit("result", run_dir=run_dir, log=log_path, **info)
+
+
+def supervise(argv, env, cwd, run_dir, log_path, report_w):
+    """Runs in a forked child: detach, fork the command, report its pid, wait, record."""
+    os.setsid()
+    # Fork once more so the process that waits is not the payload's direct child: the
+    # payload can reap its child at once and exit, and nothing of it lingers.
+    if os.fork() != 0:
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    # Keep none of the payload's other descriptors: an inherited pipe of the SSH channel
+    # would keep `pct exec` (and the channel) open for as long as the run lasts.
+    keep = sorted((report_w, devnull))
+    os.closerange(3, keep[0])
+    os.closerange(keep[0] + 1, keep[1])
+    os.closerange(keep[1] + 1, 65536)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    # exec failures travel back on a close-on-exec pipe: EOF means the exec worked.
+    exec_r, exec_w = os.pipe()
+    os.set_inheritable(exec_w, False)
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(exec_r)
+            os.close(report_w)
+            os.setsid()  # its own session and process group: `stop` signals the group
+            os.dup2(devnull, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.closerange(3, exec_w)
+            os.closerange(exec_w + 1, 65536)
+            os.chdir(cwd)
+            for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+                signal.signal(number, signal.SIG_DFL)
+            os.execvpe(argv[0], argv, env)
+        except BaseException as error:  # noqa: BLE001 - report any reason and leave
+            try:
+                os.write(exec_w, ("cannot run %s: %s" % (argv[0], error)).encode())
+            finally:
+                os._exit(127)
+    os.close(exec_w)
+    failure = b""
+    while True:
+        chunk = os.read(exec_r, 4096)
+        if not chunk:
+            break
+        failure += chunk
+    os.close(exec_r)
+    ticks = start_ticks(child)
+    info = {"pid": child, "pgid": child, "start_ticks": ticks, "supervisor": os.getpid(),
+            "started_at": time.time()}
+    if failure:
+        os.waitpid(child, 0)
+        os.write(log_fd, (failure.decode("utf-8", "replace") + "\n").encode())
+        write_json(os.path.join(run_dir, EXIT), {"exit_code": 127, "signal": None,
+                                                 "ended_at": time.time(), "exec_error": True})
+        os.write(report_w, json.dumps({"error": failure.decode("utf-8", "replace")}).encode())
+        os.close(report_w)
+        return
+    write_json(os.path.join(run_dir, PID), info)
+    os.write(report_w, json.dumps(info).encode())
+    os.close(report_w)
+
+    # The supervisor outlives signals aimed at it: it passes them on to the command and
+    # keeps waiting, so exit.json is always written.
+    def forward(number, _frame):
+        try:
+            os.killpg(child, number)
+        except OSError:
+            pass
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, forward)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            status = None
+            break
+    code, sig = None, None
+    if status is not None:
+        if os.WIFEXITED(status):
+            code = os.WEXITSTATUS(status)
+        elif os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            code = 128 + sig
+    write_json(os.path.join(run_dir, EXIT), {"exit_code": code, "signal": sig,
+                                             "ended_at": time.time()})
+
+
+# ------------------------------------------------------------------------ status
+def describe(run_dir):
+    info = read_json(os.path.join(run_dir, PID))
+    ended = read_json(os.path.join(run_dir, EXIT))
+    stop = read_json(os.path.join(run_dir, STOP))
+    log_path = os.path.join(run_dir, LOG)
+    try:
+        size = os.stat(log_path).st_size
+    except OSError:
+        size = 0
+    if info is None and ended is None:
+        state = "missing" if not os.path.isdir(run_dir) else "starting"
+        return {"state": state, "run_dir": run_dir, "log_size": size}
+    info = info or {}
+    running = alive(info)
+    if ended is not None and not running:
+        state = "exited"
+    elif running:
+        state = "running"
+    else:
+        state = "vanished"  # no exit.json and no process: the supervisor was killed too
+    result = {"state": state, "run_dir": run_dir, "log_size": size, "pid": info.get("pid"),
+              "started_at": info.get("started_at"), "stop_requested": stop is not None}
+    if ended:
+        result.update(exit_code=ended.get("exit_code"), signal=ended.get("signal"),
+                      ended_at=ended.get("ended_at"))
+    return result
+
+
+def status(args):
+    emit("result", **describe(args["run_dir"]))
+
+
+# -------------------------------------------------------------------------- stop
+def stop(args):
+    run_dir = args["run_dir"]
+    grace = float(args.get("grace", 10.0))
+    current = describe(run_dir)
+    if current["state"] != "running":
+        emit("result", already=True, sent=None, **current)
+        return
+    write_json(os.path.join(run_dir, STOP), {"requested_at": time.time(),
+                                             "reason": args.get("reason", "orch stop")})
+    pgid = current["pid"]
+    sent = "SIGTERM"
+    _signal_group(pgid, signal.SIGTERM)
+    if not _wait_ended(run_dir, grace):
+        sent = "SIGKILL"
+        _signal_group(pgid, signal.SIGKILL)
+        _wait_ended(run_dir, 10.0)
+    emit("result", already=False, sent=sent, **describe(run_dir))
+
+
+def _signal_group(pgid, number):
+    try:
+        os.killpg(pgid, number)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_ended(run_dir, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if describe(run_dir)["state"] != "running":
+            # Give the supervisor a moment to write exit.json after the process is gone.
+            end = time.time() + 2.0
+            while time.time() < end and not os.path.exists(os.path.join(run_dir, EXIT)):
+                time.sleep(0.05)
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# -------------------------------------------------------------------------- tail
+def gpu_sample(gpus):
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = []
+    for line in out.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            continue
+        try:
+            index = int(parts[0])
+        except ValueError:
+            continue
+        if gpus and index not in gpus:
+            continue
+        rows.append({"index": index, "util_pct": _num(parts[1]), "mem_used_mib": _num(parts[2]),
+                     "mem_total_mib": _num(parts[3])})
+    return rows
+
+
+def _num(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def tail(args):
+    run_dir = args["run_dir"]
+    offset = int(args.get("offset", 0))
+    min_sleep = float(args.get("min_interval", 0.05))
+    max_sleep = float(args.get("max_interval", 0.2))
+    max_seconds = float(args.get("max_seconds", 3600.0))
+    gpu_every = float(args.get("gpu_every", 0) or 0)
+    gpus = args.get("gpus") or []
+    has_smi = gpu_every > 0 and shutil.which("nvidia-smi") is not None
+    log_path = os.path.join(run_dir, LOG)
+
+    # One tail per follower: a newer tail of the same follower (after a reconnect) makes an
+    # older one, still running on a half-dead connection, leave at its next heartbeat.
+    owner_path = owner = None
+    if args.get("follower"):
+        owner_path = os.path.join(run_dir, ".tail-%s" % args["follower"])
+        owner = "%d-%d" % (os.getpid(), time.time_ns() if hasattr(time, "time_ns") else 0)
+        with open(owner_path + ".part", "w") as handle:
+            handle.write(owner)
+        os.replace(owner_path + ".part", owner_path)
+
+    started = time.time()
+    state = describe(run_dir)
+    emit("hello", tail_pid=os.getpid(), **_beat_fields(state, offset))
+    handle = None
+    sleep = min_sleep
+    next_beat = started + BEAT_EVERY
+    next_gpu = started
+    gone_since = None
+    while True:
+        if handle is None:
+            try:
+                handle = open(log_path, "rb")
+            except FileNotFoundError:
+                handle = None
+        got = False
+        size = os.fstat(handle.fileno()).st_size if handle is not None else 0
+        if handle is not None:
+            if size < offset:
+                emit("truncated", at=offset, size=size)
+                offset = 0
+            if size > offset:
+                handle.seek(offset)
+                data = handle.read(min(size - offset, READ_CHUNK))
+                cut = data.rfind(b"\n") + 1
+                ended = state["state"] in ("exited", "vanished", "missing")
+                if cut == 0 and (ended or len(data) >= READ_CHUNK):
+                    cut = len(data)  # a last line without its newline, or one huge line
+                if cut:
+                    emit("data", at=offset, text=data[:cut].decode("utf-8", "surrogateescape"))
+                    offset += cut
+                    got = True
+        now = time.time()
+        if now >= next_beat:
+            # The process state is read once a second: cheap, and the exit is seen soon enough.
+            next_beat = now + BEAT_EVERY
+            state = describe(run_dir)
+            if owner_path is not None and _superseded(owner_path, owner):
+                emit("result", superseded=True, **_beat_fields(state, offset))
+                return
+            emit("beat", **_beat_fields(state, offset))
+            if has_smi and now >= next_gpu:
+                next_gpu = now + gpu_every
+                sample = gpu_sample(gpus)
+                if sample is not None:
+                    emit("gpu", gpus=sample)
+        if state["state"] in ("exited", "vanished", "missing") and not got:
+            if state["state"] == "vanished" and now - (gone_since or now) < VANISHED_GRACE:
+                # The supervisor may be writing exit.json right now: look again shortly.
+                gone_since = gone_since or now
+                time.sleep(0.1)
+                state = describe(run_dir)
+                continue
+            if handle is None or os.fstat(handle.fileno()).st_size <= offset:
+                emit("result", **_beat_fields(state, offset))
+                return
+        if now - started >= max_seconds:
+            emit("result", rotate=True, **_beat_fields(state, offset))
+            return
+        if got:
+            sleep = min_sleep
+        else:
+            time.sleep(sleep)
+            sleep = min(max_sleep, sleep * 1.5)
+
+
+def _superseded(owner_path, owner):
+    try:
+        with open(owner_path) as current:
+            return current.read() != owner
+    except OSError:
+        return False
+
+
+def _beat_fields(state, offset):
+    times = os.times()
+    fields = dict(state)
+    fields["offset"] = offset
+    fields["cpu_s"] = round(times[0] + times[1], 4)
+    fields["now"] = time.time()
+    return fields
+
+
+ACTIONS = {"start": start, "status": status, "stop": stop, "tail": tail}
+
+
+def main():
+    try:
+        args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    except ValueError as error:
+        fail("bad arguments: %s" % error)
+    action = args.get("action")
+    if action not in ACTIONS:
+        fail("unknown action %r (start, status, stop, tail)" % (action,))
+    if not args.get("run_dir"):
+        fail("run_dir is required")
+    ACTIONS[action](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""Loading and checking a playbook: every mistake is a ConfigError at file:line:col.
+
+    name: dflash
+    extends: dflash.yaml          # optional: start from another playbook (vars merge,
+                                  # targets and steps replace when given)
+    targets: [drafters]
+    vars: {steps: 200, hang_after: 120}
+    steps:
+      - name: torch is patched
+        patch: {action: apply}
+        when: fx.state == 'vulnerable'
+        register: patched
+        retries: 1
+        timeout: 600
+        continue_on_error: false
+
+One key of a step names its kind (ensure, bootstrap, grep, patch, verify, push, launch,
+monitor, collect, shell); the others are the common options below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import yaml
+
+from orchestrator.config.schema import check_keys, expect, expect_list_of
+from orchestrator.config.yamlsrc import Source, describe_path, load_yaml
+from orchestrator.errors import ConfigError
+from orchestrator.playbook.render import Loc, check_names, is_template
+from orchestrator.steps import STEP_KINDS
+from orchestrator.steps.base import check_value
+
+TOP_KEYS = ("name", "description", "extends", "targets", "vars", "steps")
+COMMON_KEYS = ("name", "when", "register", "retries", "retry_delay", "timeout",
+               "continue_on_error", "always")
+# Names every template can use, besides vars and registered results.
+BUILTIN_NAMES = ("target", "run_id", "playbook_dir", "remote_dir", "inventory_dir")
+NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class StepSpec:
+    index: int
+    kind: str
+    name: str
+    params: dict
+    loc: Loc                             # the step mapping
+    params_loc: Loc                      # the kind's own mapping
+    when: Any = None
+    register: Optional[str] = None
+    retries: int = 0
+    retry_delay: float = 2.0
+    timeout: Optional[float] = None
+    continue_on_error: bool = False
+    always: bool = False
+
+    def label(self) -> str:
+        return self.name or self.kind
+
+
+@dataclass
+class Playbook:
+    path: str
+    name: str
+    description: str
+    targets: list[str]
+    targets_loc: Optional[Loc]
+    vars: dict
+    var_locs: dict                       # name -> Loc of its value
+    steps: list[StepSpec]
+    sha256: str
+    sources: list[str] = field(default_factory=list)   # this file and those it extends
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(os.path.abspath(self.path))
+
+
+def load_playbook(path: str, extra_vars: Optional[dict] = None) -> Playbook:
+    """Load, merge `extends`, and check everything that can be checked before a run."""
+    playbook = _load(path, seen=())
+    check_playbook(playbook, extra_vars or {})
+    return playbook
+
+
+def _load(path: str, seen: tuple) -> Playbook:
+    absolute = os.path.abspath(path)
+    if absolute in seen:
+        raise ConfigError(f"{path}: extends itself (through {' -> '.join(seen)})")
+    source = load_yaml(path)
+    data = source.data if source.data is not None else {}
+    root = Loc(source, ())
+    expect(source, (), data, dict, "a playbook")
+    check_keys(source, (), data, TOP_KEYS, required=())
+    parent: Optional[Playbook] = None
+    if "extends" in data:
+        base = expect(source, ("extends",), data["extends"], str)
+        base_path = os.path.join(os.path.dirname(absolute), os.path.expanduser(base))
+        if not os.path.exists(base_path):
+            raise source.error(("extends",), f"extends {base!r}: no such file ({base_path})")
+        parent = _load(base_path, seen + (absolute,))
+    elif "steps" not in data:
+        raise source.error((), "a playbook needs steps: (a list of steps)")
+
+    name = data.get("name", parent.name if parent else os.path.splitext(os.path.basename(path))[0])
+    expect(source, ("name",), name, str)
+    description = data.get("description", parent.description if parent else "")
+    expect(source, ("description",), description, str)
+
+    targets, targets_loc = (parent.targets, parent.targets_loc) if parent else ([], None)
+    if "targets" in data:
+        raw = data["targets"]
+        targets = [raw] if isinstance(raw, str) else expect_list_of(source, ("targets",), raw, str)
+        targets_loc = root.child("targets")
+
+    variables = dict(parent.vars) if parent else {}
+    var_locs = dict(parent.var_locs) if parent else {}
+    if "vars" in data:
+        section = data["vars"] if data["vars"] is not None else {}
+        expect(source, ("vars",), section, dict)
+        for key, value in section.items():
+            if not isinstance(key, str) or not NAME_PATTERN.match(key):
+                raise source.error(("vars", key), f"{key!r} is not a valid variable name "
+                                                  "(letters, digits, '_'; not first a digit)", key=True)
+            if key in BUILTIN_NAMES:
+                raise source.error(("vars", key), f"{key!r} is a built-in name; choose another",
+                                   key=True)
+            variables[key] = value
+            var_locs[key] = root.child("vars").child(key)
+
+    if "steps" in data:
+        steps = _steps(source, data["steps"])
+    else:
+        steps = parent.steps
+    digest = hashlib.sha256()
+    for text in ([*parent.sources] if parent else []):
+        digest.update(text.encode())
+    with open(absolute, "rb") as handle:
+        raw_bytes = handle.read()
+    digest.update(raw_bytes)
+    sources = ([*parent.sources] if parent else []) + [raw_bytes.decode("utf-8", "replace")]
+    return Playbook(path=path, name=name, description=description, targets=targets,
+                    targets_loc=targets_loc, vars=variables, var_locs=var_locs, steps=steps,
+                    sha256=digest.hexdigest(), sources=sources)
+
+
+def _steps(source: Source, raw: Any) -> list[StepSpec]:
+    expect(source, ("steps",), raw, list)
+    if not raw:
+        raise source.error(("steps",), "steps: is empty; a playbook needs at least one step")
+    return [_step(source, index, item) for index, item in enumerate(raw)]
+
+
+def _step(source: Source, index: int, item: Any) -> StepSpec:
+    path = ("steps", index)
+    loc = Loc(source, path)
+    expect(source, path, item, dict, f"step {index + 1}")
+    kinds = [key for key in item if key in STEP_KINDS]
+    if not kinds:
+        unknown = [key for key in item if key not in COMMON_KEYS]
+        allowed = list(STEP_KINDS) + list(COMMON_KEYS)
+        if unknown:
+            check_keys(source, path, {unknown[0]: None}, allowed)  # raises with "did you mean"
+        raise loc.error(f"step {index + 1} has no kind: give one of {', '.join(STEP_KINDS)}")
+    if len(kinds) > 1:
+        raise loc.child(kinds[1]).error(
+            f"step {index + 1} has two kinds ({kinds[0]} and {kinds[1]}); split it into two steps",
+            key=True)
+    kind = kinds[0]
+    check_keys(source, path, item, list(COMMON_KEYS) + [kind])
+    step_class = STEP_KINDS[kind]
+    params_loc = loc.child(kind)
+    raw_params = item[kind]
+    if raw_params is None:
+        raw_params = {}
+    if not isinstance(raw_params, dict) and step_class.shorthand:
+        raw_params = {step_class.shorthand: raw_params}
+    expect(source, path + (kind,), raw_params, dict, f"the {kind} step's settings")
+    _check_params(source, path + (kind,), kind, step_class, raw_params)
+
+    name = item.get("name", "")
+    expect(source, path + ("name",), name, str)
+    register = item.get("register")
+    if register is not None:
+        expect(source, path + ("register",), register, str)
+        if not NAME_PATTERN.match(register):
+            raise source.error(path + ("register",), f"register {register!r} is not a valid "
+                                                     "variable name")
+        if register in BUILTIN_NAMES:
+            raise source.error(path + ("register",), f"{register!r} is a built-in name")
+    when = item.get("when")
+    if when is not None:
+        expect(source, path + ("when",), when, (str, bool))
+    retries = item.get("retries", 0)
+    expect(source, path + ("retries",), retries, int)
+    if retries < 0:
+        raise source.error(path + ("retries",), "retries must be 0 or more")
+    retry_delay = item.get("retry_delay", 2.0)
+    expect(source, path + ("retry_delay",), retry_delay, (int, float))
+    timeout = item.get("timeout")
+    if timeout is not None:
+        expect(source, path + ("timeout",), timeout, (int, float))
+        if timeout <= 0:
+            raise source.error(path + ("timeout",), "timeout must be a positive number of seconds")
+    continue_on_error = item.get("continue_on_error", False)
+    expect(source, path + ("continue_on_error",), continue_on_error, bool)
+    always = item.get("always", False)
+    expect(source, path + ("always",), always, bool)
+    return StepSpec(index=index, kind=kind, name=name, params=raw_params, loc=loc,
+                    params_loc=params_loc, when=when, register=register, retries=retries,
+                    retry_delay=float(retry_delay), timeout=float(timeout) if timeout else None,
+                    continue_on_error=continue_on_error, always=always)
+
+
+def _check_params(source: Source, path: tuple, kind: str, step_class, params: dict) -> None:
+    schema = step_class.params
+    check_keys(source, path, params, list(schema))
+    loc = Loc(source, path)
+    for key, param in schema.items():
+        if key not in params:
+            if param.required:
+                raise loc.error(f"the {kind} step needs {key}: ({param.doc or type_text(param)})")
+            continue
+        value = params[key]
+        if is_template(value):
+            continue  # checked once rendered, at run time, with the same position
+        check_value(key, param, value, loc.child(key))
+    step_class().check(params, loc)
+
+
+def type_text(param) -> str:
+    from orchestrator.config.schema import type_name
+    return type_name(param.types)
+
+
+# ------------------------------------------------------------------ whole-playbook checks
+def check_playbook(playbook: Playbook, extra_vars: dict) -> None:
+    """Templates: syntax and undefined names, in the order a run would meet them."""
+    var_names = set(playbook.vars) | set(extra_vars)
+    known = set(BUILTIN_NAMES) | var_names
+    order_vars(playbook.vars, playbook.var_locs, extra_vars)  # raises on cycles / unknown names
+    for spec in playbook.steps:
+        if spec.when is not None and not isinstance(spec.when, bool):
+            check_names(spec.when, spec.loc.child("when"), known, expression=True)
+        check_names(spec.params, spec.params_loc, known)
+        if spec.register:
+            known.add(spec.register)
+
+
+def order_vars(variables: dict, locs: dict, extra_vars: dict) -> list[str]:
+    """Vars may use each other; return an order that renders each after what it uses."""
+    from orchestrator.playbook.render import referenced_names
+    merged = {**variables, **extra_vars}
+    uses: dict[str, set] = {}
+    for name, value in merged.items():
+        loc = locs.get(name) if name not in extra_vars else None
+        if loc is None:
+            loc = Loc(Source("-e " + name, value), ())
+        names = {n for n, _ in referenced_names(value, loc)}
+        unknown = sorted(n for n in names if n not in merged and n not in BUILTIN_NAMES)
+        if unknown:
+            import difflib
+            close = difflib.get_close_matches(unknown[0], sorted(merged), n=1)
+            raise loc.error(f"variable {name!r} uses {unknown[0]!r}, which is not defined",
+                            hint=f"did you mean {close[0]!r}?" if close else None)
+        uses[name] = {n for n in names if n in merged}  # itself included: a loop
+    ordered: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, chain: tuple) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            cycle = " -> ".join(chain[chain.index(name):] + (name,))
+            loc = locs.get(name) or Loc(Source("-e " + name, None), ())
+            raise loc.error(f"variables refer to each other in a loop: {cycle}")
+        state[name] = "visiting"
+        for used in sorted(uses[name]):
+            visit(used, chain + (name,))
+        state[name] = "done"
+        ordered.append(name)
+
+    for name in merged:
+        visit(name, ())
+    return ordered
+
+
+def parse_extra_vars(items: Iterable[str]) -> dict:
+    """-e key=value (value read as YAML: numbers, true/false, lists); -e @file.yaml too."""
+    result: dict = {}
+    for item in items:
+        if item.startswith("@"):
+            source = load_yaml(item[1:])
+            expect(source, (), source.data, dict, f"the vars file {item[1:]}")
+            result.update(source.data)
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not NAME_PATTERN.match(key):
+            raise ConfigError(f"-e {item!r}: expected NAME=VALUE (or @FILE.yaml)")
+        if key in BUILTIN_NAMES:
+            raise ConfigError(f"-e {item!r}: {key!r} is a built-in name")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            parsed = value
+        # A value YAML reads as a mapping by accident ("a: b") stays the string typed.
+        result[key] = value if isinstance(parsed, dict) or parsed is None and value else parsed
+    return result
+
+
+def describe_step(spec: StepSpec) -> str:
+    return f"step {spec.index + 1} ({spec.label()}) at {spec.loc.where()}"
+
+
+__all__ = ["Playbook", "StepSpec", "load_playbook", "parse_extra_vars", "order_vars",
+           "BUILTIN_NAMES", "describe_path"]

@@ -1,0 +1,195 @@
+"""Jinja2 templating of playbook values, with every error placed at the value's file:line:col.
+
+Rules (the Ansible ones a user already knows, minus the surprises):
+- A string holding `{{ ... }}` or `{% ... %}` is a template; anything else is taken as is.
+- A string that is exactly one `{{ expression }}` keeps the expression's type: a list stays a
+  list (so `"{{ trainer_args }}"` can be spliced into an argv), a number stays a number.
+  Everything else renders to a string.
+- Undefined names are errors (StrictUndefined), never empty strings.
+- `when:` is a bare expression (`fx.state == 'vulnerable'`), like Ansible's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import jinja2
+import jinja2.meta
+from jinja2.nativetypes import NativeEnvironment
+
+from orchestrator.config.yamlsrc import Source
+from orchestrator.errors import ConfigError
+
+_SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
+
+
+def _make_env(cls) -> jinja2.Environment:
+    env = cls(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env.filters["quote"] = lambda value: shlex.quote(str(value))
+    env.filters["join_argv"] = lambda value: shlex.join(str(v) for v in value)
+    return env
+
+
+ENV = _make_env(jinja2.Environment)
+NATIVE_ENV = _make_env(NativeEnvironment)
+
+
+@dataclass(frozen=True)
+class Loc:
+    """Where a value came from: a loaded YAML source and the value's path in it."""
+
+    source: Source
+    path: tuple
+
+    def where(self, key: bool = False) -> str:
+        return self.source.where(self.path, key=key)
+
+    def error(self, message: str, hint: Optional[str] = None, key: bool = False) -> ConfigError:
+        return ConfigError(f"{self.where(key)}: {message}", hint=hint)
+
+    def child(self, part) -> "Loc":
+        return Loc(self.source, self.path + (part,))
+
+
+def is_template(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+class Unknown:
+    """Stands for a value only known at run time (dry runs: registered results, facts)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> "Unknown":
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Unknown(f"{self._name}.{attr}")
+
+    def __getitem__(self, key) -> "Unknown":
+        return Unknown(f"{self._name}[{key!r}]")
+
+    def __str__(self) -> str:
+        return f"<{self._name}>"
+
+    __repr__ = __str__
+
+    def __iter__(self):
+        return iter(())
+
+    def __bool__(self) -> bool:
+        raise UnknownAtPlanTime(self._name)
+
+    def __eq__(self, other) -> bool:
+        raise UnknownAtPlanTime(self._name)
+
+    __hash__ = object.__hash__
+
+
+class UnknownAtPlanTime(Exception):
+    """A decision needs a value that exists only once the run gets there."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+# ----------------------------------------------------------------------- rendering
+def render(value: Any, context: dict, loc: Loc) -> Any:
+    """Render every template string inside value (dicts and lists recursively)."""
+    if isinstance(value, dict):
+        return {k: render(v, context, loc.child(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [render(v, context, loc.child(i)) for i, v in enumerate(value)]
+    if not is_template(value):
+        return value
+    single = _SINGLE_EXPRESSION.match(value)
+    if single and "{{" not in single.group("expr") and "{%" not in value:
+        return _evaluate(single.group("expr"), context, loc, value)
+    try:
+        return ENV.from_string(value).render(context)
+    except UnknownAtPlanTime:
+        raise
+    except Exception as error:  # noqa: BLE001 - any template failure is the user's to fix
+        raise _template_error(error, loc, value) from None
+
+
+def evaluate_condition(expression: Any, context: dict, loc: Loc) -> bool:
+    """A `when:` value: true/false, a bare expression, or a `{{ }}` template."""
+    if isinstance(expression, bool):
+        return expression
+    text = str(expression)
+    single = _SINGLE_EXPRESSION.match(text)
+    if single:
+        text = single.group("expr")
+    value = _evaluate(text, context, loc, str(expression))
+    if isinstance(value, str):
+        # A rendered "false"/"no"/"0" means false, as a YAML-minded user expects.
+        return value.strip().lower() not in ("", "false", "no", "0", "none", "off")
+    return bool(value)
+
+
+def _evaluate(expression: str, context: dict, loc: Loc, original: str) -> Any:
+    try:
+        compiled = NATIVE_ENV.compile_expression(expression.strip(), undefined_to_none=False)
+        result = compiled(**context)
+    except UnknownAtPlanTime:
+        raise
+    except Exception as error:  # noqa: BLE001
+        raise _template_error(error, loc, original) from None
+    if isinstance(result, jinja2.Undefined):
+        raise _template_error(jinja2.UndefinedError(result._undefined_message), loc, original)
+    return result
+
+
+def _template_error(error: Exception, loc: Loc, text: str) -> ConfigError:
+    if isinstance(error, jinja2.TemplateSyntaxError):
+        within = f" (line {error.lineno} of the template)" if error.lineno and "\n" in text else ""
+        return loc.error(f"template syntax error{within}: {error.message}")
+    if isinstance(error, jinja2.UndefinedError):
+        return loc.error(f"in template {_short(text)}: {error.message}")
+    return loc.error(f"in template {_short(text)}: {type(error).__name__}: {error}")
+
+
+def _short(text: str, width: int = 60) -> str:
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= width else text[: width - 3] + "...")
+
+
+# ------------------------------------------------------------------ static checks
+def referenced_names(value: Any, loc: Loc, expression: bool = False) -> list[tuple[str, Loc]]:
+    """Every top-level name a value's templates use (syntax errors raised with position)."""
+    found: list[tuple[str, Loc]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found += referenced_names(v, loc.child(k))
+        return found
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found += referenced_names(v, loc.child(i))
+        return found
+    if not isinstance(value, str) or not (expression or is_template(value)):
+        return found
+    text = value
+    if expression and not is_template(value):
+        text = "{{ " + value + " }}"
+    try:
+        tree = ENV.parse(text)
+    except jinja2.TemplateSyntaxError as error:
+        raise _template_error(error, loc, value) from None
+    return [(name, loc) for name in sorted(jinja2.meta.find_undeclared_variables(tree))]
+
+
+def check_names(value: Any, loc: Loc, known: Iterable[str], expression: bool = False,
+                what: str = "variable") -> None:
+    known = set(known)
+    for name, where in referenced_names(value, loc, expression):
+        if name not in known and name not in ENV.globals:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else (
+                "define it under vars:, pass -e NAME=VALUE, or register it in an earlier step")
+            raise where.error(f"undefined {what} {name!r} in template {_short(value)}", hint=hint)

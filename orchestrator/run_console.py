@@ -1,0 +1,217 @@
+"""What `orch run` shows: step lines, live per-drafter progress (rich), the verdict.
+
+On a terminal the monitor shows a live table (step, loss, tok/s per drafter) and prints
+only the log lines that are not metric lines; elsewhere (CI, a pipe) every log line is
+printed as `TARGET | line`, so a log can be read back exactly. With --json all of this
+goes to stderr and stdout carries one JSON document at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.console import escape
+from orchestrator.runner import exit_code_for
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
+VERDICT_STYLE = {"ok": "bold green", "degraded": "bold yellow", "recompile-limit": "bold yellow"}
+
+
+class ConsoleReporter:
+    def __init__(self, console: Optional[Console] = None, *, json_mode: bool = False,
+                 live: Optional[bool] = None, echo: str = "auto"):
+        self.json_mode = json_mode
+        self.out = console or Console(stderr=json_mode, highlight=False, soft_wrap=True, emoji=False)
+        self.live_enabled = self.out.is_terminal if live is None else live
+        self.echo = echo
+        self._lock = threading.RLock()
+        self._monitors: dict[str, dict] = {}
+        self._live: Optional[Live] = None
+        self._total_steps = 0
+
+    # ------------------------------------------------------------------- run
+    def run_started(self, runner, targets) -> None:
+        self._total_steps = len(runner.playbook.steps)
+        mode = " (dry run: nothing is touched)" if runner.dry_run else ""
+        self._print(f"[bold]orch run[/] {escape(runner.playbook.name)} "
+                    f"({escape(runner.playbook_arg)}){mode}\n"
+                    f"  run {runner.run_id}  targets: "
+                    + ", ".join(escape(t.describe()) for t in targets))
+
+    def _where(self, target: str, spec) -> str:
+        return f"[cyan]{escape(target)}[/] {spec.index + 1}/{self._total_steps} [bold]{spec.kind}[/]" + \
+            (f" {escape(spec.name)}" if spec.name else "")
+
+    def step_started(self, target: str, spec) -> None:
+        self._print(f"> {self._where(target, spec)}")
+
+    def step_plan(self, target: str, spec, lines: list[str]) -> None:
+        extras = []
+        if spec.when is not None:
+            extras.append(f"when: {spec.when}")
+        if spec.register:
+            extras.append(f"register: {spec.register}")
+        if spec.continue_on_error:
+            extras.append("continue_on_error")
+        if spec.always:
+            extras.append("always")
+        self._print(f"- {self._where(target, spec)}" + (f"  [dim]({escape('; '.join(extras))})[/]" if extras else ""))
+        for line in lines:
+            self._print(f"    {escape(line)}")
+
+    def step_progress(self, target: str, spec, text: str) -> None:
+        self._print(f"  [dim]{escape(target)}: {escape(text)}[/]")
+
+    def step_output(self, target: str, spec, line: str, stream: str) -> None:
+        self._print(f"  [dim]{escape(target)} |[/] {escape(line)}")
+
+    def step_skipped(self, target: str, spec, why: str) -> None:
+        self._print(f"  [dim]{self._where(target, spec)}: skipped ({escape(why)})[/]")
+
+    def step_finished(self, target: str, spec, result, outcome) -> None:
+        style = STATUS_STYLE.get(result.status, "")
+        self._print(f"  {self._where(target, spec)}: [{style}]{result.status}[/] "
+                    f"{escape(result.message)} [dim]({result.duration_s:.1f} s)[/]")
+        if result.status == "failed" and outcome.findings:
+            for finding in outcome.findings:
+                if finding.remediation:
+                    self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
+
+    def interrupted(self, runner) -> None:
+        self._stop_live()
+        self._print(f"[yellow]interrupted.[/] A launched run goes on in its container: "
+                    f"`{runner.cli} attach {runner.run_id}` follows it again, "
+                    f"`{runner.cli} stop {runner.run_id}` stops it.")
+
+    def run_finished(self, runner, record, runs) -> None:
+        self._stop_live()
+        if runner.dry_run:
+            self._print("[dim]dry run: nothing was run, nothing recorded[/]")
+            return
+        style = VERDICT_STYLE.get(record.verdict, "bold red")
+        self._print(f"\nverdict: [{style}]{record.verdict}[/] (exit {record.exit_code})")
+        for run in runs:
+            monitor = runner.monitor_result(run.target.name) or {}
+            line = f"  {escape(run.target.name)}: {run.final_verdict()}"
+            if run.failed_step:
+                line += f" (failed step: {escape(run.failed_step)})"
+            if monitor.get("total_tok_s"):
+                line += f", {monitor['total_tok_s']:,.0f} tok/s total"
+            self._print(line)
+        shown = set()
+        for finding in record.findings:
+            if not finding.remediation or finding.signature.startswith(("grep:", "fx-tls:", "fx-race-check")):
+                continue
+            key = (finding.target, finding.signature, finding.remediation)
+            if key in shown:
+                continue
+            shown.add(key)
+            self._print(f"  [bold]{escape(finding.signature)}[/] on {escape(finding.target)}: "
+                        f"{escape(finding.message)}")
+            for line in finding.evidence[:3]:
+                self._print(f"    [dim]| {escape(line)}[/]")
+            self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
+        self._print(f"record: `{runner.cli} runs show {record.run_id}`"
+                    + (f"; files: {escape(record.artifacts_dir)}" if record.artifacts_dir else ""))
+
+    # --------------------------------------------------------------- monitor
+    def monitor_started(self, target: str, run_dir: str, settings) -> None:
+        with self._lock:
+            self._monitors[target] = {"classifier": None, "status": {}, "settings": settings,
+                                      "started": time.monotonic(), "run_dir": run_dir}
+            self._print(f"  [dim]{escape(target)}: following {escape(run_dir)}/output.log[/]")
+            if self.live_enabled and self._live is None:
+                self._live = Live(self._render(), console=self.out, refresh_per_second=4,
+                                  transient=True, get_renderable=self._render)
+                self._live.start()
+
+    def monitor_ended(self, target: str) -> None:
+        with self._lock:
+            state = self._monitors.pop(target, None)
+            if not self._monitors:
+                self._stop_live()
+            if state and state.get("classifier") is not None:
+                self._print_table({target: state})
+
+    def _stop_live(self) -> None:
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+    def monitor_progress(self, target: str, classifier, status: dict) -> None:
+        with self._lock:
+            state = self._monitors.get(target)
+            if state is not None:
+                state["classifier"] = classifier
+                if status:
+                    state["status"] = status
+
+    def log_line(self, target: str, line: str) -> None:
+        if self.echo == "none":
+            return
+        if self.live_enabled and self.echo == "auto":
+            state = self._monitors.get(target)
+            classifier = state and state.get("classifier")
+            if classifier is not None and classifier.metric.search(line):
+                return  # the table shows it
+        with self._lock:
+            # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
+            self.out.out(f"{target} | {line}", highlight=False)
+
+    def note(self, target: str, text: str, level: str = "info") -> None:
+        style = {"warn": "yellow", "error": "bold red"}.get(level, "dim")
+        self._print(f"  [{style}]{escape(target)}: {escape(text)}[/]")
+
+    def _render(self):
+        with self._lock:
+            return self._table(self._monitors)
+
+    def _print_table(self, monitors: dict) -> None:
+        if self.live_enabled:
+            self.out.print(self._table(monitors))
+
+    def _table(self, monitors: dict):
+        table = Table(show_edge=False, header_style="bold", box=None, pad_edge=False)
+        for column in ("target", "drafter", "step", "loss", "tok/s", "state"):
+            table.add_column(column, justify="right" if column in ("step", "loss", "tok/s") else "left")
+        footer = []
+        for target, state in monitors.items():
+            classifier = state.get("classifier")
+            status = state.get("status") or {}
+            settings = state.get("settings")
+            if classifier is None:
+                table.add_row(target, "-", "-", "-", "-", "waiting for the first line")
+                continue
+            for drafter in sorted(classifier.drafters.values(), key=lambda d: d.drafter):
+                table.add_row(target, str(drafter.drafter), str(drafter.step),
+                              "-" if drafter.loss is None else f"{drafter.loss:.4f}",
+                              "-" if drafter.tok_s is None else f"{drafter.tok_s:,.0f}",
+                              Text(drafter.status if not drafter.error else f"ERROR {drafter.error[:60]}",
+                                   style="red" if drafter.error else ""))
+            total = classifier.total_tok_s(live=True)
+            bits = [f"{target}: {status.get('state', '?')}"]
+            if total:
+                bits.append(f"total {total:,.0f} tok/s")
+            if settings is not None and getattr(settings, "expected_tok_s", None):
+                bits.append(f"expected ~{settings.expected_tok_s:,.0f}")
+            silent = time.monotonic() - classifier.last_progress
+            if silent > 10 and settings is not None:
+                bits.append(f"no progress for {silent:.0f} s (hang at {settings.hang_after:g} s)")
+            gpus = status.get("gpus")
+            if gpus:
+                bits.append("GPU " + " ".join(f"{g['index']}:{g.get('util_pct') or 0:.0f}%" for g in gpus))
+            footer.append(" | ".join(bits))
+        return Group(table, Text("\n".join(footer), style="dim"))
+
+    # ----------------------------------------------------------------- output
+    def _print(self, text: str) -> None:
+        with self._lock:
+            self.out.print(text, highlight=False)

@@ -1,0 +1,76 @@
+"""launch: start the training command DETACHED in the target (its own session, pid file,
+exit-code file, log file), so it survives an SSH drop and the controller's exit.
+
+The environment gets CUDA_VISIBLE_DEVICES from the inventory's gpus (or the step's gpus:),
+the inventory's env, the venv's bin on PATH, then the step's env: (which wins).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from orchestrator.monitor import REMOTE_ROOT, launcher
+from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
+from orchestrator.steps.shell import flatten
+
+
+class LaunchStep(Step):
+    kind = "launch"
+    summary = "start the training command detached (setsid, pid/exit/log files)"
+    shorthand = "command"
+    params = {
+        "command": Param((list,), required=True, items=(str, int, float, list),
+                         doc="the command as an argv list"),
+        "env": Param((dict,), default={}),
+        "cwd": Param((str,), doc="working directory (default: the run directory)"),
+        "gpus": Param((list,), items=(int,), doc="GPU indices (default: the inventory's gpus)"),
+        "venv": Param((str, bool), doc="venv to activate (default: the target's; false: none)"),
+        "run_dir": Param((str,), doc=f"where pid/exit/log files live (default: {REMOTE_ROOT}/RUN_ID/NAME)"),
+    }
+
+    def _prepare(self, ctx: StepContext, params: dict) -> dict:
+        argv = [str(part) for part in flatten(params["command"])]
+        if not argv:
+            raise StepFailed("launch: the command is empty")
+        target = ctx.target
+        gpus = params["gpus"] if params["gpus"] is not None else target.gpus
+        env = dict(target.env)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        env.update({str(k): str(v) for k, v in (params["env"] or {}).items()})
+        venv = params["venv"]
+        if venv is None or venv is True:
+            venv = target.venv
+        elif venv is False:
+            venv = None
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", ctx.spec.name or f"launch{ctx.spec.index + 1}").strip("-.")
+        run_dir = params["run_dir"] or f"{REMOTE_ROOT}/{ctx.runner.run_id}/{slug or 'launch'}"
+        return {"argv": argv, "env": env, "venv": venv, "cwd": params["cwd"], "run_dir": run_dir}
+
+    def plan(self, ctx: StepContext, params: dict) -> list[str]:
+        p = self._prepare(ctx, params)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p["env"].items())
+        return [f"detached in {p['run_dir']} (setsid; log output.log, pid.json, exit.json)"
+                + (f", venv {p['venv']}" if p["venv"] else ""),
+                (env + " " if env else "") + shlex.join(p["argv"])]
+
+    def run(self, ctx: StepContext, params: dict) -> StepOutcome:
+        p = self._prepare(ctx, params)
+        target = ctx.target
+        venv = target.expand(p["venv"]) if p["venv"] else None
+        # A leading ~ as a shell would expand it (there is no shell in between).
+        p["argv"] = [target.expand(arg) if arg == "~" or arg.startswith("~/") else arg
+                     for arg in p["argv"]]
+        result = launcher(target, "start", p["run_dir"], timeout=ctx.remaining(120),
+                          argv=p["argv"], env=p["env"], venv=venv, cwd=p["cwd"])
+        launch = {"run_dir": result.get("run_dir", p["run_dir"]), "pid": result.get("pid"),
+                  "log": result.get("log"), "step": ctx.spec.index, "step_name": ctx.spec.label(),
+                  "argv": p["argv"], "env_keys": sorted(p["env"]), "started_at": result.get("started_at"),
+                  "host": target.host.name, "vmid": target.vmid}
+        ctx.runner.note_launch(target.name, launch)
+        gpus = p["env"].get("CUDA_VISIBLE_DEVICES")
+        return StepOutcome(status="changed",
+                           message=f"pid {launch['pid']} in {launch['run_dir']}"
+                                   + (f" (CUDA_VISIBLE_DEVICES={gpus})" if gpus else ""),
+                           data=launch)

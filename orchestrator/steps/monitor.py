@@ -1,0 +1,112 @@
+"""monitor: follow the launched run's log (by byte offset, across link drops), show live
+per-drafter progress, classify the outcome (ok, fx-race, hang, degraded, recompile-limit,
+cuda-oom, nccl-error, traceback, nonzero-exit, killed) and print remediations."""
+
+from __future__ import annotations
+
+import os
+
+from orchestrator import forensics, paths
+from orchestrator.errors import OrchError
+from orchestrator.monitor import Monitor, MonitorSettings, stream_copy_path
+from orchestrator.monitor_classify import compile_metric_regex
+from orchestrator.playbook.render import Loc
+from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
+
+
+class MonitorStep(Step):
+    kind = "monitor"
+    summary = "follow the launched run, live progress, verdict with remediation"
+    params = {
+        "run_dir": Param((str,), doc="the run to follow (default: this target's last launch)"),
+        "hang_after": Param((int, float), default=120, doc="seconds without a new step line"),
+        "expected_tok_s": Param((int, float), doc="healthy total throughput (shown)"),
+        "degraded_below": Param((int, float), doc="total tok/s under this = degraded"),
+        "metric_regex": Param((str,), doc="named groups step (required), drafter, loss, tok_s"),
+        "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
+        "expect_drafters": Param((int,), doc="fail unless this many drafters finish"),
+        "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),
+        "stop_on_hang": Param((bool,), default=True),
+        "grace": Param((int, float), default=10, doc="seconds between SIGTERM and SIGKILL"),
+        "gpu_every": Param((int, float), default=15, doc="nvidia-smi sampling period (0: off)"),
+        "stall_after": Param((int, float), default=8, doc="silent seconds before reconnecting"),
+        "unreachable_after": Param((int, float), default=300),
+    }
+
+    def check(self, params: dict, loc: Loc) -> None:
+        regex = params.get("metric_regex")
+        if isinstance(regex, str) and "{{" not in regex:
+            try:
+                compile_metric_regex(regex)
+            except Exception as error:  # noqa: BLE001 - re.error or our own ValueError
+                raise loc.child("metric_regex").error(f"bad metric_regex: {error}") from None
+
+    def plan(self, ctx: StepContext, params: dict) -> list[str]:
+        run_dir = params["run_dir"] or "<the last launch's run directory>"
+        parts = [f"hang after {params['hang_after']} s"]
+        if params["degraded_below"]:
+            parts.append(f"degraded under {params['degraded_below']:,} tok/s")
+        if params["expected_tok_s"]:
+            parts.append(f"expected {params['expected_tok_s']:,} tok/s")
+        if params["watch_for"]:
+            parts.append(f"watch {params['watch_for']} s, then leave it running")
+        return [f"follow {run_dir}/output.log by byte offset (tail payload); " + ", ".join(parts)]
+
+    def run(self, ctx: StepContext, params: dict) -> StepOutcome:
+        target = ctx.target
+        launch = ctx.runner.launch_info(target.name)
+        run_dir = params["run_dir"] or (launch or {}).get("run_dir")
+        if not run_dir:
+            raise StepFailed("monitor: nothing to follow: no launch step ran on "
+                             f"{target.name} before this one (or give run_dir:)")
+        settings = MonitorSettings.from_params({**params, "timeout": ctx.timeout})
+        settings.gpus = list(target.gpus)
+        ctx.runner.note_monitor(target.name, ctx.spec.index, settings.to_dict())
+        return monitor_run(ctx.runner, target, run_dir, settings)
+
+
+def monitor_run(runner, target, run_dir: str, settings: MonitorSettings, follower_id=None) -> StepOutcome:
+    """Watch one run to its end; shared by the monitor step and `orch attach`."""
+    local = os.path.join(paths.run_dir(runner.run_id), target.name)
+    sink = runner.monitor_sink()
+    monitor = Monitor(target, run_dir, settings, sink, stream_copy=stream_copy_path(local),
+                      follower_id=follower_id)
+    runner.reporter.monitor_started(target.name, run_dir, settings)
+    try:
+        end, final = monitor.run()
+    finally:
+        runner.reporter.monitor_ended(target.name)
+    facts = {}
+    info = runner.target_info(target.name)
+    if info is not None:
+        facts = {"torch_version": info.torch_version, "fx_tls_state": info.fx_tls_state}
+    if "fx-race" in monitor.classifier.seen:
+        facts.update(_fresh_patch_facts(target))
+        if info is not None and facts.get("fx_tls_state"):
+            info.fx_tls_state = facts["fx_tls_state"]
+            info.torch_version = facts.get("torch_version") or info.torch_version
+            runner.save_targets()
+    if not facts.get("torch_version"):
+        facts.pop("torch_version", None)
+    result = monitor.verdict(end, facts, cli=runner.cli, playbook=runner.playbook_arg)
+    result.summary["run_dir"] = run_dir
+    result.summary["stream_log"] = os.path.join(local, "stream.log")
+    runner.note_monitor_result(target.name, result.summary)
+    data = {"verdict": result.verdict, "message": result.message, "summary": result.summary,
+            "exit_code": end.exit_code, "total_tok_s": result.summary.get("total_tok_s"),
+            "drafters_ok": result.summary.get("drafters_ok"), "run_dir": run_dir,
+            "signatures": sorted({f.signature for f in result.findings}), "running": end.state == "running"}
+    status = "ok" if result.verdict == "ok" else "failed"
+    return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
+                       findings=result.findings)
+
+
+def _fresh_patch_facts(target) -> dict:
+    """The fx-tls state now: the remediation names the torch version and whether it is
+    vulnerable. Best effort: the verdict stands without it."""
+    try:
+        from orchestrator.steps.patch import patch_state
+        result = forensics.fx_patch(target, "status")
+        return {"torch_version": result.get("torch_version"), "fx_tls_state": patch_state(result)}
+    except OrchError:
+        return {}

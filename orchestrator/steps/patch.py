@@ -1,0 +1,68 @@
+"""patch: orch's patches of the installed torch as a step (fx-tls: status|diff|apply|revert)."""
+
+from __future__ import annotations
+
+from orchestrator import forensics
+from orchestrator.runs.model import Finding
+from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
+
+STATE_WORDS = {
+    "vulnerable": "vulnerable: the FX tracing flag is process-global (threads race)",
+    "fixed-upstream": "fixed upstream: the flag is already thread-local",
+    "patched": "patched by orch: the flag is thread-local",
+    "drifted": "drifted: orch's record says patched, the files say otherwise",
+    "unknown": "unknown shape: orch will not touch it",
+}
+SAFE_STATES = ("patched", "fixed-upstream")
+
+
+def patch_state(result: dict) -> str:
+    """The payload reports the state after the action under `status` (older: `state`)."""
+    return str(result.get("state") or result.get("status") or "unknown")
+
+
+class PatchStep(Step):
+    kind = "patch"
+    summary = "make torch's FX tracing flag thread-local (orch patch fx-tls as a step)"
+    params = {
+        "name": Param((str,), default="fx-tls", choices=("fx-tls",)),
+        "action": Param((str,), default="status", choices=forensics.PATCH_ACTIONS),
+        "require": Param((list,), default=[], items=(str,),
+                         doc="fail unless the state after the action is one of these"),
+    }
+
+    def plan(self, ctx: StepContext, params: dict) -> list[str]:
+        return [f"orch patch {params['name']} {params['action']} -t {ctx.target.name} "
+                f"(fx_patch payload with {ctx.python()})"]
+
+    def run(self, ctx: StepContext, params: dict) -> StepOutcome:
+        action = params["action"]
+        result = forensics.fx_patch(ctx.target, action)
+        state = patch_state(result)
+        version = result.get("torch_version")
+        info = ctx.info
+        if info is not None:
+            info.torch_version = version or info.torch_version
+            info.fx_tls_state = state
+            ctx.runner.save_targets()
+        if action == "diff" and result.get("diff"):
+            for line in str(result["diff"]).splitlines()[:200]:
+                ctx.output(line)
+        data = {"state": state, "torch_version": version, "changed": bool(result.get("changed")),
+                "action": action, "message": result.get("message", ""),
+                "files": [f.get("path") for f in result.get("files", []) or [] if isinstance(f, dict)]}
+        text = f"torch {version}: {STATE_WORDS.get(state, state)}"
+        if result.get("message"):
+            text += f" ({result['message']})"
+        findings = [Finding(target=ctx.target.name, signature=f"fx-tls:{state}", message=text,
+                            remediation=(f"orch patch fx-tls apply -t {ctx.target.name}"
+                                         if state in ("vulnerable", "drifted") else ""))]
+        if params["require"] and state not in params["require"]:
+            raise StepFailed(f"fx-tls is {state} after {action}; the playbook requires "
+                             f"{' or '.join(params['require'])}", data=data,
+                             findings=findings)
+        if action == "apply" and state not in SAFE_STATES:
+            raise StepFailed(f"fx-tls apply left torch {version} {state}", data=data,
+                             findings=findings)
+        return StepOutcome(status="changed" if data["changed"] else "ok", message=text, data=data,
+                           findings=findings)
