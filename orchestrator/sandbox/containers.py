@@ -33,16 +33,23 @@ def pve_config_file(paths: StatePaths, host: HostSpec, vmid: int) -> Path:
 
 
 def write_container(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> None:
-    """Create (or refresh) the container's rootfs skeleton, LXC config and PVE config."""
+    """Create the container's rootfs skeleton if it has none, and bring its LXC and PVE
+    configs up to date (a running container only reads them at its next start)."""
     directory = container_dir(paths, host, ct.vmid)
-    _make_rootfs(directory / "rootfs")
-    (directory / "hostname").write_text(ct.hostname + "\n")
-    (directory / "hosts").write_text(
-        f"127.0.0.1\tlocalhost\n127.0.1.1\t{ct.hostname}\n::1\tlocalhost ip6-localhost\n")
-    (directory / "config").write_text(lxc_config(paths, host, ct))
+    if not (directory / "rootfs" / "usr").is_dir():
+        _make_rootfs(directory / "rootfs")
+    write_if_changed(directory / "hostname", ct.hostname + "\n")
+    write_if_changed(directory / "hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{ct.hostname}\n"
+                                          "::1\tlocalhost ip6-localhost\n")
+    write_if_changed(directory / "config", lxc_config(paths, host, ct))
     pve_file = pve_config_file(paths, host, ct.vmid)
     pve_file.parent.mkdir(parents=True, exist_ok=True)
-    pve_file.write_text(pve_config(ct))
+    write_if_changed(pve_file, pve_config(ct))
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
 
 
 def _make_rootfs(rootfs: Path) -> None:

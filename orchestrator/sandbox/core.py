@@ -151,8 +151,7 @@ def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
     for vmid in containers.configured_vmids(paths, spec) - {ct.vmid for ct in spec.containers}:
         containers.remove(paths, spec, holder, vmid, running=vmid in running)
     for ct in spec.containers:
-        if not containers.pve_config_file(paths, spec, ct.vmid).exists():
-            containers.write_container(paths, spec, ct)
+        containers.write_container(paths, spec, ct)
         if ct.running and ct.vmid not in running:
             containers.start(holder, ct.vmid)
         elif not ct.running and ct.vmid in running:

@@ -3,9 +3,9 @@
 A host is held by one "holder" process (`sleep infinity`, renamed orch-sandbox-host:NAME)
 that owns the host's mount and UTS namespaces and sits in its network namespace
 /run/netns/orch-NAME. Everything else (host-setup.sh, sshd, lxc-start) is started inside
-those namespaces with `nsenter -t HOLDER`. A veth pair links the machine (orch-NAME,
-a kernel-made link-local address) with the host (eth0, fe80::2): link-local addresses only, never a private IPv4
-range outside the namespaces (the machine's addressing rule, TESTHOST.md).
+those namespaces with `nsenter -t HOLDER`. A veth pair links the machine (orch-NAME, a
+kernel-made link-local address) with the host (eth0, fe80::2): link-local addresses only,
+never a private IPv4 range outside the namespaces (the machine's rule, TESTHOST.md).
 """
 
 from __future__ import annotations
@@ -48,10 +48,6 @@ class HostHealth:
     def sshd(self) -> bool:
         return self.sshd_pid is not None
 
-    @property
-    def usable(self) -> bool:
-        return self.netns and self.holder and self.sshd
-
 
 def netns_path(spec_or_name: HostSpec | str) -> Path:
     name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
@@ -65,10 +61,18 @@ def prepare_host_dir(paths: StatePaths, spec: HostSpec, client_public_key: str) 
     for sub in ("lxc", "etc-upper/pve", "etc-work", "cgroup-aside",
                 f"pve/nodes/{spec.name}/lxc"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    (root / "etc-upper" / "hostname").write_text(spec.name + "\n")
+    # the overlay's upper layer may be mounted already: write only when it changes
+    write_if_changed(root / "etc-upper" / "hostname", spec.name + "\n")
     _link(root / "pve" / "lxc", f"nodes/{spec.name}/lxc")     # as on a real node
     _link(root / "pve" / "local", f"nodes/{spec.name}")
     _write_home(root / "home", paths, client_public_key)
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
 
 
 def _link(link: Path, target: str) -> None:
@@ -225,12 +229,7 @@ def sshd_config(paths: StatePaths, spec: HostSpec, host_key: str = DEFAULT_HOST_
 
 def write_sshd_config(paths: StatePaths, spec: HostSpec, host_key: str = DEFAULT_HOST_KEY) -> bool:
     """Write the host's sshd_config; True when it changed (sshd must then restart)."""
-    path = paths.sshd_config(spec.name)
-    text = sshd_config(paths, spec, host_key)
-    if path.exists() and path.read_text() == text:
-        return False
-    path.write_text(text)
-    return True
+    return write_if_changed(paths.sshd_config(spec.name), sshd_config(paths, spec, host_key))
 
 
 def start_sshd(paths: StatePaths, spec: HostSpec, holder: int) -> int:
