@@ -416,9 +416,8 @@ def machine_traces(state_dir: Path, host: str = "sbt1") -> list[str]:
 
 
 @pytest.fixture
-def separate_sandbox(tmp_path):
-    if sb.missing_prerequisites():
-        pytest.skip(sb.describe(sb.missing_prerequisites()))
+def separate_sandbox(sandbox, tmp_path):
+    """A one-host sandbox of its own; `sandbox` only to skip (or fail) the same way."""
     state = tmp_path / "state"
     yield state
     sb.down(purge=True, state_dir=state, prefix="sbt")
