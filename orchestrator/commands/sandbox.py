@@ -139,3 +139,4 @@ def format_status(report: dict) -> str:
             note = "" if ct["state"] == ct["expected"] else f" (up makes it {ct['expected']})"
             lines.append(f"      CT {ct['vmid']}  {ct['state']}{note}")
     return "\n".join(lines)
+COMMANDS = [sandbox]
