@@ -142,7 +142,7 @@ def parse_args(argv, spec):
     try:
         given = json.loads(argv[0])
     except ValueError as exc:
-        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args")
+        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args") from None
     if not isinstance(given, dict):
         raise PayloadError("the argument must be a JSON object", "bad-args")
     unknown = sorted(set(given) - set(spec))
@@ -468,7 +468,7 @@ class Source:
             self.tree = ast.parse(data, filename=relpath)
         except (SyntaxError, ValueError) as exc:
             raise UnknownShape(relpath, "does not parse with Python %s (%s)"
-                               % (platform.python_version(), exc))
+                               % (platform.python_version(), exc)) from None
         self.line_starts = [0] + [m.end() for m in re.finditer(b"\n", data)]
         self.parents = {}
         for node in ast.walk(self.tree):
@@ -692,7 +692,8 @@ def expect_symbolic_trace_shape(src):
 
 
 def patch_symbolic_trace(src):
-    """Module flag -> thread-local holder + helpers; every use -> the helpers."""
+    """Module flag -> thread-local holder + helpers; every use -> the helpers. Returns True
+    (it always changes the file or raises)."""
     expect_symbolic_trace_shape(src)
     module_assignments = [n for n in src.tree.body if single_name_assignment(n, FLAG)]
     if len(module_assignments) != 1 or not (
@@ -729,6 +730,7 @@ def patch_symbolic_trace(src):
         src.replace(src.start(node), src.end(node), b"_get_is_fx_tracing()")
     for module in ("contextlib", "sys", "threading"):
         ensure_module_import(src, module)
+    return True
 
 
 def rewrite_global_write(src, node):
@@ -821,6 +823,7 @@ def propagate_flag_into_recompute(src):
           else src.offset(src.first_line(recompute), 0))
     src.insert(at, src.indentation(recompute) + capture.encode()
                + b" = torch.fx._symbolic_trace._get_is_fx_tracing()\n")
+    return True
 
 
 def add_with_item(src, with_node, item):
@@ -869,8 +872,9 @@ def flag_reference_files(site_packages):
             elif entry.name.endswith(".py") and entry.is_file(follow_symlinks=False):
                 with open(entry.path, "rb") as f:
                     if needle in f.read():
-                        found.append(os.path.relpath(entry.path, site_packages).replace(os.sep, "/"))
-    return sorted(relpath for relpath in found if relpath != SYMBOLIC_TRACE)
+                        found.append(os.path.relpath(entry.path, site_packages))
+    return sorted(path.replace(os.sep, "/") for path in found
+                  if path.replace(os.sep, "/") != SYMBOLIC_TRACE)
 
 
 class Change:
@@ -880,7 +884,8 @@ class Change:
 
 def build_plan(site_packages, orch_version):
     """Every file's new bytes, computed and compiled before anything is written."""
-    transforms = {SYMBOLIC_TRACE: [patch_symbolic_trace], CHECKPOINT: [propagate_flag_into_recompute]}
+    transforms = {SYMBOLIC_TRACE: [patch_symbolic_trace],
+                  CHECKPOINT: [propagate_flag_into_recompute]}
     for relpath in flag_reference_files(site_packages):
         transforms.setdefault(relpath, []).append(rewrite_flag_attributes)
     plan = []
@@ -889,7 +894,8 @@ def build_plan(site_packages, orch_version):
         if before is None:
             raise UnknownShape(relpath, "is missing")
         src = Source(relpath, before)
-        changed = [transform(src) is not False for transform in transforms[relpath]]
+        # Every transform runs (no short-circuit); each says whether it changed anything.
+        changed = [transform(src) for transform in transforms[relpath]]
         if not any(changed):
             continue  # the flag only appears in a comment or a string
         add_header(src, orch_version)
@@ -897,7 +903,7 @@ def build_plan(site_packages, orch_version):
         try:
             compile(after, relpath, "exec", dont_inherit=True)
         except SyntaxError as exc:
-            raise UnknownShape(relpath, "the patched file would not compile (%s)" % exc)
+            raise UnknownShape(relpath, "the patched file would not compile (%s)" % exc) from None
         plan.append(Change(relpath, before, after))
     return plan
 
@@ -973,6 +979,9 @@ class Inspection:
         self.record, self.plan = record, plan
 
 
+PRISTINE_NOTE = ", pristine per the dist-info RECORD"
+
+
 def inspect_recorded(where, record, dist_hashes):
     files = []
     for recorded in record["files"]:
@@ -988,7 +997,7 @@ def inspect_recorded(where, record, dist_hashes):
     else:
         why = "files changed since (%s)" % "; ".join(
             "%s is %s%s" % (f["path"], f["state"],
-                            ", pristine per the dist-info RECORD" if f["dist_record"] == "ok" else "")
+                            PRISTINE_NOTE if f["dist_record"] == "ok" else "")
             for f in files if f["state"] != "patched")
     return Inspection("drifted", "orch's record says patched %s, but %s; run revert to "
                       "reconcile (it restores only files that still hold orch's patch), then "
@@ -1122,7 +1131,8 @@ def write_plan(site_packages, plan):
     fail_after = os.environ.get(FAIL_AFTER_ENV)
     for index, change in enumerate(plan):
         if fail_after is not None and index == int(fail_after):
-            raise OSError("simulated failure after %d file(s) (%s is set)" % (index, FAIL_AFTER_ENV))
+            raise OSError("simulated failure after %d file(s) (%s is set)"
+                          % (index, FAIL_AFTER_ENV))
         path = os.path.join(site_packages, change.relpath)
         write_atomic(path, change.after)
         remove_stale_bytecode(path)
@@ -1178,13 +1188,13 @@ def apply_plan(where, record_dir, orch_version, plan):
         if failed:
             raise PayloadError("apply failed (%s) and these files could not be restored: %s; "
                                "run revert to finish from the backups in %s"
-                               % (exc, ", ".join(failed), record_dir), "write-failed")
+                               % (exc, ", ".join(failed), record_dir), "write-failed") from exc
         shutil.rmtree(record_dir, ignore_errors=True)
         if isinstance(exc, PayloadError):
             raise
         if isinstance(exc, OSError):
             raise PayloadError("writing the patch failed (%s); every file was restored"
-                               % exc, "write-failed")
+                               % exc, "write-failed") from exc
         raise
     record["state"] = "applied"
     save_record(record_dir, record)

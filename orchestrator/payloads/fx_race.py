@@ -89,7 +89,7 @@ def parse_args(argv, spec):
     try:
         given = json.loads(argv[0])
     except ValueError as exc:
-        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args")
+        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args") from None
     if not isinstance(given, dict):
         raise PayloadError("the argument must be a JSON object", "bad-args")
     unknown = sorted(set(given) - set(spec))
@@ -137,7 +137,7 @@ def import_torch():
         import torch.fx
     except Exception as exc:  # a broken install raises anything, not only ImportError
         raise PayloadError("cannot import torch with %s: %s: %s"
-                           % (sys.executable, type(exc).__name__, exc), "no-torch")
+                           % (sys.executable, type(exc).__name__, exc), "no-torch") from exc
     return torch
 
 

@@ -118,7 +118,7 @@ def parse_args(argv, spec):
     try:
         given = json.loads(argv[0])
     except ValueError as exc:
-        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args")
+        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args") from None
     if not isinstance(given, dict):
         raise PayloadError("the argument must be a JSON object", "bad-args")
     unknown = sorted(set(given) - set(spec))
@@ -415,7 +415,7 @@ def compile_pattern(pattern, fixed, word, ignore_case):
     except (re.error, OverflowError, RecursionError) as exc:
         raise PayloadError("the pattern %r is not a valid regular expression (Python re "
                            "syntax): %s; set fixed to search for it literally" % (pattern, exc),
-                           "bad-pattern")
+                           "bad-pattern") from None
 
 
 def whole_text_prefilter(regex, pattern, fixed):
@@ -586,6 +586,8 @@ def run_grep(args, where, warnings):
                             "engine" % reason)
             engine = "python"
         else:
+            # rg keeps going past unreadable files and says so on stderr, as python_grep does.
+            warnings.extend(search.stderr.strip().splitlines()[:20])
             return engine, hits, truncated, None if truncated else counter.count
     files = python_files(package_dir, site_packages)
     prefilter = whole_text_prefilter(regex, args["pattern"], args["fixed"])

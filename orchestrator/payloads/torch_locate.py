@@ -78,7 +78,7 @@ def parse_args(argv, spec):
     try:
         given = json.loads(argv[0])
     except ValueError as exc:
-        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args")
+        raise PayloadError("the argument is not valid JSON: %s" % exc, "bad-args") from None
     if not isinstance(given, dict):
         raise PayloadError("the argument must be a JSON object", "bad-args")
     unknown = sorted(set(given) - set(spec))

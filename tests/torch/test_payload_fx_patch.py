@@ -138,7 +138,8 @@ def test_patched_torch_keeps_dynamo_hops_checkpoint_and_make_fx_working(patched_
         # nested_tensor_from_jagged still refuses inside symbolic_trace (same thread).
         class UsesJagged(torch.nn.Module):
             def forward(self, x):
-                return torch.nested.nested_tensor_from_jagged(torch.ones(4, 2), torch.tensor([0, 2, 4]))
+                values, offsets = torch.ones(4, 2), torch.tensor([0, 2, 4])
+                return torch.nested.nested_tensor_from_jagged(values, offsets)
         try:
             torch.fx.symbolic_trace(UsesJagged())
         except RuntimeError as exc:

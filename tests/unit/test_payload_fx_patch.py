@@ -192,7 +192,8 @@ def test_apply_removes_stale_bytecode_and_keeps_file_modes(fake):
 def test_reinstalled_torch_is_drift_and_revert_reconciles(patched):
     # A reinstall puts pip's files back while orch's record stays beside torch/.
     for rel in CHANGED:
-        replace_file(patched.path(rel), (patched.record_dir / "backups" / (rel + ".orig")).read_bytes())
+        backup = patched.record_dir / "backups" / (rel + ".orig")
+        replace_file(patched.path(rel), backup.read_bytes())
     status = patched.patch("status").expect_result()
     assert status["status"] == "drifted"
     assert {(f["state"], f["dist_record"]) for f in status["files"]} == {("original", "ok")}
@@ -265,13 +266,14 @@ UNKNOWN_SHAPES = {
                               "            pass"),
     "helpers already there": (ST, "def symbolic_trace(", "def _get_is_fx_tracing():\n"
                               "    return False\n\n\ndef symbolic_trace("),
-    "snapshot import elsewhere": ("torch/utils/notes.py", "NOTE =",
-                                  "from torch.fx._symbolic_trace import _is_fx_tracing_flag\nNOTE ="),
+    "snapshot import elsewhere": (
+        "torch/utils/notes.py", "NOTE =",
+        "from torch.fx._symbolic_trace import _is_fx_tracing_flag\nNOTE ="),
     "flag on another object": ("torch/_higher_order_ops/utils.py",
                                "torch.fx._symbolic_trace._is_fx_tracing_flag = False",
                                "torch.fx.config._is_fx_tracing_flag = False"),
     "no recompute_fn": ("torch/utils/checkpoint.py", "def recompute_fn(", "def recompute(\n"),
-    "carriage returns": (ST, "import os\n", "import os\r\n"),
+    "carriage returns": (ST, "import torch\n", "import torch\r\n"),
 }
 
 
@@ -299,7 +301,8 @@ def test_the_upstream_thread_local_shape_is_left_alone(fake):
     upstream = edit(upstream, "_is_fx_tracing_flag = False\n",
                     "_is_fx_tracing_tls = threading.local()\n\n\n"
                     "def _set_is_fx_tracing(value):\n    _is_fx_tracing_tls.flag = value\n\n\n"
-                    "def _get_is_fx_tracing():\n    return getattr(_is_fx_tracing_tls, 'flag', False)\n\n\n"
+                    "def _get_is_fx_tracing():\n"
+                    "    return getattr(_is_fx_tracing_tls, 'flag', False)\n\n\n"
                     "@contextlib.contextmanager\ndef _is_fx_tracing_context(value):\n    yield\n")
     replace_file(fake.path(ST), upstream.encode())
     before = fake.hashes()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def test_only_fx_race_imports_torch():
     # subprocess: no import statement of the payload itself may name torch.
     for name in NAMES:
         imports_torch = any(
-            isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names)
+            isinstance(node, ast.Import)
+            and any(a.name.split(".")[0] == "torch" for a in node.names)
             or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch"
             for node in ast.walk(ast.parse(source(name))))
         assert imports_torch == (name == "fx_race"), name
@@ -83,7 +85,9 @@ def test_bad_arguments_are_one_error_line(name, argument, complaint):
                           capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 1 and len(lines) == 1, proc
-    assert '"event": "error"' in lines[0] and complaint in lines[0] and '"kind": "bad-args"' in lines[0]
+    event = json.loads(lines[0])
+    assert (event["event"], event["kind"]) == ("error", "bad-args")
+    assert complaint in event["message"]
     assert "Traceback" not in proc.stderr
 
 

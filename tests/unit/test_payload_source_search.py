@@ -211,7 +211,8 @@ def test_hostile_pattern_that_is_present_is_found(tree):
 
 
 @needs_rg
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(alphabet="ne dl$()`'\";\\|*.\n", min_size=1, max_size=12))
 def test_any_literal_gives_the_same_hits_in_both_engines(tree, pattern):
     python = search(tree, pattern, fixed=True, engine="python")
