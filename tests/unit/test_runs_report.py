@@ -116,3 +116,14 @@ def test_sparkline():
     assert sparkline([]) == ""
     assert sparkline([1, 2, 3]) == "▁▄█"
     assert len(sparkline(list(range(100)))) == 40
+
+
+def test_failed_step_is_shown_up_front():
+    from orchestrator.runs.model import StepResult
+    record = synthetic_run("b", verdict="failed", findings=[])
+    record.steps.insert(1, StepResult("venv with the pinned torch", "bootstrap", "sb2-201", "failed",
+                                      message="pushing torch failed: timed out\n  hint: raise it"))
+    html = render_html(record)
+    assert 'id="failed-steps"' in html and "pushing torch failed" in html
+    assert "- **step failed**: venv with the pinned torch (bootstrap) on `sb2-201`: pushing torch " \
+           "failed: timed out" in render_markdown(record)
