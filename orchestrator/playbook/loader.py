@@ -180,6 +180,7 @@ def _step(source: Source, index: int, item: Any) -> StepSpec:
         raw_params = {}
     if not isinstance(raw_params, dict) and step_class.shorthand:
         raw_params = {step_class.shorthand: raw_params}
+        _alias_marks(source, path + (kind,), step_class.shorthand)
     expect(source, path + (kind,), raw_params, dict, f"the {kind} step's settings")
     _check_params(source, path + (kind,), kind, step_class, raw_params)
 
@@ -215,6 +216,15 @@ def _step(source: Source, index: int, item: Any) -> StepSpec:
                     params_loc=params_loc, when=when, register=register, retries=retries,
                     retry_delay=float(retry_delay), timeout=float(timeout) if timeout else None,
                     continue_on_error=continue_on_error, always=always)
+
+
+def _alias_marks(source: Source, base: tuple, key: str) -> None:
+    """`- shell: [a, b]` means `- shell: {argv: [a, b]}`: give the implied argv the
+    positions of the value written, so errors inside it still point at the right column."""
+    for marks in (source.value_marks, source.key_marks):
+        for path, mark in list(marks.items()):
+            if path[:len(base)] == base:
+                marks[base + (key,) + path[len(base):]] = mark
 
 
 def _check_params(source: Source, path: tuple, kind: str, step_class, params: dict) -> None:
@@ -261,7 +271,7 @@ def order_vars(variables: dict, locs: dict, extra_vars: dict) -> list[str]:
         loc = locs.get(name) if name not in extra_vars else None
         if loc is None:
             loc = Loc(Source("-e " + name, value), ())
-        names = {n for n, _ in referenced_names(value, loc)}
+        names = {n for n, _, _ in referenced_names(value, loc)}
         unknown = sorted(n for n in names if n not in merged and n not in BUILTIN_NAMES)
         if unknown:
             import difflib

@@ -161,9 +161,10 @@ def _short(text: str, width: int = 60) -> str:
 
 
 # ------------------------------------------------------------------ static checks
-def referenced_names(value: Any, loc: Loc, expression: bool = False) -> list[tuple[str, Loc]]:
-    """Every top-level name a value's templates use (syntax errors raised with position)."""
-    found: list[tuple[str, Loc]] = []
+def referenced_names(value: Any, loc: Loc, expression: bool = False) -> list[tuple[str, Loc, str]]:
+    """Every top-level name a value's templates use, with where and in which text (syntax
+    errors raised with their position)."""
+    found: list[tuple[str, Loc, str]] = []
     if isinstance(value, dict):
         for k, v in value.items():
             found += referenced_names(v, loc.child(k))
@@ -181,15 +182,15 @@ def referenced_names(value: Any, loc: Loc, expression: bool = False) -> list[tup
         tree = ENV.parse(text)
     except jinja2.TemplateSyntaxError as error:
         raise _template_error(error, loc, value) from None
-    return [(name, loc) for name in sorted(jinja2.meta.find_undeclared_variables(tree))]
+    return [(name, loc, value) for name in sorted(jinja2.meta.find_undeclared_variables(tree))]
 
 
 def check_names(value: Any, loc: Loc, known: Iterable[str], expression: bool = False,
                 what: str = "variable") -> None:
     known = set(known)
-    for name, where in referenced_names(value, loc, expression):
+    for name, where, text in referenced_names(value, loc, expression):
         if name not in known and name not in ENV.globals:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"did you mean {close[0]!r}?" if close else (
                 "define it under vars:, pass -e NAME=VALUE, or register it in an earlier step")
-            raise where.error(f"undefined {what} {name!r} in template {_short(value)}", hint=hint)
+            raise where.error(f"undefined {what} {name!r} in template {_short(text)}", hint=hint)

@@ -1,0 +1,164 @@
+"""Log parsing and the verdicts: every failure mode of DFLASH.md, from its log lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.monitor_classify import EndState, LogClassifier
+
+FX = ("RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized "
+      "function. This is not supported at the moment.")
+START = "start drafters=3 devices=cpu,cpu,cpu torch=2.13.0+cpu pid=1 steps=20"
+
+
+def healthy(drafters=3, steps=20, rate=5000, every=10):
+    lines = [START]
+    for d in range(drafters):
+        lines.append(f"drafter={d} compiled seconds=2.5")
+        lines.append(f"drafter={d} step=1 loss=6.2 tok_s=200")
+    for step in range(every, steps + 1, every):
+        for d in range(drafters):
+            lines.append(f"drafter={d} step={step} loss={6 - step / 10:.4f} tok_s={rate}")
+    for d in range(drafters):
+        lines.append(f"drafter={d} done steps={steps} loss=4.0 tok_s={rate}")
+    lines.append(f"summary status=ok drafters={drafters} ok={drafters} failed=0 "
+                 f"total_tok_s={rate * drafters} stalled=0 seconds=9.0")
+    return lines
+
+
+def classify(lines, end=EndState(state="exited", exit_code=0), facts=None, **settings):
+    classifier = LogClassifier("dev", **settings)
+    points = [p for i, line in enumerate(lines) if (p := classifier.feed(line, float(i))) is not None]
+    return classifier, points, classifier.classify(end, facts or {}, cli="orch", playbook="pb.yaml")
+
+
+def test_metric_lines_become_points():
+    classifier, points, verdict = classify(healthy())
+    assert len(points) == 9  # step 1, 10, 20 for three drafters
+    assert points[0].drafter == 0 and points[0].step == 1 and points[0].loss == 6.2
+    assert points[-1].tok_s == 5000
+    assert verdict.verdict == "ok"
+    assert verdict.summary["total_tok_s"] == 15000
+    assert verdict.summary["drafters_ok"] == 3
+    assert verdict.message == "ok: 3/3 drafters trained, 15,000 tok/s total"
+
+
+def test_throughput_without_summary_excludes_the_compile_step():
+    lines = [line for line in healthy() if not line.startswith(("summary", "drafter=0 done",
+                                                                "drafter=1 done", "drafter=2 done"))]
+    classifier, _, _ = classify(lines)
+    assert classifier.total_tok_s() == 15000
+
+
+def test_fx_race_with_remediation():
+    lines = [START, "race trace=open", f"drafter=0 ERROR {FX}", "Traceback (most recent call last):",
+             '  File "x.py", line 1, in f', FX, f"drafter=1 ERROR {FX}",
+             "summary status=failed drafters=3 ok=0 failed=3 total_tok_s=0 stalled=0"]
+    _, _, verdict = classify(lines, EndState(state="exited", exit_code=1),
+                             facts={"fx_tls_state": "vulnerable"})
+    assert verdict.verdict == "fx-race"
+    finding = next(f for f in verdict.findings if f.signature == "fx-race")
+    assert "torch 2.13.0+cpu" in finding.message and "vulnerable" in finding.message
+    assert "`orch patch fx-tls apply -t dev`" in finding.remediation
+    assert "torch 2.13.0+cpu on dev is vulnerable" in finding.remediation
+    assert "orch run pb.yaml" in finding.remediation
+
+
+def test_fx_race_then_deadlock_is_still_the_race_and_the_hang_is_reported():
+    lines = [START, f"drafter=1 ERROR {FX}", "drafter=0 step=1 loss=6 tok_s=100"]
+    _, _, verdict = classify(lines, EndState(state="exited", signal=15, exit_code=143,
+                                             stopped_for="hang", hang_seconds=121))
+    assert verdict.verdict == "fx-race"
+    assert {f.signature for f in verdict.findings} >= {"fx-race", "hang"}
+
+
+def test_hang():
+    lines = [START, "drafter=0 step=1 loss=6 tok_s=100",
+             "drafter=1 ERROR RuntimeError: drafter 1 failed at step 1 (--fail-drafter)"]
+    classifier, _, verdict = classify(lines, EndState(state="exited", signal=15, exit_code=143,
+                                                      stopped_for="hang", hang_seconds=20))
+    assert verdict.verdict == "hang"
+    hang = next(f for f in verdict.findings if f.signature == "hang")
+    assert "no new step line for 20 s" in hang.message and "drafter 1 had raised" in hang.message
+    assert classifier.hung(now=200.0, alive=True) is True
+    assert classifier.hung(now=200.0, alive=False) is False
+
+
+def test_hang_clock_and_shift():
+    classifier = LogClassifier("dev", hang_after=10, now=0.0)
+    classifier.feed("drafter=0 step=1 loss=1 tok_s=1", 5.0)
+    assert not classifier.hung(14.0, True) and classifier.hung(15.0, True)
+    classifier.shift(10.0)  # ten seconds the monitor could not see
+    assert not classifier.hung(24.0, True) and classifier.hung(25.0, True)
+
+
+def test_watchdog_timeout_with_stalled_drafters_is_a_hang():
+    lines = [START, "drafter=0 step=1 loss=6 tok_s=100",
+             "summary status=timeout drafters=3 ok=0 failed=1 total_tok_s=0 stalled=2 seconds=60"]
+    _, _, verdict = classify(lines, EndState(state="exited", exit_code=3))
+    assert verdict.verdict == "hang"
+
+
+def test_degraded_and_recompile_limit():
+    _, _, verdict = classify(healthy(rate=1500), degraded_below=8000, expected_tok_s=20000)
+    assert verdict.verdict == "degraded"
+    finding = next(f for f in verdict.findings if f.signature == "degraded")
+    assert "4,500 tok/s" in finding.message and "8,000" in finding.message and "20,000" in finding.message
+    lines = healthy(rate=1500)
+    lines.insert(3, "W1129 torch._dynamo hit config.recompile_limit (8) function: 'flex_attention'")
+    _, _, verdict = classify(lines, degraded_below=8000)
+    assert verdict.verdict == "recompile-limit"
+    assert "per thread" in next(f for f in verdict.findings if f.signature == "recompile-limit").remediation
+    _, _, verdict = classify(lines, degraded_below=1000)  # a warning only, when fast enough
+    assert verdict.verdict == "ok"
+    assert "recompile-limit" in {f.signature for f in verdict.findings}
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "cuda-oom"),
+    ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", "nccl-error"),
+    ("[rank0]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout", "nccl-error"),
+])
+def test_gpu_failures(line, expected):
+    _, _, verdict = classify([START, "Traceback (most recent call last):", line],
+                             EndState(state="exited", exit_code=1))
+    assert verdict.verdict == expected
+    assert next(f for f in verdict.findings if f.signature == expected).remediation
+
+
+def test_traceback_nonzero_killed_vanished_stopped():
+    tb = [START, "Traceback (most recent call last):", '  File "t.py", line 3, in <module>',
+          "ValueError: bad config value"]
+    _, _, verdict = classify(tb, EndState(state="exited", exit_code=1))
+    assert verdict.verdict == "traceback"
+    assert "ValueError: bad config value" in verdict.findings[-1].message
+    _, _, verdict = classify([START, "bye"], EndState(state="exited", exit_code=7))
+    assert verdict.verdict == "nonzero-exit" and "code 7" in verdict.findings[-1].message
+    _, _, verdict = classify([START], EndState(state="exited", exit_code=137, signal=9))
+    assert verdict.verdict == "killed" and "signal 9" in verdict.findings[-1].message
+    _, _, verdict = classify([START], EndState(state="vanished"))
+    assert verdict.verdict == "killed"
+    _, _, verdict = classify([START], EndState(state="exited", exit_code=143, signal=15, stopped_for="user"))
+    assert verdict.verdict == "killed" and "orch stop" in verdict.findings[-1].message
+    _, _, verdict = classify([START], EndState(state="exited", exit_code=143, signal=15, stopped_for="timeout"))
+    assert verdict.verdict == "timeout"
+
+
+def test_expected_drafters():
+    lines = [line for line in healthy() if not line.startswith("drafter=2 done")]
+    _, _, verdict = classify(lines, expect_drafters=3)
+    assert verdict.verdict == "failed" and "2 of the expected 3" in verdict.findings[-1].message
+
+
+def test_still_running_after_watch_for_is_healthy():
+    lines = healthy()[:-4]
+    _, _, verdict = classify(lines, EndState(state="running", watch_ended=True), degraded_below=1000)
+    assert verdict.verdict == "ok" and "the run goes on" in verdict.message
+
+
+def test_custom_metric_regex():
+    classifier = LogClassifier("dev", metric_regex=r"it (?P<step>\d+) loss (?P<loss>[\d.]+) (?P<tok_s>\d+) tok/s")
+    point = classifier.feed("it 7 loss 1.5 900 tok/s", 1.0)
+    assert point.drafter == 0 and point.step == 7 and point.loss == 1.5 and point.tok_s == 900
+    with pytest.raises(ValueError):
+        LogClassifier("dev", metric_regex=r"(\d+)")
