@@ -202,7 +202,7 @@ def _print_patch(target, action, outcome) -> None:
     if isinstance(outcome, OrchError):
         console.error(f"{target.name}: {outcome}")
         return
-    state = outcome.get("state")
+    state = outcome.get("status")
     header = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
     if action == "diff":
         console.out.print(header + (STATE_TEXT.get(state, state or "")))
@@ -213,9 +213,8 @@ def _print_patch(target, action, outcome) -> None:
     if message:
         console.out.print("  " + console.escape(message))
     for item in outcome.get("files", []) or []:
-        if isinstance(item, dict):
-            console.out.print("  " + console.escape(" ".join(
-                f"{k}={v}" for k, v in item.items() if k in ("path", "status", "changed", "record_ok"))))
+        details = [f"{key}={item[key]}" for key in ("state", "action", "dist_record") if key in item]
+        console.out.print(f"  {console.escape(item.get('path', '?'))}  {' '.join(details)}")
 
 
 def _patch_exit_code(action, outcomes) -> int:
@@ -223,7 +222,7 @@ def _patch_exit_code(action, outcomes) -> int:
     if errors:
         return errors[0].exit_code
     if action in ("status", "diff"):
-        bad = [o for o in outcomes if o.get("state") in ("vulnerable", "drifted", "unknown")]
+        bad = [o for o in outcomes if o.get("status") in ("vulnerable", "drifted", "unknown")]
         return ExitCode.FAILED if bad else ExitCode.OK
     return ExitCode.OK
 
@@ -264,8 +263,10 @@ def fx_race(app, targets, trials, as_json):
         def on_event(event):
             if not as_json and event.get("event") == "trial":
                 with lock:
-                    console.info(f"{name}: trial {event.get('trial')}: "
-                                 f"{'raised' if event.get('raised') else 'no error'}")
+                    console.info(f"{name}: trial {event.get('index')}: cross-thread "
+                                 f"{'RAISED' if event.get('cross_thread_raised') else 'ok'}, "
+                                 f"same-thread control "
+                                 f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}")
         return on_event
 
     outcomes = each_concurrently(chosen, lambda target: forensics.verify_fx_race(
