@@ -16,7 +16,11 @@ _PCT_NOT_RUNNING = re.compile(r"container '?\d+'? not running")
 _PCT_BAD_VMID = re.compile(r"value does not look like a valid VM ID")
 
 # Small, constant shell programs: user data only ever arrives as "$1", "$2", never as code.
-_PUT_SCRIPT = 'umask 077; cat > "$1.orch-part" && chmod "$2" "$1.orch-part" && mv -f "$1.orch-part" "$1"'
+# The byte count is checked before the rename: a channel cut short (a timeout, a dropped
+# link) ends cat's input early without an error, and must not leave a truncated file.
+_PUT_SCRIPT = ('umask 077; cat > "$1.orch-part" && [ "$(wc -c < "$1.orch-part")" -eq "$3" ] '
+               '&& chmod "$2" "$1.orch-part" && mv -f "$1.orch-part" "$1" '
+               '|| { rm -f "$1.orch-part"; exit 1; }')
 _HOME_SCRIPT = 'printf %s "$HOME"'
 
 
@@ -64,7 +68,7 @@ class Target(Transport):
     # -- files, without pct push (which needs a path on the host) ----------------------
     def put(self, path: str, data: bytes, mode: int = 0o644, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Write data to path atomically (a temporary name, then rename)."""
-        argv = ["sh", "-c", _PUT_SCRIPT, "orch-put", path, format(mode, "o")]
+        argv = ["sh", "-c", _PUT_SCRIPT, "orch-put", path, format(mode, "o"), str(len(data))]
         self.run(argv, stdin=data, timeout=timeout).check(f"writing {path} on {self.name}")
 
     def get(self, path: str, timeout: float = DEFAULT_TIMEOUT) -> bytes:

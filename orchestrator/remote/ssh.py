@@ -270,9 +270,16 @@ class _ChannelDeadline:
             self._timer.cancel()
 
 
+_STDIN_PIECE = 1 << 16
+
+
 def _send_stdin(channel, data: bytes) -> None:
     try:
-        channel.sendall(data)
+        # In pieces: paramiko's sendall re-slices (copies) the rest of its input after every
+        # packet, which makes one large input quadratic (a 190 MB wheel took minutes).
+        view = memoryview(data)
+        for start in range(0, len(view), _STDIN_PIECE):
+            channel.sendall(view[start:start + _STDIN_PIECE].tobytes())
         channel.shutdown_write()
     except (OSError, paramiko.SSHException, EOFError):
         pass  # the channel closed (command ended or deadline): its exit status tells the story
