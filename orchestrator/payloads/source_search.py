@@ -460,8 +460,9 @@ def python_grep(regex, prefilter, files, site_packages, warnings):
 def rg_base_argv(rg):
     # No config file, no ignore files, hidden files included, every file searched as
     # text, bytes as they are (no BOM sniffing): the python engine's view of a tree.
+    # No --sort: it makes rg single-threaded (twice the time); results are sorted here.
     return [rg, "--no-config", "--no-ignore", "--hidden", "--text", "--encoding", "none",
-            "--sort", "path", "--glob", "*.py"]
+            "--glob", "*.py"]
 
 
 def rg_grep_argv(rg, args, package_dir):
@@ -571,11 +572,8 @@ def run_grep(args, where, warnings):
         counter = BackgroundCount(package_dir)
         counter.start()
         search = RgGrep(rg_grep_argv(rg, args, package_dir), site_packages)
-        results = search.files()
-        try:
-            hits, truncated = emit_hits(results, args["context"], args["max_hits"])
-        finally:
-            results.close()  # stops rg at once when the hits were cut
+        results = sorted(search.files(), key=lambda found: found[0])
+        hits, truncated = emit_hits(results, args["context"], args["max_hits"])
         counter.join()
         if not truncated and not search.finished:
             if search.messages or args["engine"] == "rg":
