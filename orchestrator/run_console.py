@@ -79,10 +79,15 @@ class ConsoleReporter:
         style = STATUS_STYLE.get(result.status, "")
         self._print(f"  {self._where(target, spec)}: [{style}]{result.status}[/] "
                     f"{escape(result.message)} [dim]({result.duration_s:.1f} s)[/]")
-        if result.status == "failed" and outcome.findings:
-            for finding in outcome.findings:
-                if finding.remediation:
-                    self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
+        if result.status != "failed" or not outcome.findings:
+            return
+        if spec.kind == "monitor" and not spec.continue_on_error:
+            return  # its diagnosis comes with the verdict, at the end
+        for finding in outcome.findings:
+            if finding.remediation:
+                if spec.kind == "monitor":
+                    self._print(f"    [bold]{escape(finding.signature)}[/]: {escape(finding.message)}")
+                self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
 
     def interrupted(self, runner) -> None:
         self._stop_live()
@@ -106,8 +111,11 @@ class ConsoleReporter:
                 line += f", {monitor['total_tok_s']:,.0f} tok/s total"
             self._print(line)
         shown = set()
+        verdicts = {run.target.name: run.final_verdict() for run in runs}
         for finding in record.findings:
-            if not finding.remediation or finding.signature.startswith(("grep:", "fx-tls:", "fx-race-check")):
+            verdict = verdicts.get(finding.target, record.verdict)
+            if verdict == "ok" or not finding.remediation or \
+                    finding.signature not in (verdict, "hang", "degraded", "recompile-limit"):
                 continue
             key = (finding.target, finding.signature, finding.remediation)
             if key in shown:

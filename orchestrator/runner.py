@@ -96,6 +96,7 @@ class Runner:
         self.dry_run = dry_run
         self.cli = cli
         self.playbook_arg = playbook_arg or playbook.path
+        self.rerun_args = ""        # the -t/-e options as typed, for "rerun with" hints
         self.run_id = run_id or new_run_id()
         self.record: Optional[RunRecord] = None
         self._lock = threading.RLock()
@@ -515,10 +516,26 @@ def run_playbook(playbook: str, *, targets=(), extra_vars=None, app=None, report
     try:
         runner = Runner(book, fleet, reporter=reporter, store=store, extra_vars=extra,
                         target_names=list(targets), dry_run=dry_run, cli=cli, playbook_arg=playbook)
+        runner.rerun_args = rerun_options(targets, extra_vars)
         return runner.run()
     finally:
         if own_store and store is not None:
             store.close()
+
+
+def rerun_options(targets, extra_vars) -> str:
+    """The -t and -e options of this run, quoted for a shell, for remediation hints."""
+    import shlex
+    words: list[str] = []
+    for name in targets or ():
+        words += ["-t", name]
+    if isinstance(extra_vars, dict):
+        items = [f"{k}={v}" for k, v in extra_vars.items()]
+    else:
+        items = list(extra_vars or ())
+    for item in items:
+        words += ["-e", item]
+    return shlex.join(words)
 
 
 def cli_prefix(app) -> str:

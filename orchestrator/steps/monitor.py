@@ -88,7 +88,8 @@ def monitor_run(runner, target, run_dir: str, settings: MonitorSettings, followe
             runner.save_targets()
     if not facts.get("torch_version"):
         facts.pop("torch_version", None)
-    result = monitor.verdict(end, facts, cli=runner.cli, playbook=runner.playbook_arg)
+    rerun = " ".join(part for part in (runner.playbook_arg, getattr(runner, "rerun_args", "")) if part)
+    result = monitor.verdict(end, facts, cli=runner.cli, playbook=rerun)
     result.summary["run_dir"] = run_dir
     result.summary["stream_log"] = os.path.join(local, "stream.log")
     runner.note_monitor_result(target.name, result.summary)

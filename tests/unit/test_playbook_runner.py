@@ -120,13 +120,11 @@ def test_ok_run_is_recorded_and_collected(project):
 
 
 def test_json_output(project):
-    result = CliRunner(mix_stderr=False).invoke(main, ["-i", "inv.yaml", "run", "fake.yaml", "--json"]) \
-        if "mix_stderr" in CliRunner.__init__.__code__.co_varnames else \
-        CliRunner().invoke(main, ["-i", "inv.yaml", "run", "fake.yaml", "--json"])
+    result = CliRunner().invoke(main, ["-i", "inv.yaml", "run", "fake.yaml", "--json"])
     assert result.exit_code == 0
-    out = result.stdout
-    data = json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)
+    data = json.loads(result.stdout)  # progress went to stderr
     assert data["verdict"] == "ok" and data["exit_code"] == 0 and data["metric_points"] == 18
+    assert data["run_id"] and data["steps"][-1]["kind"] == "collect"
 
 
 @pytest.mark.parametrize("mode,verdict,code", [
