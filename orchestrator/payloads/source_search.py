@@ -572,7 +572,7 @@ def run_grep(args, where, warnings):
         counter = BackgroundCount(package_dir)
         counter.start()
         search = RgGrep(rg_grep_argv(rg, args, package_dir), site_packages)
-        results = sorted(search.files(), key=lambda found: found[0])
+        results = sorted(search.files(), key=lambda found: found[0].split("/"))
         hits, truncated = emit_hits(results, args["context"], args["max_hits"])
         counter.join()
         if not truncated and not search.finished:
