@@ -21,12 +21,25 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from orchestrator.runs.model import RunRecord
+from orchestrator.runs.model import VERDICTS, RunRecord
 
 DEFAULT_THRESHOLD = 0.10
 FX_STATES = ("vulnerable", "fixed-upstream", "patched", "drifted", "unknown")
 BAD_FX_STATES = ("drifted", "vulnerable")
 FX_SIGNATURE = "fx-tls:"     # patch-state findings; judged as patch drift, not as failures
+# Findings are also notes (grep hits "grep:PATTERN", "fx-tls:patched", "fx-race-check:fixed"):
+# only these signatures, the monitor's failure classes, are failures.
+FAILURE_SIGNATURES = frozenset(v for v in VERDICTS if v not in ("ok", "running")) | {"drafter-error"}
+
+
+def is_failure(signature: str) -> bool:
+    """A failure signature ("hang", "fx-race", ...), not an informational finding."""
+    return signature.split(":", 1)[0] in FAILURE_SIGNATURES
+
+
+def is_problem(signature: str) -> bool:
+    """What a report shows as a problem: a failure, or torch left unpatched or drifted."""
+    return is_failure(signature) or signature in (FX_SIGNATURE + s for s in BAD_FX_STATES)
 
 
 # ------------------------------------------------------------------ throughput
@@ -259,7 +272,7 @@ def _verdict_changes(result: Comparison, base: Optional[RunRecord], new: RunReco
 
 def _signature_changes(result: Comparison, base: Optional[RunRecord], new: RunRecord) -> None:
     known = {f.signature for f in base.findings} if base else set()
-    failures = {f.signature for f in new.findings if not f.signature.startswith(FX_SIGNATURE)}
+    failures = {f.signature for f in new.findings if is_failure(f.signature)}
     for signature in sorted(failures - known):
         first = next(f for f in new.findings if f.signature == signature)
         result.changes.append(Change("failure-signature", "regression",

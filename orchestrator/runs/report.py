@@ -14,7 +14,8 @@ from typing import Optional
 import jinja2
 
 from orchestrator import __version__
-from orchestrator.runs.compare import Comparison, compare, fx_states_seen, series, throughput
+from orchestrator.runs.compare import (Comparison, compare, fx_states_seen, is_problem, series,
+                                       throughput)
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import line_chart, sparkline
 
@@ -121,7 +122,9 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
     findings = [{"target": f.target, "signature": f.signature, "message": f.message,
                  "evidence": f.evidence,
                  "remediation": f.remediation or REMEDIATIONS.get(f.signature, "")}
-                for f in record.findings]
+                for f in record.findings if is_problem(f.signature)]
+    # The steps' informational findings (grep hits, "patched", "race check: fixed").
+    notes = [f for f in record.findings if not is_problem(f.signature)]
     drafters = []
     for label, points in grouped.items():
         last = points[-1]
@@ -137,6 +140,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "drafters": drafters,
         "charts": charts,
         "findings": findings,
+        "notes": notes,
         "failed_steps": [s for s in record.steps if s.status == "failed"],
         "baseline": baseline,
         "comparison": comparison,

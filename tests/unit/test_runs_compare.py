@@ -164,3 +164,15 @@ def test_verdict_codes_agree_with_the_runner():
     from orchestrator.runs.nightly import verdict_exit_code
     for verdict in VERDICTS:
         assert verdict_exit_code(verdict) == runner.exit_code_for(verdict), verdict
+
+
+def test_informational_findings_are_not_failures():
+    notes = [Finding("sb1-200", "grep:_is_fx_tracing_flag", "10 matches"),
+             Finding("sb1-200", "fx-race-check:fixed", "0/1 raised"),
+             Finding("sb1-200", "fx-tls:vulnerable", "vulnerable"),
+             Finding("sb1-200", "fx-tls:patched", "patched")]
+    assert not compare(None, synthetic_run("b", findings=notes)).regressed
+    assert not compare(synthetic_run("a"), synthetic_run("b", findings=notes)).regressed
+    hang = compare(synthetic_run("a"), synthetic_run("b", findings=notes + [
+        Finding("sb1-200", "hang", "no step for 120 s")]))
+    assert kinds(hang) == ["failure-signature"]

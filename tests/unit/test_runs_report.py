@@ -127,3 +127,11 @@ def test_failed_step_is_shown_up_front():
     assert 'id="failed-steps"' in html and "pushing torch failed" in html
     assert "- **step failed**: venv with the pinned torch (bootstrap) on `sb2-201`: pushing torch " \
            "failed: timed out" in render_markdown(record)
+
+
+def test_notes_are_apart_from_problems():
+    record = synthetic_run("b", findings=[Finding("sb1-200", "grep:flag", "10 matches"),
+                                          Finding("sb1-200", "fx-tls:vulnerable", "unpatched")])
+    html = render_html(record)
+    assert 'id="notes"' in html and "10 matches" in html
+    assert html.count('class="finding"') == 1                # only fx-tls:vulnerable is a problem
