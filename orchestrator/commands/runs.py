@@ -376,7 +376,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
     if not os.path.isfile(playbook):
         raise ConfigError(f"no playbook {playbook}")
     outcome = nightly_mod.nightly(playbook, targets=list(targets),
-                                  extra_vars=parse_extra_vars(extra_vars), app=app, config=config)
+                                  extra_vars=parse_extra_vars(extra_vars), app=app, config=config,
+                                  json_mode=as_json)
     summary = outcome.summary()
     if as_json:
         console.print_json({**summary, "notified": outcome.notified})

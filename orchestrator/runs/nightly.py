@@ -14,6 +14,7 @@ but worse than the baseline; 21 another nightly of the same playbook holds the l
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -300,18 +301,23 @@ def outcome_code(record: RunRecord, comparison: Comparison) -> int:
 RunFunction = Callable[..., RunRecord]
 
 
-def run_playbook(playbook: str, *, targets: list[str], extra_vars: dict[str, str], app) -> RunRecord:
+def run_playbook(playbook: str, *, targets: list[str], extra_vars: dict[str, str], app,
+                 json_mode: bool = False) -> RunRecord:
     """The one place that calls the playbook runner (orchestrator.runner, issue 4)."""
     from orchestrator import runner   # imported late: the runner pulls in the step kinds
-    return runner.run_playbook(playbook, targets=targets, extra_vars=extra_vars, app=app)
+    from orchestrator.run_console import ConsoleReporter
+    # With --json, stdout carries only the summary: the run's progress goes to stderr.
+    return runner.run_playbook(playbook, targets=targets, extra_vars=extra_vars, app=app,
+                               reporter=ConsoleReporter(json_mode=json_mode))
 
 
 def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str], app=None,
             config: Optional[NightlyConfig] = None, store: Optional[RunStore] = None,
-            run: Optional[RunFunction] = None) -> NightlyOutcome:
+            run: Optional[RunFunction] = None, json_mode: bool = False) -> NightlyOutcome:
     """Run PLAYBOOK once under the lock; compare, report, notify. Raises NightlyLocked."""
     config = config or NightlyConfig()
-    run = run or run_playbook
+    if run is None:
+        run = functools.partial(run_playbook, json_mode=json_mode)
     with NightlyLock(playbook):
         own_store = store is None
         store = store or RunStore()

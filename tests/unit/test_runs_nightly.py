@@ -39,7 +39,7 @@ def fake_runner(**kw):
     """A stand-in for orchestrator.runner.run_playbook that records one synthetic run."""
     calls = []
 
-    def run(playbook, *, targets, extra_vars, app):
+    def run(playbook, *, targets, extra_vars, app, **options):
         calls.append({"targets": targets, "extra_vars": extra_vars})
         n = next(RUNS)
         record = synthetic_run(f"20261129-{n:06d}-fake00", playbook=playbook, seed=n,
@@ -127,7 +127,7 @@ CONCURRENT = textwrap.dedent("""
     from orchestrator.runs import nightly as n
     from orchestrator.runs.synthetic import synthetic_run
     from orchestrator.runs.store import RunStore
-    def slow_run(playbook, *, targets, extra_vars, app):
+    def slow_run(playbook, *, targets, extra_vars, app, **options):
         time.sleep(3)
         record = synthetic_run(sys.argv[2], playbook=playbook)
         with RunStore() as s:
