@@ -1,11 +1,16 @@
 """Payloads: stdlib-only scripts shipped into a container over stdin and run there with the
 container's own python as `PYTHON - ARGS_JSON`. Each prints JSON lines; the last line is
 {"event": "result", ...} or {"event": "error", "message": ...}.
+
+Code several payloads share lives once, in _protocol.py and _locate.py; a payload imports it
+with a marked line that payload_source() replaces by the module's text, so what is shipped
+is always one self-contained script.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from typing import Callable, Optional
 
@@ -16,8 +21,26 @@ from orchestrator.remote.container import Target
 EventCallback = Callable[[dict], None]
 
 
+INLINE_MARK = re.compile(r"^from (_\w+) import \*  # orch: inlined when shipped$", re.MULTILINE)
+
+
 def payload_source(name: str) -> bytes:
-    return resources.files(__package__).joinpath(f"{name}.py").read_bytes()
+    """The payload as one script: each marked shared-module import replaced by its text."""
+    return _inline(_read(name), set()).encode()
+
+
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath(f"{name}.py").read_text(encoding="utf-8")
+
+
+def _inline(text: str, done: set) -> str:
+    def replace(match: re.Match) -> str:
+        module = match.group(1)
+        if module in done:
+            return ""
+        done.add(module)
+        return f"# --- {module}.py, inlined by orch ---\n{_inline(_read(module), done)}# --- end {module}.py ---"
+    return INLINE_MARK.sub(replace, text)
 
 
 def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] = None,

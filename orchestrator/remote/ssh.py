@@ -20,7 +20,7 @@ from typing import Optional
 import paramiko
 
 from orchestrator.errors import (AuthRefused, CommandTimeout, HostKeyChanged, HostKeyUnknown,
-                                 HostUnreachable, OrchError)
+                                 HostUnreachable)
 from orchestrator.remote.base import BufferedLines, Process, Result, RunOptions, Transport, validate_argv
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import subprocess
 import sys
 
 import pytest
 
+from orchestrator.payloads import INLINE_MARK, payload_source
 from tests.fixtures.payloads import PAYLOADS, run_payload
 
 NAMES = ["torch_locate", "source_search", "fx_patch", "fx_race"]
@@ -18,13 +18,8 @@ STDLIB = set(sys.stdlib_module_names)
 
 
 def source(name: str) -> str:
-    return (PAYLOADS / f"{name}.py").read_text()
-
-
-def block(text: str, title: str) -> str:
-    match = re.search(r"# --- %s .*?# --- end %s -+\n" % (title, title), text, re.S)
-    assert match, f"no '{title}' block"
-    return match.group(0)
+    """What is shipped: the payload with the shared modules inlined."""
+    return payload_source(name).decode()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -66,12 +61,14 @@ def test_only_fx_race_imports_torch():
         assert imports_torch == (name == "fx_race"), name
 
 
-def test_shared_blocks_are_identical_copies():
-    texts = {name: source(name) for name in NAMES}
-    protocol = {block(t, "protocol") for t in texts.values()}
-    assert len(protocol) == 1, "the protocol block differs between payloads"
-    locate = {block(texts[n], "locate") for n in ("torch_locate", "source_search", "fx_patch")}
-    assert len(locate) == 1, "the locate block differs between payloads"
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_script_is_self_contained(name, tmp_path):
+    # Fed on stdin from an empty folder, as in a container: nothing else to import from.
+    proc = subprocess.run([sys.executable, "-", "not json"], input=source(name), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert not INLINE_MARK.search(source(name))
+    event = json.loads(proc.stdout.splitlines()[-1])
+    assert (proc.returncode, event["event"], event["kind"]) == (1, "error", "bad-args"), proc
 
 
 @pytest.mark.parametrize("name", NAMES)
