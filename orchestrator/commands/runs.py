@@ -9,7 +9,7 @@ import click
 
 from orchestrator import console, paths
 from orchestrator.errors import ConfigError, ExitCode, OrchError
-from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, throughput
+from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 
 pass_app = click.pass_obj
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -25,8 +25,9 @@ def _store():
 
 
 def _threshold(value) -> float:
-    from orchestrator.runs.nightly import parse_threshold
-    return DEFAULT_THRESHOLD if value is None else parse_threshold(value)
+    """--threshold, else nightly.yaml's, else 10 %: compare and report judge like nightly."""
+    from orchestrator.runs.nightly import load_config, parse_threshold
+    return load_config().threshold if value is None else parse_threshold(value)
 
 
 def _wide():
@@ -104,7 +105,8 @@ def runs_list(playbook, last, as_json):
                      os.path.splitext(os.path.basename(r.playbook))[0],
                      r.started_at[:16].replace("T", " "), r.verdict,
                      _tok(rates[r.run_id]["total"]), _torch(r), _fx(r),
-                     ", ".join(sorted({f.signature for f in r.findings})) or "-")
+                     ", ".join(sorted({f.signature for f in r.findings if is_problem(f.signature)}))
+                     or "-")
     _wide().print(grid)
     if pins & {r.run_id for r in records}:
         console.info("* pinned baseline")
@@ -118,6 +120,7 @@ def _list_item(record, tp: dict, pinned: bool) -> dict:
             "torch": {t.name: t.torch_version for t in record.targets},
             "fx_tls": {t.name: t.fx_tls_state for t in record.targets},
             "findings": sorted({f.signature for f in record.findings}),
+            "problems": sorted({f.signature for f in record.findings if is_problem(f.signature)}),
             "artifacts_dir": record.artifacts_dir, "pinned": pinned}
 
 

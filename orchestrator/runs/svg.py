@@ -16,15 +16,17 @@ from markupsafe import Markup, escape
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#F0E442")
 
 
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high] (1, 2, 2.5 or 5 times a power of ten apart)."""
+def nice_ticks(low: float, high: float, count: int = 5, integer: bool = False) -> list[float]:
+    """Round tick values covering [low, high] (1, 2, 2.5 or 5 times a power of ten apart;
+    whole numbers only with integer=True, for an axis of steps)."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return [0.0, 1.0]
     if high <= low:
         high = low + (abs(low) or 1.0)
     raw = (high - low) / max(1, count)
     power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw
+                and (not integer or float(m * power).is_integer()))
     first = math.floor(low / step) * step
     ticks, value = [], first
     while value < high + step * 0.999:
@@ -47,7 +49,7 @@ def format_number(value: float) -> str:
 def line_chart(series: dict[str, Sequence[tuple[float, float]]], *, title: str,
                x_label: str = "", y_label: str = "", width: int = 640, height: int = 260,
                y_from_zero: bool = False, css_class: str = "chart",
-               reference: Optional[tuple[str, float]] = None) -> Markup:
+               reference: Optional[tuple[str, float]] = None, x_integer: bool = True) -> Markup:
     """One SVG chart with a polyline per series; `reference` draws a dashed horizontal line
     (e.g. the baseline's throughput). Points with a None y are skipped."""
     clean = {name: [(float(x), float(y)) for x, y in points if y is not None and x is not None]
@@ -73,7 +75,7 @@ def line_chart(series: dict[str, Sequence[tuple[float, float]]], *, title: str,
     if reference:
         ys.append(reference[1])
     y_ticks = nice_ticks(0.0 if y_from_zero else min(ys), max(ys))
-    x_ticks = nice_ticks(min(xs), max(xs), count=6)
+    x_ticks = nice_ticks(min(xs), max(xs), count=6, integer=x_integer)
     x0, x1, y0, y1 = x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1]
 
     def sx(x: float) -> float:

@@ -132,3 +132,10 @@ def test_any_text_round_trips(tmp_path, name, message, freeze, var, loss, tok, d
         store.begin(record)
         assert store.get("r") == record
     path.unlink()
+
+
+def test_compare_uses_the_nightly_config_threshold(two_runs):
+    with open(os.path.join(paths.data_dir(), "nightly.yaml"), "w") as handle:
+        handle.write("threshold: 60%\n")
+    data = json.loads(invoke("runs", "compare", A, B, "--json").output)
+    assert data["threshold"] == 0.6 and {c["kind"] for c in data["regressions"]} == {"torch-version"}

@@ -39,6 +39,9 @@ def test_html_has_verdict_charts_and_no_external_assets():
     assert not any(t in ("script", "link", "img", "iframe") for t, _ in tags)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert "regressions" in html and "total throughput fell" in html
+    assert any(t == "span" and a.get("data-regressed") == "true" for t, a in tags)
+    assert render_markdown(synthetic_run("b", tok_s=4000), synthetic_run("a", tok_s=6000)) \
+        .startswith("## orch run `b`: **OK**, **REGRESSED** against `a`")
     assert "Comparison with the baseline" in html
 
 
@@ -110,6 +113,11 @@ def test_nice_ticks_cover_the_range(low, high):
     ticks = nice_ticks(low, high)
     assert ticks[0] <= low and ticks[-1] >= high and 2 <= len(ticks) <= 12
     assert ticks == sorted(ticks)
+
+
+def test_step_axis_has_whole_ticks():
+    assert 2.5 in nice_ticks(0, 15, count=6)
+    assert all(t == int(t) for t in nice_ticks(0, 15, count=6, integer=True))
 
 
 def test_sparkline():
