@@ -180,7 +180,8 @@ def _read_crontab(crontab_file: Optional[str]) -> list[str]:
             return handle.read().splitlines()
     if not shutil.which("crontab"):
         raise OrchError("cron is not installed here (no `crontab` command)",
-                        hint="install cron, or use systemd timers (drop --cron)")
+                        hint="install cron (apt-get install cron); or, where systemd runs, drop "
+                             "--cron for a systemd timer; --dest DIR writes the units for review")
     done = subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         if "no crontab" in done.stderr.lower():
