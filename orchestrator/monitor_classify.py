@@ -157,6 +157,7 @@ class LogClassifier:
             progress = self._drafter(int(done["drafter"]), now)
             progress.done = True
             progress.done_tok_s = _number(done["tok_s"])
+            progress.tok_s = progress.done_tok_s or progress.tok_s  # its whole-run rate now
             progress.loss = _number(done["loss"]) if done["loss"] else progress.loss
             self.last_progress = now
             return None

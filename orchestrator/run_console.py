@@ -31,7 +31,11 @@ class ConsoleReporter:
         self.out = console or Console(stderr=json_mode, highlight=False, soft_wrap=True, emoji=False)
         self.live_enabled = self.out.is_terminal if live is None else live
         self.echo = echo
-        self._lock = threading.RLock()
+        # Two small locks, never held while calling into rich: rich's Live refreshes from its
+        # own thread and calls _render(); holding a lock of ours across a print there would
+        # deadlock against it (lock order inversion).
+        self._state_lock = threading.Lock()   # self._monitors
+        self._live_lock = threading.Lock()    # starting/stopping the Live display
         self._monitors: dict[str, dict] = {}
         self._live: Optional[Live] = None
         self._total_steps = 0
@@ -131,31 +135,34 @@ class ConsoleReporter:
 
     # --------------------------------------------------------------- monitor
     def monitor_started(self, target: str, run_dir: str, settings) -> None:
-        with self._lock:
+        with self._state_lock:
             self._monitors[target] = {"classifier": None, "status": {}, "settings": settings,
                                       "started": time.monotonic(), "run_dir": run_dir}
-            self._print(f"  [dim]{escape(target)}: following {escape(run_dir)}/output.log[/]")
-            if self.live_enabled and self._live is None:
-                self._live = Live(self._render(), console=self.out, refresh_per_second=4,
-                                  transient=True, get_renderable=self._render)
-                self._live.start()
+        self._print(f"  [dim]{escape(target)}: following {escape(run_dir)}/output.log[/]")
+        if self.live_enabled:
+            with self._live_lock:
+                if self._live is None:
+                    self._live = Live(console=self.out, refresh_per_second=4, transient=True,
+                                      get_renderable=self._render)
+                    self._live.start()
 
     def monitor_ended(self, target: str) -> None:
-        with self._lock:
+        with self._state_lock:
             state = self._monitors.pop(target, None)
-            if not self._monitors:
-                self._stop_live()
-            if state and state.get("classifier") is not None:
-                self._print_table({target: state})
+            others = bool(self._monitors)
+        if not others:
+            self._stop_live()
+        if state and state.get("classifier") is not None:
+            self._print_table({target: state})
 
     def _stop_live(self) -> None:
-        with self._lock:
-            if self._live is not None:
-                self._live.stop()
-                self._live = None
+        with self._live_lock:
+            live, self._live = self._live, None
+        if live is not None:
+            live.stop()
 
     def monitor_progress(self, target: str, classifier, status: dict) -> None:
-        with self._lock:
+        with self._state_lock:
             state = self._monitors.get(target)
             if state is not None:
                 state["classifier"] = classifier
@@ -166,21 +173,22 @@ class ConsoleReporter:
         if self.echo == "none":
             return
         if self.live_enabled and self.echo == "auto":
-            state = self._monitors.get(target)
-            classifier = state and state.get("classifier")
+            with self._state_lock:
+                state = self._monitors.get(target)
+                classifier = state and state.get("classifier")
             if classifier is not None and classifier.metric.search(line):
                 return  # the table shows it
-        with self._lock:
-            # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
-            self.out.out(f"{target} | {line}", highlight=False)
+        # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
+        self.out.out(f"{target} | {line}", highlight=False)
 
     def note(self, target: str, text: str, level: str = "info") -> None:
         style = {"warn": "yellow", "error": "bold red"}.get(level, "dim")
         self._print(f"  [{style}]{escape(target)}: {escape(text)}[/]")
 
     def _render(self):
-        with self._lock:
-            return self._table(self._monitors)
+        with self._state_lock:
+            monitors = {name: dict(state) for name, state in self._monitors.items()}
+        return self._table(monitors)
 
     def _print_table(self, monitors: dict) -> None:
         if self.live_enabled:
@@ -198,13 +206,15 @@ class ConsoleReporter:
             if classifier is None:
                 table.add_row(target, "-", "-", "-", "-", "waiting for the first line")
                 continue
-            for drafter in sorted(classifier.drafters.values(), key=lambda d: d.drafter):
+            drafters = sorted(list(classifier.drafters.values()), key=lambda d: d.drafter)
+            for drafter in drafters:
                 table.add_row(target, str(drafter.drafter), str(drafter.step),
                               "-" if drafter.loss is None else f"{drafter.loss:.4f}",
                               "-" if drafter.tok_s is None else f"{drafter.tok_s:,.0f}",
                               Text(drafter.status if not drafter.error else f"ERROR {drafter.error[:60]}",
                                    style="red" if drafter.error else ""))
-            total = classifier.total_tok_s(live=True)
+            live_rates = [d.tok_s for d in drafters if d.tok_s is not None and d.rates]
+            total = sum(live_rates) if live_rates else None
             bits = [f"{target}: {status.get('state', '?')}"]
             if total:
                 bits.append(f"total {total:,.0f} tok/s")
@@ -221,5 +231,4 @@ class ConsoleReporter:
 
     # ----------------------------------------------------------------- output
     def _print(self, text: str) -> None:
-        with self._lock:
-            self.out.print(text, highlight=False)
+        self.out.print(text, highlight=False)  # rich's console serialises its own writes
