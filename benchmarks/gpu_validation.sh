@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Repeats the GPU validation of docs/gpu-validation.md on a machine with an NVIDIA GPU whose
+# python already holds a CUDA torch: orch's local transport, that machine as host and
+# "container". Each step's output, JSON and the run records go to RESULTS (default
+# ./gpu-validation), plus a tarball of orch's data dir.
+#
+#   bash benchmarks/gpu_validation.sh [RESULTS]
+#
+# Needs orch importable (pip install -e . or PYTHONPATH) and python3 with torch+CUDA.
+# It PATCHES that torch (fx-tls) and reverts it at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=${1:-gpu-validation}
+mkdir -p "$RESULTS"
+export ORCH_DATA_DIR=${ORCH_DATA_DIR:-/tmp/orch-gpu-data}
+PYTHON=${PYTHON:-python3}
+VENV=$($PYTHON -c 'import sys; print(sys.prefix)')
+INVENTORY="$RESULTS/inventory.yaml"
+cat > "$INVENTORY" <<YAML
+hosts:
+  gpu-host: {transport: local}
+containers:
+  gpu: {host: gpu-host, venv: "$VENV", gpus: [0]}
+default_target: gpu
+YAML
+orch() { $PYTHON -m orchestrator -i "$INVENTORY" "$@"; }
+step() {  # step NAME CMD...: runs, keeps output and exit code
+    local name=$1; shift
+    echo "=== $name: $*" | tee -a "$RESULTS/steps.log"
+    local started=$SECONDS
+    "$@" > "$RESULTS/$name.out" 2>&1
+    local code=$?
+    tail -n 25 "$RESULTS/$name.out"
+    echo "=== $name: exit $code in $((SECONDS - started)) s" | tee -a "$RESULTS/steps.log"
+}
+
+step versions sh -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $PYTHON -c 'import torch, sys; print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'"
+step grep orch grep-torch --def is_fx_symbolic_tracing --show
+step status-before orch patch fx-tls status --json
+step run-unpatched orch run playbooks/dflash-gpu.yaml -e patch=false
+step apply orch patch fx-tls apply --json
+step verify orch verify fx-race --trials 5 --json
+step run-patched orch run playbooks/dflash-gpu.yaml
+step run-uncompiled orch run playbooks/dflash-gpu.yaml -e 'extra_args=[--uncompiled]' -e steps=100
+step runs orch runs list --json
+step report orch report last~1 --md "$RESULTS/report-patched.md"
+step revert orch patch fx-tls revert --json
+tar -czf "$RESULTS/orch-data.tar.gz" -C "$(dirname "$ORCH_DATA_DIR")" "$(basename "$ORCH_DATA_DIR")"
+echo "results in $RESULTS"
