@@ -172,7 +172,7 @@ class ConsoleReporter:
     def log_line(self, target: str, line: str) -> None:
         if self.echo == "none":
             return
-        if self.live_enabled and self.echo == "auto":
+        if self.echo == "events" or (self.live_enabled and self.echo == "auto"):
             with self._state_lock:
                 state = self._monitors.get(target)
                 classifier = state and state.get("classifier")

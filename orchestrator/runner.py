@@ -51,6 +51,17 @@ def worst(verdicts) -> str:
     return max(verdicts, key=lambda v: order.get(v, order["failed"]))
 
 
+def masked(value: Any) -> Any:
+    """Vars as recorded: values under secret-looking names (…KEY, TOKEN, PASSWORD) hidden."""
+    from orchestrator.steps.launch import SECRET_NAME
+    if isinstance(value, dict):
+        return {k: "***" if SECRET_NAME.search(str(k)) and not isinstance(v, (dict, list)) else masked(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
+
+
 def _stamp() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -156,7 +167,7 @@ class Runner:
         self.record = RunRecord(
             run_id=self.run_id, playbook=os.path.abspath(self.playbook.path),
             playbook_sha256=self.playbook.sha256, name=self.playbook.name,
-            vars=json_safe({k: v for k, v in first.items() if k not in BUILTIN_NAMES}),
+            vars=masked(json_safe({k: v for k, v in first.items() if k not in BUILTIN_NAMES})),
             targets=[self._info(t) for t in targets],
             launch={"controller": {"pid": os.getpid(), "host": socket.gethostname(),
                                    "started": time.time()},
@@ -176,13 +187,12 @@ class Runner:
         finally:
             if interrupted:
                 self.reporter.interrupted(self)
-        errors = [o for o in outcomes if isinstance(o, BaseException)]
         for run, outcome in zip(runs, outcomes):
             if isinstance(outcome, OrchError):
                 run.verdict = "unreachable" if isinstance(outcome, ConnectionProblem) else "failed"
-        return self._finish(runs, errors)
+        return self._finish(runs)
 
-    def _finish(self, runs: list[TargetRun], errors=()) -> RunRecord:
+    def _finish(self, runs: list[TargetRun]) -> RunRecord:
         record = self.record
         verdict = worst(r.final_verdict() for r in runs)
         record.verdict = verdict

@@ -319,8 +319,10 @@ def parse_extra_vars(items: Iterable[str]) -> dict:
             parsed = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
             parsed = value
-        # A value YAML reads as a mapping by accident ("a: b") stays the string typed.
-        result[key] = value if isinstance(parsed, dict) or parsed is None and value else parsed
+        # A value YAML reads as a mapping by accident ("a: b") stays the string typed; a
+        # mapping written as one ("{a: b}") is taken as one.
+        accidental = isinstance(parsed, dict) and not value.lstrip().startswith("{")
+        result[key] = value if accidental or parsed is None and value else parsed
     return result
 
 

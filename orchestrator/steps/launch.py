@@ -14,6 +14,9 @@ from orchestrator.monitor import REMOTE_ROOT, launcher
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 from orchestrator.steps.shell import flatten
 
+# Environment values are printed in plans, except those whose names say they are secrets.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CRED|AUTH", re.IGNORECASE)
+
 
 class LaunchStep(Step):
     kind = "launch"
@@ -50,7 +53,8 @@ class LaunchStep(Step):
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
         p = self._prepare(ctx, params)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p["env"].items())
+        env = " ".join(f"{k}={'***' if SECRET_NAME.search(k) else shlex.quote(v)}"
+                       for k, v in p["env"].items())
         return [f"detached in {p['run_dir']} (setsid; log output.log, pid.json, exit.json)"
                 + (f", venv {p['venv']}" if p["venv"] else ""),
                 (env + " " if env else "") + shlex.join(p["argv"])]

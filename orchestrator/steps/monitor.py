@@ -1,6 +1,11 @@
 """monitor: follow the launched run's log (by byte offset, across link drops), show live
 per-drafter progress, classify the outcome (ok, fx-race, hang, degraded, recompile-limit,
-cuda-oom, nccl-error, traceback, nonzero-exit, killed) and print remediations."""
+cuda-oom, nccl-error, traceback, nonzero-exit, killed) and print remediations.
+
+It watches until the process ends; with watch_for: N it leaves a healthy run going after N
+seconds (verdict ok, `orch attach RUN` follows it later). The step's own `timeout:` is a hard
+limit: reached, it stops the run (verdict timeout). A hang (no new step line for hang_after
+seconds while the process lives) stops it too, unless stop_on_hang: false."""
 
 from __future__ import annotations
 

@@ -190,3 +190,11 @@ def test_killed_controller_then_attach(sandbox, torch_in_container):
     assert final.run_id == record.run_id and final.verdict == "ok" and final.ended_at
     assert shown_log_lines(output) == container_log(torch_in_container, final)
     assert final.steps[-1].kind == "collect"
+
+
+def test_a_stopped_container_is_reported_with_its_fix(sandbox, tmp_path):
+    book = tmp_path / "ensure.yaml"
+    book.write_text("name: ensure-only\nsteps:\n  - ensure: {}\n")
+    code, output = orch(sandbox, "run", str(book), "-t", "sb2-202")
+    assert code == 10, output
+    assert "is stopped" in output and "orch ct start sb2-202" in output

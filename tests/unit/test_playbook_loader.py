@@ -157,8 +157,8 @@ def test_extends_missing_and_loop(tmp_path):
 
 
 def test_parse_extra_vars():
-    assert parse_extra_vars(["a=1", "b=true", "c=[x, y]", "d=text", "e=", "f=a: b"]) == \
-        {"a": 1, "b": True, "c": ["x", "y"], "d": "text", "e": "", "f": "a: b"}
+    assert parse_extra_vars(["a=1", "b=true", "c=[x, y]", "d=text", "e=", "f=a: b", "g={k: v}"]) == \
+        {"a": 1, "b": True, "c": ["x", "y"], "d": "text", "e": "", "f": "a: b", "g": {"k": "v"}}
     with pytest.raises(ConfigError):
         parse_extra_vars(["novalue"])
     with pytest.raises(ConfigError):
