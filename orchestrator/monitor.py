@@ -80,6 +80,7 @@ class LogFollower:
         self.clock = clock
         self.reconnects = 0
         self.last_beat: dict = {}
+        self._last_event = clock()
         self._source = payload_source("launcher").decode()
 
     def follow(self, handler: FollowHandler) -> Optional[dict]:
@@ -122,7 +123,8 @@ class LogFollower:
             if outcome == "connected-lost":
                 down_since = None
             if down_since is None:
-                down_since = now
+                # The link went quiet when its last event came, not when the silence was noticed.
+                down_since = self._last_event if outcome == "connected-lost" else now
                 self.reconnects += 1
                 handler.on_connection(False, final if isinstance(final, str) else outcome)
             if outcome in ("stalled", "connected-lost") or "timed out" in str(final) or \
@@ -174,7 +176,7 @@ class LogFollower:
             event = _parse(line)
             if event is None:
                 continue
-            last_event = self.clock()
+            last_event = self._last_event = self.clock()
             kind = event.get("event")
             if kind == "hello":
                 connected = True
