@@ -178,15 +178,12 @@ class Runner:
         if not self.dry_run and self.store is not None:
             self.store.begin(self.record)
         runs = [TargetRun(t, contexts[t.name]) for t in targets]
-        interrupted = False
         try:
             outcomes = each_concurrently(runs, self._run_target)
         except KeyboardInterrupt:
-            interrupted = True
+            # The record stays "running": a launched run goes on and `orch attach` finds it.
+            self.reporter.interrupted(self)
             raise
-        finally:
-            if interrupted:
-                self.reporter.interrupted(self)
         for run, outcome in zip(runs, outcomes):
             if isinstance(outcome, OrchError):
                 run.verdict = "unreachable" if isinstance(outcome, ConnectionProblem) else "failed"
@@ -352,6 +349,12 @@ class Runner:
             return StepOutcome(status="failed", message=str(error), verdict="usage")
         except OrchError as error:
             return StepOutcome(status="failed", message=str(error), verdict="failed")
+        except Exception as error:  # noqa: BLE001 - a bug in a step must not leave the record open
+            import traceback
+            return StepOutcome(status="failed", verdict="failed",
+                               message=f"internal error in the {ctx.spec.kind} step: "
+                                       f"{type(error).__name__}: {error} (please report it)",
+                               data={"traceback": traceback.format_exc()})
 
     def _usage_failure(self, run: TargetRun, spec: StepSpec, error: ConfigError) -> None:
         run.usage_error = True
