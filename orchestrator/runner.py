@@ -633,7 +633,7 @@ def attach_run(ref: str, *, app, reporter=None, store=None, fleet: Optional[Flee
         targets = [fleet.target(spec) for spec in fleet.inventory.resolve(list(launches))]
         reporter.run_started(runner, targets)
         if not same and book.steps:
-            reporter.note("-", f"{record.playbook} changed since the run started: only the "
+            reporter.note("attach", f"{record.playbook} changed since the run started: only the "
                                "monitor runs, not its later steps", "warn")
 
         def follow(target: Target) -> TargetRun:
@@ -674,7 +674,7 @@ def attach_run(ref: str, *, app, reporter=None, store=None, fleet: Optional[Flee
         runs = each_concurrently(targets, follow)
         runs = [r if isinstance(r, TargetRun) else _failed_run(t, r) for t, r in zip(targets, runs)]
         if not was_running:
-            reporter.note("-", f"run {record.run_id} had already ended as {record.verdict}; "
+            reporter.note("attach", f"run {record.run_id} had already ended as {record.verdict}; "
                                "its record is left as it was", "info")
             record.verdict = worst(r.final_verdict() for r in runs)
             record.exit_code = exit_code_for(record.verdict)

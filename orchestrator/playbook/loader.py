@@ -260,6 +260,56 @@ def check_playbook(playbook: Playbook, extra_vars: dict) -> None:
         check_names(spec.params, spec.params_loc, known)
         if spec.register:
             known.add(spec.register)
+    check_rendered_types(playbook, extra_vars)
+
+
+def check_rendered_types(playbook: Playbook, extra_vars: dict) -> None:
+    """Templates that only use vars are rendered now and type-checked: `-e hang_after=soon`
+    fails at validate time, at the value's position. What needs the target or a registered
+    result stays for run time."""
+    from orchestrator.playbook.render import Unknown, UnknownAtPlanTime, render
+    context: dict = {name: Unknown(name) for name in BUILTIN_NAMES}
+    merged = {**playbook.vars, **extra_vars}
+    for name in order_vars(playbook.vars, playbook.var_locs, extra_vars):
+        loc = playbook.var_locs.get(name) if name not in extra_vars else None
+        try:
+            context[name] = render(merged[name], context, loc or Loc(Source("-e " + name, None), ()))
+        except (UnknownAtPlanTime, ConfigError):
+            context[name] = Unknown(name)
+    for spec in playbook.steps:
+        schema = STEP_KINDS[spec.kind].params
+        for key, value in spec.params.items():
+            if not _has_template(value) or key not in schema:
+                continue
+            where = spec.params_loc.child(key)
+            try:
+                rendered = render(value, context, where)
+            except (UnknownAtPlanTime, ConfigError):
+                continue  # needs run-time values; checked once rendered, at the same position
+            if not _has_unknown(rendered):
+                check_value(key, schema[key], rendered, where)
+        if spec.register:
+            context[spec.register] = Unknown(spec.register)
+
+
+def _has_template(value) -> bool:
+    if isinstance(value, dict):
+        return any(_has_template(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_template(v) for v in value)
+    return is_template(value)
+
+
+def _has_unknown(value) -> bool:
+    from orchestrator.playbook.render import Unknown
+    if isinstance(value, Unknown):
+        return True
+    if isinstance(value, dict):
+        return any(_has_unknown(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_unknown(v) for v in value)
+    return isinstance(value, str) and "<" in value and ">" in value and "{" not in value and \
+        any(f"<{name}" in value for name in BUILTIN_NAMES)
 
 
 def order_vars(variables: dict, locs: dict, extra_vars: dict) -> list[str]:

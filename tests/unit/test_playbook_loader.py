@@ -185,3 +185,13 @@ def test_validate_command(tmp_path):
     assert f"{bad}:2:11: unknown target 'nope'" in result.output
     result = runner.invoke(main, ["-i", inventory, "validate", "--json", bad])
     assert result.exit_code == 2 and '"ok": false' in result.output
+
+
+def test_types_of_templated_values_are_checked_when_vars_decide_them(tmp_path):
+    text = ("name: x\nvars: {hang: 30}\nsteps:\n  - launch: {command: [a]}\n"
+            "  - monitor: {hang_after: '{{ hang }}', run_dir: '/r/{{ target.name }}'}\n")
+    path = write(tmp_path, text)
+    assert load_playbook(path).steps
+    with pytest.raises(ConfigError) as caught:
+        load_playbook(path, {"hang": "soon"})
+    assert str(caught.value).startswith(f"{path}:5:27: hang_after must be an integer or a number, not 'soon'")
