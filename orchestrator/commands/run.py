@@ -54,8 +54,9 @@ def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo):
     \b
     Examples:
       orch run playbooks/dflash.yaml
-      orch run playbooks/dflash-local.yaml                   # the whole story on this machine
-      orch -i sandbox run playbooks/dflash-sandbox.yaml -e race=true
+      orch run playbooks/dflash-demo.yaml                    # the whole story on this machine
+      orch run playbooks/dflash-local.yaml -e race=true -e patch=false
+      orch -i sandbox run playbooks/dflash-sandbox.yaml
       orch run playbooks/dflash.yaml -t drafters -e steps=500 -e hang_after=300
       orch run playbooks/dflash.yaml --dry-run
     """
