@@ -37,13 +37,17 @@ step() {  # step NAME CMD...: runs, keeps output and exit code
 step versions sh -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $PYTHON -c 'import torch, sys; print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'"
 step grep orch grep-torch --def is_fx_symbolic_tracing --show
 step status-before orch patch fx-tls status --json
-step run-unpatched orch run playbooks/dflash-gpu.yaml -e patch=false
+# Drafters compiling side by side (extra_args=[]) is the user's layout; the playbook's
+# default serialises each drafter's first compiled step (--serialize-compile).
+step run-unpatched orch run playbooks/dflash-gpu.yaml -e patch=false -e 'extra_args=[]' -e steps=300
+step run-unpatched-serialized orch run playbooks/dflash-gpu.yaml -e patch=false
 step apply orch patch fx-tls apply --json
 step verify orch verify fx-race --trials 5 --json
-step run-patched orch run playbooks/dflash-gpu.yaml
+step run-patched orch run playbooks/dflash-gpu.yaml -e 'extra_args=[]' -e steps=300
+step run-patched-serialized orch run playbooks/dflash-gpu.yaml
 step run-uncompiled orch run playbooks/dflash-gpu.yaml -e 'extra_args=[--uncompiled]' -e steps=100
 step runs orch runs list --json
-step report orch report last~1 --md "$RESULTS/report-patched.md"
+step report orch report last~1 --md "$RESULTS/report-patched.md"  # the patched, serialized run
 step revert orch patch fx-tls revert --json
 tar -czf "$RESULTS/orch-data.tar.gz" -C "$(dirname "$ORCH_DATA_DIR")" "$(basename "$ORCH_DATA_DIR")"
 echo "results in $RESULTS"
