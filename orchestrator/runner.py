@@ -163,6 +163,12 @@ class Runner:
     def run(self) -> RunRecord:
         targets = self.resolve_targets()
         contexts = {t.name: self.render_vars(t) for t in targets}
+        for target in targets:
+            # A playbook's `venv` var (or -e venv=...) is the venv every step works on, not
+            # only bootstrap: grep, patch and verify must look at the torch it installed.
+            venv = contexts[target.name].get("venv")
+            if isinstance(venv, str) and venv:
+                target.venv = venv
         first = contexts[targets[0].name]
         self.record = RunRecord(
             run_id=self.run_id, playbook=os.path.abspath(self.playbook.path),

@@ -38,9 +38,9 @@ class VerifyStep(Step):
         finding = Finding(target=ctx.target.name, signature=f"fx-race-check:{verdict}", message=message,
                           remediation=(f"orch patch fx-tls apply -t {ctx.target.name}"
                                        if verdict == "vulnerable" else ""))
-        if ctx.info is not None and result.get("torch_version"):
-            ctx.info.torch_version = result["torch_version"]
-            ctx.runner.save_targets()
+        # The run record keeps the installed distribution's version (grep, patch, monitor
+        # read it from the dist-info); torch.__version__ here can carry a local label
+        # ("+cu130") the METADATA lacks, and a mix of both would read as "torch changed".
         if params["expect"] != "any" and verdict != params["expect"]:
             raise StepFailed(message + f" (expected {params['expect']})", data=data,
                              findings=[finding])

@@ -287,3 +287,21 @@ def test_stop_a_run_nobody_watches(project):
     assert final.verdict == "killed" and final.exit_code == 10
     result = orch("stop", "last")
     assert "not running" in result.output
+
+
+def test_the_playbook_venv_is_the_one_every_step_uses(project):
+    (project / "venv.yaml").write_text(textwrap.dedent("""\
+        name: venv
+        targets: [dev]
+        vars:
+          venv: /opt/from-the-playbook
+        steps:
+          - name: flag
+            grep: {pattern: _is_fx_tracing_flag, fixed: true}
+          - name: state
+            patch: {action: status}
+        """))
+    result = orch("run", "venv.yaml", "--dry-run")
+    assert result.output.count("/opt/from-the-playbook/bin/python") == 2, result.output
+    result = orch("run", "venv.yaml", "--dry-run", "-e", "venv=/opt/from-the-command-line")
+    assert result.output.count("/opt/from-the-command-line/bin/python") == 2, result.output
