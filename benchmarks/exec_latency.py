@@ -97,7 +97,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"| command | way | median ms | p95 ms | x faster than manual |")
+    print("| command | way | median ms | p95 ms | x faster than manual |")
     print("| --- | --- | ---: | ---: | ---: |")
     for row in rows:
         print(f"| `{row['command']}` | {row['way']} | {row['median_ms']:.1f} | {row['p95_ms']:.1f} "

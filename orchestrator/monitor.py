@@ -154,7 +154,7 @@ class LogFollower:
         return self.target.spawn([LAUNCHER_PYTHON, "-u", "-c", self._source, json.dumps(args)])
 
     def _pump(self, process, handler: FollowHandler, down_since: Optional[float]):
-        started = last_event = self.clock()
+        last_event = self.clock()
         connected = False
         while True:
             try:

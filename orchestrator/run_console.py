@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.console import escape
-from orchestrator.runner import exit_code_for
+
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
 VERDICT_STYLE = {"ok": "bold green", "degraded": "bold yellow", "recompile-limit": "bold yellow"}

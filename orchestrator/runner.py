@@ -16,7 +16,6 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from orchestrator import paths
 from orchestrator.config.inventory import ContainerSpec
 from orchestrator.errors import ConfigError, ConnectionProblem, ExitCode, OrchError
 from orchestrator.fleet import Fleet, each_concurrently

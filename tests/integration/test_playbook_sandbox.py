@@ -10,7 +10,6 @@ is shared by every run, so only the first compile is cold.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
