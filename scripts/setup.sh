@@ -15,7 +15,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "setup: installing system packages: $(echo $packages)"
         apt-get update -qq
         # shellcheck disable=SC2086
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $packages >/dev/null
     fi
 fi
 
