@@ -192,3 +192,23 @@ def test_inventory_check_runs_all_hosts(sandbox):
     assert out.returncode == 1  # the stopped containers are reported
     assert rows["sb1-200"]["reachable"] and rows["sb1-200"]["python_version"].startswith("3.")
     assert rows["sb1-202"]["ok"] is False and "not running" in rows["sb1-202"]["error"]
+
+
+def test_proxyjump_through_a_host(sandbox, tmp_path):
+    # sb1 is the jump host; through it orch reaches sb1's own sshd on its loopback, so the
+    # second hop really is a direct-tcpip channel opened by the jump host's sshd.
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    sb1 = data["hosts"]["sb1"]
+    key = next(line.split(None, 1)[1] for line in sandbox.known_hosts.read_text().splitlines()
+               if line.startswith(sb1["address"] + " "))
+    known = tmp_path / "known_hosts"
+    known.write_text(sandbox.known_hosts.read_text() + f"::1 {key}\n")
+    data["hosts"]["sb1"]["known_hosts"] = str(known)
+    data["hosts"]["inner"] = {**sb1, "address": "::1", "jump": "sb1", "known_hosts": str(known)}
+    data["containers"]["inner-200"] = {"host": "inner", "vmid": 200}
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(data))
+    with Fleet.from_path(str(inventory)) as fleet:
+        ct = fleet.targets(["inner-200"])[0]
+        assert json.loads(ct.run(ECHO + HOSTILE, check=True).text) == HOSTILE
+        assert ct.host._jump_host is not None and ct.host._jump_host.name == "sb1"
