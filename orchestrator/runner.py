@@ -426,25 +426,21 @@ class Runner:
             self.store.update(self.record)
 
     def _save_step(self, result: StepResult) -> None:
-        with self._lock:
-            if self.record is not None:
-                self.record.steps.append(result)
-            if self.store is not None and not self.dry_run:
-                self.store.save_step(self.run_id, result)
+        self._keep("steps", [result], lambda store: store.save_step(self.run_id, result))
 
     def _add_findings(self, findings: list[Finding]) -> None:
-        with self._lock:
-            if self.record is not None:
-                self.record.findings.extend(findings)
-            if self.store is not None and not self.dry_run:
-                self.store.add_findings(self.run_id, findings)
+        self._keep("findings", findings, lambda store: store.add_findings(self.run_id, findings))
 
     def add_metrics(self, points: list[MetricPoint]) -> None:
+        self._keep("metrics", points, lambda store: store.add_metrics(self.run_id, points))
+
+    def _keep(self, field: str, items: list, save) -> None:
+        """Add items to the record's list `field` and, for a real run, to the store."""
         with self._lock:
             if self.record is not None:
-                self.record.metrics.extend(points)
+                getattr(self.record, field).extend(items)
             if self.store is not None and not self.dry_run:
-                self.store.add_metrics(self.run_id, points)
+                save(self.store)
 
 
 class _Sink:
