@@ -25,24 +25,10 @@ from orchestrator.playbook.render import (Loc, Unknown, UnknownAtPlanTime, evalu
                                           render)
 from orchestrator.monitor import REMOTE_ROOT, RunUnreachable
 from orchestrator.remote.container import Target
-from orchestrator.runs.model import (VERDICTS, Finding, MetricPoint, RunRecord, StepResult,
+from orchestrator.runs.model import (VERDICTS, exit_code_for, Finding, MetricPoint, RunRecord, StepResult,
                                      TargetInfo, new_run_id, now_iso)
 from orchestrator.steps import STEP_KINDS
 from orchestrator.steps.base import StepContext, StepFailed, StepOutcome, check_value
-
-VERDICT_EXIT = {
-    "ok": ExitCode.OK,
-    "degraded": ExitCode.RUN_DEGRADED,
-    "recompile-limit": ExitCode.RUN_DEGRADED,
-    "hang": ExitCode.RUN_HANG,
-    "unreachable": ExitCode.RUN_UNREACHABLE,
-}
-
-
-def exit_code_for(verdict: str) -> int:
-    """ok 0, hang 11, degraded 12, unreachable 13, every other failure 10 (errors.ExitCode)."""
-    return VERDICT_EXIT.get(verdict, ExitCode.RUN_FAILED)
-
 
 def worst(verdicts) -> str:
     order = {v: i for i, v in enumerate(VERDICTS)}
@@ -501,18 +487,20 @@ def _trim(data: dict, limit: int = 20000) -> dict:
 
 # ------------------------------------------------------------------- entry points
 def normalize_extra_vars(extra_vars) -> dict:
-    """-e values: a list of "k=v" (parsed as YAML scalars) or a dict (string values parsed too)."""
+    """-e values: a list of "k=v" as typed (values read as YAML), or a dict already parsed."""
     if extra_vars is None:
         return {}
     if isinstance(extra_vars, dict):
-        result: dict = {}
-        for key, value in extra_vars.items():
-            if isinstance(value, str):
-                result.update(parse_extra_vars([f"{key}={value}"]))
-            else:
-                result[key] = value
-        return result
+        return dict(extra_vars)
     return parse_extra_vars(list(extra_vars))
+
+
+def _fleet_for(record: RunRecord, app):
+    """The inventory a recorded run was started with, unless the user named one with -i."""
+    recorded = (record.launch or {}).get("inventory")
+    if getattr(app, "inventory_option", None) is None and recorded and os.path.exists(recorded):
+        return Fleet.from_path(recorded, trust_on_first_use=getattr(app, "trust_on_first_use", False))
+    return app.fleet
 
 
 def run_playbook(playbook: str, *, targets=(), extra_vars=None, app=None, reporter=None,
@@ -610,12 +598,7 @@ def attach_run(ref: str, *, app, reporter=None, store=None, fleet: Optional[Flee
         if not launches:
             raise OrchError(f"run {record.run_id} launched nothing to attach to",
                             hint=f"`orch runs show {record.run_id}` shows what it did")
-        if fleet is None:
-            recorded = (record.launch or {}).get("inventory")
-            if getattr(app, "inventory_option", None) is None and recorded and os.path.exists(recorded):
-                fleet = Fleet.from_path(recorded, trust_on_first_use=getattr(app, "trust_on_first_use", False))
-            else:
-                fleet = app.fleet
+        fleet = fleet or _fleet_for(record, app)
         book, same = _recorded_playbook(record)
         runner = Runner(book, fleet, reporter=reporter, store=store, run_id=record.run_id,
                         cli=(record.launch or {}).get("cli") or cli_prefix(app),
@@ -719,12 +702,7 @@ def stop_recorded_run(ref: str, *, app, grace: float = 10.0, target_names=(), st
         if not launches:
             raise OrchError(f"run {record.run_id} has no launched process to stop"
                             + (f" on {', '.join(target_names)}" if target_names else ""))
-        if fleet is None:
-            recorded = (record.launch or {}).get("inventory")
-            if getattr(app, "inventory_option", None) is None and recorded and os.path.exists(recorded):
-                fleet = Fleet.from_path(recorded, trust_on_first_use=getattr(app, "trust_on_first_use", False))
-            else:
-                fleet = app.fleet
+        fleet = fleet or _fleet_for(record, app)
         targets = [fleet.target(spec) for spec in fleet.inventory.resolve(list(launches))]
         outcomes = each_concurrently(targets, lambda t: stop_run(t, launches[t.name]["run_dir"], grace))
         results = []

@@ -9,6 +9,7 @@ import click
 
 from orchestrator import console, paths
 from orchestrator.errors import ConfigError, ExitCode, OrchError
+from orchestrator.playbook.loader import parse_extra_vars
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 
 pass_app = click.pass_obj
@@ -310,16 +311,6 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
 
 
 # ---------------------------------------------------------------- orch nightly
-def parse_extra_vars(pairs) -> dict[str, str]:
-    result = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"-e {pair!r}: expected key=value")
-        result[key.strip()] = value
-    return result
-
-
 @click.command("nightly")
 @click.argument("playbook", type=click.Path(dir_okay=False))
 @click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",

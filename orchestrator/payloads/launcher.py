@@ -113,6 +113,18 @@ def alive(info):
 
 
 # ------------------------------------------------------------------------- start
+def read_to_end(fd):
+    """Everything written to a pipe until its last writer closes it; closes fd."""
+    data = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data
+
+
 def start(args):
     run_dir = args["run_dir"]
     argv = args["argv"]
@@ -153,13 +165,7 @@ def start(args):
         finally:
             os._exit(0)
     os.close(report_w)
-    report = b""
-    while True:
-        chunk = os.read(report_r, 65536)
-        if not chunk:
-            break
-        report += chunk
-    os.close(report_r)
+    report = read_to_end(report_r)
     os.waitpid(supervisor, 0)  # the supervisor forks once more and its parent half exits
     try:
         info = json.loads(report.decode() or "{}")
@@ -213,13 +219,7 @@ def supervise(argv, env, cwd, run_dir, log_path, report_w):
             finally:
                 os._exit(127)
     os.close(exec_w)
-    failure = b""
-    while True:
-        chunk = os.read(exec_r, 4096)
-        if not chunk:
-            break
-        failure += chunk
-    os.close(exec_r)
+    failure = read_to_end(exec_r)
     ticks = start_ticks(child)
     info = {"pid": child, "pgid": child, "start_ticks": ticks, "supervisor": os.getpid(),
             "started_at": time.time()}

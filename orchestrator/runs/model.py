@@ -12,9 +12,24 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
+from orchestrator.errors import ExitCode
+
 # Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
 VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
             "traceback", "nonzero-exit", "killed", "timeout", "failed", "unreachable", "running")
+
+VERDICT_EXIT = {
+    "ok": ExitCode.OK,
+    "degraded": ExitCode.RUN_DEGRADED,
+    "recompile-limit": ExitCode.RUN_DEGRADED,
+    "hang": ExitCode.RUN_HANG,
+    "unreachable": ExitCode.RUN_UNREACHABLE,
+}
+
+
+def exit_code_for(verdict: str) -> int:
+    """ok 0, hang 11, degraded 12, unreachable 13, every other failure 10 (errors.ExitCode)."""
+    return VERDICT_EXIT.get(verdict, ExitCode.RUN_FAILED)
 
 
 def now_iso() -> str:

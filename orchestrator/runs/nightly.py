@@ -31,26 +31,12 @@ import yaml
 from orchestrator import console, paths
 from orchestrator.errors import ConfigError, ExitCode, OrchError
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, Comparison, compare, throughput
-from orchestrator.runs.model import RunRecord, now_iso
+from orchestrator.runs.model import RunRecord, exit_code_for, now_iso
 from orchestrator.runs.report import write_reports
 from orchestrator.runs.store import RunStore
 
 NOTIFY_TIMEOUT_S = 15.0
 NOTIFY_WHEN = ("always", "problems", "never")
-
-# Verdict -> exit code, as errors.ExitCode documents them.
-VERDICT_CODES = {
-    "ok": ExitCode.OK,
-    "hang": ExitCode.RUN_HANG,
-    "degraded": ExitCode.RUN_DEGRADED,
-    "recompile-limit": ExitCode.RUN_DEGRADED,
-    "unreachable": ExitCode.RUN_UNREACHABLE,
-}
-
-
-def verdict_exit_code(verdict: str) -> int:
-    return VERDICT_CODES.get(verdict, ExitCode.RUN_FAILED)
-
 
 class NightlyLocked(OrchError):
     exit_code = ExitCode.LOCKED
@@ -293,7 +279,7 @@ def outcome_code(record: RunRecord, comparison: Comparison) -> int:
     if record.exit_code == ExitCode.USAGE:
         return ExitCode.USAGE          # the runner found a mistake in the playbook's steps
     if record.verdict != "ok":
-        return verdict_exit_code(record.verdict)
+        return exit_code_for(record.verdict)
     return ExitCode.REGRESSION if comparison.regressed else ExitCode.OK
 
 

@@ -284,9 +284,9 @@ def test_cli_nightly_json_and_exit_code(playbook, monkeypatch):
     assert result.exit_code == 20, result.output
     data = json.loads(result.output)
     assert data["status"] == "regression" and data["baseline"] == "20261128-020000-base00"
-    assert runner.calls == [{"targets": ["sb1-200"], "extra_vars": {"slow_ms": "40"}}]
+    assert runner.calls == [{"targets": ["sb1-200"], "extra_vars": {"slow_ms": 40}}]
     bad = CliRunner().invoke(main, ["nightly", playbook, "-e", "novalue"])
-    assert bad.exit_code == 2 and "key=value" in bad.output
+    assert bad.exit_code == 2 and "expected NAME=VALUE" in bad.output
 
 
 def test_a_run_that_cannot_start_is_notified_and_keeps_its_code(playbook, webhook):
