@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import HostSpec
+from .layout import CGROUP_ROOT, HostSpec
 from .paths import StatePaths
 from .system import (SandboxError, alive, cmdline, descendants, in_host, kill_and_wait,
                      mounts_below, move_to_cgroup, namespace_inode, pids_in_cgroup_tree,
@@ -286,7 +286,7 @@ def teardown(paths: StatePaths, name: str) -> None:
     Works from what the machine shows, not only from our records, so that it also cleans
     after a run that was killed half-way (or whose state directory is gone).
     """
-    cgroup = f"orch-sandbox/{name}"
+    cgroup = f"{CGROUP_ROOT}/{name}"
     suspects = pids_in_netns(netns_path(name)) | pids_in_cgroup_tree(cgroup)
     suspects |= {pid for pid in (holder_pid(paths, name), sshd_pid(paths, name)) if pid}
     survivors = kill_and_wait(descendants(suspects))

@@ -2,12 +2,13 @@
 
 Every name a host leaves on the machine is derived from its name here, so that `down`
 (and `up`, cleaning after a killed run) can find all of it again:
-network namespace and root-side veth `orch-HOST`, cgroups `orch-sandbox/HOST/...`.
+network namespace and root-side veth `orch-HOST`, cgroups `orch-sandbox/HOST/...` (`$ORCH_SANDBOX_CGROUP/HOST/...`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,7 +17,9 @@ from orchestrator.errors import OrchError
 
 FIRST_VMID = 200
 HOST_ADDRESS = "fe80::2"   # the host's end of its veth; link-local, so scoped per veth
-CGROUP_ROOT = "orch-sandbox"
+# Two sandboxes on one machine (two checkouts testing at once, each in its own network and
+# mount namespace) need cgroup trees of their own.
+CGROUP_ROOT = os.environ.get("ORCH_SANDBOX_CGROUP") or "orch-sandbox"
 NAME_PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # orch-PREFIX99 fits IFNAMSIZ
 MAX_HOSTS = 99
 MAX_CONTAINERS = 50

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from orchestrator import sandbox as sb
-from orchestrator.sandbox import hosts, system
+from orchestrator.sandbox import hosts, layout, system
 
 pytestmark = pytest.mark.sandbox
 
@@ -390,6 +390,15 @@ def test_describe_missing_names_the_packages():
 
 # --- a separate sandbox for down/up --------------------------------------------------------------
 
+def _in_another_sandbox(pid: int) -> bool:
+    """A process of a second sandbox on this machine (its own ORCH_SANDBOX_CGROUP): not ours."""
+    try:
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+    return "/orch-sandbox" in cgroups and f"/{layout.CGROUP_ROOT}/" not in cgroups
+
+
 def machine_traces(state_dir: Path, host: str = "sbt1") -> list[str]:
     """Everything of host `host` and state_dir that the machine still shows."""
     traces = []
@@ -399,13 +408,14 @@ def machine_traces(state_dir: Path, host: str = "sbt1") -> list[str]:
         traces.append(f"link orch-{host}")
     for pid in system.all_pids():
         title = " ".join(system.cmdline(pid))
-        if system.alive(pid) and (str(state_dir) in title or f"sandbox-host:{host}" in title):
+        if system.alive(pid) and (str(state_dir) in title or f"sandbox-host:{host}" in title) \
+                and not _in_another_sandbox(pid):
             traces.append(f"process {pid}: {title}")
-    for pid in system.pids_in_cgroup_tree(f"orch-sandbox/{host}"):
-        traces.append(f"process {pid} in cgroup orch-sandbox/{host}")
+    for pid in system.pids_in_cgroup_tree(f"{layout.CGROUP_ROOT}/{host}"):
+        traces.append(f"process {pid} in cgroup {layout.CGROUP_ROOT}/{host}")
     for hierarchy in system.cgroup_hierarchies():
-        if (hierarchy / "orch-sandbox" / host).exists():
-            traces.append(f"cgroup {hierarchy}/orch-sandbox/{host}")
+        if (hierarchy / layout.CGROUP_ROOT / host).exists():
+            traces.append(f"cgroup {hierarchy}/{layout.CGROUP_ROOT}/{host}")
     for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
         try:
             if str(state_dir) in mountinfo.read_text():
