@@ -121,10 +121,12 @@ FLAG = "_is_fx_tracing_flag"
 TLS = "_is_fx_tracing_tls"
 HELPERS = ("_get_is_fx_tracing", "_set_is_fx_tracing", "_is_fx_tracing_context")
 MODULE_CLASS = "_ThreadLocalFxTracingFlagModule"
+GUARDS = ("is_fx_tracing", "is_fx_symbolic_tracing")  # the second only since torch 2.9
 MARKER = b"# orch fx-tls patch"
 RECORD_DIR_NAME = ".orch-fx-tls"
 RECORD_FILE = "record.json"
 FAIL_AFTER_ENV = "ORCH_FX_PATCH_FAIL_AFTER"
+SOURCE_TREE_ENV = "ORCH_FX_PATCH_SOURCE_TREE"
 IMPORT_CHECK_TIMEOUT = 600
 # Modules that use the flag's functions by name: imported by the check after apply.
 NAME_USERS = ("torch.nested", "torch.export.unflatten", "torch._dynamo.variables.torch",
@@ -463,10 +465,14 @@ def expect_symbolic_trace_shape(src):
     taken = module_level_names(tree) & set((TLS, MODULE_CLASS) + HELPERS)
     if taken:
         raise UnknownShape(relpath, "already defines %s" % ", ".join(sorted(taken)))
-    for name in ("is_fx_tracing", "is_fx_symbolic_tracing"):
-        function = module_function(tree, name)
-        if function is None or not any(is_flag_name(n) for n in ast.walk(function)):
-            raise UnknownShape(relpath, "no module-level %s() that reads %s" % (name, FLAG))
+    # Dynamo's guard calls is_fx_tracing() before 2.9 and is_fx_symbolic_tracing() (which
+    # 2.9 added) since; both read the same global, so each that exists must read it.
+    guards = [module_function(tree, name) for name in GUARDS]
+    if guards[0] is None:
+        raise UnknownShape(relpath, "no module-level is_fx_tracing()")
+    for name, function in zip(GUARDS, guards):
+        if function is not None and not any(is_flag_name(n) for n in ast.walk(function)):
+            raise UnknownShape(relpath, "%s() does not read %s" % (name, FLAG))
     tracer = module_class(tree, "Tracer")
     trace = tracer and next((n for n in tracer.body if isinstance(n, ast.FunctionDef)
                              and n.name == "trace"), None)
@@ -618,15 +624,49 @@ def propagate_flag_into_recompute(src):
 
 
 def add_with_item(src, with_node, item):
-    """Append a context manager to a with statement, on its own line when the items are."""
+    """Append a context manager to a with statement, whatever its layout (backslash
+    continuations, parenthesised items, redundant parentheses, comments, a trailing
+    comma): ", ITEM" goes right after the last item or after one of the closing
+    parentheses between it and the colon, whichever place makes the statement parse to
+    the same items plus the new one. Raises when none does."""
+    src.insert(with_item_insertion_point(src, with_node, item), b", " + item)
+
+
+def with_item_insertion_point(src, with_node, item):
     last = with_node.items[-1]
-    anchor = last.optional_vars or last.context_expr
-    line_start = src.offset(last.context_expr.lineno, 0)
-    indent = src.data[line_start:src.start(last.context_expr)]
-    if len(with_node.items) > 1 and not indent.strip():
-        src.insert(src.end(anchor), b",\n" + indent + item)
-    else:
-        src.insert(src.end(anchor), b", " + item)
+    after_last = src.end(last.optional_vars or last.context_expr)
+    # Between the last item and the header's colon there can only be whitespace,
+    # closing parentheses, a comma, comments and backslash-newlines.
+    candidates = [after_last]
+    at = after_last
+    while at < len(src.data):
+        char = src.data[at:at + 1]
+        if char == b"#":
+            at = src.data.find(b"\n", at)
+            if at < 0:
+                break
+            continue
+        if char == b":":
+            break
+        if char == b")":
+            candidates.append(at + 1)
+        at += 1
+    expected = [ast.dump(i) for i in with_node.items] + [
+        ast.dump(ast.parse(b"with " + item + b": pass").body[0].items[0])]
+    for offset in candidates:
+        edited = src.data[:offset] + b", " + item + src.data[offset:]
+        try:
+            tree = ast.parse(edited)
+        except (SyntaxError, ValueError):
+            continue
+        new = next((n for n in ast.walk(tree) if isinstance(n, type(with_node))
+                    and (n.lineno, n.col_offset) == (with_node.lineno, with_node.col_offset)),
+                   None)
+        if new is not None and [ast.dump(i) for i in new.items] == expected and \
+                [ast.dump(b) for b in new.body] == [ast.dump(b) for b in with_node.body]:
+            return offset
+    raise UnknownShape(src.relpath, "line %d: found no place to add a context manager to "
+                       "this with statement" % with_node.lineno)
 
 
 # --- reading the installed tree ------------------------------------------------------------
@@ -889,8 +929,35 @@ def module_name(relpath):
     return name[:-len(".__init__")] if name.endswith(".__init__") else name
 
 
-def import_check(plan, cwd):
-    """Import the patched torch in a fresh interpreter; returns (ok, details)."""
+def compiled_parts(site_packages):
+    """torch's compiled extension modules (torch/_C*.so and the like) in the tree."""
+    try:
+        names = os.listdir(os.path.join(site_packages, "torch"))
+    except OSError:
+        return []
+    return [n for n in names if n.startswith("_C") and n.endswith((".so", ".pyd"))]
+
+
+def refuse_source_tree_mode_on_an_install(site_packages):
+    """ORCH_FX_PATCH_SOURCE_TREE=1 on a torch with compiled parts is an error, before any
+    file is touched: the import check is never skipped where it could run."""
+    found = compiled_parts(site_packages)
+    if os.environ.get(SOURCE_TREE_ENV) == "1" and found:
+        raise PayloadError("%s=1 is only for a source tree without compiled parts, and this "
+                           "torch has %s; nothing was changed" % (SOURCE_TREE_ENV,
+                                                                 ", ".join(found)), "refused")
+
+
+def import_check(plan, cwd, site_packages):
+    """Import the patched torch in a fresh interpreter; returns (ok, details).
+
+    With ORCH_FX_PATCH_SOURCE_TREE=1 (internal: the release matrix, which checks the
+    sources of many wheels without installing them) the import is skipped, and only for
+    a tree that has no compiled parts and so could not be imported anyway; on a real
+    install the variable is an error, so no user can skip the check by accident."""
+    if os.environ.get(SOURCE_TREE_ENV) == "1":
+        return True, {"problems": [], "skipped": "a source tree without compiled parts (%s=1):"
+                      " compiled every changed file, did not import" % SOURCE_TREE_ENV}
     modules = [module_name(change.relpath) for change in plan] + list(NAME_USERS)
     try:
         proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK, json.dumps(modules)],
@@ -969,7 +1036,7 @@ def apply_plan(where, record_dir, orch_version, plan):
     save_record(record_dir, record)
     try:
         write_plan(site_packages, plan)
-        ok, details = import_check(plan, record_dir)
+        ok, details = import_check(plan, record_dir, site_packages)
         if not ok:
             raise PayloadError("the patched torch failed the import check: %s; every file was "
                                "restored" % "; ".join(details.get("problems", [])),
@@ -1034,11 +1101,13 @@ def action_apply(where, record_dir, orch_version):
     if inspection.status != "vulnerable":
         kind = "unknown-shape" if inspection.status == "unknown" else "refused"
         raise PayloadError("not applying: %s" % inspection.message, kind)
+    refuse_source_tree_mode_on_an_install(where["site_packages"])
     record, check = apply_plan(where, record_dir, orch_version, inspection.plan)
     after = inspect(where, record_dir, orch_version)
     return result("apply", where, record_dir, after, True,
-                  "patched %d file(s); threads now have separate FX tracing flags"
-                  % len(record["files"]), import_check=check)
+                  "patched %d file(s); threads now have separate FX tracing flags%s"
+                  % (len(record["files"]), "; NOT import-checked: " + check["skipped"]
+                     if check.get("skipped") else ""), import_check=check)
 
 
 def revert_file(site_packages, record_dir, recorded, dist_hashes):
