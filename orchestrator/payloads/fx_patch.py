@@ -4,7 +4,7 @@ Shipped alone into a container and run with the container's python; standard lib
 only, Python 3.8+. It never imports torch itself: the post-apply check imports it in a
 subprocess, so a broken torch cannot take the patcher down half-way.
 
-Why: torch releases before 2.14 keep ``_is_fx_tracing_flag`` as a module global in
+Why: torch releases 2.1 to 2.13 keep ``_is_fx_tracing_flag`` as a module global in
 torch/fx/_symbolic_trace.py, so while one thread runs ``symbolic_trace``/``make_fx``,
 every other thread's ``torch.compile``d call raises "Detected that you are using FX to
 symbolically trace a dynamo-optimized function". Upstream fixed it in 2.14 (pytorch PR
@@ -28,7 +28,10 @@ Output: JSON lines on stdout; the last line is the result (exit code 0) or an er
 
     {"event": "result", "action": ..., "status": ..., "changed": bool, "message": "...",
      "torch_version": "2.13.0+cpu", "site_packages": "...", "record_dir": "...",
-     "files": [...], "record": {...} | null}
+     "files": [...], "record": {...} | null, "removed_temp_files": [...]}
+
+``torch_version`` is ``torch.__version__`` as torch/version.py spells it (read, not
+imported), the same string ``fx_race`` reports; the dist-info's Version without that file.
 
 ``status`` is the state after the action:
 
@@ -45,9 +48,14 @@ Output: JSON lines on stdout; the last line is the result (exit code 0) or an er
 File entries: ``{"path": "torch/fx/_symbolic_trace.py", "sha256": ..., "dist_record":
 "ok" | "mismatch" | "not-listed" | "missing"}`` (``dist_record`` compares with the
 dist-info RECORD: "ok" means pristine as pip installed it); with a record also
-``"state": "patched" | "original" | "changed" | "missing"``. Action specifics:
+``"state": "patched" | "original" | "changed" | "missing"``; when vulnerable also
+``"why"``: why apply changes that file. Action specifics:
 
-- status: changes nothing.
+- every action first takes an exclusive lock on torch/ (another running action makes it
+  fail with kind "refused") and removes what a killed orch left: its temp files
+  (``.NAME.XXXXXXXX.orch-tmp``) in torch/ and the record directory, and backups without a
+  record (``removed_temp_files`` lists them).
+- status: changes nothing else.
 - diff: adds ``"diff"``: the unified diff apply would write ("" unless vulnerable).
 - apply: only from "vulnerable"; "patched" and "fixed-upstream" are no-ops
   (changed=false); anything else is an error. Adds ``"import_check"``.
@@ -62,7 +70,9 @@ not show the backups and the record survives a reinstall of torch, which is how
 "drifted" is seen.
 
 What apply changes (found by parsing, never by line numbers; any shape it does not
-expect makes the whole patch "unknown"):
+expect makes the whole patch "unknown"). The shapes of torch 2.1 to 2.13 (docs/torch-
+releases.md): the guard is ``is_fx_tracing()`` (all) and ``is_fx_symbolic_tracing()``
+(2.9 on); the other users are in _higher_order_ops/cond.py (2.2) or utils.py (2.3 on):
 
 - torch/fx/_symbolic_trace.py: the module-level ``_is_fx_tracing_flag = False`` becomes
   ``_is_fx_tracing_tls = threading.local()`` plus ``_get_is_fx_tracing()``,
@@ -71,13 +81,16 @@ expect makes the whole patch "unknown"):
   ``torch.fx._symbolic_trace._is_fx_tracing_flag`` keeps working for code outside
   torch); every read of the global becomes ``_get_is_fx_tracing()``, every
   ``global``-declared write ``_set_is_fx_tracing(...)`` (``Tracer.trace`` save/set/
-  restore, ``is_fx_tracing``, ``is_fx_symbolic_tracing``).
+  restore, ``is_fx_tracing``, and ``is_fx_symbolic_tracing`` where it exists).
 - every other torch/**/*.py that reads or writes ``<...>._symbolic_trace.
   _is_fx_tracing_flag`` (found by searching the installed tree; in 2.13:
   torch/_higher_order_ops/utils.py) is rewritten to the helpers.
-- torch/utils/checkpoint.py, as upstream: the non-reentrant checkpoint captures the flag
-  at forward time and restores it around the recompute, which may run on an autograd
-  worker thread that would otherwise see its own (false) flag.
+- torch/utils/checkpoint.py, although it never names the flag before 2.14: a backport
+  of 2.14's recompute handling. With a per-thread flag, the non-reentrant checkpoint's
+  recompute, which may run on an autograd worker thread, would see that thread's own
+  (false) flag where the global flag showed the forward's; so the flag is captured at
+  forward time and restored around the recompute (a context manager added to the
+  recompute's ``with``, in whatever layout that statement has). status and diff say so.
 
 Each changed file gets a header comment naming orch and its version. Apply computes and
 compiles every new file before writing any; writes each atomically (temp file, fsync,
@@ -85,8 +98,13 @@ rename, fsync of the directory) after backing up the originals; removes stale
 __pycache__ entries; then imports torch in a subprocess with the same python and checks
 that threads see separate flags, that the attribute still works and that Dynamo's trace
 rules still name valid functions. If a write or that check fails, every file is restored
-from the originals. ``ORCH_FX_PATCH_FAIL_AFTER=N`` (tests only) makes apply fail after
-writing N files.
+from the originals. Internal switches, never set by orch's commands:
+``ORCH_FX_PATCH_FAIL_AFTER=N`` (tests) makes apply fail after writing N files;
+``ORCH_FX_PATCH_KILL_BEFORE_RENAME=NAME`` (tests) kills apply with SIGKILL just before
+it renames the temp file of NAME into place; ``ORCH_FX_PATCH_SOURCE_TREE=1`` (the
+release matrix, scripts/torch-matrix.py) skips the import of the patched torch, and is
+refused before any write on a torch that has compiled parts, where the import can run;
+the result then says the import was not checked.
 """
 
 import ast
@@ -94,12 +112,14 @@ import base64
 import csv
 import datetime
 import difflib
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -127,6 +147,10 @@ RECORD_DIR_NAME = ".orch-fx-tls"
 RECORD_FILE = "record.json"
 FAIL_AFTER_ENV = "ORCH_FX_PATCH_FAIL_AFTER"
 SOURCE_TREE_ENV = "ORCH_FX_PATCH_SOURCE_TREE"
+KILL_BEFORE_RENAME_ENV = "ORCH_FX_PATCH_KILL_BEFORE_RENAME"
+TEMP_SUFFIX = ".orch-tmp"
+# write_atomic's temp files: "." + the file's name + "." + mkstemp's 8 random characters.
+TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + "$")
 IMPORT_CHECK_TIMEOUT = 600
 # Modules that use the flag's functions by name: imported by the check after apply.
 NAME_USERS = ("torch.nested", "torch.export.unflatten", "torch._dynamo.variables.torch",
@@ -199,7 +223,7 @@ def write_atomic(path, data):
     except FileNotFoundError:
         old = None
     fd, temp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                                suffix=".orch-tmp")
+                                suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -208,6 +232,8 @@ def write_atomic(path, data):
         os.chmod(temp, stat.S_IMODE(old.st_mode) if old else 0o644)
         if old and hasattr(os, "chown") and os.geteuid() == 0:
             os.chown(temp, old.st_uid, old.st_gid)
+        if os.environ.get(KILL_BEFORE_RENAME_ENV) == os.path.basename(path):
+            os.kill(os.getpid(), signal.SIGKILL)  # tests only: a kill -9 at the worst moment
         os.replace(temp, path)
     except BaseException:
         try:
@@ -216,6 +242,45 @@ def write_atomic(path, data):
             pass
         raise
     fsync_directory(directory)
+
+
+def remove_leftover_temp_files(site_packages, record_dir):
+    """Delete the temp files a killed orch left (write_atomic's, by their name pattern)
+    in torch/ and the record directory; nothing else. Returns them, relative to
+    site-packages. Only called with the tree's lock held, so no running orch owns them."""
+    removed = []
+    for top in (os.path.join(site_packages, "torch"), record_dir):
+        for directory, _, names in os.walk(top):
+            for name in names:
+                path = os.path.join(directory, name)
+                if TEMP_NAME.match(name) and os.path.isfile(path) \
+                        and not os.path.islink(path):
+                    os.unlink(path)
+                    removed.append(os.path.relpath(path, site_packages).replace(os.sep, "/"))
+    # Backups without a record: apply was killed before it recorded anything, and it
+    # records before it writes any torch file, so these copies guard nothing.
+    backups = os.path.join(record_dir, "backups")
+    if os.path.isdir(backups) and not os.path.exists(record_path(record_dir)):
+        shutil.rmtree(backups)
+        removed.append(os.path.relpath(backups, site_packages).replace(os.sep, "/") + "/")
+        try:
+            os.rmdir(record_dir)
+        except OSError:
+            pass  # not empty: something else lives there
+    return sorted(removed)
+
+
+def lock_torch_tree(site_packages):
+    """An exclusive lock on the torch/ directory for the whole action (released when the
+    process ends, even by kill -9): two orch actions on one torch never interleave."""
+    fd = os.open(os.path.join(site_packages, "torch"), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise PayloadError("another orch fx-tls action is running on %s; try again when it "
+                           "has finished" % site_packages, "refused") from None
+    return fd
 
 
 def remove_stale_bytecode(path):
@@ -629,15 +694,21 @@ def add_with_item(src, with_node, item):
     comma): ", ITEM" goes right after the last item or after one of the closing
     parentheses between it and the colon, whichever place makes the statement parse to
     the same items plus the new one. Raises when none does."""
-    src.insert(with_item_insertion_point(src, with_node, item), b", " + item)
+    src.insert(*with_item_insertion(src, with_node, item))
 
 
-def with_item_insertion_point(src, with_node, item):
+def with_item_insertion(src, with_node, item):
+    """(offset, text) that adds item to with_node, checked by parsing the result."""
     last = with_node.items[-1]
     after_last = src.end(last.optional_vars or last.context_expr)
+    candidates = []
+    indent = src.data[src.offset(last.context_expr.lineno, 0):src.start(last.context_expr)]
+    if not indent.strip() and src.data[after_last:after_last + 1] == b",":
+        # One item per line, each with its comma: the new one gets its own line too.
+        candidates.append((after_last + 1, b"\n" + indent + item + b","))
     # Between the last item and the header's colon there can only be whitespace,
     # closing parentheses, a comma, comments and backslash-newlines.
-    candidates = [after_last]
+    candidates.append((after_last, b", " + item))
     at = after_last
     while at < len(src.data):
         char = src.data[at:at + 1]
@@ -649,12 +720,12 @@ def with_item_insertion_point(src, with_node, item):
         if char == b":":
             break
         if char == b")":
-            candidates.append(at + 1)
+            candidates.append((at + 1, b", " + item))
         at += 1
     expected = [ast.dump(i) for i in with_node.items] + [
         ast.dump(ast.parse(b"with " + item + b": pass").body[0].items[0])]
-    for offset in candidates:
-        edited = src.data[:offset] + b", " + item + src.data[offset:]
+    for offset, text in candidates:
+        edited = src.data[:offset] + text + src.data[offset:]
         try:
             tree = ast.parse(edited)
         except (SyntaxError, ValueError):
@@ -664,12 +735,28 @@ def with_item_insertion_point(src, with_node, item):
                    None)
         if new is not None and [ast.dump(i) for i in new.items] == expected and \
                 [ast.dump(b) for b in new.body] == [ast.dump(b) for b in with_node.body]:
-            return offset
+            return offset, text
     raise UnknownShape(src.relpath, "line %d: found no place to add a context manager to "
                        "this with statement" % with_node.lineno)
 
 
 # --- reading the installed tree ------------------------------------------------------------
+
+
+def torch_version(where):
+    """torch.__version__ as the installed torch/version.py spells it ("2.8.0+cu128"), read
+    without importing torch, so status and verify fx-race (which imports it) name the same
+    version; the dist-info's Version when that file is missing or unusual."""
+    data = read_bytes(os.path.join(where["site_packages"], "torch", "version.py"))
+    try:
+        tree = ast.parse(data) if data is not None else None
+    except (SyntaxError, ValueError):
+        tree = None
+    for node in tree.body if tree else []:
+        if (single_name_assignment(node, "__version__") and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)):
+            return node.value.value
+    return where["version"]
 
 
 def classify_symbolic_trace(data):
@@ -708,9 +795,20 @@ def flag_reference_files(site_packages):
                   if path.replace(os.sep, "/") != SYMBOLIC_TRACE)
 
 
+# Why each file changes: shown by status and diff.
+WHY_SYMBOLIC_TRACE = ("holds the process-wide flag: it becomes thread-local, with torch 2.14's "
+                      "helpers, and every read and write in the file goes through them")
+WHY_READER = ("reads or writes torch.fx._symbolic_trace.%s directly: rewritten to the helpers"
+              % FLAG)
+WHY_CHECKPOINT = ("never names the flag, but its non-reentrant recompute may run on an autograd "
+                  "worker thread, which with a per-thread flag would no longer see the forward "
+                  "thread's; backport of torch 2.14's recompute handling: the flag is captured "
+                  "at forward time and restored around the recompute")
+
+
 class Change:
-    def __init__(self, relpath, before, after):
-        self.relpath, self.before, self.after = relpath, before, after
+    def __init__(self, relpath, before, after, why):
+        self.relpath, self.before, self.after, self.why = relpath, before, after, why
 
 
 def build_plan(site_packages, orch_version):
@@ -735,7 +833,9 @@ def build_plan(site_packages, orch_version):
             compile(after, relpath, "exec", dont_inherit=True)
         except SyntaxError as exc:
             raise UnknownShape(relpath, "the patched file would not compile (%s)" % exc) from None
-        plan.append(Change(relpath, before, after))
+        why = {SYMBOLIC_TRACE: WHY_SYMBOLIC_TRACE, CHECKPOINT: WHY_CHECKPOINT}.get(relpath,
+                                                                                 WHY_READER)
+        plan.append(Change(relpath, before, after, why))
     return plan
 
 
@@ -836,7 +936,7 @@ def inspect_recorded(where, record, dist_hashes):
 
 
 def inspect_unrecorded(where, orch_version, dist_hashes):
-    site_packages, version = where["site_packages"], where["version"]
+    site_packages, version = where["site_packages"], torch_version(where)
     entry = file_entry(site_packages, SYMBOLIC_TRACE, dist_hashes)
     data = read_bytes(os.path.join(site_packages, SYMBOLIC_TRACE))
     if data is None:
@@ -846,7 +946,7 @@ def inspect_unrecorded(where, orch_version, dist_hashes):
     if shape == "orch-marked":
         return Inspection("unknown", "%s carries orch's patch header but there is no record: "
                           "reinstall torch (pip install --force-reinstall --no-deps torch==%s) "
-                          "to get pristine files" % (SYMBOLIC_TRACE, version), [entry])
+                          "to get pristine files" % (SYMBOLIC_TRACE, where["version"]), [entry])
     if shape == "fixed-upstream":
         return Inspection("fixed-upstream", "torch %s already keeps the FX tracing flag "
                           "thread-local upstream (%s with %s); nothing to patch"
@@ -858,7 +958,8 @@ def inspect_unrecorded(where, orch_version, dist_hashes):
         plan = build_plan(site_packages, orch_version)
     except UnknownShape as exc:
         return Inspection("unknown", "%s; refusing to touch anything" % exc, [entry])
-    files = [file_entry(site_packages, change.relpath, dist_hashes) for change in plan]
+    files = [dict(file_entry(site_packages, change.relpath, dist_hashes), why=change.why)
+             for change in plan]
     return Inspection("vulnerable", "torch %s keeps %s as a process-wide global: %d file(s) to "
                       "patch" % (version, FLAG, len(plan)), files, plan=plan)
 
@@ -1016,7 +1117,7 @@ def new_record(where, orch_version, plan):
         "state": "applying",
         "applied_at": utc_now(),
         "orch_version": orch_version,
-        "torch_version": where["version"],
+        "torch_version": torch_version(where),
         "python": sys.executable,
         "site_packages": where["site_packages"],
         "files": [{"path": c.relpath, "sha256_before": sha256_hex(c.before),
@@ -1068,7 +1169,7 @@ def result(action, where, record_dir, inspection, changed, message=None, **extra
         "status": inspection.status,
         "changed": changed,
         "message": message or inspection.message,
-        "torch_version": where["version"],
+        "torch_version": torch_version(where),
         "site_packages": where["site_packages"],
         "record_dir": record_dir,
         "files": inspection.files,
@@ -1086,6 +1187,8 @@ def action_diff(where, record_dir, orch_version):
     inspection = inspect(where, record_dir, orch_version)
     chunks = []
     for change in inspection.plan or []:
+        # Text before a file's "---" line is ignored by patch and git apply.
+        chunks.append("# %s: %s\n" % (change.relpath, change.why))
         chunks.extend(difflib.unified_diff(
             change.before.decode("utf-8", "replace").splitlines(True),
             change.after.decode("utf-8", "replace").splitlines(True),
@@ -1171,9 +1274,16 @@ def run(args):
     if args["action"] not in ACTIONS:
         raise PayloadError("action must be one of %s" % ", ".join(ACTIONS), "bad-args")
     where = locate("torch")
-    record_dir = args["record_dir"] or os.path.join(where["site_packages"], RECORD_DIR_NAME)
-    return ACTION_HANDLERS[args["action"]](where, os.path.abspath(record_dir),
-                                           args["orch_version"])
+    record_dir = os.path.abspath(args["record_dir"]
+                                 or os.path.join(where["site_packages"], RECORD_DIR_NAME))
+    lock = lock_torch_tree(where["site_packages"])
+    try:
+        removed = remove_leftover_temp_files(where["site_packages"], record_dir)
+        out = ACTION_HANDLERS[args["action"]](where, record_dir, args["orch_version"])
+    finally:
+        os.close(lock)
+    out["removed_temp_files"] = removed
+    return out
 
 
 if __name__ == "__main__":

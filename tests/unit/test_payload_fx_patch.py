@@ -3,12 +3,18 @@ refusals and failure paths, fast. tests/torch/ runs the same against real torch.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.payloads import payload_source
 
 from tests.fixtures.payloads import (
     FAKE_TORCH_VERSION, dist_record_hash, env_with_path, install_fake_torch, read_dist_record,
@@ -334,3 +340,163 @@ def test_record_dir_can_be_chosen(fake, tmp_path):
 
 def test_unknown_action_is_refused(fake):
     fake.patch("explode").expect_error("bad-args")
+
+
+# --- adding a with item: every legal layout (property test) -----------------------------------
+
+
+def load_fx_patch_module():
+    """The payload as shipped (helpers inlined), loaded as a module for its functions."""
+    module = types.ModuleType("fx_patch_shipped")
+    exec(compile(payload_source("fx_patch"), "fx_patch.py", "exec"), module.__dict__)
+    return module
+
+
+FX_PATCH = load_fx_patch_module()
+NEW_ITEM = "torch.fx._symbolic_trace._is_fx_tracing_context(is_fx_tracing)"
+EXPRESSIONS = ["a", "f(x)", "m.cm(y, z=1)", "g(\n        1,\n        2,\n    )", "(k)", "((k2))",
+               "h(\n  'a, b):'  # a comment inside the call\n)"]
+COMMENT = "  # note: (, ) and : in a comment\n"
+
+
+@st.composite
+def with_statements(draw):
+    """A `with` statement in one of the layouts Python accepts: items separated by commas
+    with spaces, backslash continuations or (in the parenthesised form) new lines and
+    comments; redundant parentheses; `as` targets; a trailing comma; a body on the same
+    line or indented."""
+    count = draw(st.integers(1, 3))
+    items = []
+    for index in range(count):
+        item = draw(st.sampled_from(EXPRESSIONS))
+        if draw(st.booleans()):
+            item += " as " + draw(st.sampled_from(["t%d" % index, "(u%d, v%d)" % (index, index)]))
+        items.append(item)
+    if draw(st.booleans()):  # the parenthesised form (Python 3.9+)
+        separators = [draw(st.sampled_from([", ", ",\n    ", "," + COMMENT + "    ",
+                                            " ,  \\\n  "])) for _ in items[1:]]
+        opening = draw(st.sampled_from(["(", "(\n    ", "(" + COMMENT + "    ", "( \\\n "]))
+        closing = draw(st.sampled_from(["", ",", ",\n", "\n", "," + COMMENT]))
+        header = "with " + opening + interleave(items, separators) + closing + ")"
+    else:
+        separators = [draw(st.sampled_from([", ", ",\\\n    ", ", \\\n         ", " ,\\\n"]))
+                      for _ in items[1:]]
+        lead = draw(st.sampled_from(["", "\\\n    "]))
+        header = "with " + lead + interleave(items, separators)
+    space = draw(st.sampled_from(["", " ", " \\\n  "]))
+    body = draw(st.sampled_from([": pass\n", ":\n    fn()\n", ":" + COMMENT + "    fn()\n"]))
+    return header + space + body
+
+
+def interleave(items, separators):
+    return items[0] + "".join(sep + item for sep, item in zip(separators, items[1:]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(with_statements(), st.sampled_from(["", "x = 1\n"]), st.booleans())
+def test_a_with_item_is_added_in_every_legal_layout(statement, before, nested):
+    if nested:  # inside a function, indented, like checkpoint's recompute_fn
+        statement = "def recompute_fn():\n" + "".join(
+            "    " + line if line.strip() else line for line in statement.splitlines(True))
+    source = before + statement + "y = 2\n"
+    original = ast.parse(source)  # the generator makes only legal statements
+    src = FX_PATCH.Source("example.py", source.encode())
+    with_node = next(n for n in ast.walk(src.tree) if isinstance(n, ast.With))
+    offset, text = FX_PATCH.with_item_insertion(src, with_node, NEW_ITEM.encode())
+    FX_PATCH.add_with_item(src, with_node, NEW_ITEM.encode())
+    edited = src.edited()
+    compile(edited, "example.py", "exec", dont_inherit=True)
+    expected = original
+    next(n for n in ast.walk(expected) if isinstance(n, ast.With)).items.append(
+        ast.parse("with %s: pass" % NEW_ITEM).body[0].items[0])
+    assert ast.dump(ast.parse(edited)) == ast.dump(expected), edited.decode()
+    # Only an insertion of the item with its comma: every original byte is kept.
+    assert edited == source.encode()[:offset] + text + source.encode()[offset:]
+    assert text.strip(b", \n") in (NEW_ITEM.encode(), NEW_ITEM.encode() + b",")
+
+
+def test_the_2_1_checkpoint_layout_a_backslash_continued_with(tmp_path):
+    """torch 2.1-2.3's recompute_fn continues its `with` with a backslash; a line break
+    added without one would not compile."""
+    source = (b"def recompute_fn():\n"
+              b"    with device_autocast_ctx, torch.cpu.amp.autocast(**kw), \\\n"
+              b"         recompute_context:\n"
+              b"        fn(*args, **kwargs)\n")
+    src = FX_PATCH.Source("torch/utils/checkpoint.py", source)
+    FX_PATCH.add_with_item(src, src.tree.body[0].body[0], NEW_ITEM.encode())
+    assert src.edited() == source.replace(
+        b"recompute_context:", b"recompute_context, " + NEW_ITEM.encode() + b":")
+
+
+# --- kill -9 during apply: the next action removes orch's temp files ------------------------
+
+
+def temp_files(site):
+    return sorted(str(p.relative_to(site)) for p in site.rglob("*.orch-tmp"))
+
+
+@pytest.mark.parametrize("killed_at", ["_symbolic_trace.py", "utils.py.orig", "record.json"])
+@pytest.mark.parametrize("next_action", ["status", "apply", "revert"])
+def test_a_kill_9_during_apply_leaves_temp_files_the_next_action_removes(fake, killed_at,
+                                                                         next_action):
+    before = fake.hashes()
+    env = dict(fake.env, ORCH_FX_PATCH_KILL_BEFORE_RENAME=killed_at)
+    run = fake.patch("apply", env=env)
+    assert run.returncode == -9 and not run.events  # killed: no result, no error line
+    left = temp_files(fake.site)
+    assert left and all(p.split("/")[-1].startswith(".") for p in left)
+    # A file that is not orch's, named like one but outside the pattern, stays.
+    foreign = fake.path("torch/fx/.notes.orch-tmp")
+    foreign.write_bytes(b"not orch's")
+    run = fake.patch(next_action)
+    if next_action == "apply" and killed_at == "_symbolic_trace.py":
+        # Killed mid-write: the record says "applying", so apply refuses (revert finishes
+        # it), and still cleans up.
+        assert "an apply was interrupted" in run.expect_error("refused")["message"]
+    else:
+        result = run.expect_result()
+        removed = [p for p in result["removed_temp_files"] if not p.endswith("/")]
+        assert removed == left
+        if killed_at != "_symbolic_trace.py":  # killed before the record was saved
+            assert ".orch-fx-tls/backups/" in result["removed_temp_files"]
+    assert temp_files(fake.site) == ["torch/fx/.notes.orch-tmp"]
+    # The tree itself ends as the action leaves it: status and revert reconcile to the
+    # pristine files, apply completes the patch.
+    fake.patch("revert").expect_result()
+    foreign.unlink()
+    assert fake.hashes() == before
+
+
+def test_a_second_action_while_one_runs_is_refused(fake):
+    import fcntl
+    fd = os.open(fake.path("torch"), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        error = fake.patch("status").expect_error("refused")
+        assert "another orch fx-tls action is running" in error["message"]
+    finally:
+        os.close(fd)
+    assert fake.patch("status").expect_result()["status"] == "vulnerable"
+
+
+# --- what status says about each file, and which version -------------------------------------
+
+
+def test_status_and_diff_say_why_each_file_changes(fake):
+    files = {f["path"]: f["why"] for f in fake.patch("status").expect_result()["files"]}
+    assert "backport of torch 2.14's recompute handling" in files["torch/utils/checkpoint.py"]
+    assert "never names the flag" in files["torch/utils/checkpoint.py"]
+    assert "rewritten to the helpers" in files["torch/_higher_order_ops/utils.py"]
+    diff = fake.patch("diff").expect_result()["diff"]
+    assert "# torch/utils/checkpoint.py: never names the flag" in diff
+
+
+def test_the_version_is_torch_dunder_version_from_version_py(fake):
+    # As in a CUDA wheel from the registry: METADATA says 2.8.0, torch.__version__ is
+    # 2.8.0+cu128; verify fx-race imports torch and reports the latter, so status does too.
+    replace_file(fake.path("torch/version.py"),
+                 b"from typing import Optional\n\n__all__ = ['__version__']\n"
+                 b"__version__ = '2.8.0+cu128'\ncuda: Optional[str] = '12.8'\n")
+    assert fake.patch("status").expect_result()["torch_version"] == "2.8.0+cu128"
+    assert fake.python("import torch.version; print(torch.version.__version__)").strip() \
+        == "2.8.0+cu128"
