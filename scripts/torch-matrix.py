@@ -182,14 +182,14 @@ def fetch_by_pip(version: str, destination: Path) -> dict:
             "bytes_fetched": size}
 
 
-def release_site(version: str, method: str = "range") -> tuple[Path, dict]:
+def release_site(version: str, method: str = "range", cache: Path = CACHE) -> tuple[Path, dict]:
     """The cached source tree of one release (fetched on first use), and how it was got."""
-    home = CACHE / version
+    home = cache / version
     site, info_file = home / "site", home / "fetched.json"
     if info_file.exists():
         return site, dict(json.loads(info_file.read_text()), cached=True)
     shutil.rmtree(home, ignore_errors=True)
-    partial = CACHE / (".partial-" + version)
+    partial = cache / (".partial-" + version)
     shutil.rmtree(partial, ignore_errors=True)
     started = time.monotonic()
     fetch = fetch_by_pip if method == "pip" else fetch_by_ranges
@@ -317,6 +317,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fetch", choices=("range", "pip"), default="range",
                         help="how to get a release's sources the first time (default range)")
     parser.add_argument("--fetch-only", action="store_true", help="fill the cache only")
+    parser.add_argument("--cache", type=Path, default=CACHE,
+                        help="where the release trees are kept (default %(default)s)")
     parser.add_argument("--python", default=sys.executable,
                         help="the python that runs the payload (default this one)")
     parser.add_argument("--json", action="store_true", help="one JSON object per release")
@@ -324,7 +326,7 @@ def main(argv=None) -> int:
     failures = 0
     for version in args.versions or list(RELEASES):
         started = time.monotonic()
-        site, fetched = release_site(version, args.fetch)
+        site, fetched = release_site(version, args.fetch, args.cache)
         row = {"version": version, "fetch": fetched}
         if not args.fetch_only:
             try:

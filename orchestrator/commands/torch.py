@@ -215,6 +215,8 @@ def _print_patch(target, action, outcome) -> None:
     for item in outcome.get("files", []) or []:
         details = [f"{key}={item[key]}" for key in ("state", "action", "dist_record") if key in item]
         console.out.print(f"  {console.escape(item.get('path', '?'))}  {' '.join(details)}")
+        if item.get("why"):
+            console.out.print(f"    why: {console.escape(item['why'])}")
 
 
 def _patch_exit_code(action, outcomes) -> int:

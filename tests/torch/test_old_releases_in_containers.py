@@ -1,0 +1,128 @@
+"""The runtime proof on old torch releases: the registry's real CUDA wheels of torch 2.8.0
+and 2.4.1 (before is_fx_symbolic_tracing existed; Dynamo's guard reads is_fx_tracing())
+in sandbox containers, through orch's CLI over SSH exactly as a user runs it:
+
+    status (vulnerable) -> apply -> verify fx-race (0/n, control n/n)
+    -> revert (bytes equal the wheel's RECORD) -> verify fx-race (n/n)
+
+The venvs (tests/torch/releases.py, ~/.cache/orch-test) are hard-linked into the
+containers; every write orch makes replaces files by rename, so the cache never changes
+(the last test checks it).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import sandbox  # noqa: F401  (the session's sandbox)
+from tests.integration.torch_seed import container_root
+from tests.torch.releases import RUNTIME_RELEASES, release_venv
+
+pytestmark = [pytest.mark.torch, pytest.mark.sandbox, pytest.mark.old_torch]
+TRIALS = 3
+# One container per release, so the two never share a venv path or a record.
+CONTAINERS = {"2.8.0": ("sb1", 200), "2.4.1": ("sb2", 200)}
+CHANGED = {"2.8.0": ["torch/_higher_order_ops/utils.py", "torch/fx/_symbolic_trace.py",
+                     "torch/utils/checkpoint.py"],
+           "2.4.1": ["torch/_higher_order_ops/utils.py", "torch/fx/_symbolic_trace.py",
+                     "torch/utils/checkpoint.py"]}
+
+
+def venv_name(version: str) -> str:
+    return "torch-venv-" + version
+
+
+@pytest.fixture(scope="module", params=RUNTIME_RELEASES)
+def release(request, sandbox, tmp_path_factory):  # noqa: F811
+    """(version, inventory path, the venv's site-packages on the machine's side)."""
+    version = request.param
+    host, vmid = CONTAINERS[version]
+    source = release_venv(version)
+    target = os.path.join(container_root(sandbox, host, vmid), venv_name(version))
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run(["cp", "-al", source, target], check=True)
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    name = f"{host}-{vmid}"
+    data["containers"][name]["venv"] = f"/root/{venv_name(version)}"
+    data["default_target"] = name
+    path = tmp_path_factory.mktemp("old-torch") / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    (site,) = Path(target).glob("lib/python3*/site-packages")
+    yield version, str(path), site
+    shutil.rmtree(target, ignore_errors=True)
+
+
+def orch_json(inventory, *args, timeout=900):
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "-i", inventory, *args, "--json"],
+                         capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in out.stderr, out.stderr
+    [report] = json.loads(out.stdout)
+    return out.returncode, report
+
+
+def record_hashes(site: Path) -> dict:
+    (record,) = site.glob("torch-*.dist-info/RECORD")
+    with open(record, newline="") as f:
+        return {row[0]: row[1] for row in csv.reader(f) if len(row) > 1 and row[1]}
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def test_life_cycle_on_an_old_release(release):
+    version, inventory, site = release
+    code, status = orch_json(inventory, "patch", "fx-tls", "status")
+    assert (code, status["status"]) == (1, "vulnerable"), status["message"]
+    assert [f["path"] for f in status["files"]] == CHANGED[version]
+    assert all(f["dist_record"] == "ok" for f in status["files"])
+
+    code, race = orch_json(inventory, "verify", "fx-race", "--trials", str(TRIALS))
+    assert (race["verdict"], race["cross_thread_raised"], race["same_thread_raised"]) == \
+        ("vulnerable", TRIALS, TRIALS)
+    # One version string in both commands: torch.__version__ ("2.8.0+cu128").
+    assert race["torch_version"] == status["torch_version"]
+    assert status["torch_version"].startswith(version + "+")
+
+    code, applied = orch_json(inventory, "patch", "fx-tls", "apply")
+    assert (code, applied["status"], applied["changed"]) == (0, "patched", True)
+    assert applied["import_check"]["problems"] == [] and "skipped" not in applied["import_check"]
+
+    code, race = orch_json(inventory, "verify", "fx-race", "--trials", str(TRIALS))
+    assert (code, race["verdict"], race["cross_thread_raised"], race["same_thread_raised"]) == \
+        (0, "fixed", 0, TRIALS)
+
+    code, again = orch_json(inventory, "patch", "fx-tls", "apply")
+    assert (code, again["changed"]) == (0, False)
+
+    code, reverted = orch_json(inventory, "patch", "fx-tls", "revert")
+    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
+        {("restored", "ok")}
+    record = record_hashes(site)
+    for relpath in CHANGED[version]:  # read from the machine's side: the bytes on disk
+        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    assert reverted["status"] == "vulnerable"
+
+    code, race = orch_json(inventory, "verify", "fx-race", "--trials", str(TRIALS))
+    assert (race["verdict"], race["cross_thread_raised"], race["same_thread_raised"]) == \
+        ("vulnerable", TRIALS, TRIALS)
+
+
+def test_the_cached_release_venvs_were_never_written(release):
+    version = release[0]
+    (site,) = Path(release_venv(version)).glob("lib/python3*/site-packages")
+    record = record_hashes(site)
+    for relpath in CHANGED[version]:
+        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    assert not (site / ".orch-fx-tls").exists()
