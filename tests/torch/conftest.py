@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import glob
 import subprocess
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.torchenv import CACHE, torch_venv
+from tests.torch.matrix import matrix
+from tests.torchenv import torch_venv
 
-UPSTREAM_FIXED_PIN = "torch==2.14.1"
-# The files of the 2.14.1 wheel the patcher reads: no torch source is kept in the repo.
-UPSTREAM_FIXED_FILES = ("torch/fx/_symbolic_trace.py", "torch/_higher_order_ops/utils.py",
-                        "torch/utils/checkpoint.py")
+UPSTREAM_FIXED = "2.14.1"
 
 
 @dataclass(frozen=True)
@@ -59,34 +56,11 @@ def module_venv_copy(real_torch_venv, tmp_path_factory) -> Venv:
     return copy_venv(real_torch_venv, tmp_path_factory.mktemp("module-venv") / "venv")
 
 
-def download_upstream_fixed_wheel(pip_python: str) -> Path:
-    wheels = Path(CACHE) / "wheels"
-    cached = sorted(wheels.glob("torch-2.14.1-*.whl"))
-    if cached:
-        return cached[0]
-    wheels.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([pip_python, "-m", "pip", "download", "--no-deps", "-q",
-                           "--disable-pip-version-check", "-d", str(wheels), UPSTREAM_FIXED_PIN],
-                          capture_output=True, text=True, timeout=900)
-    cached = sorted(wheels.glob("torch-2.14.1-*.whl"))
-    if proc.returncode != 0 or not cached:
-        pytest.skip(f"cannot get the {UPSTREAM_FIXED_PIN} wheel: {proc.stderr.strip()[-300:]}")
-    return cached[0]
-
-
 @pytest.fixture(scope="session")
-def upstream_fixed_site(real_torch_venv, tmp_path_factory) -> Path:
-    """A site-packages holding only the files of torch 2.14.1 the patcher reads, plus its
-    dist-info, extracted from the wheel at test time."""
-    wheel = download_upstream_fixed_wheel(real_torch_venv.python)
-    site = tmp_path_factory.mktemp("torch-2.14.1") / "site"
-    with zipfile.ZipFile(wheel) as archive:
-        dist_info = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")
-                     or n.endswith(".dist-info/RECORD")]
-        for name in list(UPSTREAM_FIXED_FILES) + dist_info:
-            archive.extract(name, site)
-    # An empty __init__ of our own makes torch a regular package, so this partial tree
-    # wins over any torch installed further down sys.path (a namespace package would not).
-    (site / "torch" / "__init__.py").write_text("")
-    return site
-
+def upstream_fixed_site(tmp_path_factory) -> Path:
+    """The sources and dist-info of the torch 2.14.1 wheel (the release matrix's cache,
+    scripts/torch-matrix.py), in a hard-link copy that tests may change."""
+    site, _ = matrix.release_site(UPSTREAM_FIXED)
+    copy = tmp_path_factory.mktemp("torch-" + UPSTREAM_FIXED) / "site"
+    subprocess.run(["cp", "-al", str(site), str(copy)], check=True)
+    return copy

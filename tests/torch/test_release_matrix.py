@@ -11,21 +11,15 @@ RECORD. 2.14.x: fixed-upstream, nothing changed.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.fixtures.payloads import clean_env, run_payload
-
-REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("torch_matrix", REPO / "scripts" / "torch-matrix.py")
-matrix = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(matrix)
+from tests.torch.matrix import matrix
 
 # Which files each release needs (what the issue found by hand; the patcher finds them).
 OTHER_USER = {"2.1.2": [], "2.2.2": ["torch/_higher_order_ops/cond.py"]}
