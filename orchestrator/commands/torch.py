@@ -293,6 +293,10 @@ def _print_race(target, outcome) -> None:
         f"cross-thread raised {outcome.get('cross_thread_raised')}/{outcome.get('trials')}, "
         f"same-thread control raised {outcome.get('same_thread_raised')}/"
         f"{outcome.get('same_thread_trials')} -> [bold]{outcome.get('verdict')}[/]")
+    if outcome.get("cross_thread_other_fx_leak"):
+        console.out.print(f"  {outcome['cross_thread_other_fx_leak']} cross-thread call(s) failed with "
+                          "FX's other process-wide leak (its patched torch.nn.Module.__call__: "
+                          "'module is not installed as a submodule'), not the flag")
 
 
 COMMANDS = [grep_torch, grep_pkg, patch, verify]

@@ -35,8 +35,15 @@ exception). The last line is the result (exit code 0)::
 
     {"event": "result", "torch_version": "2.13.0+cpu", "cross_thread_raised": k,
      "trials": n, "same_thread_raised": k2, "same_thread_trials": n2,
+     "cross_thread_other_fx_leak": k3,
      "verdict": "vulnerable" | "fixed" | "inconclusive" | "guard-disabled",
      "problems": ["..."], "seconds": 12.3}
+
+``cross_thread_other_fx_leak`` counts cross-thread calls that did not hit the flag's error
+but failed with FX's other process-wide leak (its patched ``torch.nn.Module.__call__``:
+"NameError: module is not installed as a submodule"), which the thread-local flag does not
+fix; torch 2.1's compiled functions hit it (docs/torch-releases.md). Such trials are
+problems, so the verdict is "inconclusive", and the problem says which leak it was.
 
 - "vulnerable": every cross-thread call raised (the flag leaks between threads);
 - "fixed": none did, and the same-thread control raised every time;
@@ -57,6 +64,13 @@ from _protocol import *  # orch: inlined when shipped
 
 ARG_SPEC = {"trials": (int, 10), "timeout": (float, 120.0)}
 NESTED_TRACE_ERROR = "Detected that you are using FX to symbolically trace"
+# What FX's process-wide patch of torch.nn.Module.__call__ raises in another thread while a
+# trace runs (not the flag: the thread-local patch does not cover it). In torch 2.1 the
+# compiled function's own graph module goes through that patched __call__.
+OTHER_FX_LEAK_ERROR = "module is not installed as a submodule"
+OTHER_FX_LEAK_NOTE = ("the FX tracing flag did not leak, but FX's process-wide patch of "
+                      "torch.nn.Module.__call__ did (NameError: %s): a limit of the flag "
+                      "patch, see docs/torch-releases.md" % OTHER_FX_LEAK_ERROR)
 
 
 def import_torch():
@@ -124,6 +138,9 @@ def cross_thread_trial(torch, timeout):
         except Exception as exc:
             if is_nested_trace_error(exc):
                 outcome["raised"] = True
+            elif isinstance(exc, NameError) and OTHER_FX_LEAK_ERROR in str(exc):
+                outcome["raised"] = False
+                outcome["problem"] = OTHER_FX_LEAK_NOTE
             else:
                 outcome["problem"] = "unexpected %s: %s" % (type(exc).__name__, exc)
         finally:
@@ -162,7 +179,7 @@ def run(args):
         raise PayloadError("timeout must be between 0 and 3600 seconds", "bad-args")
     torch = import_torch()
     started = time.monotonic()
-    cross_raised = same_raised = 0
+    cross_raised = same_raised = other_leak = 0
     problems = []
     for index in range(1, trials + 1):
         trial_started = time.monotonic()
@@ -172,6 +189,7 @@ def run(args):
         problem = "; ".join(p for p in (same_problem, cross_problem) if p) or None
         same_raised += bool(same)
         cross_raised += bool(cross)
+        other_leak += cross_problem == OTHER_FX_LEAK_NOTE
         if problem:
             problems.append("trial %d: %s" % (index, problem))
         emit("trial", index=index, trials=trials, cross_thread_raised=cross,
@@ -183,6 +201,7 @@ def run(args):
         "trials": trials,
         "same_thread_raised": same_raised,
         "same_thread_trials": trials,
+        "cross_thread_other_fx_leak": other_leak,
         "verdict": verdict(cross_raised, same_raised, trials, problems),
         "problems": problems,
         "seconds": round(time.monotonic() - started, 3),

@@ -18,8 +18,9 @@ import time
 from tests.torchenv import BASE_PYTHON, CACHE
 
 # The old releases the runtime tests install: the last one before is_fx_symbolic_tracing()
-# appeared (2.8) and one of the 2.3-2.8 shape with a different Tracer.trace (2.4).
-RUNTIME_RELEASES = ("2.8.0", "2.4.1")
+# appeared (2.8), one from the middle of the 2.3-2.8 shape (2.4), and the oldest with the
+# flag (2.1: no other reader, a backslash-continued `with` in checkpoint's recompute).
+RUNTIME_RELEASES = ("2.8.0", "2.4.1", "2.1.2")
 DONE = ".orch-test-complete"
 
 

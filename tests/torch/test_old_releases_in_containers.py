@@ -1,5 +1,5 @@
-"""The runtime proof on old torch releases: the registry's real CUDA wheels of torch 2.8.0
-and 2.4.1 (before is_fx_symbolic_tracing existed; Dynamo's guard reads is_fx_tracing())
+"""The runtime proof on old torch releases: the registry's real CUDA wheels of torch 2.8.0,
+2.4.1 and 2.1.2 (before is_fx_symbolic_tracing existed; Dynamo's guard reads is_fx_tracing())
 in sandbox containers, through orch's CLI over SSH exactly as a user runs it:
 
     status (vulnerable) -> apply -> verify fx-race (0/n, control n/n)
@@ -32,11 +32,16 @@ from tests.torch.releases import RUNTIME_RELEASES, release_venv
 pytestmark = [pytest.mark.torch, pytest.mark.sandbox, pytest.mark.old_torch]
 TRIALS = 3
 # One container per release, so the two never share a venv path or a record.
-CONTAINERS = {"2.8.0": ("sb1", 200), "2.4.1": ("sb2", 200)}
+CONTAINERS = {"2.8.0": ("sb1", 200), "2.4.1": ("sb2", 200), "2.1.2": ("sb1", 200)}
 CHANGED = {"2.8.0": ["torch/_higher_order_ops/utils.py", "torch/fx/_symbolic_trace.py",
                      "torch/utils/checkpoint.py"],
            "2.4.1": ["torch/_higher_order_ops/utils.py", "torch/fx/_symbolic_trace.py",
-                     "torch/utils/checkpoint.py"]}
+                     "torch/utils/checkpoint.py"],
+           "2.1.2": ["torch/fx/_symbolic_trace.py", "torch/utils/checkpoint.py"]}
+# Releases whose compiled function itself goes through FX's process-wide patched
+# torch.nn.Module.__call__: once the flag no longer leaks, the cross-thread call fails with
+# FX's other leak instead (docs/torch-releases.md), which the flag patch does not claim to fix.
+OTHER_FX_LEAK = {"2.1.2"}
 
 
 def venv_name(version: str) -> str:
@@ -100,8 +105,14 @@ def test_life_cycle_on_an_old_release(release):
     assert applied["import_check"]["problems"] == [] and "skipped" not in applied["import_check"]
 
     code, race = orch_json(inventory, "verify", "fx-race", "--trials", str(TRIALS))
-    assert (code, race["verdict"], race["cross_thread_raised"], race["same_thread_raised"]) == \
-        (0, "fixed", 0, TRIALS)
+    if version in OTHER_FX_LEAK:
+        # The flag's error is gone in every trial; what is left is the other leak, named.
+        assert (code, race["verdict"], race["cross_thread_raised"], race["same_thread_raised"],
+                race["cross_thread_other_fx_leak"]) == (1, "inconclusive", 0, TRIALS, TRIALS)
+        assert all("torch.nn.Module.__call__" in p for p in race["problems"])
+    else:
+        assert (code, race["verdict"], race["cross_thread_raised"], race["same_thread_raised"],
+                race["cross_thread_other_fx_leak"]) == (0, "fixed", 0, TRIALS, 0)
 
     code, again = orch_json(inventory, "patch", "fx-tls", "apply")
     assert (code, again["changed"]) == (0, False)
