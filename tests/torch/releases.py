@@ -20,7 +20,8 @@ from tests.torchenv import BASE_PYTHON, CACHE
 # The old releases the runtime tests install: the last one before is_fx_symbolic_tracing()
 # appeared (2.8), one from the middle of the 2.3-2.8 shape (2.4), and the oldest with the
 # flag (2.1: no other reader, a backslash-continued `with` in checkpoint's recompute).
-RUNTIME_RELEASES = ("2.8.0", "2.4.1", "2.1.2")
+# ORCH_TEST_OLD_TORCH="2.8.0 2.2.2 ..." runs others (2.2.2 and 2.3.1 behave as 2.1.2 does).
+RUNTIME_RELEASES = tuple(os.environ.get("ORCH_TEST_OLD_TORCH", "2.8.0 2.4.1 2.1.2").split())
 DONE = ".orch-test-complete"
 
 
