@@ -87,3 +87,20 @@ def test_an_unknown_shape_of_an_old_release_is_refused_without_touching_a_file(t
     assert matrix.tree_digest(copy) == before
     assert not (copy / ".orch-fx-tls").exists()
     shutil.rmtree(copy)
+
+
+@pytest.mark.parametrize("version", ["2.1.2", "2.2.2", "2.13.0"])
+def test_the_leftover_scan_finds_every_global_use_in_an_unpatched_tree(version):
+    """The matrix's AST scan is what says "no global use left": on the pristine sources it
+    must find the module-level flag, the `global` in Tracer.trace and the readers."""
+    site, _ = matrix.release_site(version)
+    found = []
+    for path in sorted((site / "torch").rglob("*.py")):
+        source = path.read_bytes()
+        if matrix.FLAG.encode() in source:
+            found += matrix.global_flag_uses(str(path.relative_to(site)), source)
+    assert any(": global _is_fx_tracing_flag" in f for f in found)
+    assert any(f.startswith(matrix.SYMBOLIC_TRACE) and ": the name" in f for f in found)
+    if version != "2.1.2":  # 2.1 has no other reader
+        assert any(": attribute ._is_fx_tracing_flag" in f and "_higher_order_ops/" in f
+                   for f in found)
