@@ -122,7 +122,11 @@ def require_python(target: Target, python: str, install: bool = False, output=No
                 hint="the container must reach its package sources to install python3; "
                      "without a route out, install python3 into its template or image")
     if python_missing(target, python):
-        raise PythonMissing(target, python, release)
+        raise OrchError(f"{target.name}: {python} is still missing after "
+                        + "; ".join(shlex.join(argv) for argv in commands)
+                        + f" ({release.pretty_name})",
+                        hint="the package manager may have used stale or no package lists: "
+                             "the container must reach its package sources")
 
 
 def _lines(output):
