@@ -228,9 +228,14 @@ def inventory():
 def inventory_check(app, targets, as_json):
     """Check every container at once: reachable, running, python, venv, GPUs.
 
+    A container without python3 is reported with its distribution's install command
+    (read from /etc/os-release), e.g. `orch exec CT -- apt-get install -y python3`.
+    Exit code: 0 all ok, 1 a container has a problem.
+
     \b
     Example:
       orch inventory check --json
+      orch inventory check -t drafters
     """
     fleet = app.fleet
     names = list(targets) or list(fleet.inventory.containers)

@@ -57,7 +57,8 @@ class BootstrapStep(Step):
             lines.append(f"controller: pip download {' '.join(params['packages'])} -d "
                          f"{params['wheelhouse']} (once); push missing wheels to "
                          f"{params['remote_wheelhouse']}")
-        lines.append(f"{params['python']} -m venv {venv} (unless the marker matches)")
+        lines.append(f"{params['python']} -m venv {venv} (unless the marker matches; without "
+                     "ensurepip: --without-pip, then pip from its own pushed wheel)")
         lines.append(f"{venv}/bin/python -m pip install {' '.join(self._pip_options(params))}"
                      f"{' ' if self._pip_options(params) else ''}{' '.join(params['packages'])}")
         lines.append(f"{venv}/bin/python -m pip freeze --all")

@@ -128,3 +128,15 @@ def test_a_bare_offline_debian_root_goes_to_the_dflash_demo_verdict_ok(real_root
     code, output = orch(handle, "inventory", "check", "-t", BARE, "--json")
     row = json.loads(output)[0]
     assert code == 0 and row["python_version"].startswith("3.11.") and row["ripgrep"] is False
+
+
+def test_up_remakes_a_container_whose_kind_of_root_changed(real_root):
+    """Last in this module: CT 201 (python3 removed above) goes back to the machine's root."""
+    handle, fleet = real_root
+    again = sb.up(1, 2, 0, prefix="sbr", state_dir=handle.state_dir, real_root=(200,))
+    assert sb.status(handle.state_dir)["healthy"]
+    has_rg = "import shutil; print(shutil.which('rg') is not None)"
+    assert in_container(fleet, NO_PYTHON, "python3", "-c", has_rg).text == "True\n"
+    assert in_container(fleet, BARE, "python3", "-c", has_rg).text == "False\n"
+    assert "sbr1-200: {host: sbr1, vmid: 200, venv: /root/venv}   # own debian-12 root" in \
+        again.inventory_path.read_text()
