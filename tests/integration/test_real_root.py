@@ -62,7 +62,7 @@ def test_a_real_root_is_debian_12_with_systemd_as_pid_1_and_no_network(real_root
     # its own /usr: what the machine has (rg, ensurepip) is not there
     probe = ("import importlib.util, shutil, socket\n"
              "print(shutil.which('rg'), importlib.util.find_spec('ensurepip'))\n"
-             "try:\n    socket.create_connection(('151.101.2.132', 80), timeout=3)\n"
+             "try:\n    socket.create_connection(('192.0.2.1', 80), timeout=3)\n"
              "except OSError as error:\n    print(error.errno)\n")
     lines = in_container(fleet, BARE, "python3", "-c", probe).text.split("\n")
     assert lines[0] == "None None" and lines[1] == "101"      # ENETUNREACH: no route out
