@@ -1,5 +1,6 @@
 """Searching the installed torch of containers for `def is_fx_symbolic_tracing`: orch
-against the manual way and against ripgrep run directly on the same tree, then 8
+against the manual way and against ripgrep run directly on the same tree, orch's two
+engines (ripgrep in the container, or the stdlib engine where it has none), then 8
 containers at once against one. Medians of repeated runs, side by side in one run.
 
 It stands up its own sandbox (prefix "bg", 2 hosts x 4 containers, in a temporary state
@@ -41,9 +42,10 @@ def median_ms(call, count: int) -> tuple[float, float]:
     return statistics.median(samples), samples[int(0.95 * (len(samples) - 1))]
 
 
-def search(target):
-    result = forensics.search_source(target, PATTERN, fixed=True)
+def search(target, engine="auto", expected="rg"):
+    result = forensics.search_source(target, PATTERN, fixed=True, engine=engine)
     assert result["matches"], f"no hit in {target.name}"
+    assert result["engine"] == expected, result["engine"]
     return result
 
 
@@ -91,13 +93,17 @@ def run(bed, count: int) -> list[dict]:
                                                  capture_output=True), count),
             "one orch command round trip (`true`)": median_ms(lambda: one.run(["true"]), count),
             "orch grep-torch, 1 container (API)": median_ms(lambda: search(one), count),
+            "orch grep-torch, 1 container, stdlib engine (a container without rg)":
+                median_ms(lambda: search(one, "python", "python"), count),
             "orch grep-torch, 8 containers at once (API)":
                 median_ms(lambda: _all_ok(each_concurrently(eight, search)), count),
         }
     names = list(timings)
-    manual_ms, rg_ms, trip_ms, one_ms, eight_ms = (timings[n][0] for n in names)
+    manual_ms, rg_ms, trip_ms, one_ms, stdlib_ms, eight_ms = (timings[n][0] for n in names)
     ratios = [f"{manual_ms / one_ms:.1f}x slower than orch", "",
               "", f"{one_ms / (rg_ms + trip_ms):.2f}x (rg + round trip)",
+              f"{stdlib_ms / one_ms:.2f}x (ripgrep engine); manual is "
+              f"{manual_ms / stdlib_ms:.1f}x slower",
               f"{eight_ms / one_ms:.2f}x (1 container)"]
     return [{"way": n, "median_ms": timings[n][0], "p95_ms": timings[n][1], "ratio": r}
             for n, r in zip(names, ratios)]

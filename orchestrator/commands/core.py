@@ -10,8 +10,8 @@ import time
 
 import click
 
-from orchestrator import console
-from orchestrator.errors import ConfigError, ExitCode, OrchError
+from orchestrator import console, distro
+from orchestrator.errors import ConfigError, ExitCode, OrchError, PayloadError
 from orchestrator.fleet import each_concurrently
 from orchestrator.payloads import run_payload
 from orchestrator.proxmox import ProxmoxClient
@@ -228,9 +228,14 @@ def inventory():
 def inventory_check(app, targets, as_json):
     """Check every container at once: reachable, running, python, venv, GPUs.
 
+    A container without python3 is reported with its distribution's install command
+    (read from /etc/os-release), e.g. `orch exec CT -- apt-get install -y python3`.
+    Exit code: 0 all ok, 1 a container has a problem.
+
     \b
     Example:
       orch inventory check --json
+      orch inventory check -t drafters
     """
     fleet = app.fleet
     names = list(targets) or list(fleet.inventory.containers)
@@ -252,7 +257,12 @@ def inventory_check(app, targets, as_json):
 
 
 def _check_one(target) -> dict:
-    probe = run_payload(target, "probe", {"venv": target.venv}, python="python3", timeout=60)
+    try:
+        probe = run_payload(target, "probe", {"venv": target.venv}, python="python3", timeout=60)
+    except OrchError as error:
+        if isinstance(error, PayloadError) or not distro.python_missing(target, "python3"):
+            raise
+        return _python_missing_report(target)
     venv = probe.get("venv")
     problems = []
     if venv is not None and not venv["present"]:
@@ -270,6 +280,16 @@ def _check_one(target) -> dict:
             "ripgrep": probe.get("ripgrep"), "problems": problems}
 
 
+def _python_missing_report(target) -> dict:
+    """A container without python3: nothing of orch's runs there; say how to install it."""
+    missing = distro.PythonMissing(target, "python3", distro.os_release(target))
+    fix = "; ".join(missing.fix) or "install python3 (3.8 or newer) with its package manager"
+    return {"ok": False, "reachable": True, "running": True, "python_version": None,
+            "venv": None, "gpus": None, "ripgrep": None, "os": missing.release.pretty_name,
+            "fix": missing.fix,
+            "problems": [f"python3 is not installed ({missing.release.pretty_name}): {fix}"]}
+
+
 def _reachable(error: OrchError) -> bool:
     from orchestrator.errors import ConnectionProblem
     return not isinstance(error, ConnectionProblem)
@@ -283,7 +303,7 @@ def _check_row(row: dict) -> list:
     problem = row.get("error") or "; ".join(row.get("problems", []))
     venv_text = (f"{venv.get('path')} ({'ok' if venv.get('present') else 'missing'})" if venv else "-")
     return [row["target"], row["where"], "yes" if row["ok"] else "NO",
-            row.get("python_version"), venv_text, gpu_text, problem]
+            row.get("python_version") or "-", venv_text, gpu_text, problem]
 
 
 COMMANDS = [exec_command, ct, inventory]

@@ -49,21 +49,38 @@ def sandbox():
               help="Containers per host, VMIDs 200, 201, ...")
 @click.option("--stopped", default=1, show_default=True, type=int,
               help="How many of them (the last ones) are created but left stopped.")
+@click.option("--real-root", "real_root", default="", metavar="VMIDS",
+              callback=lambda ctx, param, value: _vmid_list(value),
+              help="Comma-separated VMIDs (on every host) that get a real distribution root "
+                   "of their own instead of this machine's /usr and /etc.")
+@click.option("--root-distro", "distribution", default="debian-12", show_default=True,
+              type=click.Choice(["debian-12"]),
+              help="The distribution of the --real-root containers.")
 @click.option("--state-dir", default=None, help=STATE_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
-def up_command(hosts_count, containers_count, stopped, state_dir, as_json):
+def up_command(hosts_count, containers_count, stopped, real_root, distribution, state_dir,
+               as_json):
     """Create the sandbox, or repair and reuse the one that is there (idempotent).
+
+    Containers share this machine's /usr and /etc (read-only; they start in milliseconds)
+    unless --real-root names them: those run on a real Debian 12 root of their own
+    (mmdebstrap, minbase, python3 and systemd-sysv only; systemd is PID 1; no network
+    device but loopback). The root is built once from this machine's apt sources (about
+    30 s) and cached under ~/.cache/orch/sandbox-roots; later ups unpack it in seconds.
 
     \b
     Example:
       sudo orch sandbox up                 # sb1, sb2; CTs 200, 201 running, 202 stopped
       sudo orch sandbox up --hosts 3 --containers 2 --stopped 0
+      sudo orch sandbox up --containers 4 --stopped 1 --real-root 202   # CT 202: Debian 12
     """
     from orchestrator import sandbox as sb
 
     started = time.monotonic()
-    handle = sb.up(hosts_count, containers_count, stopped, state_dir=state_dir)
+    handle = sb.up(hosts_count, containers_count, stopped, state_dir=state_dir,
+                   real_root=real_root, distribution=distribution,
+                   progress=lambda text: click.echo(f"  {text}", err=True))
     elapsed = time.monotonic() - started
     if as_json:
         click.echo(json.dumps({"seconds": round(elapsed, 3), **sb.status(state_dir)}, indent=2))
@@ -74,6 +91,46 @@ def up_command(hosts_count, containers_count, stopped, state_dir, as_json):
                f"(ssh -F {handle.ssh_config} {handle.host_names[0]} 'pct list')")
     for item in sb.recommended_missing():
         click.echo(f"  note: {item}", err=True)
+
+
+def _vmid_list(text: str) -> tuple[int, ...]:
+    words = [word.strip() for word in (text or "").split(",") if word.strip()]
+    bad = [word for word in words if not word.isdigit()]
+    if bad:
+        raise click.BadParameter(f"{', '.join(bad)}: expected VMIDs like 202 or 200,202")
+    return tuple(int(word) for word in words)
+
+
+@sandbox.command("build-root")
+@click.option("--distro", "distribution", default="debian-12", show_default=True,
+              type=click.Choice(["debian-12"]), help="Which distribution.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@reports_errors
+def build_root_command(distribution, as_json):
+    """Build (once) and cache the real container root that `up --real-root` uses.
+
+    mmdebstrap builds it from this machine's apt sources into
+    ~/.cache/orch/sandbox-roots (or $ORCH_ROOT_CACHE); a cached root is reused.
+
+    \b
+    Example:
+      sudo orch sandbox build-root
+    """
+    from orchestrator.sandbox import roots
+
+    started = time.monotonic()
+    built_before = roots.tarball_path(distribution).is_file()
+    tarball = roots.ensure_tarball(distribution,
+                                   progress=lambda text: click.echo(text, err=True))
+    elapsed = time.monotonic() - started
+    result = {"distribution": distribution, "tarball": str(tarball),
+              "bytes": tarball.stat().st_size, "cached": built_before,
+              "seconds": round(elapsed, 3)}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    how = "cached" if built_before else f"built in {elapsed:.1f} s"
+    click.echo(f"{distribution} root {how}: {tarball} ({result['bytes'] / 1e6:.0f} MB)")
 
 
 @sandbox.command("down")
@@ -137,6 +194,7 @@ def format_status(report: dict) -> str:
         lines.append(f"  {host['name']:<6} {host['address']:<18} {sshd}{link}")
         for ct in host["containers"]:
             note = "" if ct["state"] == ct["expected"] else f" (up makes it {ct['expected']})"
-            lines.append(f"      CT {ct['vmid']}  {ct['state']}{note}")
+            root = "" if ct.get("root", "host") == "host" else f"  ({ct['root']} root)"
+            lines.append(f"      CT {ct['vmid']}  {ct['state']}{note}{root}")
     return "\n".join(lines)
 COMMANDS = [sandbox]

@@ -106,7 +106,9 @@ def _print_search(target, outcome, max_hits) -> None:
         return
     console.out.print(f"[bold]== {console.escape(target.describe())}[/]: "
                       f"{outcome.get('package', 'torch')} {outcome.get('version')} in "
-                      f"{console.escape(str(outcome.get('site_packages')))} ({outcome.get('engine')})")
+                      f"{console.escape(str(outcome.get('site_packages')))} "
+                      f"(engine: {outcome.get('engine')}"
+                      f"{', ' + outcome['engine_reason'] if outcome.get('engine_reason') else ''})")
     for match in outcome["matches"]:
         if match["event"] == "def":
             _print_definition(match)

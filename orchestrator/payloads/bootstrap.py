@@ -3,10 +3,16 @@
 Run with the BASE interpreter (the venv may not exist yet) as `PYTHON - ARGS_JSON`:
   {"action": "check" | "install" | "list", "venv": "~/venv", "hash": "...", "packages": [...],
    "index_url": null, "extra_index_urls": [], "find_links": null, "no_index": false,
-   "pip_args": [], "force": false, "dir": "/var/tmp/orch/wheelhouse"}
-check    {"up_to_date": bool, "freeze": [...]} from the marker VENV/.orch-bootstrap.json
+   "pip_args": [], "force": false, "dir": "/var/tmp/orch/wheelhouse",
+   "pip_wheel": "/var/tmp/orch/wheelhouse/pip-25.3-py3-none-any.whl"}
+check    {"up_to_date": bool, "freeze": [...], "ensurepip": bool, "venv_pip": bool,
+         "python_version": "3.11.2"} from the marker VENV/.orch-bootstrap.json
 install  creates the venv when missing, runs pip (each output line a "pip" event), records
          `pip freeze` and the marker; does nothing and says so when the marker matches.
+         Without ensurepip (Debian's python3 without python3-venv) the venv is created
+         --without-pip and pip installs itself from the pushed `pip_wheel` (pip's own wheel
+         runs as `python pip.whl/pip install --no-index pip.whl`). The result's "did"
+         lists each thing it did, in words.
 list     the files of a wheelhouse directory with their sizes (what needs no upload).
 """
 
@@ -49,6 +55,92 @@ def works(python):
         return False
 
 
+def has_ensurepip():
+    """Whether `python -m venv` can put pip into a venv (Debian ships ensurepip in
+    python3-venv; a minimal root has python3 without it)."""
+    try:
+        import importlib.util
+        return importlib.util.find_spec("ensurepip") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def has_pip(python):
+    try:
+        done = subprocess.run([python, "-m", "pip", "--version"], capture_output=True,
+                              timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def make_venv(venv, without_pip):
+    argv = [sys.executable, "-m", "venv"] + (["--without-pip"] if without_pip else []) + [venv]
+    emit("pip", line="$ " + " ".join(argv))
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def install_pip_from_wheel(python, wheel):
+    """pip's wheel is importable as a zip: it installs itself, offline."""
+    if not os.path.isfile(wheel):
+        fail("the pip wheel %s is not in the container" % wheel)
+    argv = [python, os.path.join(wheel, "pip"), "install", "--no-index", "--no-input",
+            "--disable-pip-version-check", wheel]
+    emit("pip", line="$ " + " ".join(argv))
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in done.stdout.splitlines():
+        emit("pip", line=line)
+    if done.returncode != 0:
+        fail("installing pip from %s failed with exit code %d:\n%s"
+             % (wheel, done.returncode, "\n".join("  | " + l for l in done.stdout.splitlines()[-8:])))
+
+
+def create_venv(args, venv, did):
+    """A venv at `venv` with pip in it, with ensurepip when the python has it, else from
+    the pushed pip wheel."""
+    python = venv_python(venv)
+    wheel = args.get("pip_wheel")
+    if not has_ensurepip() and wheel:
+        done = make_venv(venv, without_pip=True)
+        if done.returncode != 0:
+            fail("cannot create the venv %s: %s" % (venv, (done.stderr or done.stdout).strip()[-500:]))
+        did.append("created the venv %s with %s --without-pip (this python has no ensurepip)"
+                   % (venv, sys.executable))
+        return
+    done = make_venv(venv, without_pip=False)
+    if done.returncode == 0:
+        did.append("created the venv %s with %s -m venv" % (venv, sys.executable))
+        return
+    reason = (done.stderr or done.stdout).strip()[-500:]
+    if not wheel:
+        fail("cannot create the venv %s: %s (Debian needs python3-venv; or give orch a "
+             "wheelhouse so it can push pip's wheel)" % (venv, reason))
+    done = make_venv(venv, without_pip=True)
+    if done.returncode != 0 or not works(python):
+        fail("cannot create the venv %s even --without-pip: %s"
+             % (venv, (done.stderr or done.stdout).strip()[-500:]))
+    did.append("created the venv %s with %s --without-pip (-m venv failed: %s)"
+               % (venv, sys.executable, reason.splitlines()[0] if reason else "?"))
+
+
+def ensure_pip(args, python, did):
+    if has_pip(python):
+        return
+    wheel = args.get("pip_wheel")
+    if not wheel:
+        fail("the venv's python %s has no pip and orch pushed no pip wheel" % python)
+    install_pip_from_wheel(python, wheel)
+    version = pip_version(python)
+    did.append("installed pip %s into the venv from the pushed wheel %s (offline)"
+               % (version or "?", wheel))
+
+
+def pip_version(python):
+    done = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True)
+    words = done.stdout.split()
+    return words[1] if done.returncode == 0 and len(words) > 1 else None
+
+
 def freeze(python):
     done = subprocess.run([python, "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
                           capture_output=True, text=True, timeout=300)
@@ -65,8 +157,11 @@ def up_to_date(args, venv):
 
 def check(args, venv):
     fresh = up_to_date(args, venv)
+    python = venv_python(venv)
     emit("result", up_to_date=fresh, venv=venv,
-         freeze=freeze(venv_python(venv)) if fresh else [])
+         freeze=freeze(python) if fresh else [], ensurepip=has_ensurepip(),
+         venv_pip=fresh or (works(python) and has_pip(python)),
+         python_version="%d.%d.%d" % sys.version_info[:3])
 
 
 def install(args, venv):
@@ -76,13 +171,12 @@ def install(args, venv):
              message="venv already matches what the playbook asks (marker %s)" % args["hash"][:12])
         return
     created = False
+    did = []
     if not works(python):
         emit("pip", line="creating venv %s with %s" % (venv, sys.executable))
-        done = subprocess.run([sys.executable, "-m", "venv", venv], capture_output=True, text=True)
-        if done.returncode != 0:
-            fail("cannot create the venv %s: %s (Debian needs python3-venv)"
-                 % (venv, (done.stderr or done.stdout).strip()[-500:]))
+        create_venv(args, venv, did)
         created = True
+    ensure_pip(args, python, did)
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     if args.get("no_index"):
         argv.append("--no-index")
@@ -106,6 +200,9 @@ def install(args, venv):
     code = process.wait()
     if code != 0:
         fail("pip install failed with exit code %d:\n%s" % (code, "\n".join("  | " + l for l in tail[-8:])))
+    where = ("the pushed wheelhouse %s (--no-index)" % args["find_links"]
+             if args.get("no_index") and args.get("find_links") else "the package index")
+    did.append("installed %s from %s" % (" ".join(args["packages"]), where))
     frozen = freeze(python)
     marker = {"hash": args["hash"], "packages": args["packages"], "installed_at": time.time(),
               "seconds": round(time.time() - started, 1), "freeze": frozen}
@@ -113,7 +210,7 @@ def install(args, venv):
         json.dump(marker, handle, indent=1)
     os.replace(os.path.join(venv, MARKER + ".part"), os.path.join(venv, MARKER))
     emit("result", changed=True, created=created, venv=venv, freeze=frozen,
-         seconds=marker["seconds"])
+         seconds=marker["seconds"], did=did)
 
 
 def list_dir(args):

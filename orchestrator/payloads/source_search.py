@@ -38,7 +38,8 @@ Paths are relative to site-packages, "/"-separated; ``text`` is the line without
 The last line is the result (exit code 0)::
 
     {"event": "result", "mode": "grep", "hits": N, "files_searched": M | null,
-     "truncated": bool, "engine": "rg" | "python", "version": "2.13.0+cpu",
+     "truncated": bool, "engine": "rg" | "python", "engine_reason": "no ripgrep in the
+     container", "version": "2.13.0+cpu",
      "package_dir": "...", "site_packages": "...", "warnings": ["..."]}
 
 ``truncated`` is true when more than max_hits hits exist; ``files_searched`` is then null
@@ -540,6 +541,17 @@ def run_def(args, where, warnings):
     return engine, count, False, files_count
 
 
+def engine_reason(requested, engine):
+    """Why this engine searched, in words (the output says which engine ran and why)."""
+    if requested == engine:
+        return "asked for"
+    if engine == "rg":
+        return "ripgrep is on PATH"
+    if shutil.which("rg") is None:
+        return "no ripgrep in the container"
+    return "a pattern ripgrep cannot take"
+
+
 def run(args):
     check_args(args)
     where = locate(args["package"])
@@ -552,6 +564,7 @@ def run(args):
         "files_searched": files_searched,
         "truncated": truncated,
         "engine": engine,
+        "engine_reason": engine_reason(args["engine"], engine),
         "version": where["version"],
         "package_dir": where["package_dir"],
         "site_packages": where["site_packages"],

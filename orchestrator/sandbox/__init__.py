@@ -7,6 +7,7 @@ paths.py for the state directory's layout.
 
     from orchestrator import sandbox
     sb = sandbox.up()                  # 2 hosts (sb1, sb2), CTs 200, 201 running, 202 stopped
+    sandbox.up(real_root=(201,))       # CT 201 on a real Debian 12 root of its own (roots.py)
     sb.inventory_path                  # /var/lib/orch-sandbox/inventory.yaml
     sandbox.link_down("sb1")           # helpers also work on the current sandbox by name
     sandbox.down()                     # nothing left behind but the keys and logs

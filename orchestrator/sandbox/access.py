@@ -81,6 +81,8 @@ def inventory_text(layout: Layout, paths: StatePaths) -> str:
             name = f"{host.name}-{ct.vmid}"
             (running if ct.running else stopped).append(name)
             note = "" if ct.running else "   # stopped"
+            if ct.real_root:
+                note += f"   # own {ct.root} root: python3 only, no network"
             lines.append(f"  {name}: {{host: {host.name}, vmid: {ct.vmid}, venv: {VENV}}}{note}")
     lines.append("groups:")
     lines.append(f"  running: [{', '.join(running)}]")

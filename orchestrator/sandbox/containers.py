@@ -36,15 +36,82 @@ def write_container(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> Non
     """Create the container's rootfs skeleton if it has none, and bring its LXC and PVE
     configs up to date (a running container only reads them at its next start)."""
     directory = container_dir(paths, host, ct.vmid)
-    if not (directory / "rootfs" / "usr").is_dir():
-        _make_rootfs(directory / "rootfs")
-    write_if_changed(directory / "hostname", ct.hostname + "\n")
-    write_if_changed(directory / "hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{ct.hostname}\n"
-                                          "::1\tlocalhost ip6-localhost\n")
-    write_if_changed(directory / "config", lxc_config(paths, host, ct))
+    if ct.real_root:
+        _write_real_root(paths, host, ct, directory)
+    else:
+        if not (directory / "rootfs" / "usr").is_dir():
+            _make_rootfs(directory / "rootfs")
+        write_if_changed(directory / "hostname", ct.hostname + "\n")
+        write_if_changed(directory / "hosts", hosts_text(ct))
+        write_if_changed(directory / "config", lxc_config(paths, host, ct))
     pve_file = pve_config_file(paths, host, ct.vmid)
     pve_file.parent.mkdir(parents=True, exist_ok=True)
     write_if_changed(pve_file, pve_config(ct))
+
+
+def hosts_text(ct: ContainerSpec) -> str:
+    return (f"127.0.0.1\tlocalhost\n127.0.1.1\t{ct.hostname}\n"
+            "::1\tlocalhost ip6-localhost\n")
+
+
+def root_kind_file(directory: Path) -> Path:
+    return directory / "root-kind"
+
+
+def root_kind(paths: StatePaths, host: HostSpec, vmid: int) -> str | None:
+    """What the container on disk was made as ("host" or a distribution), None if unknown."""
+    directory = container_dir(paths, host, vmid)
+    try:
+        return root_kind_file(directory).read_text().strip()
+    except FileNotFoundError:
+        return "host" if (directory / "rootfs" / "usr").is_dir() else None
+
+
+def _write_real_root(paths: StatePaths, host: HostSpec, ct: ContainerSpec,
+                     directory: Path) -> None:
+    """A container on its own distribution root: the unpacked root (shared, read-only) as
+    the lower layer of an overlay, the container's changes in its own delta/."""
+    from . import roots
+
+    base = roots.unpacked_root(paths, ct.root)
+    delta = directory / "delta"
+    delta.mkdir(parents=True, exist_ok=True)
+    # what Proxmox writes into a container's /etc: written into the overlay's upper layer
+    # before the first start (and never again while it may be mounted)
+    etc = delta / "etc"
+    etc.mkdir(exist_ok=True)
+    for name, text in (("hostname", ct.hostname + "\n"), ("hosts", hosts_text(ct))):
+        if not (etc / name).exists():
+            (etc / name).write_text(text)
+    write_if_changed(root_kind_file(directory), ct.root + "\n")
+    write_if_changed(directory / "config", real_root_lxc_config(paths, host, ct, base, delta))
+
+
+def real_root_lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec, base: Path,
+                         delta: Path) -> str:
+    """LXC config of a real-root container: its own /usr and /etc, the distribution's init
+    (systemd) as PID 1, loopback only. The state directory is visible in the host as it is
+    here, so base and delta need no translation."""
+    return "\n".join([
+        f"# written by `orch sandbox up`: CT {ct.vmid} of sandbox host {host.name}, "
+        f"on a real {ct.root} root",
+        f"lxc.uts.name = {ct.hostname}",
+        f"lxc.rootfs.path = overlay:{base}:{delta}",
+        "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,create=dir 0 0",
+        "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
+        "lxc.autodev = 1",
+        "lxc.pty.max = 64",
+        "lxc.tty.max = 2",
+        # no network device but loopback: no route out of the sandbox
+        "lxc.net.0.type = empty",
+        "lxc.init.cmd = /sbin/init",
+        "lxc.apparmor.profile = unconfined",
+        f"lxc.cgroup.dir.monitor = {host.cgroup}/{ct.vmid}.monitor",
+        f"lxc.cgroup.dir.container = {host.cgroup}/{ct.vmid}",
+        f"lxc.log.file = {paths.lxc_log(host.name, ct.vmid)}",
+        "lxc.log.level = WARN",
+        "",
+    ])
 
 
 def write_if_changed(path: Path, text: str) -> None:
@@ -98,8 +165,10 @@ def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
 def pve_config(ct: ContainerSpec) -> str:
     """A Proxmox CT config (/etc/pve/nodes/NODE/lxc/VMID.conf) as `pct create` writes it."""
     cores = min(os.cpu_count() or 1, 4)
+    note = (f"#orch sandbox container on a real {ct.root} root (no network)" if ct.real_root
+            else "#orch sandbox container (rootfs shares the machine's /usr and /etc read-only)")
     return "\n".join([
-        "#orch sandbox container (rootfs shares the machine's /usr and /etc read-only)",
+        note,
         "arch: amd64",
         f"cores: {cores}",
         "features: nesting=1",

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import access, containers, faults, hosts
+from . import access, containers, faults, hosts, roots
 from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
 from .paths import StatePaths
 from .prereqs import require
@@ -49,13 +49,18 @@ def locked(paths: StatePaths):
 # --- up -----------------------------------------------------------------------------------------
 
 def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix: str = "sb",
-       state_dir: Path | str | None = None) -> "Sandbox":
+       state_dir: Path | str | None = None, real_root: tuple[int, ...] = (),
+       distribution: str = roots.DEFAULT_DISTRIBUTION, progress=None) -> "Sandbox":
+    """Build (or converge to) the layout; the CTs in `real_root` get their own
+    `distribution` root (roots.py) instead of the machine's /usr and /etc."""
     from .handle import Sandbox
 
     paths = StatePaths.at(state_dir)
     require(paths)
-    layout = build_layout(hosts_count, containers_count, stopped, prefix)
+    layout = build_layout(hosts_count, containers_count, stopped, prefix, tuple(real_root),
+                          distribution)
     with locked(paths):
+        _prepare_roots(paths, layout, progress)
         previous = Layout.load(paths.layout_file)
         wanted = {host.name for host in layout.hosts}
         unwanted = _known_host_names(paths, previous, prefix) - wanted
@@ -75,6 +80,14 @@ def _prepare_machine(paths: StatePaths) -> None:
         directory.mkdir(parents=True, exist_ok=True)
     access.ensure_key(paths.client_key, "orch-sandbox-client")
     install_tools(paths)
+
+
+def _prepare_roots(paths: StatePaths, layout: Layout, progress) -> None:
+    """The distribution roots the layout's containers need, unpacked in the state
+    directory (the tarball is built once and cached)."""
+    wanted = {ct.root for host in layout.hosts for ct in host.containers if ct.real_root}
+    for distribution in sorted(wanted):
+        roots.ensure_unpacked(paths, distribution, progress)
 
 
 def install_tools(paths: StatePaths) -> None:
@@ -150,6 +163,11 @@ def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
     running = containers.running_vmids(holder)
     for vmid in containers.configured_vmids(paths, spec) - {ct.vmid for ct in spec.containers}:
         containers.remove(paths, spec, holder, vmid, running=vmid in running)
+    for ct in spec.containers:     # a container whose kind of root changed is made anew
+        kind = containers.root_kind(paths, spec, ct.vmid)
+        if kind is not None and kind != ct.root:
+            containers.remove(paths, spec, holder, ct.vmid, running=ct.vmid in running)
+            running.discard(ct.vmid)
     for ct in spec.containers:
         containers.write_container(paths, spec, ct)
         if ct.running and ct.vmid not in running:
@@ -178,6 +196,7 @@ def down(purge: bool = False, state_dir: Path | str | None = None,
             leftover.unlink(missing_ok=True)
         for directory in (paths.bin_dir, paths.hosts_dir):
             hosts.remove_tree(directory)
+        roots.remove_unpacked(paths)     # the tarball stays cached for the next up
         remove_empty_parents(f"{CGROUP_ROOT}/x")
         if purge:
             hosts.remove_tree(paths.root)
@@ -234,7 +253,7 @@ def _host_status(paths: StatePaths, spec: HostSpec) -> dict:
         "netns": health.netns, "holder_pid": health.holder_pid, "sshd_pid": health.sshd_pid,
         "link_up": hosts.link_is_up(spec),
         "ssh_port_open": health.sshd and _port_open(spec.address, 22),
-        "containers": [{"vmid": ct.vmid, "name": f"{spec.name}-{ct.vmid}",
+        "containers": [{"vmid": ct.vmid, "name": f"{spec.name}-{ct.vmid}", "root": ct.root,
                         "state": "running" if ct.vmid in running else "stopped",
                         "expected": "running" if ct.running else "stopped"}
                        for ct in spec.containers],

@@ -33,6 +33,13 @@ class LayoutError(OrchError):
 class ContainerSpec:
     vmid: int
     running: bool
+    # "host": the machine's /usr and /etc bind-mounted (fast); else the name of a real
+    # distribution root (roots.py), e.g. "debian-12"
+    root: str = "host"
+
+    @property
+    def real_root(self) -> bool:
+        return self.root != "host"
 
     @property
     def hostname(self) -> str:
@@ -88,7 +95,8 @@ class Layout:
     def from_json(cls, text: str) -> "Layout":
         data = json.loads(text)
         hosts = tuple(
-            HostSpec(h["name"], tuple(ContainerSpec(c["vmid"], c["running"])
+            HostSpec(h["name"], tuple(ContainerSpec(c["vmid"], c["running"],
+                                                    c.get("root", "host"))
                                       for c in h["containers"]))
             for h in data["hosts"])
         return cls(data["prefix"], hosts)
@@ -108,9 +116,11 @@ def host_name(prefix: str, index: int) -> str:
 
 
 def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
-                 prefix: str = "sb") -> Layout:
+                 prefix: str = "sb", real_root: tuple[int, ...] = (),
+                 distribution: str = "debian-12") -> Layout:
     """N hosts named PREFIX1..PREFIXN, each with CTs 200.. of which the last `stopped` are
-    created but not started (tests need a stopped container)."""
+    created but not started (tests need a stopped container). The CTs in `real_root` get
+    their own `distribution` root instead of the machine's /usr and /etc, on every host."""
     if not NAME_PREFIX_PATTERN.match(prefix):
         raise LayoutError(f"sandbox host prefix {prefix!r} must be 1-6 lowercase letters or "
                           "digits, starting with a letter (interface names are 15 chars max)")
@@ -121,6 +131,13 @@ def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
     if not 0 <= stopped <= containers:
         raise LayoutError(f"--stopped must be between 0 and --containers ({containers})")
     running_count = containers - stopped
-    cts = tuple(ContainerSpec(FIRST_VMID + i, i < running_count) for i in range(containers))
+    vmids = [FIRST_VMID + i for i in range(containers)]
+    unknown = sorted(set(real_root) - set(vmids))
+    if unknown:
+        raise LayoutError(f"--real-root {','.join(map(str, unknown))}: the layout's containers "
+                          f"are {vmids[0]}-{vmids[-1]}")
+    cts = tuple(ContainerSpec(vmid, i < running_count,
+                              distribution if vmid in real_root else "host")
+                for i, vmid in enumerate(vmids))
     return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts)
                                 for i in range(1, hosts + 1)))

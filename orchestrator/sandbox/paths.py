@@ -10,6 +10,8 @@
       layout.json                   what up built: hosts, containers, PIDs
       bin/                          the emulated pct and pvesh (copied at each up)
       hosts/HOST/                   runtime of one host: its HOME, /var/lib/lxc, /etc/pve
+      roots/DISTRO-HASH/            an unpacked real root (up --real-root; roots.py), the
+                                    lower layer of those containers' overlays
       .lock                         serialises up and down
 `down` removes everything but the keys and logs; `down --purge` removes STATE itself.
 """

@@ -22,7 +22,7 @@ REQUIRED_COMMANDS = {
     "sshd": "openssh-server", "ssh-keygen": "openssh-client", "ssh": "openssh-client",
     "ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
 }
-RECOMMENDED_COMMANDS = {"rg": "ripgrep", "nft": "nftables"}
+RECOMMENDED_COMMANDS = {"rg": "ripgrep", "nft": "nftables", "mmdebstrap": "mmdebstrap"}
 LXC_INIT = "/usr/sbin/init.lxc.static"
 SYSTEM_PYTHON = "/usr/bin/python3"
 SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
@@ -90,7 +90,8 @@ def missing_prerequisites(paths: StatePaths | None = None) -> list[Missing]:
 
 
 def recommended_missing() -> list[Missing]:
-    """Not needed by the sandbox itself, but by what runs in it (grep steps, fault tests)."""
+    """Not needed by the sandbox itself, but by what runs in it (grep steps, fault tests,
+    real-root containers)."""
     return [Missing(f"{command} not found", package)
             for command, package in RECOMMENDED_COMMANDS.items() if not find_command(command)]
 

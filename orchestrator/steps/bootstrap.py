@@ -4,22 +4,31 @@ of what was asked (a second run does nothing and says so).
 For hosts without internet, `wheelhouse:` names a folder on the controller: orch fills it
 with `pip download` (once) and pushes the wheels the container lacks, then installs with
 --no-index from there.
+
+A bare container (a distribution's python3 and nothing else, no network) works too: when
+its python has no ensurepip (Debian without python3-venv), orch pushes pip's own wheel
+and the payload creates the venv --without-pip and lets pip install itself from it. When
+python3 itself is missing, the step fails with the distribution's install command, or
+runs it with `install_python: true` (the container must reach its package sources).
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import subprocess
 import sys
 
-from orchestrator.errors import OrchError
+from orchestrator import distro
+from orchestrator.errors import OrchError, PayloadError
 from orchestrator.payloads import run_payload
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
 REMOTE_WHEELHOUSE = "/var/tmp/orch/wheelhouse"
 DOWNLOAD_MARKER = ".orch-wheelhouse.json"
+PIP_WHEEL_CACHE = "~/.cache/orch/pip-wheels"
 
 
 class BootstrapStep(Step):
@@ -36,6 +45,9 @@ class BootstrapStep(Step):
         "remote_wheelhouse": Param((str,), default=REMOTE_WHEELHOUSE),
         "pip_args": Param((list,), default=[], items=(str,)),
         "force": Param((bool,), default=False, doc="reinstall even when the marker matches"),
+        "install_python": Param((bool,), default=False,
+                                doc="python3 missing: run the distribution's package manager "
+                                    "(the container must reach its package sources)"),
     }
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
@@ -45,7 +57,8 @@ class BootstrapStep(Step):
             lines.append(f"controller: pip download {' '.join(params['packages'])} -d "
                          f"{params['wheelhouse']} (once); push missing wheels to "
                          f"{params['remote_wheelhouse']}")
-        lines.append(f"{params['python']} -m venv {venv} (unless the marker matches)")
+        lines.append(f"{params['python']} -m venv {venv} (unless the marker matches; without "
+                     "ensurepip: --without-pip, then pip from its own pushed wheel)")
         lines.append(f"{venv}/bin/python -m pip install {' '.join(self._pip_options(params))}"
                      f"{' ' if self._pip_options(params) else ''}{' '.join(params['packages'])}")
         lines.append(f"{venv}/bin/python -m pip freeze --all")
@@ -68,8 +81,7 @@ class BootstrapStep(Step):
         digest = self._hash(params, wheels)
         base = {"venv": venv, "hash": digest, "packages": params["packages"],
                 "force": params["force"]}
-        checked = run_payload(target, "bootstrap", {**base, "action": "check"},
-                              python=params["python"], timeout=ctx.remaining(300))
+        checked = self._check(ctx, params, base)
         if checked.get("up_to_date"):
             return self._done(ctx, venv, checked, changed=False, digest=digest)
         args = {**base, "action": "install", "index_url": params["index_url"],
@@ -78,6 +90,9 @@ class BootstrapStep(Step):
             self._push_wheels(ctx, local_dir, wheels, params["remote_wheelhouse"])
             args["find_links"] = params["remote_wheelhouse"]
             args["no_index"] = not params["index_url"] and not params["extra_index_urls"]
+        if not checked.get("ensurepip") and not checked.get("venv_pip"):
+            args["pip_wheel"] = self._push_pip_wheel(ctx, params, local_dir,
+                                                     checked.get("python_version"))
 
         def on_event(event: dict) -> None:
             if event.get("event") == "pip":
@@ -95,13 +110,83 @@ class BootstrapStep(Step):
             info.pip_freeze = freeze
             ctx.runner.save_targets()
         torch = next((line.split("==", 1)[1] for line in freeze if line.lower().startswith("torch==")), None)
-        if changed:
+        did = result.get("did") or []
+        if changed and did:
+            message = "; ".join(did) + f" ({result.get('seconds', '?')} s)"
+        elif changed:
             message = f"installed into {venv} ({result.get('seconds', '?')} s)"
         else:
             message = f"nothing to do: {venv} already matches (marker {digest[:12]})"
         return StepOutcome(status="changed" if changed else "ok", message=message,
                            data={"changed": changed, "venv": venv, "hash": digest,
-                                 "freeze": freeze, "torch": torch})
+                                 "freeze": freeze, "torch": torch, "did": did})
+
+    def _check(self, ctx: StepContext, params: dict, base: dict) -> dict:
+        """The check payload's answer; a missing python3 is reported with the distribution's
+        install command (or installed, with install_python)."""
+        target, python = ctx.target, params["python"]
+
+        def check() -> dict:
+            return run_payload(target, "bootstrap", {**base, "action": "check"},
+                               python=python, timeout=ctx.remaining(300))
+        try:
+            return check()
+        except PayloadError:
+            raise
+        except OrchError:
+            if not distro.python_missing(target, python):
+                raise
+        try:
+            distro.require_python(target, python, install=params["install_python"],
+                                  output=ctx.output)
+        except OrchError as error:
+            raise StepFailed(str(error)) from None
+        ctx.progress(f"installed {python} in {target.name} with its package manager")
+        return check()
+
+    def _push_pip_wheel(self, ctx: StepContext, params: dict, local_dir: str | None,
+                        python_version: str | None) -> str:
+        """Push pip's own wheel (the container's python has no ensurepip); returns its path
+        in the container."""
+        path, source = self._pip_wheel(ctx, local_dir, python_version)
+        name = os.path.basename(path)
+        ctx.progress(f"{params['python']} in {ctx.target.name} has no ensurepip: pushing pip's "
+                     f"wheel {name} ({source})")
+        remote_dir = params["remote_wheelhouse"]
+        self._push_wheels(ctx, os.path.dirname(path), {name: os.path.getsize(path)}, remote_dir)
+        return f"{remote_dir}/{name}"
+
+    def _pip_wheel(self, ctx: StepContext, local_dir: str | None,
+                   python_version: str | None) -> tuple[str, str]:
+        """A pip wheel for the container's python: from the wheelhouse, the cache, PyPI
+        (pip download for that python version, cached), or this machine's own bundled one."""
+        if local_dir:
+            found = sorted(glob.glob(os.path.join(local_dir, "pip-*.whl")))
+            if found:
+                return found[-1], "from the wheelhouse"
+        short = ".".join((python_version or "").split(".")[:2])
+        cache = os.path.join(os.path.expanduser(PIP_WHEEL_CACHE), f"py{short or 'any'}")
+        found = sorted(glob.glob(os.path.join(cache, "pip-*.whl")))
+        if found:
+            return found[-1], f"cached in {cache}"
+        os.makedirs(cache, exist_ok=True)
+        argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+                "--only-binary=:all:", "--no-deps", "-d", cache, "pip"]
+        if short:
+            argv[4:4] = ["--python-version", short]
+        ctx.progress(f"downloading pip's wheel for python {short or '?'} into {cache}")
+        done = subprocess.run(argv, capture_output=True, text=True)
+        found = sorted(glob.glob(os.path.join(cache, "pip-*.whl")))
+        if done.returncode == 0 and found:
+            return found[-1], f"downloaded into {cache}"
+        bundled = sorted(glob.glob("/usr/share/python-wheels/pip-*.whl") + glob.glob(
+            os.path.join(os.path.dirname(subprocess.__file__), "ensurepip", "_bundled",
+                         "pip-*.whl")))
+        if bundled:
+            return bundled[-1], "this machine's bundled wheel (pip download failed)"
+        raise StepFailed("the container's python has no ensurepip and orch found no pip wheel "
+                         f"to push: pip download failed ({(done.stderr or '').strip()[-300:]}); "
+                         "put a pip-*.whl into the wheelhouse")
 
     @staticmethod
     def _pip_options(params: dict) -> list[str]:

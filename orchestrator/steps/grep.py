@@ -9,6 +9,9 @@ from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOu
 SHOWN = 20  # matches kept in the record and shown on the console
 
 
+ENGINE_WORDS = {"rg": "ripgrep", "python": "the stdlib engine"}
+
+
 class GrepStep(Step):
     kind = "grep"
     summary = "search installed package source (orch grep-torch as a step)"
@@ -51,8 +54,9 @@ class GrepStep(Step):
         evidence = [f"{m.get('path')}:{m.get('line')}: {str(m.get('text') or m.get('qualname') or '').strip()}"
                     for m in matches[:SHOWN]]
         version = result.get("version")
+        engine = result.get("engine")
         data = {"count": len(matches), "truncated": bool(result.get("truncated")),
-                "version": version, "site_packages": result.get("site_packages"),
+                "version": version, "engine": engine, "engine_reason": result.get("engine_reason"), "site_packages": result.get("site_packages"),
                 "matches": [{k: m.get(k) for k in ("path", "line", "text", "qualname", "kind")
                              if m.get(k) is not None} for m in matches[:SHOWN]]}
         if version and params["package"] == "torch" and ctx.info is not None:
@@ -60,6 +64,9 @@ class GrepStep(Step):
             ctx.runner.save_targets()
         message = (f"{len(matches)} match{'es' if len(matches) != 1 else ''} for "
                    f"{params['pattern']!r} in {params['package']} {version or ''}").strip()
+        if engine:
+            message += (f" (searched with {ENGINE_WORDS.get(engine, engine)}: "
+                        f"{result.get('engine_reason', '?')})")
         finding = Finding(target=ctx.target.name, signature=f"grep:{params['pattern']}",
                           message=message, evidence=evidence)
         if params["expect"] == "present" and not matches:

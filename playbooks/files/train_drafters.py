@@ -31,6 +31,7 @@ Only torch is needed. Sizes that behave like the real run:
 
 Switches for demos and tests
   --uncompiled         flex_attention eager (unfused, one call at a time): the degraded mode.
+  --compile-backend B  torch.compile backend (inductor; aot_eager where no C++ compiler is).
   --slow-ms N          sleep N ms per step per drafter: plants a throughput regression.
   --race               hold a make_fx trace open in a helper thread while the drafters make
                        their first compiled call: the FX race error, deterministic, on CPU.
@@ -115,15 +116,17 @@ _FLEX_FN = None
 _EAGER_FLEX_LOCK = threading.Lock()
 
 
-def get_flex_attention(compiled: bool):
+def get_flex_attention(compiled: bool, backend: str = "inductor"):
     """Process-wide flex_attention, built once (transformers keeps the same singleton).
 
     torch.compile only wraps here; the real compile happens on the first call in each
-    thread, and that first call is where the FX tracing-flag race bites."""
+    thread, and that first call is where the FX tracing-flag race bites (in Dynamo, before
+    any backend runs: the race is the same with every backend)."""
     global _FLEX_FN
     with _FLEX_LOCK:
         if _FLEX_FN is None:
-            _FLEX_FN = torch.compile(flex_attention, dynamic=False) if compiled else _eager_flex
+            _FLEX_FN = (torch.compile(flex_attention, dynamic=False, backend=backend)
+                        if compiled else _eager_flex)
         return _FLEX_FN
 
 
@@ -458,7 +461,7 @@ class DrafterRun:
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         # same language for every drafter (like one dataset), own sampling per drafter
         self.orbits = successor_orbits(a.seed, self.vocab, a.seq, self.device)
-        self.flex_fn = get_flex_attention(compiled=not a.uncompiled)
+        self.flex_fn = get_flex_attention(compiled=not a.uncompiled, backend=a.compile_backend)
 
     # -- one step ------------------------------------------------------------
 
@@ -599,6 +602,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads per CPU drafter (default: cores / CPU drafters, >= 1)")
     p.add_argument("--uncompiled", action="store_true",
                    help="flex_attention eager, unfused: the degraded mode")
+    p.add_argument("--compile-backend", choices=("inductor", "aot_eager", "eager"),
+                   default="inductor",
+                   help="torch.compile backend of flex_attention (default inductor; on CPU "
+                        "inductor needs a C++ compiler and the Python headers, which a bare "
+                        "container lacks: aot_eager needs neither)")
     p.add_argument("--slow-ms", type=non_negative_float, default=0.0,
                    help="sleep this many ms per step per drafter")
     p.add_argument("--race", action="store_true",

@@ -229,6 +229,9 @@ def test_a_pattern_with_a_line_break_matches_no_single_line(tree):
 def test_look_around_falls_back_to_python_with_auto_and_is_refused_by_rg(tree):
     auto = search(tree, r"(?<!_)needle\b")
     assert auto.expect_result()["engine"] == "python"
+    assert auto.final["engine_reason"] == "a pattern ripgrep cannot take"
+    assert search(tree, "needle", engine="python").final["engine_reason"] == "asked for"
+    assert search(tree, "needle", engine="auto").final["engine_reason"] == "ripgrep is on PATH"
     assert ("pkg/a/b.py", 1) in [(h["path"], h["line"]) for h in auto.of("hit")]
     search(tree, r"(?<!_)needle", engine="rg").expect_error("bad-pattern")
 
@@ -253,7 +256,9 @@ def test_a_missing_rg_is_reported_when_asked_for(tree):
     run.expect_error("rg-failed")
     auto = run_payload(sys.executable, "source_search", {"package": "pkg", "pattern": "needle"},
                        env=env)
-    assert auto.expect_result()["engine"] == "python"
+    result = auto.expect_result()
+    assert (result["engine"], result["engine_reason"]) == ("python", "no ripgrep in the container")
+    assert hits_of(auto) == hits_of(search(tree, "needle", engine="python"))
 
 
 # --- def mode ------------------------------------------------------------------------------

@@ -1,0 +1,40 @@
+"""The sandbox layout's per-container choice of root (no sandbox needed)."""
+
+import pytest
+
+from orchestrator.sandbox import roots
+from orchestrator.sandbox.layout import ContainerSpec, Layout, LayoutError, build_layout
+
+
+def test_real_root_containers_are_chosen_per_vmid_on_every_host():
+    layout = build_layout(2, 3, 1, real_root=(201,))
+    for host in layout.hosts:
+        assert [(ct.vmid, ct.root) for ct in host.containers] == [
+            (200, "host"), (201, "debian-12"), (202, "host")]
+        assert host.container(201).real_root and not host.container(200).real_root
+
+
+def test_a_real_root_vmid_outside_the_layout_is_refused():
+    with pytest.raises(LayoutError, match="--real-root 207: the layout's containers are 200-202"):
+        build_layout(1, 3, 0, real_root=(201, 207))
+
+
+def test_layout_json_round_trips_and_reads_files_written_before_real_roots():
+    layout = build_layout(1, 2, 0, real_root=(200,))
+    assert Layout.from_json(layout.to_json()) == layout
+    old = ('{"prefix": "sb", "hosts": [{"name": "sb1", "containers": '
+           '[{"vmid": 200, "running": true}]}]}')
+    assert Layout.from_json(old).hosts[0].containers == (ContainerSpec(200, True, "host"),)
+
+
+def test_the_root_cache_is_named_after_the_recipe_and_the_machine_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv(roots.CACHE_ENV, str(tmp_path))
+    sources = tmp_path / "debian.sources"
+    sources.write_text("Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm\n")
+    monkeypatch.setattr(roots, "machine_sources", lambda: [sources])
+    first = roots.tarball_path("debian-12")
+    assert first.parent == tmp_path and first.name.startswith("debian-12-")
+    sources.write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n")
+    assert roots.tarball_path("debian-12") != first
+    with pytest.raises(roots.SandboxError, match="unknown root distribution 'plan9'"):
+        roots.tarball_path("plan9")
