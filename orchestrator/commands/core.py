@@ -129,7 +129,7 @@ def ct_list(app, hosts, as_json):
         if name not in inventory.hosts:
             raise ConfigError(f"unknown host {name!r}", hint="hosts: " + ", ".join(inventory.hosts))
     known = {(c.host, c.vmid): c.name for c in inventory.containers.values() if c.vmid}
-    outcomes = each_concurrently(names, lambda n: _client(app, n).containers())
+    outcomes = each_concurrently(names, lambda n: _host_containers(_client(app, n)))
     rows, failed = [], False
     for host, outcome in zip(names, outcomes):
         if isinstance(outcome, OrchError):
@@ -137,22 +137,31 @@ def ct_list(app, hosts, as_json):
             rows.append({"host": host, "error": str(outcome)})
             continue
         for item in outcome:
-            rows.append({"host": host, "vmid": int(item["vmid"]), "name": item.get("name"),
-                         "status": item.get("status"), "inventory": known.get((host, int(item["vmid"])))})
+            rows.append({"host": host, "node": item.get("node"), "vmid": int(item["vmid"]),
+                         "name": item.get("name"), "status": item.get("status"),
+                         "cpus": item.get("cpus"),
+                         "inventory": known.get((host, int(item["vmid"])))})
     if as_json:
         console.print_json(rows)
     else:
-        console.table(["HOST", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
-                      [[r["host"], r.get("vmid"), r.get("name"), r.get("status") or r.get("error"),
-                        r.get("inventory")] for r in rows])
+        console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
+                      [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
+                        r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
     sys.exit(ExitCode.FAILED if failed else ExitCode.OK)
+
+
+def _host_containers(client: ProxmoxClient) -> list[dict]:
+    node = client.node()
+    return [{**item, "node": node} for item in client.containers()]
 
 
 def _client(app, host_name: str) -> ProxmoxClient:
     spec = app.fleet.inventory.hosts[host_name]
     if spec.transport == "local":
         raise OrchError(f"host {host_name} is local: it has no Proxmox API")
-    return ProxmoxClient(spec, app.fleet.host(host_name))
+    # the https backend needs no SSH connection: open none
+    uses_ssh = spec.api.get("backend", "https" if "url" in spec.api else "ssh") == "ssh"
+    return ProxmoxClient(spec, app.fleet.host(host_name) if uses_ssh else None, warn=console.warn)
 
 
 def _single_container(app, name: str):
@@ -186,25 +195,27 @@ def ct_status(app, target, as_json):
 @ct.command("start")
 @click.argument("target")
 @click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
-              help="Seconds to wait until it runs.")
+              help="Seconds to wait for the start task and until it runs.")
 @pass_app
 def ct_start(app, target, wait_s):
-    """Start one container and wait until it runs.
+    """Start one container: follow Proxmox's start task to its end (its error is
+    reported as soon as it fails), then wait until the container runs.
 
     \b
     Example:
-      orch ct start drafters
+      orch ct start drafters --wait 120
     """
     container = _single_container(app, target)
     client = _client(app, container.host.name)
     if client.status(container.vmid).get("status") == "running":
         console.info(f"{container.describe()} is already running")
         return
-    client.start(container.vmid)
     deadline = time.monotonic() + wait_s
+    client.start(container.vmid, wait_s)
     while client.status(container.vmid).get("status") != "running":
         if time.monotonic() > deadline:
-            raise OrchError(f"{container.describe()} did not start within {wait_s:g} s")
+            raise OrchError(f"{container.describe()}: its start task ended OK but it does "
+                            f"not run after {wait_s:g} s")
         time.sleep(0.3)
     console.info(f"{container.describe()} is running")
 

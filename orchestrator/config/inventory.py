@@ -24,7 +24,8 @@ from orchestrator.errors import ConfigError
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
              "connect_timeout", "timeout", "iface", "api", "description")
 CONTAINER_KEYS = ("host", "vmid", "venv", "gpus", "env", "description")
-API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend")
+API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_file",
+            "fingerprint")
 TOP_KEYS = ("hosts", "containers", "groups", "default_target", "defaults")
 VMID_PATTERN = re.compile(r"^[1-9][0-9]{2,8}$")  # the ids pct accepts
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import access, containers, faults, hosts
+from . import access, api, containers, faults, hosts
 from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
 from .paths import StatePaths
 from .prereqs import require
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 TOOLS_DIR = Path(__file__).with_name("bin")
 TOOLS = {"pct": 0o755, "pct.py": 0o644, "pvesh": 0o755, "pvelib.py": 0o644,
-         "pvefiles.py": 0o644}
+         "pvefiles.py": 0o644, "pvetasks.py": 0o644, "pveproxy": 0o755}
 READY_MARK = "ready"
 MAX_PARALLEL_HOSTS = 8
 
@@ -74,6 +74,7 @@ def _prepare_machine(paths: StatePaths) -> None:
     for directory in (paths.logs, paths.hosts_dir, Path("/run/lxc"), Path("/run/sshd")):
         directory.mkdir(parents=True, exist_ok=True)
     access.ensure_key(paths.client_key, "orch-sandbox-client")
+    api.ensure_credentials(paths)
     install_tools(paths)
 
 
@@ -130,6 +131,7 @@ def _create_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
     hosts.run_host_setup(paths, spec, holder)
     hosts.write_sshd_config(paths, spec)
     hosts.start_sshd(paths, spec, holder)
+    api.start(paths, spec, holder)
     for ct in spec.containers:
         if ct.running:
             containers.start(holder, ct.vmid)
@@ -147,6 +149,7 @@ def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
     if hosts.write_sshd_config(paths, spec) or not health.sshd:
         hosts.stop_sshd(paths, spec)
         hosts.start_sshd(paths, spec, holder)
+    api.start(paths, spec, holder)
     running = containers.running_vmids(holder)
     for vmid in containers.configured_vmids(paths, spec) - {ct.vmid for ct in spec.containers}:
         containers.remove(paths, spec, holder, vmid, running=vmid in running)

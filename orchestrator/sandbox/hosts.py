@@ -66,6 +66,21 @@ def prepare_host_dir(paths: StatePaths, spec: HostSpec, client_public_key: str) 
     _link(root / "pve" / "lxc", f"nodes/{spec.name}/lxc")     # as on a real node
     _link(root / "pve" / "local", f"nodes/{spec.name}")
     _write_home(root / "home", paths, client_public_key)
+    prepare_pve_extras(paths, spec, root / "pve")
+
+
+def prepare_pve_extras(paths: StatePaths, spec: HostSpec, pve_dir: Path) -> None:
+    """What the HTTPS API and start tasks read: the node's certificate and the API token
+    (api.py), and a `local` dir storage whose snippets/ holds hookscripts."""
+    from . import api
+
+    (paths.host_dir(spec.name) / "vz" / "snippets").mkdir(parents=True, exist_ok=True)
+    write_if_changed(pve_dir / "storage.cfg",
+                     f"dir: local\n\tpath {paths.host_dir(spec.name) / 'vz'}\n"
+                     "\tcontent iso,vztmpl,backup,snippets\n")
+    api.write_node_files(paths, spec, pve_dir)
+    # the emulation's knobs (pvelib.knob) that tests set: `up` puts the defaults back
+    shutil.rmtree(pve_dir / "nodes" / spec.name / ".orch-sandbox", ignore_errors=True)
 
 
 def write_if_changed(path: Path, text: str) -> bool:

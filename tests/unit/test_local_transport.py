@@ -97,4 +97,8 @@ def test_line_splitter_keeps_partial_lines():
 
 def test_container_wraps_with_pct_exec():
     container = Target("ct", LocalTransport("pve"), vmid=200)
-    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "echo", "a b"]
+    path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "env", path,
+                                               "echo", "a b"]
+    pinned = Target("ct", LocalTransport("pve"), vmid=200, env={"PATH": "/opt/bin"})
+    assert pinned.wrap(["rg"])[4:] == ["env", "PATH=/opt/bin", "rg"]

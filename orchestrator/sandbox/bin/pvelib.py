@@ -10,7 +10,7 @@ is read the way Proxmox reads it:
   (abstract sockets belong to a network namespace, so two hosts can both have a CT 200).
 
 Texts and exit codes follow pve-container's src/PVE/CLI/pct.pm and PVE::JSONSchema; see
-/work/shared/TESTHOST.md ("The real pct and pvesh"). `pct exec` is on the path of every
+docs/proxmox-semantics.md for where each one comes from. `pct exec` is on the path of every
 command orch runs, so this module imports only what that path needs.
 """
 
@@ -28,6 +28,8 @@ class PveError(Exception):
     """An error the real tool reports: text on stderr, then exit (255 like perl's die)."""
 
     def __init__(self, message, exit_code=255):
+        # perl's die exits with errno when one is set, else 255 (the real CLI has no eval
+        # around its handler): a missing config leaves ENOENT (2) behind
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
@@ -120,7 +122,32 @@ def check_vmid(vmid):
 # --- the node and its containers -----------------------------------------------------------
 
 def nodename():
-    return os.uname().nodename
+    """PVE::INotify::nodename: the host name without its domain part."""
+    return os.uname().nodename.split(".")[0]
+
+
+# The real CLIs set this PATH before anything runs (PVE::CLIHandler::run_cli_handler); with
+# keep-env it is also the PATH of every command `pct exec` runs in a container.
+CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
+ENOENT = 2
+
+
+def cli_environment():
+    """What run_cli_handler and setup_default_cli_env do before any command runs."""
+    os.environ["PATH"] = CLI_PATH
+    if os.geteuid() != 0:
+        raise PveError("please run as root")
+
+
+def knob(name):
+    """A sandbox-only switch of this node (/etc/pve/nodes/NODE/.orch-sandbox/NAME), or None.
+    Tests use them to make the emulation print a warning on stderr or wait longer."""
+    try:
+        with open(os.path.join(PVE_DIR, "nodes", nodename(), ".orch-sandbox", name),
+                  encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 def config_relpath(vmid):
@@ -137,7 +164,8 @@ def load_config(vmid):
         with open(config_path(vmid), encoding="utf-8") as handle:
             text = handle.read()
     except FileNotFoundError:
-        raise PveError(f"Configuration file '{config_relpath(vmid)}' does not exist") from None
+        raise PveError(f"Configuration file '{config_relpath(vmid)}' does not exist",
+                       exit_code=ENOENT) from None
     return parse_config(text)
 
 
@@ -233,7 +261,9 @@ def vm_status(vmid, config, running):
     status = {
         "vmid": int(vmid), "type": "lxc", "status": "running" if running else "stopped",
         "name": re.sub(r"\s", "", config.get("hostname") or f"CT{vmid}"),
-        "cpus": int(float(config.get("cores") or config.get("cpulimit") or os.cpu_count() or 1)),
+        # PVE::LXC::vmstatus: cores || cpulimit as the config holds it (a string in the
+        # JSON, "1.5" for a fractional limit), else the node's CPU count (a number)
+        "cpus": config.get("cores") or config.get("cpulimit") or os.cpu_count() or 1,
         "maxmem": int(config.get("memory") or 512) * 1024 * 1024,
         "maxswap": int(config.get("swap") or 0) * 1024 * 1024,
         "maxdisk": rootfs_size(config) or 4 * 1024 ** 3,
