@@ -18,8 +18,9 @@ import yaml
 
 from orchestrator.errors import ContainerNotRunning, NoSuchContainer, OrchError
 from orchestrator.fleet import Fleet
-from orchestrator.remote.container import CONTAINER_PATH
 
+# the PATH orch gives commands in containers: Debian's for root, not pct's
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 pytestmark = pytest.mark.sandbox
 
 LOCALE_WARNING = ("perl: warning: Setting locale failed.\n"
