@@ -117,30 +117,38 @@ def ct():
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_app
 def ct_list(app, hosts, as_json):
-    """List the containers of HOSTS (default: every SSH host of the inventory).
+    """List the containers of HOSTS or CLUSTERS (default: every SSH host of the
+    inventory), with the node each one is on. A cluster is asked once, through the first
+    of its hosts that answers (/cluster/resources).
 
     \b
-    Example:
+    Examples:
       orch ct list pve --json
+      orch ct list lab
     """
     inventory = app.fleet.inventory
     names = list(hosts) or [n for n, h in inventory.hosts.items() if h.transport == "ssh"]
     for name in names:
-        if name not in inventory.hosts:
-            raise ConfigError(f"unknown host {name!r}", hint="hosts: " + ", ".join(inventory.hosts))
-    known = {(c.host, c.vmid): c.name for c in inventory.containers.values() if c.vmid}
-    outcomes = each_concurrently(names, lambda n: _host_containers(_client(app, n)))
+        if name not in inventory.hosts and name not in inventory.clusters:
+            raise ConfigError(f"unknown host or cluster {name!r}",
+                              hint="hosts: " + ", ".join(inventory.hosts)
+                                   + ("; clusters: " + ", ".join(inventory.clusters)
+                                      if inventory.clusters else ""))
+    known = {(c.cluster or c.host, c.vmid): c.name
+             for c in inventory.containers.values() if c.vmid}
+    outcomes = each_concurrently(names, lambda n: _containers_of(app, n))
     rows, failed = [], False
-    for host, outcome in zip(names, outcomes):
+    for name, outcome in zip(names, outcomes):
         if isinstance(outcome, OrchError):
             failed = True
-            rows.append({"host": host, "error": str(outcome)})
+            rows.append({"host": name, "error": str(outcome)})
             continue
         for item in outcome:
-            rows.append({"host": host, "node": item.get("node"), "vmid": int(item["vmid"]),
+            vmid = int(item["vmid"])
+            rows.append({"host": item["host"], "node": item.get("node"), "vmid": vmid,
                          "name": item.get("name"), "status": item.get("status"),
-                         "cpus": item.get("cpus"),
-                         "inventory": known.get((host, int(item["vmid"])))})
+                         "cpus": item.get("cpus", item.get("maxcpu")),
+                         "inventory": known.get((name, vmid)) or known.get((item["host"], vmid))})
     if as_json:
         console.print_json(rows)
     else:
@@ -150,9 +158,15 @@ def ct_list(app, hosts, as_json):
     sys.exit(ExitCode.FAILED if failed else ExitCode.OK)
 
 
-def _host_containers(client: ProxmoxClient) -> list[dict]:
+def _containers_of(app, name: str) -> list[dict]:
+    """A host's containers, or a whole cluster's, each with its node and inventory host."""
+    fleet = app.fleet
+    if name in fleet.inventory.clusters:
+        return [{**item, "host": fleet.host_of_node(name, item["node"])}
+                for item in fleet.cluster_containers(name)]
+    client = _client(app, name)
     node = client.node()
-    return [{**item, "node": node} for item in client.containers()]
+    return [{**item, "node": node, "host": name} for item in client.containers()]
 
 
 def _client(app, host_name: str) -> ProxmoxClient:

@@ -49,21 +49,26 @@ def sandbox():
               help="Containers per host, VMIDs 200, 201, ...")
 @click.option("--stopped", default=1, show_default=True, type=int,
               help="How many of them (the last ones) are created but left stopped.")
+@click.option("--cluster", default=None, metavar="NAME",
+              help="Make the hosts one Proxmox cluster NAME: one shared /etc/pve, vmids "
+                   "unique cluster-wide (host N has N00, N01, ...). Down first to switch.")
 @click.option("--state-dir", default=None, help=STATE_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
-def up_command(hosts_count, containers_count, stopped, state_dir, as_json):
+def up_command(hosts_count, containers_count, stopped, cluster, state_dir, as_json):
     """Create the sandbox, or repair and reuse the one that is there (idempotent).
 
     \b
     Example:
       sudo orch sandbox up                 # sb1, sb2; CTs 200, 201 running, 202 stopped
       sudo orch sandbox up --hosts 3 --containers 2 --stopped 0
+      sudo orch sandbox up --cluster lab   # sb1 (CTs 200..), sb2 (CTs 300..) as one cluster
     """
     from orchestrator import sandbox as sb
 
     started = time.monotonic()
-    handle = sb.up(hosts_count, containers_count, stopped, state_dir=state_dir)
+    handle = sb.up(hosts_count, containers_count, stopped, state_dir=state_dir,
+                   cluster=cluster)
     elapsed = time.monotonic() - started
     if as_json:
         click.echo(json.dumps({"seconds": round(elapsed, 3), **sb.status(state_dir)}, indent=2))

@@ -22,7 +22,7 @@ from . import access, api, containers, faults, hosts
 from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
 from .paths import StatePaths
 from .prereqs import require
-from .system import SandboxError, cgroup_hierarchies, remove_empty_parents
+from .system import SandboxError, cgroup_hierarchies, in_host, remove_empty_parents, run
 
 if TYPE_CHECKING:
     from .handle import Sandbox
@@ -49,12 +49,12 @@ def locked(paths: StatePaths):
 # --- up -----------------------------------------------------------------------------------------
 
 def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix: str = "sb",
-       state_dir: Path | str | None = None) -> "Sandbox":
+       state_dir: Path | str | None = None, cluster: str | None = None) -> "Sandbox":
     from .handle import Sandbox
 
     paths = StatePaths.at(state_dir)
     require(paths)
-    layout = build_layout(hosts_count, containers_count, stopped, prefix)
+    layout = build_layout(hosts_count, containers_count, stopped, prefix, cluster)
     with locked(paths):
         previous = Layout.load(paths.layout_file)
         wanted = {host.name for host in layout.hosts}
@@ -63,7 +63,10 @@ def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix
         _prepare_machine(paths)
         paths.layout_file.write_text(layout.to_json())
         client_key = access.public_key(paths.client_key)
-        _in_parallel(lambda spec: _ensure_host(paths, spec, client_key), layout.hosts)
+        _in_parallel(lambda spec: _ensure_host(paths, spec, client_key, layout.cluster),
+                     layout.hosts)
+        if layout.cluster:
+            _announce_cluster_status(paths, layout)
         access.write_client_files(layout, paths)
     return Sandbox(paths, layout)
 
@@ -108,22 +111,34 @@ def _in_parallel(action, items) -> None:
         raise errors[0]
 
 
-def _ensure_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
+def _ensure_host(paths: StatePaths, spec: HostSpec, client_key: str,
+                 cluster: str | None = None) -> None:
     access.ensure_key(paths.host_key(spec.name), f"orch-sandbox-{spec.name}")
     health = hosts.health(paths, spec)
     ready = (paths.host_dir(spec.name) / READY_MARK).exists()
     if health.netns and health.holder and ready:
-        _converge_host(paths, spec, client_key, health)
+        _converge_host(paths, spec, client_key, health, cluster)
     else:
         hosts.teardown(paths, spec.name)
-        _create_host(paths, spec, client_key)
+        _create_host(paths, spec, client_key, cluster)
 
 
-def _create_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
+def _announce_cluster_status(paths: StatePaths, layout: Layout) -> None:
+    """Each node's emulated pvesh publishes its containers' states in the shared /etc/pve
+    (as pvestatd broadcasts them), so /cluster/resources on any node knows all of them."""
+    for spec in layout.hosts:
+        holder = hosts.holder_pid(paths, spec)
+        if holder is not None:
+            run(in_host(holder, [str(paths.bin_dir / "pvesh"), "get", "/cluster/resources",
+                                 "--output-format", "json"]))
+
+
+def _create_host(paths: StatePaths, spec: HostSpec, client_key: str,
+                 cluster: str | None = None) -> None:
     for log in (paths.sshd_log(spec.name), *(paths.lxc_log(spec.name, ct.vmid)
                                              for ct in spec.containers)):
         log.unlink(missing_ok=True)
-    hosts.prepare_host_dir(paths, spec, client_key)
+    hosts.prepare_host_dir(paths, spec, client_key, cluster)
     for ct in spec.containers:
         containers.write_container(paths, spec, ct)
     hosts.create_network(spec)
@@ -139,11 +154,11 @@ def _create_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
 
 
 def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
-                   health: hosts.HostHealth) -> None:
+                   health: hosts.HostHealth, cluster: str | None = None) -> None:
     """Reuse a live host, undoing what tests may have changed: link, firewall, sshd and its
     host key, container states."""
     holder = health.holder_pid
-    hosts.prepare_host_dir(paths, spec, client_key)
+    hosts.prepare_host_dir(paths, spec, client_key, cluster)
     hosts.repair_link(spec)
     faults.clear_firewall(holder)
     if hosts.write_sshd_config(paths, spec) or not health.sshd:
@@ -179,7 +194,7 @@ def down(purge: bool = False, state_dir: Path | str | None = None,
         access.remove_client_files(paths)
         for leftover in (paths.layout_file,):
             leftover.unlink(missing_ok=True)
-        for directory in (paths.bin_dir, paths.hosts_dir):
+        for directory in (paths.bin_dir, paths.hosts_dir, hosts.shared_pve_dir(paths)):
             hosts.remove_tree(directory)
         remove_empty_parents(f"{CGROUP_ROOT}/x")
         if purge:

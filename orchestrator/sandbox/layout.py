@@ -73,6 +73,9 @@ class HostSpec:
 class Layout:
     prefix: str
     hosts: tuple[HostSpec, ...]
+    # the name of the cluster all hosts form (one shared /etc/pve, vmids unique across
+    # hosts), or None for independent hosts
+    cluster: str | None = None
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -91,7 +94,7 @@ class Layout:
             HostSpec(h["name"], tuple(ContainerSpec(c["vmid"], c["running"])
                                       for c in h["containers"]))
             for h in data["hosts"])
-        return cls(data["prefix"], hosts)
+        return cls(data["prefix"], hosts, data.get("cluster"))
 
     @classmethod
     def load(cls, path: Path) -> "Layout | None":
@@ -108,9 +111,10 @@ def host_name(prefix: str, index: int) -> str:
 
 
 def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
-                 prefix: str = "sb") -> Layout:
+                 prefix: str = "sb", cluster: str | None = None) -> Layout:
     """N hosts named PREFIX1..PREFIXN, each with CTs 200.. of which the last `stopped` are
-    created but not started (tests need a stopped container)."""
+    created but not started (tests need a stopped container). As one cluster, vmids are
+    unique cluster-wide as Proxmox wants: host N has CTs N00, N01, ... (200.. on host 2)."""
     if not NAME_PREFIX_PATTERN.match(prefix):
         raise LayoutError(f"sandbox host prefix {prefix!r} must be 1-6 lowercase letters or "
                           "digits, starting with a letter (interface names are 15 chars max)")
@@ -120,7 +124,14 @@ def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
         raise LayoutError(f"--containers must be between 1 and {MAX_CONTAINERS}, not {containers}")
     if not 0 <= stopped <= containers:
         raise LayoutError(f"--stopped must be between 0 and --containers ({containers})")
+    if cluster is not None and not NAME_PREFIX_PATTERN.match(cluster):
+        raise LayoutError(f"cluster name {cluster!r} must be 1-6 lowercase letters or digits")
+    if cluster is not None and hosts > 8:
+        raise LayoutError("a cluster sandbox has at most 8 hosts (vmids 100..899)")
     running_count = containers - stopped
-    cts = tuple(ContainerSpec(FIRST_VMID + i, i < running_count) for i in range(containers))
-    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts)
-                                for i in range(1, hosts + 1)))
+
+    def cts(index: int) -> tuple[ContainerSpec, ...]:
+        first = index * 100 if cluster else FIRST_VMID
+        return tuple(ContainerSpec(first + i, i < running_count) for i in range(containers))
+    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts(i + 1 if cluster else i))
+                                for i in range(1, hosts + 1)), cluster)

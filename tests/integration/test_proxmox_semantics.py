@@ -88,20 +88,20 @@ def test_pct_gives_commands_its_own_path(sandbox):
     assert result.stdout == b"/sbin:/bin:/usr/sbin:/usr/bin\n"
 
 
-def test_orch_runs_container_commands_under_a_path_it_sets(sandbox, fleet):
+def test_orch_runs_container_commands_under_a_path_it_sets(sandbox, fleet, tmp_path):
     ct = fleet.targets(["sb1-200"])[0]
     assert ct.run(["printenv", "PATH"], check=True).text == CONTAINER_PATH + "\n"
     # an inventory env PATH wins, through the same wrapper (pct would reset it)
     data = yaml.safe_load(sandbox.inventory_path.read_text())
     data["containers"]["sb1-200"]["env"] = {"PATH": "/opt/tools/bin:/usr/bin:/bin"}
-    with Fleet(_inventory(sandbox, data)) as other:
+    with Fleet(_inventory(tmp_path, data)) as other:
         pinned = other.targets(["sb1-200"])[0]
         assert pinned.run(["printenv", "PATH"], check=True).text == "/opt/tools/bin:/usr/bin:/bin\n"
 
 
-def _inventory(sandbox, data):
+def _inventory(tmp_path, data):
     from orchestrator.config.inventory import load_inventory
-    path = sandbox.state_dir / "inventory-test-semantics.yaml"
+    path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_inventory(str(path))
 
@@ -300,3 +300,61 @@ def test_an_untrusted_certificate_is_refused_unless_pinned(sandbox, tmp_path, se
     off = https_inventory(sandbox, tmp_path, verify_ssl=False)
     out = orch("ct", "status", "sb1-200", inventory=off, env=secret)
     assert out.returncode == 2 and "verify_ssl: false is not supported" in out.stderr
+
+
+# --- 8. clusters -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster(sandbox, tmp_path_factory):
+    """Two hosts as one cluster "lab" (clu1: CTs 200, 201; clu2: CTs 300, 301), a sandbox
+    of its own so the shared one stays standalone."""
+    from orchestrator import sandbox as sb
+    state = tmp_path_factory.mktemp("cluster") / "state"
+    try:
+        yield sb.up(hosts_count=2, containers_count=2, stopped=0, prefix="clu",
+                    state_dir=state, cluster="lab")
+    finally:
+        sb.down(purge=True, state_dir=state, prefix="clu")
+
+
+def test_cluster_nodes_share_etc_pve_and_pct_stays_on_its_node(cluster):
+    # clu1 sees clu2's config in the shared /etc/pve, but pct exec only runs its own CTs
+    shown = on_host(cluster, "clu1", "cat", "/etc/pve/nodes/clu2/lxc/300.conf")
+    assert b"hostname: CT300" in shown.stdout
+    away = on_host(cluster, "clu1", "pct", "exec", "300", "--", "true")
+    assert (away.returncode, away.stderr) == (
+        2, b"Configuration file 'nodes/clu1/lxc/300.conf' does not exist\n")
+    nodes = json.loads(on_host(cluster, "clu2", "pvesh", "get", "/nodes",
+                               "--output-format", "json").stdout)
+    assert [node["node"] for node in nodes] == ["clu1", "clu2"]
+
+
+def test_ct_list_over_a_cluster_shows_each_containers_node(cluster):
+    out = orch("ct", "list", "lab", "--json", inventory=cluster.inventory_path)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [(r["vmid"], r["node"], r["host"], r["status"]) for r in rows] == [
+        (200, "clu1", "clu1", "running"), (201, "clu1", "clu1", "running"),
+        (300, "clu2", "clu2", "running"), (301, "clu2", "clu2", "running")]
+    assert rows[2]["inventory"] == "clu2-300"
+
+
+def test_a_cluster_target_by_vmid_finds_its_node(cluster):
+    out = orch("exec", "lab:300", "--", "hostname", inventory=cluster.inventory_path)
+    assert (out.returncode, out.stdout) == (0, "CT300\n"), out.stderr
+    status = orch("ct", "status", "lab:201", "--json", inventory=cluster.inventory_path)
+    assert json.loads(status.stdout)["status"] == "running", status.stderr
+    nowhere = orch("exec", "lab:999", "--", "true", inventory=cluster.inventory_path)
+    assert nowhere.returncode == 4
+    assert "CT 999 is on no node of cluster lab" in nowhere.stderr
+
+
+def test_a_cluster_container_in_the_inventory_follows_its_node(cluster, tmp_path):
+    data = yaml.safe_load(cluster.inventory_path.read_text())
+    data["containers"]["moving"] = {"cluster": "lab", "vmid": 301}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with Fleet.from_path(str(path)) as fleet:
+        target = fleet.targets(["moving"])[0]
+        assert target.host.name == "clu2"
+        assert target.run(["hostname"], check=True).text == "CT301\n"

@@ -158,13 +158,14 @@ def config_path(vmid):
     return os.path.join(PVE_DIR, config_relpath(vmid))
 
 
-def load_config(vmid):
+def load_config(vmid, node=None):
     """The container's PVE config as {key: value}; dies like PVE::AbstractConfig."""
+    relpath = f"nodes/{node}/lxc/{vmid}.conf" if node else config_relpath(vmid)
     try:
-        with open(config_path(vmid), encoding="utf-8") as handle:
+        with open(os.path.join(PVE_DIR, relpath), encoding="utf-8") as handle:
             text = handle.read()
     except FileNotFoundError:
-        raise PveError(f"Configuration file '{config_relpath(vmid)}' does not exist",
+        raise PveError(f"Configuration file '{relpath}' does not exist",
                        exit_code=ENOENT) from None
     return parse_config(text)
 
@@ -186,9 +187,45 @@ def parse_config(text):
     return config
 
 
-def list_vmids():
-    """VMIDs with a config on this node, sorted numerically."""
-    directory = os.path.join(PVE_DIR, "nodes", nodename(), "lxc")
+def cluster_nodes():
+    """Every node of the cluster: the directories of /etc/pve/nodes (one when standalone)."""
+    try:
+        return sorted(name for name in os.listdir(os.path.join(PVE_DIR, "nodes"))
+                      if os.path.isdir(os.path.join(PVE_DIR, "nodes", name, "lxc")))
+    except FileNotFoundError:
+        return [nodename()]
+
+
+STATUS_FILE = ".orch-sandbox-status.json"
+
+
+def publish_status(running):
+    """Tell the other nodes which of this node's containers run (pvestatd's broadcast)."""
+    import json
+
+    path = os.path.join(PVE_DIR, "nodes", nodename(), STATUS_FILE)
+    try:
+        with open(path + ".tmp", "w", encoding="ascii") as handle:
+            json.dump(sorted(running), handle)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def published_status(node):
+    """The running vmids another node last published, or None when it never did."""
+    import json
+
+    try:
+        with open(os.path.join(PVE_DIR, "nodes", node, STATUS_FILE), encoding="ascii") as handle:
+            return set(json.load(handle))
+    except (OSError, ValueError):
+        return None
+
+
+def list_vmids(node=None):
+    """VMIDs with a config on this node (or on `node`), sorted numerically."""
+    directory = os.path.join(PVE_DIR, "nodes", node or nodename(), "lxc")
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
