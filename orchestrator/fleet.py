@@ -74,7 +74,7 @@ class Fleet:
     def cluster_containers(self, cluster: str) -> list[dict]:
         """/cluster/resources' containers, asked once per fleet of the first node that
         answers (every node knows the whole cluster)."""
-        from orchestrator.proxmox import ProxmoxClient
+        from orchestrator.proxmox import ProxmoxClient, api_backend
 
         with self._lock:
             if cluster in self._clusters:
@@ -82,10 +82,9 @@ class Fleet:
         problems = []
         for member in self.inventory.clusters[cluster]:
             spec = self.inventory.hosts[member]
-            uses_ssh = spec.api.get("backend", "https" if "url" in spec.api else "ssh") == "ssh"
             try:
-                items = ProxmoxClient(spec, self.host(member) if uses_ssh else None
-                                      ).cluster_containers()
+                ssh = self.host(member) if api_backend(spec) == "ssh" else None
+                items = ProxmoxClient(spec, ssh).cluster_containers()
             except OrchError as error:
                 problems.append(f"{member}: {error}")
                 continue

@@ -331,8 +331,13 @@ def typed(item: dict) -> dict:
 SECRET_ENV = "PROXMOX_TOKEN_SECRET"
 
 
+def api_backend(spec: HostSpec) -> str:
+    """'ssh' (pvesh over orch's SSH connection) unless the inventory gives an api url."""
+    return str(spec.api.get("backend", "ssh" if "url" not in spec.api else "https"))
+
+
 def _make_session(spec: HostSpec, host: Optional[Transport], warn):
-    backend = spec.api.get("backend", "ssh" if "url" not in spec.api else "https")
+    backend = api_backend(spec)
     if backend == "ssh":
         if host is None:
             raise ConfigError(f"host {spec.name}: the ssh api backend needs an SSH host")

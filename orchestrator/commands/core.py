@@ -14,7 +14,7 @@ from orchestrator import console
 from orchestrator.errors import ConfigError, ExitCode, OrchError
 from orchestrator.fleet import each_concurrently
 from orchestrator.payloads import run_payload
-from orchestrator.proxmox import ProxmoxClient
+from orchestrator.proxmox import ProxmoxClient, api_backend
 from orchestrator.remote.base import LineSplitter
 from orchestrator.remote.container import require_vmid
 
@@ -174,8 +174,8 @@ def _client(app, host_name: str) -> ProxmoxClient:
     if spec.transport == "local":
         raise OrchError(f"host {host_name} is local: it has no Proxmox API")
     # the https backend needs no SSH connection: open none
-    uses_ssh = spec.api.get("backend", "https" if "url" in spec.api else "ssh") == "ssh"
-    return ProxmoxClient(spec, app.fleet.host(host_name) if uses_ssh else None, warn=console.warn)
+    ssh = app.fleet.host(host_name) if api_backend(spec) == "ssh" else None
+    return ProxmoxClient(spec, ssh, warn=console.warn)
 
 
 def _single_container(app, name: str):
