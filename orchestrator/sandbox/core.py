@@ -250,6 +250,7 @@ def _host_status(paths: StatePaths, spec: HostSpec) -> dict:
     return {
         "name": spec.name, "address": spec.address, "iface": spec.iface,
         "netns": health.netns, "holder_pid": health.holder_pid, "sshd_pid": health.sshd_pid,
+        "api_pid": api.running_pid(paths, spec.name),
         "link_up": hosts.link_is_up(spec),
         "ssh_port_open": health.sshd and _port_open(spec.address, 22),
         "containers": [{"vmid": ct.vmid, "name": f"{spec.name}-{ct.vmid}",
