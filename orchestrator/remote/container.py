@@ -10,8 +10,8 @@ from typing import Optional, Sequence
 from orchestrator.errors import ContainerNotRunning, NoSuchContainer, OrchError
 from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport
 
-# pct's own failures before the command runs: one of these sentences is all there is on
-# stderr (after the usage lines for a bad id) and nothing on stdout. The exit code says
+# pct's own failures before the command runs: one of these sentences ends stderr (perl's
+# locale warnings may come first; usage lines follow a bad id) and stdout is empty. The exit code says
 # nothing: perl's die exits with errno when one is set (2 for a missing config, anything
 # for a stopped CT), else 255; a command in the container may exit with any of those.
 _PCT_NO_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist")
@@ -71,8 +71,8 @@ class Target(Transport):
         return self.host.spawn(self.wrap(argv))
 
     def _raise_pct_error(self, result: Result) -> None:
-        """Raise when pct itself failed, not the command: its sentence is the whole output,
-        and `pct status` (asked only then) confirms it, so a command that prints the same
+        """Raise when pct itself failed, not the command: its sentence ends the output, and
+        `pct status` (asked only then) confirms it, so a command that prints the same
         sentence and exits 2 keeps its own result."""
         message = pct_error_text(result, self.vmid)
         if message is None:
@@ -120,16 +120,17 @@ class Target(Transport):
 
 
 def pct_error_text(result: Result, vmid: Optional[int]) -> Optional[str]:
-    """pct's own error sentence about this vmid when that is all the command printed."""
+    """pct's own error sentence about this vmid when it ends an output with nothing on stdout."""
     if result.stdout.strip():
         return None
     lines = [line for line in result.error_text.splitlines() if line.strip()]
     if not lines:
         return None
     last = lines[-1].strip()
+    # only the last line: a host without the client's locale has perl warn first
     for pattern in (_PCT_NO_CONFIG, _PCT_NOT_RUNNING):
         found = pattern.fullmatch(last)
-        if found and found.group(1) == str(vmid) and len(lines) == 1:
+        if found and found.group(1) == str(vmid):
             return last
     # a bad id: "400 Parameter verification failed." and usage lines around the sentence
     if lines[0].startswith("400 Parameter verification failed.") and any(

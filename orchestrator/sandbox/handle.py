@@ -5,7 +5,7 @@
     sb.run_on_host("sb1", ["pct", "list"])    # a command on the host itself, no SSH
     sb.link_down("sb1"); ...; sb.link_up("sb1")
     sb.stop_container("sb1", 201); sb.start_container("sb1", 201)
-    sb.set_knob("sb1", "pvesh-stderr", "perl: warning: ...\n")   # the emulation's switches
+    sb.set_knob("sb1", "perl-warning", "perl: warning: ...\n")   # the emulation's switches
     sb.set_hookscript("sb1", 202, "#!/bin/sh\nexit 1\n")       # a pre-start that fails
     sb.api_url("sb1"), sb.api_token_id, sb.api_token_secret()  # the HTTPS API on 8006
     with sb.changed_host_key("sb2"): ...      # the host presents a key known_hosts lacks
@@ -178,7 +178,8 @@ class Sandbox:
 
     def set_knob(self, host: str, name: str, text: str | None) -> None:
         """Set (or with None clear) a switch of the emulated pct/pvesh/pveproxy on host
-        (pvelib.knob): `pvesh-stderr` (printed on stderr by every pvesh) and
+        (pvelib.knob): `perl-warning` (printed on stderr by every pct and pvesh, as Perl
+        does when the client's locale is missing on the host) and
         `auth-failure-delay` (seconds before a 401). `up` clears them all."""
         knob = self.pve_dir(host) / "nodes" / host / ".orch-sandbox" / name
         if text is None:

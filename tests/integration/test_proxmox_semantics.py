@@ -180,13 +180,13 @@ def test_a_start_slower_than_the_api_timeout_is_waited_for(sandbox, fleet, stopp
 
 def test_a_pvesh_warning_on_stderr_changes_nothing_but_a_warning(sandbox):
     clean = orch("ct", "list", "sb1", "--json", inventory=sandbox.inventory_path)
-    sandbox.set_knob("sb1", "pvesh-stderr", LOCALE_WARNING)
+    sandbox.set_knob("sb1", "perl-warning", LOCALE_WARNING)
     try:
         raw = on_host(sandbox, "sb1", "pvesh", "get", "/nodes", "--output-format", "json")
         assert raw.returncode == 0 and raw.stderr.decode() == LOCALE_WARNING
         noisy = orch("ct", "list", "sb1", "--json", inventory=sandbox.inventory_path)
     finally:
-        sandbox.set_knob("sb1", "pvesh-stderr", None)
+        sandbox.set_knob("sb1", "perl-warning", None)
     assert (clean.returncode, noisy.returncode) == (0, 0), noisy.stderr
     strip = lambda rows: [{k: v for k, v in r.items() if k != "uptime"} for r in json.loads(rows)]
     assert strip(noisy.stdout) == strip(clean.stdout)
@@ -358,3 +358,16 @@ def test_a_cluster_container_in_the_inventory_follows_its_node(cluster, tmp_path
         target = fleet.targets(["moving"])[0]
         assert target.host.name == "clu2"
         assert target.run(["hostname"], check=True).text == "CT301\n"
+
+
+def test_a_perl_warning_before_pcts_own_error_changes_nothing(sandbox, fleet):
+    sandbox.set_knob("sb1", "perl-warning", LOCALE_WARNING)
+    try:
+        raw = on_host(sandbox, "sb1", "pct", "exec", "202", "--", "true")
+        assert raw.stderr.decode() == LOCALE_WARNING + "container '202' not running!\n"
+        with pytest.raises(ContainerNotRunning):
+            fleet.targets(["sb1-202"])[0].run(["true"])
+        ran = fleet.targets(["sb1-200"])[0].run(["sh", "-c", "echo out; exit 3"])
+        assert (ran.exit_code, ran.text, ran.error_text) == (3, "out\n", LOCALE_WARNING)
+    finally:
+        sandbox.set_knob("sb1", "perl-warning", None)

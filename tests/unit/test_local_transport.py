@@ -130,6 +130,8 @@ NO_CONFIG = b"Configuration file 'nodes/pve/lxc/200.conf' does not exist\n"
     ((13, b"", NOT_RUNNING), "status: stopped\n", 0, ContainerNotRunning),   # any errno
     ((2, b"", NO_CONFIG), "", 2, NoSuchContainer),
     ((255, b"", NO_CONFIG), "", 2, NoSuchContainer),
+    ((2, b"", b"perl: warning: Setting locale failed.\n" + NOT_RUNNING), "status: stopped\n", 0,
+     ContainerNotRunning),
     # the command printed pct's sentence itself: pct status disagrees
     ((2, b"", NOT_RUNNING), "status: running\n", 0, None),
     ((2, b"", NO_CONFIG), "status: running\n", 0, None),
@@ -147,7 +149,7 @@ def test_pct_errors_are_confirmed_before_they_are_raised(answer, status, status_
 
 @pytest.mark.parametrize("answer", [
     (2, b"some output\n", NOT_RUNNING),                      # the command ran: it printed
-    (2, b"", b"warming up\n" + NOT_RUNNING),                 # more than pct's sentence
+    (2, b"", NOT_RUNNING + b"retrying\n"),                   # the sentence is not the end
     (2, b"", b"container '201' not running!\n"),             # another CT's sentence
     (1, b"", b"No such file or directory\n"),
     (0, b"", NOT_RUNNING),                                   # success is never pct's error

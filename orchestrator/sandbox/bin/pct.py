@@ -169,6 +169,7 @@ def print_usage(stream):
 
 
 def main(argv):
+    pvelib.perl_warning()
     if not argv:
         sys.stderr.write("ERROR: no command specified\n")
         print_usage(sys.stderr)

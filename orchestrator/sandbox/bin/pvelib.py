@@ -139,6 +139,14 @@ def cli_environment():
         raise PveError("please run as root")
 
 
+def perl_warning():
+    """What perl prints before anything else on a host that lacks the client's locale."""
+    text = knob("perl-warning")
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
 def knob(name):
     """A sandbox-only switch of this node (/etc/pve/nodes/NODE/.orch-sandbox/NAME), or None.
     Tests use them to make the emulation print a warning on stderr or wait longer."""
