@@ -265,11 +265,13 @@ class ProxmoxClient:
         if not isinstance(upid, str) or not upid.startswith("UPID:"):
             raise OrchError(f"host {self.spec.name}: starting CT {vmid} returned {upid!r}, "
                             "not a task id")
-        left = wait_s - (time.monotonic() - started)
-        return self.wait_task(upid, left, what=f"starting CT {vmid} on host {self.spec.name}")
+        return self.wait_task(upid, wait_s, what=f"starting CT {vmid} on host {self.spec.name}",
+                              deadline=started + wait_s)
 
-    def wait_task(self, upid: str, wait_s: float, what: str) -> dict:
-        deadline = time.monotonic() + max(wait_s, 0)
+    def wait_task(self, upid: str, wait_s: float, what: str,
+                  deadline: Optional[float] = None) -> dict:
+        """Poll the task's status until it stops; raise TaskFailed with its error."""
+        deadline = deadline if deadline is not None else time.monotonic() + wait_s
         node = self.node()
         while True:
             status = self._call(lambda: self.api.nodes(node).tasks(upid).status.get())

@@ -371,3 +371,21 @@ def test_a_perl_warning_before_pcts_own_error_changes_nothing(sandbox, fleet):
         assert (ran.exit_code, ran.text, ran.error_text) == (3, "out\n", LOCALE_WARNING)
     finally:
         sandbox.set_knob("sb1", "perl-warning", None)
+
+
+def test_over_https_a_start_slower_than_wait_is_reported_as_still_running(
+        sandbox, tmp_path, secret, stopped_202, monkeypatch):
+    from orchestrator import proxmox
+    from orchestrator.config.inventory import load_inventory
+    sandbox.set_hookscript("sb1", 202, "#!/bin/sh\nsleep 3\n")
+    monkeypatch.setenv("ORCH_TEST_PVE_SECRET", secret["ORCH_TEST_PVE_SECRET"])
+    spec = load_inventory(str(https_inventory(sandbox, tmp_path, ca_file=True))).hosts["sb1"]
+    client = proxmox.ProxmoxClient(spec, None)
+    started = time.monotonic()
+    with pytest.raises(OrchError, match=r"task UPID:sb1:\S+ still runs after 1 s") as raised:
+        client.start(202, wait_s=1)
+    assert time.monotonic() - started < 3       # the API answered the UPID at once
+    # the task goes on in the background and ends well
+    upid = str(raised.value).split("task ", 1)[1].split()[0]
+    assert client.wait_task(upid, 20, what="the start")["exitstatus"] == "OK"
+    assert sandbox.container_running("sb1", 202)
