@@ -116,3 +116,29 @@ def test_https_refuses_verification_off_and_bad_pins(monkeypatch):
                          ({"ca_file": "/nonexistent/ca.pem"}, "does not exist")):
         with pytest.raises(ConfigError, match=message):
             ProxmoxClient(HostSpec(name="pve", address="a", api={**base, **api}), None)
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("https://pve.example:8006", ("pve.example", 8006)),
+    ("https://10.1.2.6", ("10.1.2.6", 8006)),
+    ("https://[fe80::2%orch-SB1]:8443/", ("fe80::2%orch-SB1", 8443)),   # zone kept as is
+])
+def test_https_urls_with_link_local_ipv6(url, expected):
+    from orchestrator.proxmox import _split_url
+    assert _split_url("pve", url) == expected
+
+
+@pytest.mark.parametrize("url", ["http://pve:8006", "pve:8006", "https://fe80::2:8006",
+                                 "https://pve:8006/api2/json"])
+def test_bad_https_urls_are_config_errors(url):
+    from orchestrator.proxmox import _split_url
+    with pytest.raises(ConfigError, match="must look like https://HOST"):
+        _split_url("pve", url)
+
+
+def test_fingerprints_in_either_spelling():
+    from orchestrator.proxmox import normalise_fingerprint
+    digest = "ab" * 32
+    assert normalise_fingerprint(":".join(["AB"] * 32)) == digest.upper()
+    assert normalise_fingerprint(digest) == digest.upper()
+    assert normalise_fingerprint("AB:CD") is None
