@@ -1,6 +1,16 @@
 """Shared test settings: keep every test's orch data out of the user's home."""
 
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    # Module- and session-scoped fixtures run orch before any per-test setting applies:
+    # give the whole session a data directory of its own too, never the user's store.
+    os.environ["ORCH_DATA_DIR"] = tempfile.mkdtemp(prefix="orch-test-data-")
+    os.environ.pop("ORCH_STORE", None)
 
 
 @pytest.fixture(autouse=True)
