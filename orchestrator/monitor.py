@@ -38,8 +38,10 @@ class RunUnreachable(OrchError):
 
 # ---------------------------------------------------------------------- launcher calls
 def launcher(target: Target, action: str, run_dir: str, timeout: float = 60.0, **args) -> dict:
+    # The arguments travel on stdin: a start's env holds secrets (HF_TOKEN, ...), and the
+    # supervisor it forks keeps this argv for the whole run.
     return run_payload(target, "launcher", {"action": action, "run_dir": run_dir, **args},
-                       python=LAUNCHER_PYTHON, timeout=timeout)
+                       python=LAUNCHER_PYTHON, timeout=timeout, args_on_stdin=True)
 
 
 def stop_run(target: Target, run_dir: str, grace: float = 10.0, reason: str = "orch stop") -> dict:

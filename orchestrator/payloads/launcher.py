@@ -1,6 +1,9 @@
 """Payload: start a command detached inside the container, watch it, stop it (stdlib only).
 
-Run as `PYTHON - ARGS_JSON`; ARGS_JSON is {"action": ..., "run_dir": ..., ...}.
+Run as `PYTHON -` with ARGS_JSON ({"action": ..., "run_dir": ..., ...}) set into sys.argv[1] by
+the script's first line (orch ships the arguments with the script on stdin: a start's env holds
+secrets, and the supervisor keeps this process's argv for the whole run; see
+orchestrator.payloads.with_args). `PYTHON - ARGS_JSON` works too (tests, by hand).
 
   start   fork a supervisor (new session, stdin/stdout/stderr on /dev/null) that forks the
           command (its own session and process group, stdin /dev/null, stdout+stderr
