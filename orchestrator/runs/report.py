@@ -42,10 +42,15 @@ VERDICT_CLASS = {"ok": "ok", "running": "running", "degraded": "warn", "recompil
 
 
 def templates_dir() -> str:
-    """templates/ beside the package ($ORCH_TEMPLATES overrides, e.g. for a packaged install)."""
+    """orchestrator/templates in an installed wheel (pyproject.toml maps the repository's
+    templates/ there), else templates/ at the top of the checkout (an editable install);
+    $ORCH_TEMPLATES overrides both."""
     explicit = os.environ.get("ORCH_TEMPLATES")
     if explicit:
         return explicit
+    packaged = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
+    if os.path.isdir(packaged):
+        return packaged
     return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                         "templates")
 
