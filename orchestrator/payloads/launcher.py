@@ -344,14 +344,14 @@ def _wait_ended(run_dir, seconds):
 def gpu_sample(gpus):
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+            ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total,power.draw",
              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     rows = []
     for line in out.stdout.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4:
+        if len(parts) != 5:
             continue
         try:
             index = int(parts[0])
@@ -360,7 +360,9 @@ def gpu_sample(gpus):
         if gpus and index not in gpus:
             continue
         rows.append({"index": index, "util_pct": _num(parts[1]), "mem_used_mib": _num(parts[2]),
-                     "mem_total_mib": _num(parts[3])})
+                     "mem_total_mib": _num(parts[3]),
+                     # "[N/A]" or "[Not Supported]" on some boards: None, not an error
+                     "power_w": _num(parts[4])})
     return rows
 
 
@@ -436,7 +438,9 @@ def tail(args):
                 next_gpu = now + gpu_every
                 sample = gpu_sample(gpus)
                 if sample is not None:
-                    emit("gpu", gpus=sample)
+                    # The process state with each sample: the controller summarises the
+                    # samples taken while the workers ran, not those after they ended.
+                    emit("gpu", gpus=sample, t=round(now, 3), state=state["state"])
         if state["state"] in ("exited", "vanished", "missing") and not got:
             if state["state"] == "vanished" and now - (gone_since or now) < VANISHED_GRACE:
                 # The supervisor may be writing exit.json right now: look again shortly.
