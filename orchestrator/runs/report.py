@@ -16,6 +16,7 @@ import jinja2
 from orchestrator import __version__
 from orchestrator.runs.compare import (Comparison, compare, fx_states_seen, is_problem, series,
                                        throughput)
+from orchestrator.runs import gpu
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import line_chart, sparkline
 
@@ -137,6 +138,9 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
                          "tok_s": tp["per_drafter"].get(label),
                          "spark": sparkline([p.tok_s for p in points[1:] or points])})
     states = fx_states_seen(record)
+    gpus = gpu_context(record)
+    if gpus["series"]:
+        charts.update(gpus["charts"])
     return {
         "record": record,
         "verdict_class": VERDICT_CLASS.get(record.verdict, "bad"),
@@ -151,9 +155,27 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
         "fx_states_seen": states,
+        "gpu_stats": gpus["stats"],
         "generated_at": now_iso(),
         "orch_version": __version__,
     }
+
+
+def gpu_context(record: RunRecord) -> dict:
+    """The monitor's GPU series: a chart per quantity, and per target and GPU the mean and
+    peak while the workers ran (runs/gpu.py)."""
+    by_target = gpu.series_by_target(record)
+    charts = {}
+    for key, what, unit in gpu.QUANTITIES:
+        lines = gpu.chart_series(by_target, key)
+        if any(value is not None for points in lines.values() for _, value in points):
+            css = {"util_pct": "util", "mem_used_mib": "mem", "power_w": "power"}[key]
+            charts[f"gpu_{css}"] = line_chart(
+                lines, title=f"GPU {what} ({unit})", x_label="seconds since the monitor started",
+                y_label=unit, y_from_zero=True, css_class=f"chart chart-gpu-{css}")
+    stats = [{"target": name, **row}
+             for name, series in by_target.items() for row in gpu.gpu_stats(series)]
+    return {"series": by_target, "charts": charts, "stats": stats}
 
 
 def render_html(record: RunRecord, baseline: Optional[RunRecord] = None, **kw) -> str:
