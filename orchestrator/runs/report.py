@@ -101,8 +101,10 @@ def _elapsed(record: RunRecord) -> Optional[float]:
 
 
 def context(record: RunRecord, baseline: Optional[RunRecord] = None,
-            comparison: Optional[Comparison] = None, threshold: float = 0.10) -> dict:
-    """Everything both templates show."""
+            comparison: Optional[Comparison] = None, threshold: float = 0.10,
+            baseline_reason: Optional[str] = None) -> dict:
+    """Everything both templates show. baseline_reason: which baseline and why (or why none),
+    from runs/baseline.py."""
     if baseline is None:
         comparison = None        # a comparison with nothing: the verdict already says it all
     elif comparison is None:
@@ -152,6 +154,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "notes": notes,
         "failed_steps": [s for s in record.steps if s.status == "failed"],
         "baseline": baseline,
+        "baseline_reason": baseline_reason,
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
         "fx_states_seen": states,

@@ -71,6 +71,8 @@ class LaunchStep(Step):
         launch = {"run_dir": result.get("run_dir", p["run_dir"]), "pid": result.get("pid"),
                   "log": result.get("log"), "step": ctx.spec.index, "step_name": ctx.spec.label(),
                   "argv": p["argv"], "env_keys": sorted(p["env"]), "started_at": result.get("started_at"),
+                  # the device layout, part of the run's shape (runs/baseline.py)
+                  "cuda_visible_devices": p["env"].get("CUDA_VISIBLE_DEVICES"),
                   "host": target.host.name, "vmid": target.vmid}
         ctx.runner.note_launch(target.name, launch)
         gpus = p["env"].get("CUDA_VISIBLE_DEVICES")
