@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -195,12 +196,26 @@ def fx_tls(app, action, targets, as_json):
       orch patch fx-tls revert -t drafters --json
     """
     chosen = app.fleet.targets(targets)
-    outcomes = each_concurrently(chosen, lambda target: forensics.fx_patch(target, action))
+    changes = action in ("apply", "revert")
+    with (forensics.finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
+        try:
+            outcomes = each_concurrently(chosen, lambda target: forensics.fx_patch(target, action))
+        except KeyboardInterrupt:
+            # The second Ctrl-C: the payload goes on without us; say what is known.
+            names = " ".join(f"-t {t.name}" for t in chosen)
+            console.error(f"interrupted twice: left while the {action} was in progress; whether it "
+                          f"completed is not known: `orch patch fx-tls status {names}` tells")
+            sys.exit(ExitCode.INTERRUPTED)
     if as_json:
         console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
     else:
         for target, outcome in zip(chosen, outcomes):
             _print_patch(target, action, outcome)
+    if changes and ctrl_c:
+        done = [t.name for t, o in zip(chosen, outcomes) if not isinstance(o, OrchError)]
+        console.warn(f"interrupted, after the {action} finished"
+                     + (f" on {', '.join(done)} (its outcome is above)" if done else ""))
+        sys.exit(ExitCode.INTERRUPTED)
     sys.exit(_patch_exit_code(action, outcomes))
 
 
