@@ -66,6 +66,7 @@ class LaunchStep(Step):
         # A leading ~ as a shell would expand it (there is no shell in between).
         p["argv"] = [target.expand(arg) if arg == "~" or arg.startswith("~/") else arg
                      for arg in p["argv"]]
+        ctx.runner.note_launch_starting(target, p["run_dir"])   # a Ctrl-C from here on asks
         result = launcher(target, "start", p["run_dir"], timeout=ctx.remaining(120),
                           argv=p["argv"], env=p["env"], venv=venv, cwd=p["cwd"])
         launch = {"run_dir": result.get("run_dir", p["run_dir"]), "pid": result.get("pid"),
