@@ -238,7 +238,7 @@ def _print_comparison(result, base, new) -> None:
 @click.argument("run")
 def runs_pin(run):
     """Pin RUN as the baseline of its playbook (nightly compares with it instead of the
-    last ok run). A new pin replaces the old one; `orch runs unpin PLAYBOOK` forgets it.
+    last ok run, as long as a run has its shape). A new pin replaces the old one; `orch runs unpin PLAYBOOK` forgets it.
 
     \b
     Examples:
@@ -335,7 +335,8 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
 def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, webhooks,
                     notify_command, notify_on, as_json):
     """Run PLAYBOOK once, unattended (for schedulers and scripts): lock, run, compare with
-    the baseline (the pinned run, else the last ok run), write report.html and report.md
+    the baseline (the pinned run, else the last ok run, of the same shape: targets, workers,
+    devices, throughput variables), write report.html and report.md
     into the run's folder, notify, exit with the outcome.
 
     Only one nightly of a playbook runs at a time: a second exits at once with code 21.
