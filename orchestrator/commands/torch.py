@@ -95,12 +95,6 @@ def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context
     sys.exit(_search_exit_code(outcomes))
 
 
-def _print_failure(target, error: OrchError) -> None:
-    """One error line that names the target once (payload errors already start with it)."""
-    text = str(error)
-    console.error(text if text.startswith(f"{target.name}: ") else f"{target.name}: {text}")
-
-
 def _target_json(target, outcome) -> dict:
     if isinstance(outcome, OrchError):
         return {"target": target.name, "error": str(outcome)}
@@ -109,7 +103,7 @@ def _target_json(target, outcome) -> dict:
 
 def _print_search(target, outcome, max_hits) -> None:
     if isinstance(outcome, OrchError):
-        _print_failure(target, outcome)
+        console.target_error(target.name, outcome)
         return
     console.out.print(f"[bold]== {console.escape(target.describe())}[/]: "
                       f"{outcome.get('package', 'torch')} {outcome.get('version')} in "
@@ -221,7 +215,7 @@ def fx_tls(app, action, targets, as_json):
 
 def _print_patch(target, action, outcome) -> None:
     if isinstance(outcome, OrchError):
-        _print_failure(target, outcome)
+        console.target_error(target.name, outcome)
         return
     state = outcome.get("status")
     header = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
@@ -305,7 +299,7 @@ def fx_race(app, targets, trials, as_json):
 
 def _print_race(target, outcome) -> None:
     if isinstance(outcome, OrchError):
-        _print_failure(target, outcome)
+        console.target_error(target.name, outcome)
         return
     console.out.print(
         f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
