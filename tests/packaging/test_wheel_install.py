@@ -3,14 +3,15 @@ schedule templates must come from inside the installed package (the repository's
 is mapped there by pyproject.toml), so `orch report`, `orch schedule install --dest` and
 `orch nightly` work with no checkout around.
 
-Costs: building the wheel (a few seconds) and installing it with its dependencies into a fresh
-venv (pip's cache makes later runs quick)."""
+Costs: building the wheel and installing it into a fresh venv, a few seconds; no package index
+is needed (the dependencies are this environment's own)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import venv
 import zipfile
@@ -45,9 +46,16 @@ def installed(tmp_path_factory):
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)],
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
                              capture_output=True, text=True, timeout=900)
     assert install.returncode == 0, install.stderr[-3000:]
+    # orch's dependencies (paramiko, click, jinja2, ...) come from this test's own environment,
+    # so no package index is needed: a path line in a .pth adds its site-packages after the
+    # fresh venv's own, and its .pth files (the editable orch among them) are not run.
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(purelib, "orch-test-deps.pth"), "w") as handle:
+        handle.write(sysconfig.get_paths()["purelib"] + "\n")
     return {"orch": str(env_dir / "bin" / "orch"), "work": work}
 
 
@@ -64,7 +72,7 @@ def test_installed_wheel_runs_nightly_report_and_schedule(installed, tmp_path):
     located = subprocess.run([installed["orch"].replace("/orch", "/python"), "-c",
                               "import orchestrator; print(orchestrator.__file__)"],
                              cwd=tmp_path, capture_output=True, text=True)
-    assert "site-packages" in located.stdout, located   # not the checkout
+    assert located.stdout.startswith(str(installed["work"] / "venv")), located   # not the checkout
 
     (tmp_path / "trainer.py").write_text(TRAINER)
     (tmp_path / "inventory.yaml").write_text(textwrap.dedent("""
