@@ -316,11 +316,29 @@ class Tools:
                 "eof": offset + len(data) >= size}
 
     def run_stop(self, run_id: str, grace_s: float) -> dict:
+        from orchestrator.monitor import stop_run
         from orchestrator.runner import stop_recorded_run
-        record, results = stop_recorded_run(run_id, app=self.app, grace=grace_s, store=self.store,
-                                            fleet=self.fleet)
-        return {"run_id": record.run_id, "targets": results,
-                "ok": not any("error" in r for r in results)}
+        run_id = self.store.resolve(run_id)
+        live = self.runs.get(run_id)
+        if live is None or not live.thread.is_alive():
+            record, results = stop_recorded_run(run_id, app=self.app, grace=grace_s,
+                                                store=self.store, fleet=self.fleet)
+            return {"run_id": record.run_id, "targets": results,
+                    "ok": not any("error" in r for r in results)}
+        # This server's own thread watches the run: stop the processes and let the watching
+        # runner record the verdict (killed), as `orch stop` does for a live `orch run`.
+        record = self.store.get(run_id, metrics=False)
+        launches = {n: e for n, e in ((record.launch or {}).get("targets") or {}).items()
+                    if e.get("run_dir")}
+        if not launches:
+            raise OrchError(f"run {run_id} has not launched its process yet",
+                            hint="run_status shows its steps; stop it once the launch step is done")
+        targets = self.fleet.targets(list(launches))
+        outcomes = each_concurrently(targets, lambda t: stop_run(t, launches[t.name]["run_dir"], grace_s))
+        results = [{"target": t.name, "error": str(o)} if isinstance(o, OrchError) else
+                   {"target": t.name, **{k: v for k, v in o.items() if k != "event"}}
+                   for t, o in zip(targets, outcomes)]
+        return {"run_id": run_id, "targets": results, "ok": not any("error" in r for r in results)}
 
     def run_containers(self, run_id: str) -> list[str]:
         record = self.store.get(run_id, metrics=False)
