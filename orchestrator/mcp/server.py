@@ -12,6 +12,8 @@ import json
 import time
 from typing import Annotated, Any, Callable, Optional
 
+from typing_extensions import TypedDict
+
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -36,8 +38,58 @@ CHANGES = ToolAnnotations(readOnlyHint=False, destructiveHint=True, openWorldHin
 Target = Annotated[str, Field(description="An inventory container name (list_targets), or HOST:VMID")]
 
 
+class ExecResult(TypedDict):
+    """exec's result: the output is capped at max_output_bytes; *_bytes are the full sizes."""
+    target: str
+    argv: list[str]
+    exit_code: int
+    stdout: str
+    stdout_bytes: int
+    stdout_truncated: bool
+    stderr: str
+    stderr_bytes: int
+    stderr_truncated: bool
+    duration_s: float
+    via: str            # session (the warm command server) or channel (a plain pct exec)
+
+
+class SourceText(TypedDict):
+    target: str
+    package: str
+    version: Optional[str]
+    path: str
+    start_line: int
+    end_line: int
+    total_lines: int
+    text: str
+    truncated: bool
+    bytes: int
+
+
+class LogPage(TypedDict, total=False):
+    run_id: str
+    target: Optional[str]
+    launched: bool
+    path: str
+    offset: int
+    next_offset: int     # pass it back as offset to read on
+    size: int            # the log's size now
+    text: str
+    bytes: int
+    eof: bool
+
+
+class RunStarted(TypedDict):
+    run_id: str
+    playbook: str
+    state: str
+    targets: list[str]
+
+
 def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
-    server = MCPServer("orch", instructions=INSTRUCTIONS, version=__version__)
+    # WARNING: the SDK configures logging; at INFO every SSH connect (paramiko) and every
+    # failed call would be logged on stderr as well as answered.
+    server = MCPServer("orch", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
     allowed = set(policy.tools())
 
     def call(tool: str, arguments: dict, work: Callable[[], Any],
@@ -116,7 +168,7 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             start_line: Annotated[int, Field(ge=1)] = 1,
             end_line: Annotated[Optional[int], Field(ge=1, description="Last line; null: to the end")] = None,
             max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
-    ) -> dict[str, Any]:
+    ) -> SourceText:
         """Lines of one file of an installed package. Paths leaving the package (.., absolute,
         symlinks out) are refused."""
         arguments = {"target": target, "package": package, "path": path,
@@ -158,7 +210,7 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             target: Annotated[Optional[str], Field(description="Default: the first launched")] = None,
             offset: Annotated[int, Field(ge=0, description="Byte offset to read from")] = 0,
             max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
-    ) -> dict[str, Any]:
+    ) -> LogPage:
         """The training log by byte offsets: pass next_offset back to page on."""
         arguments = {"run_id": run_id, "target": target, "offset": offset, "max_bytes": max_bytes}
         return call("run_log", arguments, lambda: tools.run_log(run_id, target, offset, max_bytes))
@@ -172,7 +224,7 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
 
     @tool("runs_compare")
     def runs_compare(base: str, new: str,
-                     threshold: Annotated[Optional[float], Field(ge=0, le=1)] = None) -> dict[str, Any]:
+                     threshold: Annotated[Optional[float], Field(ge=0, lt=1, description="Regression threshold, 0.10 = 10 %")] = None) -> dict[str, Any]:
         """Compare run new with run base: throughput, verdict, torch, patch, packages, regressions."""
         return call("runs_compare", {"base": base, "new": new, "threshold": threshold},
                     lambda: tools.runs_compare(base, new, threshold))
@@ -186,7 +238,7 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60,
             stdin: Annotated[Optional[str], Field(description="Text for standard input")] = None,
             max_output_bytes: Annotated[int, Field(ge=0, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
-    ) -> dict[str, Any]:
+    ) -> ExecResult:
         """Run argv in the container: exit code, stdout/stderr (capped: *_truncated and *_bytes
         say so), duration."""
         arguments = {"target": target, "argv": argv, "timeout_s": timeout_s, "stdin": stdin,
@@ -209,7 +261,7 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             playbook: Annotated[str, Field(description="A playbook file on the server's machine")],
             vars: Annotated[dict[str, Any], Field(description="Playbook variables (like -e)")] = {},
             targets: Annotated[list[str], Field(description="Instead of the playbook's targets")] = [],
-    ) -> dict[str, Any]:
+    ) -> RunStarted:
         """Start a playbook run; returns its run_id at once (follow it with run_status/run_log)."""
         arguments = {"playbook": playbook, "vars": vars, "targets": targets}
         return call("run_start", arguments, lambda: tools.run_start(playbook, vars, targets),

@@ -121,6 +121,9 @@ def test_exec_argv_is_data_outputs_capped_and_the_session_stays_warm(inventory, 
             assert exec_tool.input_schema["properties"]["argv"]["type"] == "array"
             assert exec_tool.input_schema["properties"]["argv"]["items"] == {"type": "string"}
             assert exec_tool.annotations.destructive_hint is True
+            out = exec_tool.output_schema
+            assert out["properties"]["stdout_truncated"]["type"] == "boolean"
+            assert out["properties"]["exit_code"]["type"] == "integer" and "stdout_bytes" in out["required"]
             hostile = ["$(touch /tmp/pwned)", "a b; rm -rf /", "`id`", "'\"", "\\n"]
             result = await agent.ok("exec", target="sb1-200", argv=[
                 "python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *hostile])
@@ -331,8 +334,7 @@ def test_agent_replay_of_the_seed_story(inventory, store, torch_venv_in_containe
             compared = await agent.ok("runs_compare", base=first, new=second)
             assert (compared["base"], compared["new"]) == (first, second)
             assert compared["verdict"] == {"base": "fx-race", "new": "ok"}
-            assert any(c["kind"] == "verdict" and c["severity"] == "improvement"
-                       for c in compared["changes"]), compared["changes"]
+            assert compared["throughput"]["total"]["new"] and not compared["regressed"]
             calls, wall = agent.calls, time.monotonic() - started
             # 5. A long run, stopped by the agent; then back to the pristine torch.
             third = (await agent.ok("run_start", playbook=playbook, targets=[TORCH_TARGET],
