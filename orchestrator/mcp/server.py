@@ -8,6 +8,7 @@ when the policy allows them; every call is recorded in the audit trail.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import time
 from typing import Annotated, Any, Callable, Optional
@@ -20,7 +21,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from orchestrator import __version__
-from orchestrator.errors import OrchError
+from orchestrator.errors import ConfigError, OrchError
 from orchestrator.mcp.audit import AuditLog
 from orchestrator.mcp.policy import Policy
 from orchestrator.mcp.tools import DEFAULT_OUTPUT_BYTES, Tools
@@ -34,6 +35,9 @@ verify_fx_race, run_start again."""
 
 READ_ONLY = ToolAnnotations(readOnlyHint=True, destructiveHint=False, openWorldHint=False)
 CHANGES = ToolAnnotations(readOnlyHint=False, destructiveHint=True, openWorldHint=False)
+
+# Set per tools/call by the audit middleware; call() marks it when it has recorded the call.
+_CALL: contextvars.ContextVar[dict] = contextvars.ContextVar("orch_mcp_call")
 
 Target = Annotated[str, Field(description="An inventory container name (list_targets), or HOST:VMID")]
 
@@ -89,14 +93,18 @@ class RunStarted(TypedDict):
 def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
     # WARNING: the SDK configures logging; at INFO every SSH connect (paramiko) and every
     # failed call would be logged on stderr as well as answered.
-    server = MCPServer("orch", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+    server = MCPServer("orch", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING",
+                       middleware=[_refusals_audited(audit)])
     allowed = set(policy.tools())
 
     def call(tool: str, arguments: dict, work: Callable[[], Any],
              containers: Optional[Callable[[], list]] = None) -> Any:
         """Run one tool call: policy, errors as tool errors, and the audit row."""
-        target = arguments.get("target") or ",".join(arguments.get("targets") or []) or ""
+        target = _target_of(arguments)
         started = time.monotonic()
+        marker = _CALL.get(None)
+        if marker is not None:
+            marker["audited"] = True
         try:
             if policy.changes(tool):
                 policy.check(tool, containers() if containers else tools.container_names([target]))
@@ -153,11 +161,14 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
         arguments = {"target": target, "pattern": pattern, "package": package, "fixed": fixed,
                      "word": word, "ignore_case": ignore_case, "context": context,
                      "definition": definition, "show": show, "max_hits": max_hits}
-        if show and not definition:
-            raise ToolError("show goes with definition (it returns a definition's body)")
-        return call("grep_source", arguments, lambda: tools.grep_source(
-            target, pattern, package=package, fixed=fixed, word=word, ignore_case=ignore_case,
-            context=context, mode="def" if definition else "grep", show=show, max_hits=max_hits))
+        def search():
+            if show and not definition:
+                raise ConfigError("show goes with definition (it returns a definition's body)")
+            return tools.grep_source(target, pattern, package=package, fixed=fixed, word=word,
+                                     ignore_case=ignore_case, context=context,
+                                     mode="def" if definition else "grep", show=show,
+                                     max_hits=max_hits)
+        return call("grep_source", arguments, search)
 
     @tool("read_source")
     def read_source(
@@ -294,3 +305,44 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
                 "5. fx_tls_apply, verify_fx_race (expect verdict fixed), run_start again (expect ok).")
 
     return server
+
+
+def _target_of(arguments: dict) -> str:
+    targets = arguments.get("targets")
+    return str(arguments.get("target") or (",".join(map(str, targets)) if isinstance(targets, list) else ""))
+
+
+def _refusals_audited(audit: AuditLog):
+    """Calls that never reach a tool (a tool not listed, arguments the schema refuses) are
+    recorded too, as "refused"."""
+    async def middleware(ctx, call_next):
+        if ctx.method != "tools/call":
+            return await call_next(ctx)
+        params = ctx.params if isinstance(ctx.params, dict) else {}
+        name, arguments = str(params.get("name", "")), params.get("arguments") or {}
+        arguments = arguments if isinstance(arguments, dict) else {"arguments": arguments}
+        marker = {"audited": False}
+        token = _CALL.set(marker)
+        started = time.monotonic()
+        try:
+            result = await call_next(ctx)
+        except Exception as error:
+            if not marker["audited"]:
+                audit.record(name, arguments, _target_of(arguments), "refused", str(error),
+                             time.monotonic() - started)
+            raise
+        finally:
+            _CALL.reset(token)
+        if not marker["audited"]:
+            audit.record(name, arguments, _target_of(arguments), "refused", _error_text(result),
+                         time.monotonic() - started)
+        return result
+    return middleware
+
+
+def _error_text(result) -> str:
+    if isinstance(result, dict):
+        content = result.get("content") or []
+        return str(content[0].get("text", "")) if content and isinstance(content[0], dict) else ""
+    content = getattr(result, "content", None) or []
+    return str(getattr(content[0], "text", "")) if content else ""

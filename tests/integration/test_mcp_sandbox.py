@@ -187,10 +187,15 @@ def test_every_call_is_audited_with_secrets_masked(inventory, store):
                            stdin="password: hunter2")
             await agent.error("exec", target="sb1-202", argv=["true"])
             await agent.ok("list_targets")
+            await agent.error("fx_tls_apply", target="sb1-200")       # not listed
+            await agent.error("exec", target="sb1-200", argv="reboot")  # not an argv
     asyncio.run(scenario())
     rows = audit(store)
-    assert [r["tool"] for r in rows] == ["list_targets", "exec", "exec"]
-    listed, stopped, first = rows
+    assert [r["tool"] for r in rows] == ["exec", "fx_tls_apply", "list_targets", "exec", "exec"]
+    not_argv, not_listed, listed, stopped, first = rows
+    assert not_listed["outcome"] == "refused" and "Unknown tool" in not_listed["error"]
+    assert not_argv["outcome"] == "refused" and not_argv["arguments"]["argv"] == "reboot"
+    assert listed["outcome"] == "ok" and listed["target"] == ""
     assert first["outcome"] == "ok" and first["target"] == "sb1-200" and first["duration_ms"] > 0
     assert first["arguments"]["argv"] == ["env", "API_TOKEN=***", "true"]
     assert first["arguments"]["stdin"] == "<17 bytes>"
