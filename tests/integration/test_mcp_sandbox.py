@@ -111,6 +111,11 @@ def test_read_only_by_default_the_changing_tools_are_not_even_listed(inventory, 
             assert message == "Unknown tool: exec"
             assert "Unknown tool" in await agent.error("fx_tls_apply", target="sb1-200")
             assert "Unknown tool" in await agent.error("run_start", playbook="playbooks/dflash-sandbox.yaml")
+            [resource] = (await agent.session.list_resources()).resources
+            read = await agent.session.read_resource(resource.uri)
+            assert json.loads(read.contents[0].text)["default_target"] == "sb1-200"
+            prompt = await agent.session.get_prompt("diagnose_fx_race", {"target": "sb1-200"})
+            assert "fx_tls_status(target='sb1-200')" in prompt.messages[0].content.text
     asyncio.run(scenario())
 
 
@@ -135,6 +140,8 @@ def test_exec_argv_is_data_outputs_capped_and_the_session_stays_warm(inventory, 
             assert (big["stdout_bytes"], big["stdout_truncated"], len(big["stdout"])) == (300000, True, 1000)
             fed = await agent.ok("exec", target="sb1-200", argv=["cat"], stdin="line 1\nline 2\n")
             assert fed["stdout"] == "line 1\nline 2\n"
+            slow = await agent.error("exec", target="sb1-200", argv=["sleep", "30"], timeout_s=1)
+            assert "did not finish within 1 s" in slow
             failed = await agent.ok("exec", target="sb1-200", argv=["sh", "-c", "echo no >&2; exit 7"])
             assert (failed["exit_code"], failed["stderr"]) == (7, "no\n")
             # A shell string is not an argv: refused by the schema, not run.
@@ -171,12 +178,19 @@ def test_errors_are_tool_errors_with_orchs_hint(inventory, store):
     asyncio.run(scenario())
 
 
-def test_an_allowance_for_one_target_refuses_the_others(inventory, store):
+def test_an_allowance_for_one_target_refuses_the_others(inventory, store, tmp_path):
     async def scenario():
         async with serve(inventory, store, "--allow", "exec", "--allow-target", "sb1-200") as agent:
             assert (await agent.ok("exec", target="sb1-200", argv=["true"]))["exit_code"] == 0
             refused = await agent.error("exec", target="sb2-201", argv=["true"])
             assert "exec is not allowed on sb2-201" in refused and "only sb1-200" in refused
+        policy = tmp_path / "policy.yaml"
+        policy.write_text("allow: [write]\ntargets: [sb2]\n")   # a group: sb2's containers
+        async with serve(inventory, store, "--policy", str(policy)) as agent:
+            names = {t.name for t in (await agent.session.list_tools()).tools}
+            assert {"fx_tls_apply", "run_stop"} <= names and "exec" not in names
+            refused = await agent.error("fx_tls_revert", target="sb1-201")
+            assert "fx_tls_revert is not allowed on sb1-201" in refused
     asyncio.run(scenario())
 
 
