@@ -11,7 +11,6 @@ runner.stop_recorded_run, RunStore, runs.compare, the inventory check's probe.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Optional
 
 from orchestrator import forensics

@@ -261,6 +261,7 @@ def inspector() -> list[str]:
     return [binary, "--cli"]
 
 
+@pytest.mark.torch
 def test_the_mcp_inspector_lists_and_calls_tools(inventory, store, torch_venv_in_container):
     server = [sys.executable, "-m", "orchestrator", "-i", inventory, "mcp", "--allow", "exec"]
     env = {**os.environ, "ORCH_STORE": store}
