@@ -24,6 +24,9 @@ def mcp_command(app, allow, allow_targets, policy_file):
     JSON-RPC on its stdin/stdout. One SSH connection per host and one command session per
     container stay open for the server's life. Every tool call is recorded: `orch runs audit`.
 
+    Exit codes: 0 when the client closes the connection; 1 when the MCP SDK is missing;
+    2 for a bad option, inventory or policy file (FILE:LINE:COL).
+
     \b
     Examples:
       orch -i inventory.yaml mcp                       # read-only: search, read, status, runs

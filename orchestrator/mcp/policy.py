@@ -91,4 +91,8 @@ def _read_policy_file(path: str) -> dict:
         value = data[key]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise source.error((key,), f"{key}: must be a list of names")
+    for index, name in enumerate(data.get("allow", [])):
+        if name not in ALLOWANCES:
+            raise source.error(("allow", index), f"unknown allowance {name!r}",
+                               hint="allowances: " + ", ".join(ALLOWANCES))
     return data

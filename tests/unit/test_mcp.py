@@ -174,3 +174,23 @@ def test_orch_help_does_not_import_the_sdk():
     code = "import sys; from orchestrator.cli import main; print('mcp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_orch_mcp_without_the_sdk_says_how_to_install_it(inventory, tmp_path):
+    shim = tmp_path / "shim" / "mcp"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'mcp'\", name='mcp')\n")
+    env = {**os.environ, "PYTHONPATH": str(shim.parent), "ORCH_STORE": str(tmp_path / "runs.sqlite")}
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "-i", inventory, "mcp"],
+                         capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "needs the MCP SDK" in out.stderr and "orch[mcp]" in out.stderr
+
+
+def test_a_bad_policy_file_is_a_usage_error(inventory, tmp_path):
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("allow: [exec, sudo]\n")
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "-i", inventory, "mcp", "--policy",
+                          str(bad)], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "ORCH_STORE": str(tmp_path / "runs.sqlite")})
+    assert out.returncode == 2 and "policy.yaml:1:15: unknown allowance 'sudo'" in out.stderr
