@@ -53,7 +53,8 @@ def mcp_command(app, allow, allow_targets, policy_file):
     console.info(f"orch mcp: serving on stdio; inventory {fleet.inventory.path}; allowed: "
                  f"{policy.describe()}; audit session {audit.session}")
     try:
-        build_server(tools, policy, audit).run()
+        from orchestrator.mcp.wire import serve_stdio
+        serve_stdio(build_server(tools, policy, audit))
     finally:
         tools.close()
         store.close()

@@ -194,3 +194,35 @@ def test_a_bad_policy_file_is_a_usage_error(inventory, tmp_path):
                           str(bad)], capture_output=True, text=True, stdin=subprocess.DEVNULL,
                          env={**os.environ, "ORCH_STORE": str(tmp_path / "runs.sqlite")})
     assert out.returncode == 2 and "policy.yaml:1:15: unknown allowance 'sudo'" in out.stderr
+
+
+# ------------------------------------------------------------ the stdio wire, no threads
+def test_fd_lines_and_writer_carry_lines_whole_across_reads_and_a_full_pipe():
+    import anyio
+    from orchestrator.mcp.wire import FdLines, FdWriter
+
+    big = "x" * 300_000  # more than a pipe holds: the writer must wait for the reader
+
+    async def scenario():
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        got = []
+
+        async def reader():
+            async for line in FdLines(read_fd):
+                got.append(line)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(reader)
+            writer = FdWriter(write_fd)
+            await writer.write('{"a": 1}\n{"b"')
+            await anyio.sleep(0.01)
+            await writer.write(': 2}\n' + big + "\nlast, no newline")
+            await writer.flush()
+            os.close(write_fd)
+        os.close(read_fd)
+        return got
+
+    got = anyio.run(scenario)
+    assert got == ['{"a": 1}\n', '{"b": 2}\n', big + "\n", "last, no newline"]
