@@ -309,6 +309,7 @@ class Tools:
                           timeout=60).check(f"reading {path} on {name}")
         size_line, _, data = result.stdout.partition(b"\n")
         size = int(size_line.strip() or 0)
+        data = whole_utf8(data, at_end=offset + len(data) >= size)
         return {"run_id": record.run_id, "target": name, "launched": True, "path": path,
                 "offset": offset, "next_offset": offset + len(data), "size": size,
                 "text": data.decode("utf-8", "replace"), "bytes": len(data),
@@ -362,6 +363,22 @@ class Tools:
         result = compare(self.store.get(base), self.store.get(new),
                          DEFAULT_THRESHOLD if threshold is None else threshold)
         return result.to_dict()
+
+
+def whole_utf8(data: bytes, at_end: bool) -> bytes:
+    """A page cut at max_bytes may end inside a UTF-8 character: leave that character's
+    first bytes for the next page (next_offset points at it), so no page decodes to U+FFFD
+    where the log has a real character."""
+    if at_end:
+        return data
+    for cut in range(0, min(3, len(data) - 1) + 1):
+        try:
+            (data[:len(data) - cut] if cut else data).decode("utf-8")
+            return data[:len(data) - cut] if cut else data
+        except UnicodeDecodeError as error:
+            if error.reason != "unexpected end of data":
+                return data  # not UTF-8 anyway: the bytes as they are
+    return data
 
 
 def _capped(name: str, data: bytes, cap: int) -> dict:

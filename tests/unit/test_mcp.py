@@ -226,3 +226,15 @@ def test_fd_lines_and_writer_carry_lines_whole_across_reads_and_a_full_pipe():
 
     got = anyio.run(scenario)
     assert got == ['{"a": 1}\n', '{"b": 2}\n', big + "\n", "last, no newline"]
+
+
+def test_a_log_page_never_splits_a_utf8_character():
+    from orchestrator.mcp.tools import whole_utf8
+    text = "step 1 → loss 0.5 ✓\n".encode()
+    pages, offset = [], 0
+    while offset < len(text):
+        page = whole_utf8(text[offset:offset + 5], at_end=offset + 5 >= len(text))
+        pages.append(page.decode("utf-8"))  # strict: a split character would raise here
+        offset += len(page)
+    assert "".join(pages) == text.decode()
+    assert whole_utf8(b"ok \xff\xfe", at_end=False) == b"ok \xff\xfe"  # not UTF-8: unchanged
