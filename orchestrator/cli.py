@@ -89,6 +89,10 @@ def _register() -> None:
             continue
         for command in getattr(module, "COMMANDS", []):
             main.add_command(command)
+    from orchestrator.mcp.cli import audit_command, mcp_command  # click only: no SDK import
+    main.add_command(mcp_command)
+    if isinstance(main.commands.get("runs"), click.Group):
+        main.commands["runs"].add_command(audit_command)
 
 
 _register()
