@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from orchestrator.errors import ContainerNotRunning, NoSuchContainer, OrchError
-from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport
+from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
+                                 NoSuchContainer, OrchError)
+from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv
 
 # pct's own failures all exit 255 with one of these sentences on stderr.
 _PCT_NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")
@@ -46,12 +47,26 @@ class Target(Transport):
         return ["pct", "exec", str(self.vmid), "--", *argv] if self.vmid else list(argv)
 
     def _run(self, argv, options) -> Result:
-        result = self.host._run(self.wrap(argv), options)
+        inner = reaped(argv) if options.kill_on_close and self.vmid else argv
+        try:
+            result = self.host._run(self.wrap(inner), options)
+        except (CommandTimeout, ConnectionLost) as error:
+            raise self._restated(error, self.wrap(inner), argv) from None
         result.argv = list(argv)
         result.target = self.name
         if self.vmid and result.exit_code == 255:
             self._raise_pct_error(result)
         return result
+
+    def _restated(self, error, host_argv, argv):
+        """The host's error about `pct exec ... ARGV`, said about ARGV in this target."""
+        error.message = error.message.replace(
+            f"{display_argv(host_argv)} on host {self.host.name}",
+            f"{display_argv(argv)} in {self.describe()}").replace(
+            f"while {display_argv(host_argv)} ran", f"while {display_argv(argv)} ran in {self.name}")
+        if getattr(error, "result", None) is not None:
+            error.result.argv, error.result.target = list(argv), self.name
+        return error
 
     def spawn(self, argv):
         return self.host.spawn(self.wrap(argv))
@@ -91,6 +106,13 @@ class Target(Transport):
         if not self.venv:
             return "python3"
         return self.expand(self.venv).rstrip("/") + "/bin/python"
+
+
+def reaped(argv: Sequence[str]) -> list[str]:
+    """argv run under the reaper payload: its own process group, killed when the channel
+    closes (pct exec gives no signal to a command whose caller went away)."""
+    from orchestrator.payloads import payload_source  # payloads import this module
+    return ["python3", "-c", payload_source("reaper").decode(), *argv]
 
 
 def require_vmid(target: Target) -> int:
