@@ -255,8 +255,7 @@ class SshHost(Transport):
     # -- channels ---------------------------------------------------------------------
     def _open_channel(self, timeout: float):
         """A session channel and its connection, honouring the server's channel limit."""
-        started = time.monotonic()
-        deadline = started + timeout
+        deadline = time.monotonic() + timeout
         reconnected, refusals = False, 0
         while True:
             connection = self._reserve(deadline)
@@ -265,33 +264,36 @@ class SshHost(Transport):
                 channel = connection.transport.open_session(
                     timeout=max(deadline - time.monotonic(), 1.0))
                 return connection, channel
-            except paramiko.ChannelException as refused:
-                # sshd said no at once (OPEN_FAILURE): at its MaxSessions, counting a
-                # channel we closed that it has not freed yet, or a lower limit than ours
-                others = self._release(connection)
-                refusals += 1
-                if others == 0 or time.monotonic() >= deadline:
-                    raise ChannelRefused(
-                        f"host {self.name} refused to open a session channel "
-                        f"({refused.text or refused}) after {time.monotonic() - asked:.2f} s, "
-                        f"with {others} other channel(s) of orch open on that connection",
-                        hint="the host's sshd may limit sessions (MaxSessions) below the "
-                             "inventory's max_sessions; lower max_sessions for this host") from None
-                with self._changed:
-                    connection.capacity = max(1, min(connection.capacity, others))
-                time.sleep(min(0.02 * 2 ** refusals, 0.5))
             except (paramiko.SSHException, OSError, EOFError) as error:
-                self._release(connection)
-                waited = time.monotonic() - asked
+                others = self._release(connection)
+                if _refused(error, connection):
+                    refusals += 1
+                    self._refused(connection, error, others, asked, deadline)
+                    time.sleep(min(0.02 * 2 ** refusals, 0.5))
+                    continue
                 if connection.alive():
                     if time.monotonic() >= deadline - 0.05:
                         raise CommandTimeout(f"host {self.name} did not open a channel within "
                                              f"{timeout:g} s: {error}") from None
-                    raise HostUnreachable(f"host {self.name} could not open a channel "
-                                          f"(failed after {waited:.2f} s): {error}") from None
+                    raise HostUnreachable(f"host {self.name} could not open a channel (failed "
+                                          f"after {time.monotonic() - asked:.2f} s): {error}") from None
                 if reconnected:  # one reconnect: a dropped connection is normal after a blip
                     raise HostUnreachable(f"host {self.name} is not answering: {error}") from None
                 reconnected = True
+
+    def _refused(self, connection, error, others: int, asked: float, deadline: float) -> None:
+        """sshd said no at once (OPEN_FAILURE): it is at its MaxSessions, counting a channel
+        we closed that it has not freed yet, or its limit is lower than ours. With other
+        channels open, remember the lower limit and wait; else say what happened."""
+        if others == 0 or time.monotonic() >= deadline:
+            raise ChannelRefused(
+                f"host {self.name} refused to open a session channel ({_reason(error)}) after "
+                f"{time.monotonic() - asked:.2f} s, with {others} other channel(s) of orch open "
+                "on that connection",
+                hint="the host's sshd may allow fewer sessions (MaxSessions) than the "
+                     "inventory's max_sessions; lower it for this host")
+        with self._changed:
+            connection.capacity = max(1, min(connection.capacity, others))
 
     # -- commands ---------------------------------------------------------------------
     def _run(self, argv: list[str], options: RunOptions) -> Result:
@@ -307,8 +309,9 @@ class SshHost(Transport):
             channel.exec_command(command)
             _start_input(channel, preamble, options.stdin)
             stdout, stderr = _drain(channel, options)
-            if channel.exit_status_ready():
-                status = channel.recv_exit_status()
+            # paramiko marks the status "ready" with -1 when a channel merely closed
+            if channel.exit_status_ready() and channel.exit_status >= 0:
+                status = channel.exit_status
         except (paramiko.SSHException, OSError, EOFError):
             pass  # the timer closed the channel, or the connection broke: told below
         finally:
@@ -341,6 +344,20 @@ class SshHost(Transport):
             self._release(connection)
             raise HostUnreachable(f"host {self.name}: could not start {argv[0]}: {error}") from None
         return _ChannelProcess(channel, lambda: self._release(connection))
+
+
+def _refused(error: Exception, connection: "_Connection") -> bool:
+    """An OPEN_FAILURE answer on a live connection. paramiko keeps one saved exception per
+    connection: when two opens fail at once, the second sees a bare "Unable to open channel."
+    """
+    if isinstance(error, paramiko.ChannelException):
+        return True
+    return (isinstance(error, paramiko.SSHException) and connection.alive()
+            and str(error) == "Unable to open channel.")
+
+
+def _reason(error: Exception) -> str:
+    return getattr(error, "text", None) or str(error) or type(error).__name__
 
 
 class _Connection:
