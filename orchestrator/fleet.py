@@ -1,4 +1,4 @@
-"""From inventory names to live Targets, with one connection per host shared by all."""
+"""From inventory names to live Targets, with each host's SSH connections shared by all."""
 
 from __future__ import annotations
 
