@@ -30,7 +30,7 @@ import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
 from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout, ConnectionLost,
-                                 HostKeyChanged, HostKeyUnknown, HostUnreachable)
+                                 HostKeyChanged, HostKeyUnknown, HostUnreachable, OrchError)
 from orchestrator.remote.base import (BufferedLines, Process, Result, RunOptions, Transport,
                                       encode_arg, stdin_pieces, validate_argv)
 
@@ -119,44 +119,48 @@ class SshHost(Transport):
         connection = self._reserve(time.monotonic() + self.settings.connect_timeout, count=False)
         return connection.transport
 
-    def _reserve(self, deadline: float, count: bool = True) -> "_Connection":
-        """A connection with a free channel slot (counted as taken when `count`)."""
-        with self._changed:
-            while True:
-                self._forget_dead()
-                for connection in self._connections:
-                    if not count or connection.open < connection.capacity:
-                        connection.open += count
-                        return connection
-                if not self._connecting and len(self._connections) < self._connection_limit:
-                    self._connecting = True
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    busy = sum(c.open for c in self._connections)
-                    raise CommandTimeout(
-                        f"host {self.name}: all {busy} SSH channels orch may open there "
-                        f"({len(self._connections)} connection(s)) stayed busy until the "
-                        "deadline", hint="raise the host's `connections` in the inventory, "
-                                         "or run fewer commands at once")
-                self._changed.wait(min(left, 1.0))
-        return self._add_connection(count)
+    def _reserve(self, deadline: Optional[float], count: bool = True) -> "_Connection":
+        """A connection with a free channel slot (counted as taken when `count`), waiting
+        for one until deadline (None: as long as it takes)."""
+        while True:
+            with self._changed:
+                while True:
+                    self._forget_dead()
+                    for connection in self._connections:
+                        if not count or connection.open < connection.capacity:
+                            connection.open += count
+                            return connection
+                    if not self._connecting and len(self._connections) < self._connection_limit:
+                        self._connecting = True
+                        break
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise CommandTimeout(
+                            f"host {self.name}: every SSH channel orch may open there "
+                            f"({sum(c.open for c in self._connections)} on "
+                            f"{len(self._connections)} connection(s)) stayed busy until the "
+                            "deadline", hint="raise the host's `connections` in the "
+                                             "inventory, or run fewer commands at once")
+                    self._changed.wait(1.0 if left is None else min(left, 1.0))
+            try:
+                return self._add_connection(count)
+            except OrchError:
+                with self._changed:
+                    if not self._connections:
+                        raise
+                    # the host takes no more connections now (MaxStartups, a firewall):
+                    # live with the ones it gave
+                    self._connection_limit = len(self._connections)
 
     def _add_connection(self, count: bool) -> "_Connection":
         try:
             client = self._open_client()
-        except Exception:
+        finally:
             with self._changed:
                 self._connecting = False
-                if self._connections:
-                    # the host takes no more connections now (MaxStartups, a firewall):
-                    # live with the ones it gave
-                    self._connection_limit = len(self._connections)
                 self._changed.notify_all()
-            raise
         connection = _Connection(client, self.settings.max_sessions)
         with self._changed:
-            self._connecting = False
             connection.open += count
             self._connections.append(connection)
             self._changed.notify_all()
@@ -253,22 +257,23 @@ class SshHost(Transport):
             self._jump_host.close()
 
     # -- channels ---------------------------------------------------------------------
-    def _open_channel(self, timeout: float):
-        """A session channel and its connection, honouring the server's channel limit."""
-        deadline = time.monotonic() + timeout
+    def _open_channel(self, timeout: float, wait_until: Optional[float] = None):
+        """A session channel and its connection, honouring the server's channel limit:
+        waits for a free slot until wait_until (None: as long as it takes), then gives the
+        server `timeout` seconds to open the channel."""
         reconnected, refusals = False, 0
         while True:
-            connection = self._reserve(deadline)
+            connection = self._reserve(wait_until)
             asked = time.monotonic()
+            deadline = asked + timeout
             try:
-                channel = connection.transport.open_session(
-                    timeout=max(deadline - time.monotonic(), 1.0))
+                channel = connection.transport.open_session(timeout=timeout)
                 return connection, channel
             except (paramiko.SSHException, OSError, EOFError) as error:
                 others = self._release(connection)
                 if _refused(error, connection):
                     refusals += 1
-                    self._refused(connection, error, others, asked, deadline)
+                    self._refused(connection, error, others, asked, wait_until)
                     time.sleep(min(0.02 * 2 ** refusals, 0.5))
                     continue
                 if connection.alive():
@@ -281,11 +286,12 @@ class SshHost(Transport):
                     raise HostUnreachable(f"host {self.name} is not answering: {error}") from None
                 reconnected = True
 
-    def _refused(self, connection, error, others: int, asked: float, deadline: float) -> None:
+    def _refused(self, connection, error, others: int, asked: float,
+                 deadline: Optional[float]) -> None:
         """sshd said no at once (OPEN_FAILURE): it is at its MaxSessions, counting a channel
         we closed that it has not freed yet, or its limit is lower than ours. With other
         channels open, remember the lower limit and wait; else say what happened."""
-        if others == 0 or time.monotonic() >= deadline:
+        if others == 0 or (deadline is not None and time.monotonic() >= deadline):
             raise ChannelRefused(
                 f"host {self.name} refused to open a session channel ({_reason(error)}) after "
                 f"{time.monotonic() - asked:.2f} s, with {others} other channel(s) of orch open "
@@ -299,10 +305,13 @@ class SshHost(Transport):
     def _run(self, argv: list[str], options: RunOptions) -> Result:
         started = time.monotonic()
         command, preamble = remote_command(argv, options.env)
-        connection, channel = self._open_channel(min(options.timeout or 30.0, 30.0))
+        wait_until = None if options.timeout is None else started + options.timeout
+        connection, channel = self._open_channel(min(options.timeout or 30.0, 30.0), wait_until)
         # exec_command waits for the server's reply without a timeout of its own: a timer
-        # that closes the channel makes every step of the command honour the deadline.
-        timer = _ChannelDeadline(channel, options.timeout)
+        # that closes the channel makes every step of the command honour the deadline
+        # (what is left of it after waiting for a free channel).
+        timer = _ChannelDeadline(channel, None if wait_until is None
+                                 else max(wait_until - time.monotonic(), 0.001))
         stdout = stderr = b""
         status = None
         try:
@@ -334,7 +343,7 @@ class SshHost(Transport):
 
     def spawn(self, argv) -> Process:
         command, preamble = remote_command(validate_argv(argv), {})
-        connection, channel = self._open_channel(30.0)
+        connection, channel = self._open_channel(30.0, time.monotonic() + 60.0)
         try:
             channel.exec_command(command)
             if preamble:
