@@ -25,6 +25,10 @@ _PUT_SCRIPT = ('umask 077; cat > "$1.orch-part" && [ "$(wc -c < "$1.orch-part")"
                '&& chmod "$2" "$1.orch-part" && mv -f "$1.orch-part" "$1" '
                '|| { rm -f "$1.orch-part"; exit 1; }')
 _HOME_SCRIPT = 'printf %s "$HOME"'
+# The reaper needs the container's python3; a container without one still runs the
+# command, only without the group kill. $0 is the reaper's source, "$@" the command.
+_REAP_IF_PYTHON = ('if command -v python3 >/dev/null 2>&1; then exec python3 -c "$0" "$@"; fi; '
+                   'exec "$@"')
 
 
 class Target(Transport):
@@ -113,7 +117,7 @@ class Target(Transport):
 def reaped(argv: Sequence[str]) -> list[str]:
     """argv run under the reaper payload: its own process group, killed when the channel
     closes (pct exec gives no signal to a command whose caller went away)."""
-    return ["python3", "-c", _reaper_source(), *argv]
+    return ["sh", "-c", _REAP_IF_PYTHON, _reaper_source(), *argv]
 
 
 @functools.lru_cache(maxsize=1)

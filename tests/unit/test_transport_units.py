@@ -142,3 +142,11 @@ def test_local_transport_streams_stdin_and_can_skip_capture():
     assert not thread.is_alive() and seen == [b"first\n"]
     assert result_box[0].exit_code == 0 and result_box[0].stdout == b""
     writer.close()
+
+
+def test_reaped_command_runs_without_python_too():
+    from orchestrator.remote.container import reaped
+    argv = reaped(["/usr/bin/printf", "%s|", "a b", "$x"])
+    with_python = subprocess.run(argv, capture_output=True)
+    without = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True, env={"PATH": "/nonexistent"})
+    assert with_python.stdout == without.stdout == b"a b|$x|"
