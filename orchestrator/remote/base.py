@@ -75,7 +75,7 @@ class RunOptions:
     # command printing gigabytes costs no memory; orch exec streams this way.
     capture: bool = True
     # True: the command's process group is killed when orch stops waiting for it (timeout,
-    # Ctrl-C, a lost connection). Targets in containers honour it (see Target.wrap).
+    # Ctrl-C, a lost connection). Targets in containers honour it (see Target._run).
     kill_on_close: bool = False
 
 
@@ -118,7 +118,7 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
             raise TypeError(f"argument {arg!r} is not a string")
         if "\0" in arg:
             raise BadArgument(f"argument {arg!r} contains a NUL byte, which no command can receive")
-        size = len(encode_arg(arg))
+        size = len(_encodable(arg, f"argument {index}"))
         if size > MAX_ARG_BYTES:
             raise BadArgument(
                 f"argument {index} ({_preview(arg)}) is {size} bytes: Linux passes at most "
@@ -144,6 +144,8 @@ def validate_env(env: dict) -> dict[str, str]:
                               "(it must be non-empty, without '=' or NUL)")
         if "\0" in value:
             raise BadArgument(f"environment variable {name} has a NUL byte in its value")
+        _encodable(name, "an environment variable name")
+        _encodable(value, f"environment variable {name}")
         checked[name] = value
     return checked
 
@@ -152,6 +154,14 @@ def encode_arg(text: str) -> bytes:
     """An argument's bytes on the wire: UTF-8, with the undecodable bytes Python kept from
     the command line (lone surrogates, PEP 383) given back as the very same bytes."""
     return text.encode("utf-8", "surrogateescape")
+
+
+def _encodable(text: str, what: str) -> bytes:
+    try:
+        return encode_arg(text)
+    except UnicodeEncodeError as error:  # a surrogate that stands for no byte
+        raise BadArgument(f"{what} ({_preview(text)}) holds {text[error.start]!r}, which is "
+                          "no character and no byte: it cannot be sent") from None
 
 
 def _preview(arg: str) -> str:

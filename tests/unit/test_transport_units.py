@@ -73,7 +73,7 @@ def test_env_goes_into_the_command_quoted_once():
 
 
 def test_bad_env_names_and_values_are_refused():
-    for bad in ({"": "x"}, {"A=B": "x"}, {"A": "x\0y"}):
+    for bad in ({"": "x"}, {"A=B": "x"}, {"A": "x\0y"}, {"A": "\ud800"}):
         with pytest.raises(BadArgument):
             validate_env(bad)
 
@@ -89,6 +89,11 @@ def test_a_long_command_sends_its_argv_on_stdin():
 def test_a_non_utf8_argument_is_sent_as_its_bytes():
     command, _ = remote_command(["echo", "caf\udce9"], {})
     assert command == b"echo 'caf\xe9'"
+
+
+def test_an_argument_that_is_no_bytes_is_a_clear_error():
+    with pytest.raises(BadArgument, match="no character and no byte"):
+        LocalTransport().run(["echo", "a\ud800"])
 
 
 def test_an_argument_over_the_kernel_limit_is_a_clear_error():
