@@ -71,8 +71,8 @@ class RunOptions:
     env: dict[str, str] = field(default_factory=dict)
     on_stdout: Optional[OutputCallback] = None
     on_stderr: Optional[OutputCallback] = None
-    # False: output goes only to the callbacks (Result.stdout/stderr stay empty), so a
-    # command printing gigabytes costs no memory; orch exec streams this way.
+    # False: output goes only to the callbacks (Result.stdout/stderr keep only their last
+    # few KiB), so a command printing gigabytes costs no memory; orch exec streams this way.
     capture: bool = True
     # True: the command's process group is killed when orch stops waiting for it (timeout,
     # Ctrl-C, a lost connection). Targets in containers honour it (see Target._run).
@@ -104,6 +104,37 @@ class Transport:
 
     def close(self) -> None:
         pass
+
+
+# Bytes of a streamed (not captured) output kept in its Result: enough for the last error
+# lines (pct's own sentence ends its stderr), at a constant cost in memory.
+STREAMED_TAIL_BYTES = 4096
+
+
+class OutputKeeper:
+    """What one output stream leaves in the Result: all of it when capturing, only its
+    last STREAMED_TAIL_BYTES when the caller streams it through a callback."""
+
+    def __init__(self, capture: bool):
+        self.capture = capture
+        self._chunks: list[bytes] = []
+        self._tail = b""
+
+    def add(self, chunk: bytes) -> None:
+        if self.capture:
+            self._chunks.append(chunk)
+        else:
+            self._tail = (self._tail + chunk)[-STREAMED_TAIL_BYTES:]
+
+    def value(self) -> bytes:
+        return b"".join(self._chunks) if self.capture else self._tail
+
+
+def with_env(assignments: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """`env -- K=V ... ARGV`. env takes every leading word with '=' as an assignment, so a
+    program whose own name has one is run through sh's exec, which takes it as a name."""
+    runner = ["sh", "-c", 'exec "$@"', "sh"] if "=" in argv[0] else []
+    return ["env", "--", *assignments, *runner, *argv]
 
 
 def validate_argv(argv: Sequence[str]) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
-from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv
+from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv, with_env
 
 # pct's own failures before the command runs: one of these sentences ends stderr (perl's
 # locale warnings may come first; usage lines follow a bad id) and stdout is empty. The exit code says
@@ -63,7 +63,7 @@ class Target(Transport):
         if not self.vmid:
             return list(argv)
         path = path or self.env.get("PATH") or CONTAINER_PATH
-        return ["pct", "exec", str(self.vmid), "--", "env", f"PATH={path}", *argv]
+        return ["pct", "exec", str(self.vmid), "--", *with_env([f"PATH={path}"], argv)]
 
     def _run(self, argv, options) -> Result:
         path = options.env.pop("PATH", None) if self.vmid else None  # pct would reset it

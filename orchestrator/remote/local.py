@@ -9,8 +9,8 @@ import threading
 import time
 
 from orchestrator.errors import CommandTimeout, OrchError
-from orchestrator.remote.base import (BufferedLines, Process, Result, RunOptions, Transport,
-                                      stdin_pieces, validate_argv)
+from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
+                                      Transport, stdin_pieces, validate_argv)
 
 
 class LocalTransport(Transport):
@@ -87,12 +87,11 @@ class _Reader(threading.Thread):
     def __init__(self, process, pipe, callback, capture: bool = True):
         super().__init__(daemon=True)
         self.process, self.pipe, self.callback = process, pipe, callback
-        self.chunks, self.capture, self.error = [], capture, None
+        self.output, self.error = OutputKeeper(capture), None
 
     def run(self) -> None:
         for chunk in iter(lambda: self.pipe.read1(65536), b""):
-            if self.capture:
-                self.chunks.append(chunk)
+            self.output.add(chunk)
             if self.callback and self.error is None:
                 try:
                     self.callback(chunk)
@@ -133,5 +132,5 @@ def _collect(argv, exit_code, readers, started, target) -> Result:
             raise reader.error
     # A negative code means "killed by signal N"; report it the way a shell would.
     code = 128 - exit_code if exit_code < 0 else exit_code
-    stdout, stderr = (b"".join(reader.chunks) for reader in readers)
+    stdout, stderr = (reader.output.value() for reader in readers)
     return Result(argv, code, stdout, stderr, time.monotonic() - started, target)

@@ -31,8 +31,9 @@ from paramiko.common import MSG_CHANNEL_REQUEST
 
 from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout, ConnectionLost,
                                  HostKeyChanged, HostKeyUnknown, HostUnreachable, OrchError)
-from orchestrator.remote.base import (BufferedLines, Process, Result, RunOptions, Transport,
-                                      encode_arg, stdin_pieces, validate_argv)
+from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
+                                      Transport, encode_arg, stdin_pieces, validate_argv,
+                                      with_env)
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_MAX_SESSIONS = 10     # OpenSSH's MaxSessions default, a stock Proxmox node's
@@ -393,11 +394,7 @@ def remote_command(argv: list[str], env: dict) -> tuple[bytes, bytes]:
     A command too long for sshd's `$SHELL -c` travels on stdin instead (ARGV_FROM_STDIN).
     """
     if env:
-        words = [f"{name}={value}" for name, value in env.items()]
-        # env reads leading words with '=' as assignments: a program whose name has one
-        # is run through sh's exec, which takes it as a name
-        runner = ["sh", "-c", 'exec "$@"', "sh"] if "=" in argv[0] else []
-        argv = ["env", "--", *words, *runner, *argv]
+        argv = with_env([f"{name}={value}" for name, value in env.items()], argv)
     command = encode_arg(shlex.join(argv))
     if len(command) <= INLINE_COMMAND_LIMIT:
         return command, b""
@@ -503,7 +500,7 @@ def _send_input(channel, preamble: bytes, stdin) -> None:
 def _drain(channel, options: RunOptions):
     """Read stdout and stderr together until both end, so neither pipe can fill and block.
     Kept only when options.capture: a streaming caller's output costs no memory here."""
-    out, err = [], []
+    out, err = OutputKeeper(options.capture), OutputKeeper(options.capture)
 
     def drain_once() -> bool:
         got = False
@@ -512,15 +509,13 @@ def _drain(channel, options: RunOptions):
             if not chunk:
                 break
             got = True
-            if options.capture:
-                out.append(chunk)
+            out.add(chunk)
             if options.on_stdout:
                 options.on_stdout(chunk)
         while channel.recv_stderr_ready():
             chunk = channel.recv_stderr(65536)
             got = True
-            if options.capture:
-                err.append(chunk)
+            err.add(chunk)
             if options.on_stderr:
                 options.on_stderr(chunk)
         return got
@@ -532,4 +527,4 @@ def _drain(channel, options: RunOptions):
             break
         if not got:
             select.select([channel], [], [], 0.5)
-    return b"".join(out), b"".join(err)
+    return out.value(), err.value()
