@@ -4,6 +4,7 @@ The manual way is what a user types today: a new `ssh HOST "pct exec VMID -- CMD
 for every command. orch keeps one SSH connection per host (a channel per command) and can
 keep a command session open in the container (one channel for many commands).
 
+    pip install -e '.[bench]'                        # Fabric, for its row (orch does not use it)
     python benchmarks/exec_latency.py                # against the sandbox (orch sandbox up)
     python benchmarks/exec_latency.py -n 100 --target sb1-200 --json
 
