@@ -18,6 +18,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+from orchestrator.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_TIMEOUT, RENDEZVOUS_REMEDIATION,
+                                      RENDEZVOUS_TIMEOUT, ChildFailedReader, rank_failure_remediation,
+                                      stuck_message)
 from orchestrator.runs.model import Finding, MetricPoint
 
 DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
@@ -34,6 +37,8 @@ SIGNATURES: list[tuple[str, re.Pattern]] = [
                            r"dynamo-optimized function")),
     ("cuda-oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                             r"CUDA error: out of memory")),
+    ("collective-timeout", COLLECTIVE_TIMEOUT),
+    ("rendezvous-timeout", RENDEZVOUS_TIMEOUT),
     ("nccl-error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
                               r"ncclRemoteError|Watchdog caught collective operation timeout|"
                               r"ProcessGroupNCCL.*(?:[Tt]imeout|[Ee]rror)|NCCL WARN")),
@@ -127,6 +132,8 @@ class LogClassifier:
         self.lines = 0
         self.first_line_at: Optional[float] = None
         self.started_at = now
+        self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
+        self.worker_word = "drafter"                # what a worker is: drafter (thread) or rank
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, now: float) -> Optional[MetricPoint]:
@@ -140,6 +147,7 @@ class LogClassifier:
                 kept = self.seen.setdefault(name, [])
                 if len(kept) < EVIDENCE_LINES:
                     kept.append(line.strip())
+        self.child_failed.feed(line)
         if line.startswith("start ") and not self.start_fields:
             self.start_fields = dict(_KEYVALUES.findall(line))
             return None
@@ -258,6 +266,7 @@ class LogClassifier:
                 "Dynamo config is per thread since torch 2.12: set torch._dynamo.config."
                 "recompile_limit inside each drafter thread (worker threads get the default of 8), "
                 "or mark the varying dimension dynamic")
+        override = self._distributed_findings(add, hang)
         exception = self._last_exception()
         traceback_seen = "traceback" in self.seen or "drafter-error" in self.seen
         stopped_by_user = end.stopped_for == "user"
@@ -269,6 +278,12 @@ class LogClassifier:
             verdict = "hang"
         elif "cuda-oom" in self.seen:
             verdict = "cuda-oom"
+        elif self._rank_killed():
+            verdict = "killed"
+        elif "rendezvous-timeout" in self.seen:
+            verdict = "rendezvous-timeout"
+        elif "collective-timeout" in self.seen:
+            verdict = "collective-timeout"
         elif "nccl-error" in self.seen:
             verdict = "nccl-error"
         elif end.stopped_for == "timeout":
@@ -309,8 +324,45 @@ class LogClassifier:
         else:
             verdict = "ok"
         message = self._message(verdict, end, total)
+        if override and verdict != "ok":
+            message = f"{verdict}: {override}"
         summary["verdict"] = verdict
         return Verdict(verdict=verdict, message=message, findings=findings, summary=summary)
+
+    def _rank_killed(self) -> bool:
+        root = self.child_failed.root_cause()
+        return root is not None and root.signal is not None
+
+    def _distributed_findings(self, add, hang: bool) -> Optional[str]:
+        """torchrun's failed rank, collective and rendezvous timeouts, the rank a hang is
+        about. Returns what the verdict's message should say, if these explain the end."""
+        said = None
+        stuck = stuck_message({d.drafter: d.step for d in self.drafters.values()},
+                              self.worker_word) if len(self.drafters) > 1 else None
+        if "rendezvous-timeout" in self.seen:
+            add("rendezvous-timeout", "the rendezvous never completed: not every rank joined",
+                RENDEZVOUS_REMEDIATION)
+            said = "the rendezvous never completed (not every rank joined)"
+        if "collective-timeout" in self.seen:
+            add("collective-timeout", "a collective timed out" + (f": {stuck}" if stuck else ""),
+                COLLECTIVE_REMEDIATION)
+            said = "a collective timed out" + (f"; {stuck}" if stuck else "")
+        elif hang and stuck:
+            add("hang:stuck-rank", stuck, COLLECTIVE_REMEDIATION, evidence=list(self.tail)[-5:])
+            said = f"{stuck}; no progress for {self.hang_after:.0f} s or more"
+        root = self.child_failed.root_cause()
+        if root is not None:
+            others = [f for f in self.child_failed.failures if f is not root]
+            text = f"torchrun: {root.describe()}" + (
+                f", the first failure; torchrun then stopped {len(others)} other rank(s)" if others else "")
+            if root.signal == 9:
+                text += " (SIGKILL from outside: most likely the host's OOM killer)"
+            add("rank-failed", text, rank_failure_remediation(root),
+                evidence=[f.describe() + (f": {f.traceback}" if f.traceback else "")
+                          for f in self.child_failed.failures][:EVIDENCE_LINES])
+            if said is None or root.signal is not None:
+                said = text
+        return said
 
     def summary(self, end: EndState, total: Optional[float]) -> dict:
         return {

@@ -16,7 +16,8 @@ from orchestrator.errors import ExitCode
 
 # Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
 VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
-            "traceback", "nonzero-exit", "killed", "timeout", "failed", "unreachable", "running")
+            "collective-timeout", "rendezvous-timeout", "traceback", "nonzero-exit", "killed", "timeout", "failed",
+            "unreachable", "running")
 
 VERDICT_EXIT = {
     "ok": ExitCode.OK,
