@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Optional
 
-from orchestrator.monitor_classify import DEFAULT_METRIC_REGEX
-
+# The stand-in trainer's step lines (the `orch` format; monitor_classify reads them too).
+DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
+                        r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
 FORMATS = ("orch", "regex", "specforge", "hf-trainer", "tqdm", "jsonl")
 MAX_SEGMENT = 64 * 1024      # a "line" with no newline this long is cut (a runaway writer)
 
@@ -258,7 +259,7 @@ class LogFormat:
 class RegexFormat(LogFormat):
     """A regex with named groups: step (required), loss, tok_s, worker/rank/drafter; any
     other named group that holds a number is an extra metric. `orch` is this with the
-    stand-in trainer's regex (monitor_classify.DEFAULT_METRIC_REGEX)."""
+    stand-in trainer's regex (DEFAULT_METRIC_REGEX)."""
 
     name = "regex"
     _WORKER_GROUPS = ("worker", "rank", "drafter")

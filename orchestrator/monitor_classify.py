@@ -21,10 +21,9 @@ from typing import Optional
 from orchestrator.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_TIMEOUT, RENDEZVOUS_REMEDIATION,
                                       RENDEZVOUS_TIMEOUT, ChildFailedReader, rank_failure_remediation,
                                       stuck_message)
+from orchestrator.logformats import DEFAULT_METRIC_REGEX, LogPoint
 from orchestrator.runs.model import Finding, MetricPoint
 
-DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
-                        r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
 _DONE = re.compile(r"drafter=(?P<drafter>\d+)\s+done\s+steps=(?P<steps>\d+)"
                    r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
 _ERROR = re.compile(r"drafter=(?P<drafter>\d+)\s+ERROR\s+(?P<error>.*)")
@@ -115,9 +114,12 @@ class LogClassifier:
 
     def __init__(self, target: str, *, metric_regex: Optional[str] = None, hang_after: float = 120.0,
                  expected_tok_s: Optional[float] = None, degraded_below: Optional[float] = None,
-                 warmup_steps: int = 1, expect_drafters: Optional[int] = None, now: float = 0.0):
+                 warmup_steps: int = 1, expect_drafters: Optional[int] = None, now: float = 0.0,
+                 metrics_from_lines: bool = True):
         self.target = target
-        self.metric = compile_metric_regex(metric_regex)
+        # metrics_from_lines=False: a log format (logformats.py) reads the points and hands
+        # them to observe(); feed() then only looks for failures and the trainer's own words.
+        self.metric = compile_metric_regex(metric_regex) if metrics_from_lines else None
         self.hang_after = float(hang_after)
         self.expected_tok_s = expected_tok_s
         self.degraded_below = degraded_below
@@ -134,6 +136,7 @@ class LogClassifier:
         self.started_at = now
         self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
         self.worker_word = "drafter"                # what a worker is: drafter (thread) or rank
+        self.derived = False                        # tok/s computed by orch, not printed
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, now: float) -> Optional[MetricPoint]:
@@ -169,22 +172,35 @@ class LogClassifier:
             progress.loss = _number(done["loss"]) if done["loss"] else progress.loss
             self.last_progress = now
             return None
+        if self.metric is None:
+            return None   # the monitor's log format reads the points (observe)
         match = self.metric.search(line)
         if not match:
             return None
         groups = match.groupdict()
-        drafter = int(groups.get("drafter") or 0)
-        step = int(groups["step"])
-        progress = self._drafter(drafter, now)
-        progress.step = step
-        progress.loss = _number(groups.get("loss"))
-        rate = _number(groups.get("tok_s"))
-        progress.tok_s = rate
-        if rate is not None and step > self.warmup_steps:
-            progress.rates.append(rate)
+        return self.observe(LogPoint(step=int(groups["step"]), worker=int(groups.get("drafter") or 0),
+                                     loss=_number(groups.get("loss")),
+                                     tok_s=_number(groups.get("tok_s"))), now)
+
+    def observe(self, point: LogPoint, now: float) -> Optional[MetricPoint]:
+        """A point a log format read: per-worker progress; a MetricPoint unless it was only a
+        progress-bar redraw (live step counter: a bar moving on is progress, not a hang)."""
+        progress = self._drafter(point.worker, now)
+        if point.progress:
+            if point.step > progress.step:
+                progress.step = point.step
+                self.last_progress = now
+            return None
+        progress.step = point.step
+        progress.loss = point.loss
+        progress.tok_s = point.tok_s
+        self.derived = self.derived or point.derived
+        if point.tok_s is not None and point.step > self.warmup_steps:
+            progress.rates.append(point.tok_s)
         self.last_progress = now
-        return MetricPoint(target=self.target, drafter=drafter, step=step, loss=progress.loss,
-                           tok_s=rate, elapsed_s=round(now - self.started_at, 3))
+        return MetricPoint(target=self.target, drafter=point.worker, step=point.step,
+                           loss=point.loss, tok_s=point.tok_s, elapsed_s=round(now - self.started_at, 3),
+                           extra=dict(point.metrics), derived=point.derived)
 
     def _drafter(self, index: int, now: float) -> DrafterProgress:
         if index not in self.drafters:
@@ -364,6 +380,20 @@ class LogClassifier:
                 said = text
         return said
 
+    def _steps_message(self, verdict: str, end: EndState, total: Optional[float]) -> str:
+        """For trainers that say no "done" per worker (a log format's): their last steps."""
+        count = len(self.drafters)
+        word = self.worker_word + ("s" if count != 1 else "")
+        last = max((d.step for d in self.drafters.values()), default=0)
+        rate = (f", {total:,.0f} tok/s total" + (" (derived from step times)" if self.derived else "")
+                if total else "")
+        if verdict == "ok":
+            going = "training; the run goes on" if end.watch_ended else "trained"
+            return f"ok: {count} {word} {going} to step {last}{rate}"
+        ending = (f"exit {end.exit_code}" if end.exit_code is not None
+                  else "still running" if end.state == "running" else end.state)
+        return f"{verdict}: {count} {word}, last step {last}{rate} ({ending})"
+
     def summary(self, end: EndState, total: Optional[float]) -> dict:
         return {
             "total_tok_s": round(total, 1) if total is not None else None,
@@ -374,6 +404,7 @@ class LogClassifier:
             "exit_code": end.exit_code, "signal": end.signal, "state": end.state,
             "stopped_for": end.stopped_for, "lines": self.lines,
             "trainer_summary": dict(self.summary_fields),
+            "workers": self.worker_word, "tok_s_derived": self.derived,
             "torch_version": self.start_fields.get("torch"),
         }
 
@@ -398,6 +429,8 @@ class LogClassifier:
         return None
 
     def _message(self, verdict: str, end: EndState, total: Optional[float]) -> str:
+        if self.metric is None and not any(d.done for d in self.drafters.values()):
+            return self._steps_message(verdict, end, total)
         drafters = sorted(self.drafters.values(), key=lambda d: d.drafter)
         done = sum(d.done and not d.error for d in drafters)
         rate = f", {total:,.0f} tok/s total" if total else ""

@@ -57,11 +57,13 @@ class StepResult:
 @dataclass
 class MetricPoint:
     target: str
-    drafter: int
+    drafter: int                # the worker: a drafter thread, or a torchrun rank
     step: int
     loss: Optional[float] = None
     tok_s: Optional[float] = None
     elapsed_s: float = 0.0      # seconds since the launch
+    extra: dict = field(default_factory=dict)   # the trainer's other numbers: acc, lr, grad_norm
+    derived: bool = False       # tok_s computed by orch (steps/s x tokens_per_step), not printed
 
 
 @dataclass
