@@ -28,6 +28,11 @@ RENDEZVOUS_TIMEOUT = re.compile(
     r"client socket has timed out after .* while trying to connect|"
     r"The server socket has failed to listen")
 
+# Retries while the store cannot be reached; a run that meets after a retry is fine, so
+# this only explains a hang in which no step was ever logged.
+RENDEZVOUS_RETRY = re.compile(
+    r"TCP client failed to connect/validate to host|has failed to connect to any network address of")
+
 _FAILED_HEADER = re.compile(r"ChildFailedError")
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$")

@@ -315,6 +315,7 @@ class Monitor(FollowHandler):
             warmup_steps=settings.warmup_steps, expect_drafters=settings.expect_drafters,
             now=self.started, metrics_from_lines=False)
         self.classifier.worker_word = settings.worker_word
+        self.classifier.rank_logs_expected = bool(settings.follow)
         # One format for all of a run's logs: its state (a Trainer dict waiting for its
         # step) is per worker. One stream per log file: each has its own partial line.
         self.log_format = make_format(settings.format, settings.metric_regex)
@@ -389,6 +390,7 @@ class Monitor(FollowHandler):
 
     def on_file_data(self, name: str, data: bytes) -> None:
         """A chunk of one more log (a torchrun rank's), kept beside stream.log."""
+        self.classifier.rank_logs_seen = True     # torchrun started its workers
         copy = self._copy(name)
         if copy is not None:
             copy.write(data)

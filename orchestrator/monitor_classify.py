@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_TIMEOUT, RENDEZVOUS_REMEDIATION,
-                                      RENDEZVOUS_TIMEOUT, ChildFailedReader, rank_failure_remediation,
+                                      RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, ChildFailedReader, rank_failure_remediation,
                                       stuck_message)
 from orchestrator.logformats import DEFAULT_METRIC_REGEX, LogPoint
 from orchestrator.runs.model import Finding, MetricPoint
@@ -38,6 +38,7 @@ SIGNATURES: list[tuple[str, re.Pattern]] = [
                             r"CUDA error: out of memory")),
     ("collective-timeout", COLLECTIVE_TIMEOUT),
     ("rendezvous-timeout", RENDEZVOUS_TIMEOUT),
+    ("rendezvous-retry", RENDEZVOUS_RETRY),
     ("nccl-error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
                               r"ncclRemoteError|Watchdog caught collective operation timeout|"
                               r"ProcessGroupNCCL.*(?:[Tt]imeout|[Ee]rror)|NCCL WARN")),
@@ -137,6 +138,9 @@ class LogClassifier:
         self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
         self.worker_word = "drafter"                # what a worker is: drafter (thread) or rank
         self.derived = False                        # tok/s computed by orch, not printed
+        self.never_met = False                      # a hang before any step, ranks not connected
+        self.rank_logs_expected = False             # torchrun was asked for one log per rank
+        self.rank_logs_seen = False                 # ... and one appeared: its workers started
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, now: float) -> Optional[MetricPoint]:
@@ -282,7 +286,7 @@ class LogClassifier:
                 "Dynamo config is per thread since torch 2.12: set torch._dynamo.config."
                 "recompile_limit inside each drafter thread (worker threads get the default of 8), "
                 "or mark the varying dimension dynamic")
-        override = self._distributed_findings(add, hang)
+        override = self._distributed_findings(add, hang, end)
         exception = self._last_exception()
         traceback_seen = "traceback" in self.seen or "drafter-error" in self.seen
         stopped_by_user = end.stopped_for == "user"
@@ -290,11 +294,13 @@ class LogClassifier:
         verdict = None
         if "fx-race" in self.seen:
             verdict = "fx-race"
+        elif hang and self.never_met:
+            verdict = "rendezvous-timeout"
         elif hang:
             verdict = "hang"
         elif "cuda-oom" in self.seen:
             verdict = "cuda-oom"
-        elif self._rank_killed():
+        elif self._rank_killed(end):
             verdict = "killed"
         elif "rendezvous-timeout" in self.seen:
             verdict = "rendezvous-timeout"
@@ -345,20 +351,38 @@ class LogClassifier:
         summary["verdict"] = verdict
         return Verdict(verdict=verdict, message=message, findings=findings, summary=summary)
 
-    def _rank_killed(self) -> bool:
+    def _rank_killed(self, end: EndState) -> bool:
+        """A rank died by a signal orch did not send (a stop ends the ranks with SIGTERM)."""
         root = self.child_failed.root_cause()
-        return root is not None and root.signal is not None
+        return root is not None and root.signal is not None and not end.stopped_for
 
-    def _distributed_findings(self, add, hang: bool) -> Optional[str]:
+    def _distributed_findings(self, add, hang: bool, end: EndState) -> Optional[str]:
         """torchrun's failed rank, collective and rendezvous timeouts, the rank a hang is
         about. Returns what the verdict's message should say, if these explain the end."""
         said = None
+        self.never_met = False
         stuck = stuck_message({d.drafter: d.step for d in self.drafters.values()},
                               self.worker_word) if len(self.drafters) > 1 else None
         if "rendezvous-timeout" in self.seen:
             add("rendezvous-timeout", "the rendezvous never completed: not every rank joined",
                 RENDEZVOUS_REMEDIATION)
             said = "the rendezvous never completed (not every rank joined)"
+        elif hang and not any(d.step for d in self.drafters.values()) and (
+                "rendezvous-retry" in self.seen or (self.rank_logs_expected and not self.rank_logs_seen)):
+            # torch retries the store for 15 min by default, and torchrun starts its workers
+            # (and their logs) only once the rendezvous is complete: the hang is the rendezvous
+            self.never_met = True
+            unreachable = "rendezvous-retry" in self.seen
+            add("rendezvous-timeout",
+                "the ranks never met: " + ("no step was logged while they kept failing to reach "
+                                           "their rendezvous store" if unreachable else
+                                           "torchrun started no rank (no rank log appeared): its "
+                                           "rendezvous never completed"),
+                RENDEZVOUS_REMEDIATION + "; in a container, check that its loopback is up "
+                "(`ip link set lo up`) when the master address is 127.0.0.1",
+                evidence=self.seen.get("rendezvous-retry") or list(self.tail)[-5:])
+            said = ("the ranks never met: their rendezvous store could not be reached" if unreachable
+                    else "the ranks never met: torchrun's rendezvous never completed")
         if "collective-timeout" in self.seen:
             add("collective-timeout", "a collective timed out" + (f": {stuck}" if stuck else ""),
                 COLLECTIVE_REMEDIATION)
@@ -376,7 +400,7 @@ class LogClassifier:
             add("rank-failed", text, rank_failure_remediation(root),
                 evidence=[f.describe() + (f": {f.traceback}" if f.traceback else "")
                           for f in self.child_failed.failures][:EVIDENCE_LINES])
-            if said is None or root.signal is not None:
+            if said is None or self._rank_killed(end):
                 said = text
         return said
 

@@ -92,3 +92,34 @@ def test_a_summary_cut_short_or_garbled_does_not_crash():
         reader.feed(line)
     assert reader.root_cause() == RankFailure()
     assert RankFailure(rank=2, exit_code=-99).describe() == "rank 2 was killed by signal 99 (signal 99)"
+
+
+def test_ranks_that_never_reach_their_store_are_a_rendezvous_failure_not_a_plain_hang():
+    # Real torchrun output in a container whose loopback was down (127.0.0.1 unreachable).
+    end = EndState(state="exited", exit_code=-15, stopped_for="hang", hang_seconds=60)
+    verdict = classify_log("torchrun-store-unreachable.log", end, hang_after=60)
+    assert verdict.verdict == "rendezvous-timeout"
+    assert verdict.message == "rendezvous-timeout: the ranks never met: their rendezvous store could not be reached"
+    finding = next(f for f in verdict.findings if f.signature == "rendezvous-timeout")
+    assert "ip link set lo up" in finding.remediation and "127.0.0.1, 29500" in finding.evidence[0]
+
+
+def test_a_retry_before_a_run_that_trains_is_no_failure():
+    classifier = LogClassifier("dev")
+    lines = (LOGS / "torchrun-store-unreachable.log").read_text().splitlines()[8:10]
+    for i, line in enumerate(lines + ["drafter=0 step=1 loss=1 tok_s=5", "drafter=0 done steps=1"]):
+        classifier.feed(line, float(i))
+    assert classifier.classify(EndState(state="exited", exit_code=0), {}).verdict == "ok"
+
+
+def test_torchrun_that_never_starts_a_rank_is_a_rendezvous_failure():
+    classifier = LogClassifier("dev", hang_after=20)
+    classifier.rank_logs_expected = True
+    classifier.feed("[W1130 12:46:03.221483212 socket.cpp:207] [c10d] The hostname of the client "
+                    "socket cannot be retrieved. err=-3", 0.0)
+    end = EndState(state="exited", exit_code=143, signal=None, stopped_for="hang", hang_seconds=20)
+    verdict = classifier.classify(end, {})
+    assert verdict.verdict == "rendezvous-timeout"
+    assert verdict.message == "rendezvous-timeout: the ranks never met: torchrun's rendezvous never completed"
+    classifier.rank_logs_seen = True       # its workers started: then it is a plain hang
+    assert classifier.classify(end, {}).verdict == "hang"

@@ -188,3 +188,30 @@ def test_a_follower_resumes_each_rank_log_at_its_own_offset(tmp_path):
     assert handler.files[rank1] == whole[100:]
     assert follower.offsets[rank1] == len(whole)
     assert b"Train - Step 10 [10/10?]" in handler.files["ranks/run-x_abc/attempt_0/0/stderr.log"]
+
+
+# ------------------------------------------------------------ the SpecForge playbook
+def test_the_specforge_playbook_validates_and_dry_runs(tmp_path):
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+
+    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    book = load_playbook(str(repo / "playbooks" / "specforge-dflash.yaml"))
+    assert [s.kind for s in book.steps] == ["ensure", "shell", "launch", "monitor", "collect"]
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts: {here: {transport: local}}\n"
+                         "containers: {drafters: {host: here, venv: /root/venv, gpus: [5, 6, 7]}}\n")
+    result = CliRunner().invoke(main, ["-i", str(inventory), "run", "--dry-run",
+                                       str(repo / "playbooks" / "specforge-dflash.yaml"),
+                                       "-e", "specforge_dir=/opt/SpecForge", "-e", "batch_size=2"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert ("CUDA_VISIBLE_DEVICES=5,6,7 TORCHINDUCTOR_CACHE_DIR=/var/tmp/orch/inductor-cache "
+            "/root/venv/bin/python -m torch.distributed.run --nproc-per-node 3 --master-port 29500 "
+            "--log-dir ") in out
+    assert "--redirects 3 /opt/SpecForge/scripts/train_dflash.py --target-model-path" in out
+    assert "--batch-size 2 --max-length 3072" in out
+    assert "test -f /opt/SpecForge/scripts/train_dflash.py" in out
+    assert "read as specforge lines" in out and "tok/s derived from 18,432 tokens per step" in out
+    assert "3 ranks under torchrun" in out
