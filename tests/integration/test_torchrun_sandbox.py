@@ -81,6 +81,13 @@ def test_healthy_run_records_every_ranks_steps(sandbox, container):
     assert "ok: 2 ranks trained to step 24" in output
     assert "[rank 1] " in output and "Train - Step 24 [24/24?]" in output
     assert "Training Epoch 0:" not in output          # rank 0's bar is progress, not a line
+    # the same report as for the stand-in trainer: both ranks charted, their throughput
+    page = Path(record.artifacts_dir or ".") / "check-report.html"
+    done = subprocess.run([*ORCH, "report", record.run_id, "--html", str(page)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    html = page.read_text()
+    assert "<svg" in html and ">d0<" in html and ">d1<" in html
 
 
 def test_a_rank_killed_by_sigkill_is_named(sandbox, container):
