@@ -139,6 +139,7 @@ class LogClassifier:
         self.worker_word = "drafter"                # what a worker is: drafter (thread) or rank
         self.derived = False                        # tok/s computed by orch, not printed
         self.never_met = False                      # a hang before any step, ranks not connected
+        self._last_points: dict[int, MetricPoint] = {}
         self.rank_logs_expected = False             # torchrun was asked for one log per rank
         self.rank_logs_seen = False                 # ... and one appeared: its workers started
 
@@ -202,9 +203,20 @@ class LogClassifier:
         if point.tok_s is not None and point.step > self.warmup_steps:
             progress.rates.append(point.tok_s)
         self.last_progress = now
-        return MetricPoint(target=self.target, drafter=point.worker, step=point.step,
-                           loss=point.loss, tok_s=point.tok_s, elapsed_s=round(now - self.started_at, 3),
-                           extra=dict(point.metrics), derived=point.derived)
+        metric = MetricPoint(target=self.target, drafter=point.worker, step=point.step,
+                             loss=point.loss, tok_s=point.tok_s, elapsed_s=round(now - self.started_at, 3),
+                             extra=dict(point.metrics), derived=point.derived)
+        before = self._last_points.get(point.worker)
+        if before is not None and before.step == metric.step:
+            # One step said twice (a Trainer's closing summary after its last log): one
+            # point with both, since the store keeps one point per worker and step.
+            metric = MetricPoint(target=self.target, drafter=point.worker, step=point.step,
+                                 loss=metric.loss if metric.loss is not None else before.loss,
+                                 tok_s=metric.tok_s if metric.tok_s is not None else before.tok_s,
+                                 elapsed_s=metric.elapsed_s, extra={**before.extra, **metric.extra},
+                                 derived=metric.derived if metric.tok_s is not None else before.derived)
+        self._last_points[point.worker] = metric
+        return metric
 
     def _drafter(self, index: int, now: float) -> DrafterProgress:
         if index not in self.drafters:

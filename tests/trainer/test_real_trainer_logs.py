@@ -148,3 +148,44 @@ def test_torchrun_collective_timeout(python, tmp_path):
     verdict = classify(raw(log), EndState(state="exited", exit_code=code))
     assert verdict.verdict == "collective-timeout"
     assert any("Timed out waiting 4000ms" in line for f in verdict.findings for line in f.evidence)
+
+
+def test_orch_run_records_a_hugging_face_trainer_run(python, tmp_path, monkeypatch):
+    """`orch run` unchanged on a real Trainer (local transport): the record's points are its
+    log_history, the verdict ok, the live lines without tqdm's redraws."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+    from orchestrator.runs.store import RunStore
+
+    history = tmp_path / "history.json"
+    (tmp_path / "inv.yaml").write_text("hosts: {here: {transport: local}}\n"
+                                       "containers: {dev: {host: here}}\ndefault_target: dev\n")
+    (tmp_path / "hf.yaml").write_text(f"""\
+name: hf-tiny
+targets: [dev]
+steps:
+  - launch:
+      command: [{json.dumps(python)}, {json.dumps(str(REAL / "hf_tiny_trainer.py"))}, --output-dir,
+                {json.dumps(str(tmp_path / "out"))}, --history, {json.dumps(str(history))},
+                --steps, "20", --logging-steps, "5"]
+      env: {{OMP_NUM_THREADS: "1"}}
+  - monitor: {{format: hf-trainer, tokens_per_step: 128, hang_after: 240, gpu_every: 0}}
+""")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["-i", "inv.yaml", "run", "hf.yaml"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output[-4000:]
+    assert "ok: 1 drafter trained to step 20" in result.output
+    assert "%|" not in result.output                       # redraws never shown as lines
+    with RunStore() as store:
+        record = store.get("last")
+    entries = json.loads(history.read_text())
+    logged, closing = entries[:-1], entries[-1]
+    assert [p.step for p in record.metrics] == [e["step"] for e in logged] == [5, 10, 15, 20]
+    for point, entry in zip(record.metrics, logged):
+        assert point.loss == pytest.approx(entry["loss"], rel=1e-3)
+        assert point.extra["grad_norm"] == pytest.approx(entry["grad_norm"], rel=1e-3)
+    # the closing summary (same step as the last log) joins that step's point, losing nothing
+    assert record.metrics[-1].extra["train_loss"] == pytest.approx(closing["train_loss"], rel=1e-3)
+    assert record.metrics[-1].extra["train_runtime"] == pytest.approx(closing["train_runtime"], rel=1e-3)
+    assert any(p.derived and p.tok_s for p in record.metrics)

@@ -215,3 +215,14 @@ def test_the_specforge_playbook_validates_and_dry_runs(tmp_path):
     assert "test -f /opt/SpecForge/scripts/train_dflash.py" in out
     assert "read as specforge lines" in out and "tok/s derived from 18,432 tokens per step" in out
     assert "3 ranks under torchrun" in out
+
+
+def test_one_step_said_twice_becomes_one_point_with_both():
+    from orchestrator.logformats import LogPoint
+    from orchestrator.monitor_classify import LogClassifier
+
+    classifier = LogClassifier("dev", metrics_from_lines=False)
+    first = classifier.observe(LogPoint(step=20, loss=5.4, metrics={"grad_norm": 1.8}), 1.0)
+    again = classifier.observe(LogPoint(step=20, metrics={"train_loss": 5.39}), 2.0)
+    assert (first.loss, again.loss) == (5.4, 5.4)
+    assert again.extra == {"grad_norm": 1.8, "train_loss": 5.39}
