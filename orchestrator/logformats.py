@@ -58,6 +58,7 @@ class LogPoint:
 class Segment:
     text: str
     worker: Optional[int]                # from a torchrun prefix, else None (the caller's)
+    ends_line: bool = True               # ended by a newline (not a redraw's \r or a prefix)
 
 
 # ----------------------------------------------------------------------------- stream
@@ -89,18 +90,24 @@ class LogStream:
 
     def _segments(self, text: str) -> list[Segment]:
         out: list[Segment] = []
-        for piece in _DELIMITER.split(text):
-            start = 0
+        position = 0
+        ends = [(m.start(), m.end(), m.group() != "\r") for m in _DELIMITER.finditer(text)]
+        if position < len(text) and (not ends or ends[-1][1] < len(text)):
+            ends.append((len(text), len(text), True))     # the log's last words, no newline
+        for start_of_end, end, newline in ends:
+            piece, start = text[position:start_of_end], 0
+            position = end
             for marker in _WORKER_PREFIX.finditer(piece):
-                self._add(out, piece[start:marker.start()])
+                self._add(out, piece[start:marker.start()], False)
                 self.worker = int(marker.group(1))
                 start = marker.end()
-            self._add(out, piece[start:])
+            self._add(out, piece[start:], newline)
         return out
 
-    def _add(self, out: list, text: str) -> None:
-        if text.strip():
-            out.append(Segment(text, self.worker))
+    def _add(self, out: list, text: str, newline: bool) -> None:
+        # A blank line is a line of the log; a blank redraw (tqdm clearing its bar) is not.
+        if text.strip() or newline:
+            out.append(Segment(text, self.worker, newline))
 
 
 def _last_delimiter_end(text: str) -> int:
@@ -227,20 +234,23 @@ class LogFormat:
     name = "base"
     bars_are_points = False
 
-    def read(self, segment: Segment, default_worker: int = 0) -> tuple[str, list[LogPoint]]:
-        """The segment's text without its progress bars (what is worth storing as a log
-        line; may be empty) and the points it carries."""
+    def read(self, segment: Segment, default_worker: int = 0) -> tuple[Optional[str], list[LogPoint]]:
+        """The segment as a log line worth storing (None for a bare progress redraw; the
+        text as written otherwise, without the bars glued to it) and the points it carries."""
         worker = segment.worker if segment.worker is not None else default_worker
         points: list[LogPoint] = []
-        kept, last = [], 0
-        for bar in find_bars(segment.text):
-            points.extend(self.on_bar(bar, worker))
-            kept.append(segment.text[last:bar.span[0]])
-            last = bar.span[1]
-        kept.append(segment.text[last:])
-        line = "".join(kept).strip()
-        if line:
-            points.extend(self.on_line(line, worker))
+        bars = find_bars(segment.text)
+        line: Optional[str] = segment.text
+        if bars:
+            kept, last = [], 0
+            for bar in bars:
+                points.extend(self.on_bar(bar, worker))
+                kept.append(segment.text[last:bar.span[0]])
+                last = bar.span[1]
+            kept.append(segment.text[last:])
+            line = "".join(kept).strip() or None
+        if line and line.strip():
+            points.extend(self.on_line(line.strip(), worker))
         return line, points
 
     def on_bar(self, bar: Bar, worker: int) -> list[LogPoint]:
@@ -478,7 +488,7 @@ class LogParser:
         lines, points = [], []
         for segment in segments:
             text, found = self.format.read(segment, self.default_worker)
-            if text:
+            if text is not None:
                 lines.append(text)
             points.extend(found)
         return lines, points

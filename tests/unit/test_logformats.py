@@ -240,3 +240,10 @@ def test_garbage_never_crashes_any_format(garbage):
         fmt = make_format(name, r"(?P<step>\d+)") if name == "regex" else make_format(name)
         for point in parse_text(garbage, fmt):
             assert isinstance(point.step, int) and isinstance(point.metrics, dict)
+
+
+def test_lines_are_kept_as_written_blank_ones_too_but_not_blank_redraws():
+    text = "Traceback (most recent call last):\n  File \"t.py\", line 1\n\n\r      \r\rloss 1\n"
+    parser = LogParser(make_format("specforge"))
+    lines = parser.feed(text)[0] + parser.finish()[0]
+    assert lines == ["Traceback (most recent call last):", '  File "t.py", line 1', "", "loss 1"]
