@@ -2,7 +2,8 @@
 # Repeats the GPU validation of docs/gpu-validation.md on a machine with an NVIDIA GPU whose
 # python already holds a CUDA torch: orch's local transport, that machine as host and
 # "container". Each step's output, JSON and the run records go to RESULTS (default
-# ./gpu-validation), plus a tarball of orch's data dir.
+# ./gpu-validation), with each run's Markdown and HTML report (the monitor's GPU series, the
+# baseline and why), plus a tarball of orch's data dir.
 #
 #   bash benchmarks/gpu_validation.sh [RESULTS]
 #
@@ -24,6 +25,9 @@ containers:
 default_target: gpu
 YAML
 orch() { $PYTHON -m orchestrator -i "$INVENTORY" "$@"; }
+report() {  # report NAME: the last run's Markdown and HTML reports (GPU series, baseline and why)
+    orch report last --md "$RESULTS/report-$1.md" --html "$RESULTS/report-$1.html" >/dev/null 2>&1
+}
 step() {  # step NAME CMD...: runs, keeps output and exit code
     local name=$1; shift
     echo "=== $name: $*" | tee -a "$RESULTS/steps.log"
@@ -40,14 +44,24 @@ step status-before orch patch fx-tls status --json
 # Drafters compiling side by side (extra_args=[]) is the user's layout; the playbook's
 # default serialises each drafter's first compiled step (--serialize-compile).
 step run-unpatched orch run playbooks/dflash-gpu.yaml -e patch=false -e 'extra_args=[]' -e steps=300
+report run-unpatched
 step run-unpatched-serialized orch run playbooks/dflash-gpu.yaml -e patch=false
+report run-unpatched-serialized
 step apply orch patch fx-tls apply --json
 step verify orch verify fx-race --trials 5 --json
 step run-patched orch run playbooks/dflash-gpu.yaml -e 'extra_args=[]' -e steps=300
+report run-patched
 step run-patched-serialized orch run playbooks/dflash-gpu.yaml
+report run-patched-serialized
 step run-uncompiled orch run playbooks/dflash-gpu.yaml -e 'extra_args=[--uncompiled]' -e steps=100
+report run-uncompiled
+# A hang in the first compile on a patched torch (compile threads deadlocking on a shared GPU,
+# seen 1 run in 3 with two drafters on one H200): HANG_TRIES runs of two drafters side by side.
+for try in $(seq 1 "${HANG_TRIES:-3}"); do
+    step "run-patched-2drafters-$try" orch run playbooks/dflash-gpu.yaml -e drafters=2 -e 'extra_args=[]' -e steps=300
+    report "run-patched-2drafters-$try"
+done
 step runs orch runs list --json
-step report orch report last~1 --md "$RESULTS/report-patched.md"  # the patched, serialized run
 step revert orch patch fx-tls revert --json
 tar -czf "$RESULTS/orch-data.tar.gz" -C "$(dirname "$ORCH_DATA_DIR")" "$(basename "$ORCH_DATA_DIR")"
 echo "results in $RESULTS"

@@ -12,9 +12,11 @@ directory) and gives every container a real torch 2.13 venv, then takes it down.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,21 +51,31 @@ def search(target, engine="auto", expected="rg"):
     return result
 
 
+@contextlib.contextmanager
+def sandbox_state():
+    """A temporary state directory for the benchmark's own sandbox, removed however the
+    benchmark ends (it used to stay behind in /tmp after every run)."""
+    state = tempfile.mkdtemp(prefix="orch-bench-")
+    try:
+        yield state
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--count", type=int, default=15)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    state = tempfile.mkdtemp(prefix="orch-bench-")
-    bed = sandboxes.up(hosts_count=2, containers_count=4, stopped=0, prefix="bg", state_dir=state)
-    if not sandboxes.status(state_dir=state).get("healthy"):
-        sandboxes.down(state_dir=state)
-        raise SystemExit("the benchmark's sandbox did not come up healthy; see `orch sandbox status`")
-    try:
-        rows = run(bed, args.count)
-    finally:
-        sandboxes.down(state_dir=state)
+    with sandbox_state() as state:
+        bed = sandboxes.up(hosts_count=2, containers_count=4, stopped=0, prefix="bg", state_dir=state)
+        try:
+            if not sandboxes.status(state_dir=state).get("healthy"):
+                raise SystemExit("the benchmark's sandbox did not come up healthy; see `orch sandbox status`")
+            rows = run(bed, args.count)
+        finally:
+            sandboxes.down(state_dir=state)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -41,8 +41,11 @@ class OrchGroup(click.Group):
         except OrchError as error:
             console.error(str(error))
             code = error.exit_code
-            if ctx.invoked_subcommand == "exec" and code not in (ExitCode.USAGE,):
-                code = ExitCode.EXEC_ORCH_ERROR  # exec passes the remote code through
+            # exec passes the remote code through: orch's own failures are 255, as with ssh,
+            # but a bad command line (2) and a missing or stopped container (4) keep theirs
+            if ctx.invoked_subcommand == "exec" and code not in (ExitCode.USAGE,
+                                                                  ExitCode.NO_CONTAINER):
+                code = ExitCode.EXEC_ORCH_ERROR
             sys.exit(code)
         except KeyboardInterrupt:
             console.error("interrupted")
@@ -86,6 +89,10 @@ def _register() -> None:
             continue
         for command in getattr(module, "COMMANDS", []):
             main.add_command(command)
+    from orchestrator.mcp.cli import audit_command, mcp_command  # click only: no SDK import
+    main.add_command(mcp_command)
+    if isinstance(main.commands.get("runs"), click.Group):
+        main.commands["runs"].add_command(audit_command)
 
 
 _register()

@@ -31,6 +31,12 @@ def error(message: str) -> None:
     err.print(f"[bold red]orch: error:[/] {escape(message)}")
 
 
+def target_error(target: str, message) -> None:
+    """An error line that names its target once (payload errors already start with it)."""
+    text = str(message)
+    error(text if text.startswith(f"{target}: ") else f"{target}: {text}")
+
+
 def warn(message: str) -> None:
     err.print(f"[yellow]orch: warning:[/] {escape(message)}")
 

@@ -24,6 +24,7 @@ class ExitCode:
     RUN_UNREACHABLE = 13  # a target could not be reached during the run
     REGRESSION = 20       # nightly: compared with the baseline, something got worse
     LOCKED = 21           # nightly: another nightly of the same playbook is running
+    INTERRUPTED = 130     # Ctrl-C (128 + SIGINT), as shells report it
     # orch exec: the remote exit code is passed through; orch's own failures use 255, as ssh does
     EXEC_ORCH_ERROR = 255
 

@@ -10,7 +10,7 @@ from typing import Callable, Optional, TypeVar
 import paramiko
 
 from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, load_inventory
-from orchestrator.errors import OrchError
+from orchestrator.errors import ConfigError, NoSuchContainer, OrchError
 from orchestrator.remote.base import Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -29,6 +29,7 @@ class Fleet:
         self.trust_on_first_use = trust_on_first_use
         self._ssh_config = _read_ssh_config(ssh_config_path)
         self._hosts: dict[str, Transport] = {}
+        self._clusters: dict[str, list[dict]] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -44,7 +45,53 @@ class Fleet:
             return self._hosts[name]
 
     def target(self, spec: ContainerSpec) -> Target:
-        return Target(spec.name, self.host(spec.host), spec.vmid, spec.venv, spec.gpus, spec.env)
+        host = self.locate(spec.cluster, spec.vmid) if spec.cluster else spec.host
+        return Target(spec.name, self.host(host), spec.vmid, spec.venv, spec.gpus, spec.env)
+
+    def locate(self, cluster: str, vmid: int) -> str:
+        """The inventory host that is the node CT vmid of cluster runs on now."""
+        items = self.cluster_containers(cluster)
+        found = next((item for item in items if int(item["vmid"]) == vmid), None)
+        members = self.inventory.clusters[cluster]
+        if found is None:
+            raise NoSuchContainer(f"CT {vmid} is on no node of cluster {cluster} "
+                                  f"(hosts: {', '.join(members)})",
+                                  hint=f"`orch ct list {cluster}` lists its containers")
+        host = self.host_of_node(cluster, found["node"])
+        if host is None:
+            raise ConfigError(f"CT {vmid} of cluster {cluster} is on node {found['node']}, "
+                              "which is no host of the cluster in the inventory",
+                              hint=f"add that node to clusters: {cluster} (with node: "
+                                   f"{found['node']} if its host name differs)")
+        return host
+
+    def host_of_node(self, cluster: str, node: str) -> Optional[str]:
+        for member in self.inventory.clusters[cluster]:
+            if (self.inventory.hosts[member].node or member) == node:
+                return member
+        return None
+
+    def cluster_containers(self, cluster: str) -> list[dict]:
+        """/cluster/resources' containers, asked once per fleet of the first node that
+        answers (every node knows the whole cluster)."""
+        from orchestrator.proxmox import ProxmoxClient, api_backend
+
+        with self._lock:
+            if cluster in self._clusters:
+                return self._clusters[cluster]
+        problems = []
+        for member in self.inventory.clusters[cluster]:
+            spec = self.inventory.hosts[member]
+            try:
+                ssh = self.host(member) if api_backend(spec) == "ssh" else None
+                items = ProxmoxClient(spec, ssh).cluster_containers()
+            except OrchError as error:
+                problems.append(f"{member}: {error}")
+                continue
+            with self._lock:
+                self._clusters[cluster] = items
+            return items
+        raise OrchError(f"no node of cluster {cluster} answered: " + "; ".join(problems))
 
     def targets(self, names) -> list[Target]:
         return [self.target(spec) for spec in self.inventory.resolve(names)]

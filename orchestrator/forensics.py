@@ -6,9 +6,12 @@ the playbook steps both use these, so a step does exactly what the command does.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from typing import Callable, Optional
 
-from orchestrator import __version__
+from orchestrator import __version__, console
 from orchestrator.payloads import run_payload
 from orchestrator.remote.container import Target
 
@@ -47,6 +50,33 @@ def fx_patch(target: Target, action: str) -> dict:
         raise ValueError(f"unknown fx-tls action {action!r}")
     return run_payload(target, "fx_patch", {"action": action, "orch_version": __version__},
                        timeout=PATCH_TIMEOUT)
+
+
+@contextlib.contextmanager
+def finish_before_interrupt(action: str):
+    """While a patch apply/revert runs, the first Ctrl-C lets it finish instead of leaving it
+    behind: the payload goes on in the target anyway (a channel closing does not stop it), so
+    leaving at once would report "interrupted" for a change that then completes. Yields a
+    list that is non-empty once Ctrl-C was pressed; a second Ctrl-C raises KeyboardInterrupt
+    (the caller says the outcome is not known)."""
+    pressed: list[float] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed          # signal handlers belong to the main thread
+        return
+
+    def on_interrupt(number, frame):
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(1.0)
+        console.warn(f"interrupted: letting the {action} in progress finish (it takes seconds "
+                     "and leaves no half-patched file); Ctrl-C again to leave without knowing "
+                     "its outcome")
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def verify_fx_race(target: Target, trials: int = 5,

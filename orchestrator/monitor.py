@@ -27,6 +27,7 @@ from orchestrator.logformats import DerivedThroughput, LogParser, make_format
 from orchestrator.monitor_classify import EndState, LogClassifier, Verdict
 from orchestrator.payloads import payload_source, run_payload
 from orchestrator.remote.container import Target
+from orchestrator.runs.gpu import append_sample, gpu_sample, gpu_stats
 from orchestrator.runs.model import MetricPoint
 
 LAUNCHER_PYTHON = "python3"        # stdlib only: the container's own python is enough
@@ -39,8 +40,10 @@ class RunUnreachable(OrchError):
 
 # ---------------------------------------------------------------------- launcher calls
 def launcher(target: Target, action: str, run_dir: str, timeout: float = 60.0, **args) -> dict:
+    # The arguments travel on stdin: a start's env holds secrets (HF_TOKEN, ...), and the
+    # supervisor it forks keeps this argv for the whole run.
     return run_payload(target, "launcher", {"action": action, "run_dir": run_dir, **args},
-                       python=LAUNCHER_PYTHON, timeout=timeout)
+                       python=LAUNCHER_PYTHON, timeout=timeout, args_on_stdin=True)
 
 
 def stop_run(target: Target, run_dir: str, grace: float = 10.0, reason: str = "orch stop") -> dict:
@@ -272,7 +275,7 @@ class MonitorSettings:
     timeout: Optional[float] = None         # seconds; then stop the run (verdict timeout)
     stop_on_hang: bool = True
     grace: float = 10.0
-    gpu_every: float = 15.0
+    gpu_every: float = 5.0
     gpus: list = field(default_factory=list)
     stall_after: float = 8.0
     unreachable_after: float = 300.0
@@ -340,6 +343,7 @@ class Monitor(FollowHandler):
         self._warned_degraded = False
         self._down_since: Optional[float] = None
         self.gpus_seen: list = []
+        self.gpu_series: list = []      # every sample (runs/gpu.py), not only the last
         self.cpu_s: Optional[float] = None
         self._stream = open(stream_copy, "ab" if settings.offset else "wb") if stream_copy else None
         self._copy_dir = os.path.dirname(stream_copy) if stream_copy else None
@@ -375,6 +379,9 @@ class Monitor(FollowHandler):
         result.summary["reconnects"] = self.follower.reconnects
         if self.gpus_seen:
             result.summary["gpus"] = self.gpus_seen
+        if self.gpu_series:
+            result.summary["gpu_series"] = self.gpu_series
+            result.summary["gpu_stats"] = gpu_stats(self.gpu_series)
         if self.cpu_s is not None:
             result.summary["monitor_cpu_s"] = self.cpu_s
         if self._stop_error:
@@ -453,6 +460,7 @@ class Monitor(FollowHandler):
     def on_gpu(self, event: dict) -> None:
         self.gpus_seen = event.get("gpus") or []
         self._state = {**self._state, "gpus": self.gpus_seen}
+        append_sample(self.gpu_series, gpu_sample(event, time.monotonic() - self.started))
 
     def on_connection(self, up: bool, detail: str, downtime: float = 0.0) -> None:
         if up:

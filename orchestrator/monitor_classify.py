@@ -275,15 +275,24 @@ class LogClassifier:
             errored = [d for d in self.drafters.values() if d.error]
             cause = (f"; drafter {errored[0].drafter} had raised {errored[0].error!r} first"
                      if errored else "")
-            add("hang", f"no new step line for {silent:.0f} s while the process lived{cause}; "
-                        + ("orch stopped it (SIGTERM, then SIGKILL)" if end.stopped_for == "hang"
-                           else "the trainer's watchdog ended it"),
-                "look at the first drafter error above; a drafter that died inside a compile can "
-                "leave the others waiting on its lock (DFLASH.md). If it is the FX race, apply "
-                f"`{cli} patch fx-tls apply -t {self.target}`; serialising each drafter's first "
-                "step (--serialize-compile) also avoids it.",
-                evidence=[line for line in self.seen.get("drafter-error", [])][:EVIDENCE_LINES]
-                or list(self.tail)[-5:])
+            ended_by = ("orch stopped it (SIGTERM, then SIGKILL)" if end.stopped_for == "hang"
+                        else "the trainer's watchdog ended it")
+            evidence = [line for line in self.seen.get("drafter-error", [])][:EVIDENCE_LINES] \
+                or list(self.tail)[-5:]
+            thread_local = facts.get("fx_tls_state") in ("patched", "fixed-upstream")
+            stuck = self.never_stepped()
+            if thread_local and stuck and not errored:
+                add(FIRST_COMPILE_HANG, self._first_compile_message(stuck, silent, facts) + ended_by,
+                    first_compile_remediation(cli, playbook), evidence=evidence)
+            else:
+                fix_race = ("" if thread_local else
+                            f"If it is the FX race, apply `{cli} patch fx-tls apply -t {self.target}`; ")
+                add("hang", f"no new step line for {silent:.0f} s while the process lived{cause}; "
+                            + ended_by,
+                    "look at the first drafter error above; a drafter that died inside a compile can "
+                    "leave the others waiting on its lock (DFLASH.md). " + fix_race +
+                    "serialising each drafter's first step (--serialize-compile) also avoids it.",
+                    evidence=evidence)
         if "cuda-oom" in self.seen:
             add("cuda-oom", "CUDA ran out of memory",
                 "lower --batch or --seq, check for other processes on the GPUs "
@@ -437,12 +446,31 @@ class LogClassifier:
                                           "status": d.status, "error": d.error}
                          for d in sorted(self.drafters.values(), key=lambda d: d.drafter)},
             "drafters_ok": sum(d.done and not d.error for d in self.drafters.values()),
+            "drafters_expected": self.expected_drafters(),
             "exit_code": end.exit_code, "signal": end.signal, "state": end.state,
             "stopped_for": end.stopped_for, "lines": self.lines,
             "trainer_summary": dict(self.summary_fields),
             "workers": self.worker_word, "tok_s_derived": self.derived,
             "torch_version": self.start_fields.get("torch"),
         }
+
+    def expected_drafters(self) -> int:
+        """How many drafters the run should have: the playbook's expect_drafters, else the
+        trainer's start line (drafters=N), else those seen in the log."""
+        announced = _number(self.start_fields.get("drafters"))
+        return max(self.expect_drafters or 0, int(announced or 0), len(self.drafters))
+
+    def never_stepped(self) -> list[int]:
+        """The drafters that never logged a step: still in their first (compiling) step."""
+        return [index for index in range(self.expected_drafters())
+                if index not in self.drafters or not self.drafters[index].step]
+
+    def _first_compile_message(self, stuck: list[int], silent: float, facts: dict) -> str:
+        version = facts.get("torch_version") or "?"
+        return (f"{len(stuck)} of the {self.expected_drafters()} drafters (drafter "
+                f"{', '.join(str(d) for d in stuck)}) hung in their first compile: no new step line "
+                f"for {silent:.0f} s while the process lived, on torch {version} whose FX tracing "
+                f"flag is already thread-local ({facts.get('fx_tls_state')}), so not the FX race; ")
 
     def _fx_message(self, facts: dict) -> str:
         version = facts.get("torch_version") or "?"
@@ -469,6 +497,7 @@ class LogClassifier:
             return self._steps_message(verdict, end, total)
         drafters = sorted(self.drafters.values(), key=lambda d: d.drafter)
         done = sum(d.done and not d.error for d in drafters)
+        expected = self.expected_drafters()
         rate = f", {total:,.0f} tok/s total" if total else ""
         if verdict == "ok":
             if end.watch_ended:
@@ -476,7 +505,20 @@ class LogClassifier:
             return f"ok: {done}/{len(drafters)} drafters trained{rate}"
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
                   else "still running" if end.state == "running" else end.state)
-        return f"{verdict}: {done}/{len(drafters)} drafters finished{rate} ({ending})"
+        return f"{verdict}: {done}/{expected} drafters finished{rate} ({ending})"
+
+
+FIRST_COMPILE_HANG = "hang:first-compile"   # a hang (verdict hang, exit 11) of its own kind
+
+
+def first_compile_remediation(cli: str = "orch", playbook: Optional[str] = None) -> str:
+    """A hang in the first compile on a torch whose FX flag is thread-local: compile threads
+    deadlocking on a shared GPU (seen 1 run in 3 with two drafters on one H200)."""
+    rerun = (f" (`{cli} run {playbook} -e 'extra_args=[--serialize-compile]'`)" if playbook else "")
+    return ("the drafters' compile threads deadlocked on a shared GPU (seen 1 run in 3 with two "
+            "drafters on one H200; the fx-tls patch is in place and does not help here). Serialise "
+            "the first compile: the stand-in trainer's --serialize-compile, set through the "
+            f"playbook's extra_args var{rerun}, or run one drafter per GPU.")
 
 
 def fx_remediation(target: str, facts: dict, cli: str = "orch", playbook: Optional[str] = None) -> str:

@@ -93,9 +93,14 @@ class ConsoleReporter:
                     self._print(f"    [bold]{escape(finding.signature)}[/]: {escape(finding.message)}")
                 self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
 
-    def interrupted(self, runner) -> None:
+    def interrupted(self, runner, launched: Optional[dict] = None) -> None:
         self._stop_live()
-        self._print(f"[yellow]interrupted.[/] A launched run goes on in its container: "
+        if not launched:
+            self._print(f"[yellow]interrupted[/] before anything was launched: nothing runs on "
+                        f"the targets; run {runner.run_id} is recorded as interrupted.")
+            return
+        where = ", ".join(f"{name} ({run_dir})" for name, run_dir in sorted(launched.items()))
+        self._print(f"[yellow]interrupted.[/] The launched run goes on: {escape(where)}; "
                     f"`{runner.cli} attach {runner.run_id}` follows it again, "
                     f"`{runner.cli} stop {runner.run_id}` stops it.")
 

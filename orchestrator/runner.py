@@ -23,7 +23,7 @@ from orchestrator.playbook.loader import (BUILTIN_NAMES, Playbook, StepSpec, loa
                                           order_vars, parse_extra_vars)
 from orchestrator.playbook.render import (Loc, Unknown, UnknownAtPlanTime, evaluate_condition,
                                           render)
-from orchestrator.monitor import REMOTE_ROOT, RunUnreachable
+from orchestrator.monitor import REMOTE_ROOT, RunUnreachable, launcher
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import (VERDICTS, exit_code_for, Finding, MetricPoint, RunRecord, StepResult,
                                      TargetInfo, new_run_id, now_iso)
@@ -98,6 +98,7 @@ class Runner:
         self._lock = threading.RLock()
         self._infos: dict[str, TargetInfo] = {}
         self._launches: dict[str, dict] = {}
+        self._launch_starting: dict[str, tuple] = {}   # target -> (Target, run dir) once a launch begins
         self._monitor_results: dict[str, dict] = {}
 
     # -------------------------------------------------------------------- targets
@@ -172,13 +173,52 @@ class Runner:
         try:
             outcomes = each_concurrently(runs, self._run_target)
         except KeyboardInterrupt:
-            # The record stays "running": a launched run goes on and `orch attach` finds it.
-            self.reporter.interrupted(self)
+            launched = self._launched_when_interrupted()
+            if not launched:
+                # Nothing runs on the targets: the record must not stay "running" for ever.
+                self._finish_interrupted(runs)
+            # Else the record stays "running": a launched run goes on and `orch attach` finds it.
+            self.reporter.interrupted(self, launched)
             raise
         for run, outcome in zip(runs, outcomes):
             if isinstance(outcome, OrchError):
                 run.verdict = "unreachable" if isinstance(outcome, ConnectionProblem) else "failed"
         return self._finish(runs)
+
+    def _launched_when_interrupted(self) -> dict[str, str]:
+        """target -> run dir of each launch that started (or may have): a launch step that
+        was in flight when Ctrl-C came is asked about, once, so that it is neither claimed
+        nor forgotten."""
+        launched = {}
+        for name, (target, run_dir) in list(self._launch_starting.items()):
+            if name in self._launches:
+                launched[name] = run_dir
+                continue
+            try:
+                status = launcher(target, "status", run_dir, timeout=15)
+            except (OrchError, KeyboardInterrupt):
+                launched[name] = run_dir + " (it may have started: asking failed)"
+                continue
+            if status.get("state") not in ("missing", None):
+                launched[name] = run_dir
+                self.note_launch(name, {"run_dir": run_dir, "pid": status.get("pid"),
+                                        "started_at": status.get("started_at"),
+                                        "host": target.host.name, "vmid": target.vmid,
+                                        "log": f"{run_dir}/output.log"})
+        return launched
+
+    def note_launch_starting(self, target: Target, run_dir: str) -> None:
+        with self._lock:
+            self._launch_starting[target.name] = (target, run_dir)
+
+    def _finish_interrupted(self, runs: list[TargetRun]) -> None:
+        record = self.record
+        record.verdict = "interrupted"
+        record.exit_code = exit_code_for("interrupted")
+        record.ended_at = now_iso()
+        record.summary = self._summary(runs)
+        if not self.dry_run and self.store is not None:
+            self.store.finish(record)
 
     def _finish(self, runs: list[TargetRun]) -> RunRecord:
         record = self.record

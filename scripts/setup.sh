@@ -17,6 +17,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         # shellcheck disable=SC2086
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $packages >/dev/null
     fi
+    # npm, for the MCP Inspector test (`orch mcp`). Not in apt-packages.txt: a machine with
+    # NodeSource's nodejs has npm inside it, and that package conflicts with Debian's npm.
+    if ! command -v npm >/dev/null; then
+        echo "setup: installing nodejs and npm (the MCP Inspector test)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -1,6 +1,23 @@
 """Shared test settings: keep every test's orch data out of the user's home."""
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+_SESSION_DATA_DIR = tempfile.mkdtemp(prefix="orch-test-data-")
+
+
+def pytest_configure(config):
+    # Module- and session-scoped fixtures run orch before any per-test setting applies:
+    # give the whole session a data directory of its own too, never the user's store.
+    os.environ["ORCH_DATA_DIR"] = _SESSION_DATA_DIR
+    os.environ.pop("ORCH_STORE", None)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_SESSION_DATA_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

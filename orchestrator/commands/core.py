@@ -14,7 +14,7 @@ from orchestrator import console, distro
 from orchestrator.errors import ConfigError, ExitCode, OrchError, PayloadError
 from orchestrator.fleet import each_concurrently
 from orchestrator.payloads import run_payload
-from orchestrator.proxmox import ProxmoxClient
+from orchestrator.proxmox import ProxmoxClient, api_backend
 from orchestrator.remote.base import LineSplitter
 from orchestrator.remote.container import require_vmid
 
@@ -117,42 +117,65 @@ def ct():
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_app
 def ct_list(app, hosts, as_json):
-    """List the containers of HOSTS (default: every SSH host of the inventory).
+    """List the containers of HOSTS or CLUSTERS (default: every SSH host of the
+    inventory), with the node each one is on. A cluster is asked once, through the first
+    of its hosts that answers (/cluster/resources).
 
     \b
-    Example:
+    Examples:
       orch ct list pve --json
+      orch ct list lab
     """
     inventory = app.fleet.inventory
     names = list(hosts) or [n for n, h in inventory.hosts.items() if h.transport == "ssh"]
     for name in names:
-        if name not in inventory.hosts:
-            raise ConfigError(f"unknown host {name!r}", hint="hosts: " + ", ".join(inventory.hosts))
-    known = {(c.host, c.vmid): c.name for c in inventory.containers.values() if c.vmid}
-    outcomes = each_concurrently(names, lambda n: _client(app, n).containers())
+        if name not in inventory.hosts and name not in inventory.clusters:
+            raise ConfigError(f"unknown host or cluster {name!r}",
+                              hint="hosts: " + ", ".join(inventory.hosts)
+                                   + ("; clusters: " + ", ".join(inventory.clusters)
+                                      if inventory.clusters else ""))
+    known = {(c.cluster or c.host, c.vmid): c.name
+             for c in inventory.containers.values() if c.vmid}
+    outcomes = each_concurrently(names, lambda n: _containers_of(app, n))
     rows, failed = [], False
-    for host, outcome in zip(names, outcomes):
+    for name, outcome in zip(names, outcomes):
         if isinstance(outcome, OrchError):
             failed = True
-            rows.append({"host": host, "error": str(outcome)})
+            rows.append({"host": name, "error": str(outcome)})
             continue
         for item in outcome:
-            rows.append({"host": host, "vmid": int(item["vmid"]), "name": item.get("name"),
-                         "status": item.get("status"), "inventory": known.get((host, int(item["vmid"])))})
+            vmid = int(item["vmid"])
+            rows.append({"host": item["host"], "node": item.get("node"), "vmid": vmid,
+                         "name": item.get("name"), "status": item.get("status"),
+                         "cpus": item.get("cpus", item.get("maxcpu")),
+                         "inventory": known.get((name, vmid)) or known.get((item["host"], vmid))})
     if as_json:
         console.print_json(rows)
     else:
-        console.table(["HOST", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
-                      [[r["host"], r.get("vmid"), r.get("name"), r.get("status") or r.get("error"),
-                        r.get("inventory")] for r in rows])
+        console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
+                      [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
+                        r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
     sys.exit(ExitCode.FAILED if failed else ExitCode.OK)
+
+
+def _containers_of(app, name: str) -> list[dict]:
+    """A host's containers, or a whole cluster's, each with its node and inventory host."""
+    fleet = app.fleet
+    if name in fleet.inventory.clusters:
+        return [{**item, "host": fleet.host_of_node(name, item["node"])}
+                for item in fleet.cluster_containers(name)]
+    client = _client(app, name)
+    node = client.node()
+    return [{**item, "node": node, "host": name} for item in client.containers()]
 
 
 def _client(app, host_name: str) -> ProxmoxClient:
     spec = app.fleet.inventory.hosts[host_name]
     if spec.transport == "local":
         raise OrchError(f"host {host_name} is local: it has no Proxmox API")
-    return ProxmoxClient(spec, app.fleet.host(host_name))
+    # the https backend needs no SSH connection: open none
+    ssh = app.fleet.host(host_name) if api_backend(spec) == "ssh" else None
+    return ProxmoxClient(spec, ssh, warn=console.warn)
 
 
 def _single_container(app, name: str):
@@ -186,25 +209,27 @@ def ct_status(app, target, as_json):
 @ct.command("start")
 @click.argument("target")
 @click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
-              help="Seconds to wait until it runs.")
+              help="Seconds to wait for the start task and until it runs.")
 @pass_app
 def ct_start(app, target, wait_s):
-    """Start one container and wait until it runs.
+    """Start one container: follow Proxmox's start task to its end (its error is
+    reported as soon as it fails), then wait until the container runs.
 
     \b
     Example:
-      orch ct start drafters
+      orch ct start drafters --wait 120
     """
     container = _single_container(app, target)
     client = _client(app, container.host.name)
     if client.status(container.vmid).get("status") == "running":
         console.info(f"{container.describe()} is already running")
         return
-    client.start(container.vmid)
     deadline = time.monotonic() + wait_s
+    client.start(container.vmid, wait_s)
     while client.status(container.vmid).get("status") != "running":
         if time.monotonic() > deadline:
-            raise OrchError(f"{container.describe()} did not start within {wait_s:g} s")
+            raise OrchError(f"{container.describe()}: its start task ended OK but it does "
+                            f"not run after {wait_s:g} s")
         time.sleep(0.3)
     console.info(f"{container.describe()} is running")
 

@@ -178,7 +178,7 @@ def stop_command(app, run, targets, grace, as_json):
     else:
         for item in results:
             if "error" in item:
-                console.error(f"{item['target']}: {item['error']}")
+                console.target_error(item["target"], item["error"])
             elif item.get("already"):
                 console.out.print(f"{item['target']}: not running ({item.get('state')}"
                                   + (f", exit {item.get('exit_code')}" if item.get("exit_code") is not None else "")

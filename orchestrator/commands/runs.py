@@ -238,7 +238,7 @@ def _print_comparison(result, base, new) -> None:
 @click.argument("run")
 def runs_pin(run):
     """Pin RUN as the baseline of its playbook (nightly compares with it instead of the
-    last ok run). A new pin replaces the old one; `orch runs unpin PLAYBOOK` forgets it.
+    last ok run, as long as a run has its shape). A new pin replaces the old one; `orch runs unpin PLAYBOOK` forgets it.
 
     \b
     Examples:
@@ -270,7 +270,8 @@ def runs_unpin(playbook):
 @click.option("--html", "html_file", metavar="FILE", help="Write the HTML page here ('-' for stdout).")
 @click.option("--md", "md_file", metavar="FILE", help="Write Markdown here ('-' for stdout).")
 @click.option("--baseline", "baseline_ref", metavar="RUN",
-              help="Compare with this run (default: the playbook's pinned or last ok run).")
+              help="Compare with this run (default: the pinned or last ok run of the same shape: "
+                   "targets, worker count, devices, throughput variables).")
 @click.option("--no-baseline", is_flag=True, help="Leave the comparison out.")
 @THRESHOLD_OPTION
 def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
@@ -284,15 +285,17 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
       orch report 20261129-0215 --md - | xclip
       orch report last --baseline last~3
     """
+    from orchestrator.runs.baseline import choose_baseline
     from orchestrator.runs.report import render_html, render_markdown, write_reports
     with _store() as store:
         record = store.get(run)
-        baseline = None
+        baseline, reason = None, None
         if baseline_ref and not no_baseline:
-            baseline = store.get(baseline_ref)
+            baseline, reason = store.get(baseline_ref), "given with --baseline"
         elif not no_baseline:
-            baseline = store.baseline(record.playbook, exclude=record.run_id)
-    kw = {"threshold": _threshold(threshold)}
+            choice = choose_baseline(store, record)
+            baseline, reason = choice.record, choice.reason
+    kw = {"threshold": _threshold(threshold), "baseline_reason": reason}
     if not html_file and not md_file:
         written = write_reports(record, baseline, record.artifacts_dir or paths.run_dir(record.run_id), **kw)
         for path in written.values():
@@ -332,7 +335,8 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
 def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, webhooks,
                     notify_command, notify_on, as_json):
     """Run PLAYBOOK once, unattended (for schedulers and scripts): lock, run, compare with
-    the baseline (the pinned run, else the last ok run), write report.html and report.md
+    the baseline (the pinned run, else the last ok run, of the same shape: targets, workers,
+    devices, throughput variables), write report.html and report.md
     into the run's folder, notify, exit with the outcome.
 
     Only one nightly of a playbook runs at a time: a second exits at once with code 21.
@@ -380,6 +384,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
         console.out.print(f"[{style}]{console.escape(summary['text'])}[/]")
         for message in summary["regressions"]:
             console.out.print(f"  [red]regression[/]: {console.escape(message)}")
+        console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
+                           else "no baseline: ") + console.escape(summary["baseline_reason"] or ""))
         console.out.print(f"report: {summary['report_html']}")
     sys.exit(outcome.exit_code)
 

@@ -56,11 +56,14 @@ def sandbox():
 @click.option("--root-distro", "distribution", default="debian-12", show_default=True,
               type=click.Choice(["debian-12"]),
               help="The distribution of the --real-root containers.")
+@click.option("--cluster", default=None, metavar="NAME",
+              help="Make the hosts one Proxmox cluster NAME: one shared /etc/pve, vmids "
+                   "unique cluster-wide (host N has N00, N01, ...). Down first to switch.")
 @click.option("--state-dir", default=None, help=STATE_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
-def up_command(hosts_count, containers_count, stopped, real_root, distribution, state_dir,
-               as_json):
+def up_command(hosts_count, containers_count, stopped, real_root, distribution, cluster,
+               state_dir, as_json):
     """Create the sandbox, or repair and reuse the one that is there (idempotent).
 
     Containers share this machine's /usr and /etc (read-only; they start in milliseconds)
@@ -74,12 +77,13 @@ def up_command(hosts_count, containers_count, stopped, real_root, distribution, 
       sudo orch sandbox up                 # sb1, sb2; CTs 200, 201 running, 202 stopped
       sudo orch sandbox up --hosts 3 --containers 2 --stopped 0
       sudo orch sandbox up --containers 4 --stopped 1 --real-root 202   # CT 202: Debian 12
+      sudo orch sandbox up --cluster lab   # sb1 (CTs 200..), sb2 (CTs 300..) as one cluster
     """
     from orchestrator import sandbox as sb
 
     started = time.monotonic()
     handle = sb.up(hosts_count, containers_count, stopped, state_dir=state_dir,
-                   real_root=real_root, distribution=distribution,
+                   real_root=real_root, distribution=distribution, cluster=cluster,
                    progress=lambda text: click.echo(f"  {text}", err=True))
     elapsed = time.monotonic() - started
     if as_json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -102,7 +103,7 @@ def _target_json(target, outcome) -> dict:
 
 def _print_search(target, outcome, max_hits) -> None:
     if isinstance(outcome, OrchError):
-        console.error(f"{target.name}: {outcome}")
+        console.target_error(target.name, outcome)
         return
     console.out.print(f"[bold]== {console.escape(target.describe())}[/]: "
                       f"{outcome.get('package', 'torch')} {outcome.get('version')} in "
@@ -191,18 +192,32 @@ def fx_tls(app, action, targets, as_json):
       orch patch fx-tls revert -t drafters --json
     """
     chosen = app.fleet.targets(targets)
-    outcomes = each_concurrently(chosen, lambda target: forensics.fx_patch(target, action))
+    changes = action in ("apply", "revert")
+    with (forensics.finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
+        try:
+            outcomes = each_concurrently(chosen, lambda target: forensics.fx_patch(target, action))
+        except KeyboardInterrupt:
+            # The second Ctrl-C: the payload goes on without us; say what is known.
+            names = " ".join(f"-t {t.name}" for t in chosen)
+            console.error(f"interrupted twice: left while the {action} was in progress; whether it "
+                          f"completed is not known: `orch patch fx-tls status {names}` tells")
+            sys.exit(ExitCode.INTERRUPTED)
     if as_json:
         console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
     else:
         for target, outcome in zip(chosen, outcomes):
             _print_patch(target, action, outcome)
+    if changes and ctrl_c:
+        done = [t.name for t, o in zip(chosen, outcomes) if not isinstance(o, OrchError)]
+        console.warn(f"interrupted, after the {action} finished"
+                     + (f" on {', '.join(done)} (its outcome is above)" if done else ""))
+        sys.exit(ExitCode.INTERRUPTED)
     sys.exit(_patch_exit_code(action, outcomes))
 
 
 def _print_patch(target, action, outcome) -> None:
     if isinstance(outcome, OrchError):
-        console.error(f"{target.name}: {outcome}")
+        console.target_error(target.name, outcome)
         return
     state = outcome.get("status")
     header = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
@@ -288,7 +303,7 @@ def fx_race(app, targets, trials, as_json):
 
 def _print_race(target, outcome) -> None:
     if isinstance(outcome, OrchError):
-        console.error(f"{target.name}: {outcome}")
+        console.target_error(target.name, outcome)
         return
     console.out.print(
         f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "

@@ -7,7 +7,13 @@
       drafters: {host: pve, vmid: 200, venv: /root/venv, gpus: [5, 6, 7]}
     groups:
       all-drafters: [drafters]
+    clusters:
+      lab: [pve, pve2]          # hosts that are nodes of one Proxmox cluster
     default_target: drafters
+
+A container of a cluster can be named by cluster instead of host (`{cluster: lab, vmid:
+200}`, or the target `lab:200`): orch asks the cluster where it runs (/cluster/resources)
+before it runs anything there, so a migrated container is still found.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from orchestrator.errors import ConfigError
 
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
              "connect_timeout", "timeout", "iface", "api", "description")
-CONTAINER_KEYS = ("host", "vmid", "venv", "gpus", "env", "description")
-API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend")
-TOP_KEYS = ("hosts", "containers", "groups", "default_target", "defaults")
+CONTAINER_KEYS = ("host", "cluster", "vmid", "venv", "gpus", "env", "description")
+API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_file",
+            "fingerprint")
+TOP_KEYS = ("hosts", "containers", "groups", "clusters", "default_target", "defaults")
 VMID_PATTERN = re.compile(r"^[1-9][0-9]{2,8}$")  # the ids pct accepts
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SANDBOX_DIR_DEFAULT = "/var/lib/orch-sandbox"
@@ -58,6 +65,7 @@ class ContainerSpec:
     gpus: list[int] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    cluster: Optional[str] = None   # found on whichever node of this cluster runs it
 
 
 @dataclass
@@ -67,6 +75,7 @@ class Inventory:
     containers: dict[str, ContainerSpec]
     groups: dict[str, list[str]]
     default_target: Optional[str] = None
+    clusters: dict[str, list[str]] = field(default_factory=dict)
 
     def resolve(self, names: list[str] | tuple[str, ...]) -> list[ContainerSpec]:
         """Targets by name: containers, groups, hosts (the host itself) or HOST:VMID."""
@@ -97,6 +106,11 @@ class Inventory:
         host, _, vmid = name.partition(":")
         if host in self.hosts and (not vmid or VMID_PATTERN.match(vmid)):
             return [ContainerSpec(name=name, host=host, vmid=int(vmid) if vmid else None)]
+        if host in self.clusters:
+            if not VMID_PATTERN.match(vmid):
+                raise ConfigError(f"{name!r}: {host} is a cluster; name a container of it as "
+                                  f"{host}:VMID")
+            return [ContainerSpec(name=name, host="", vmid=int(vmid), cluster=host)]
         known = sorted(self.containers) + sorted(self.groups) + sorted(self.hosts)
         raise ConfigError(f"unknown target {name!r} in {self.path}",
                           hint="known targets: " + ", ".join(known) + " (or HOST:VMID)")
@@ -123,6 +137,12 @@ def load_inventory(path: Optional[str] = None) -> Inventory:
     hosts = {name: _host(source, name, spec) for name, spec in _section(source, data, "hosts").items()}
     containers = {name: _container(source, name, spec, hosts)
                   for name, spec in _section(source, data, "containers").items()}
+    clusters = _clusters(source, data, hosts)
+    for name, spec in containers.items():
+        if spec.cluster and spec.cluster not in clusters:
+            raise source.error(("containers", name, "cluster"),
+                               f"container {name!r} is in cluster {spec.cluster!r}, which is "
+                               "not in clusters")
     groups = _groups(source, data, hosts, containers)
     for name, host in hosts.items():
         if host.jump and host.jump not in hosts:
@@ -133,7 +153,7 @@ def load_inventory(path: Optional[str] = None) -> Inventory:
         if default not in containers and default not in groups and default not in hosts:
             raise source.error(("default_target",), f"default_target {default!r} names no container, "
                                                    "group or host")
-    return Inventory(source.filename, hosts, containers, groups, default)
+    return Inventory(source.filename, hosts, containers, groups, default, clusters)
 
 
 def _section(source: Source, data: dict, key: str) -> dict:
@@ -182,7 +202,12 @@ def _host(source: Source, name: str, spec) -> HostSpec:
 def _container(source: Source, name: str, spec, hosts: dict) -> ContainerSpec:
     path = ("containers", name)
     expect(source, path, spec, dict, f"container {name!r}")
+    if isinstance(spec, dict) and "cluster" in spec and "host" not in spec:
+        return _cluster_container(source, name, spec)
     check_keys(source, path, spec, CONTAINER_KEYS, required=("host",))
+    if "cluster" in spec:
+        raise source.error(path + ("cluster",), f"container {name!r}: give host or cluster, "
+                                                "not both")
     host = expect(source, path + ("host",), spec["host"], str)
     if host not in hosts:
         raise source.error(path + ("host",), f"container {name!r} is on host {host!r}, "
@@ -196,6 +221,12 @@ def _container(source: Source, name: str, spec, hosts: dict) -> ContainerSpec:
             raise source.error(path + ("vmid",), f"host {host!r} is local: it has no containers "
                                                  "(remove vmid)")
         container.vmid = vmid
+    return _container_details(source, path, spec, container)
+
+
+def _container_details(source: Source, path: tuple, spec: dict,
+                       container: ContainerSpec) -> ContainerSpec:
+    """venv, gpus, env and description, the same for a container on a host or a cluster."""
     if "venv" in spec:
         container.venv = expect(source, path + ("venv",), spec["venv"], str)
     if "gpus" in spec:
@@ -207,6 +238,37 @@ def _container(source: Source, name: str, spec, hosts: dict) -> ContainerSpec:
         container.env = {str(k): str(v) for k, v in env.items()}
     container.description = str(spec.get("description", ""))
     return container
+
+
+def _cluster_container(source: Source, name: str, spec: dict) -> ContainerSpec:
+    """A container named by cluster and vmid: its host is looked up when it is used."""
+    path = ("containers", name)
+    check_keys(source, path, spec, CONTAINER_KEYS, required=("cluster", "vmid"))
+    cluster = expect(source, path + ("cluster",), spec["cluster"], str)
+    vmid = expect(source, path + ("vmid",), spec["vmid"], int)
+    if not VMID_PATTERN.match(str(vmid)):
+        raise source.error(path + ("vmid",), f"vmid {vmid} is not a valid Proxmox id (100..999999999)")
+    container = ContainerSpec(name=name, host="", vmid=vmid, cluster=cluster)
+    return _container_details(source, path, spec, container)
+
+
+def _clusters(source: Source, data: dict, hosts: dict) -> dict[str, list[str]]:
+    clusters = _section(source, data, "clusters")
+    for name, members in clusters.items():
+        path = ("clusters", name)
+        if name in hosts:
+            raise source.error(path, f"cluster {name!r} has the name of a host", key=True)
+        expect_list_of(source, path, members, str, f"cluster {name!r}")
+        if not members:
+            raise source.error(path, f"cluster {name!r} names no host")
+        for index, member in enumerate(members):
+            if member not in hosts:
+                raise source.error(path + (index,), f"cluster {name!r} names {member!r}, "
+                                                    "which is not in hosts")
+            if hosts[member].transport != "ssh":
+                raise source.error(path + (index,), f"host {member!r} is local: it cannot be "
+                                                    "a cluster node")
+    return {name: list(members) for name, members in clusters.items()}
 
 
 def _groups(source: Source, data: dict, hosts: dict, containers: dict) -> dict[str, list[str]]:

@@ -43,9 +43,23 @@ def _inline(text: str, done: set) -> str:
     return INLINE_MARK.sub(replace, text)
 
 
+def with_args(source: bytes, args: dict) -> bytes:
+    """The script with its arguments inside it, for `PYTHON -` with no argument at all: the
+    first line sets sys.argv[1] before the payload runs. What travels on stdin is never in any
+    argv that `ps` shows, on the host (pct exec, lxc-attach) or in the container (the payload
+    and the processes it forks), so secrets (a launch step's env) go this way."""
+    encoded = json.dumps(args)
+    header = ("import sys as _orch_sys; _orch_sys.argv[1:] = [%r]"
+              "  # orch: arguments shipped with the script, not in argv\n" % encoded)
+    return header.encode() + source
+
+
 def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] = None,
-                timeout: float = 300.0, on_event: Optional[EventCallback] = None) -> dict:
-    """Run payload `name` on target and return its result event (raise PayloadError on error)."""
+                timeout: float = 300.0, on_event: Optional[EventCallback] = None,
+                args_on_stdin: bool = False) -> dict:
+    """Run payload `name` on target and return its result event (raise PayloadError on error).
+    args_on_stdin: ship the arguments inside the script on stdin instead of in argv (for
+    secrets; see with_args)."""
     python = python or target.python()
     events: list[dict] = []
 
@@ -58,7 +72,11 @@ def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] 
             on_event(event)
 
     splitter = LineSplitter(on_line)
-    result = target.run([python, "-", json.dumps(args)], stdin=payload_source(name),
+    if args_on_stdin:
+        argv, script = [python, "-"], with_args(payload_source(name), args)
+    else:
+        argv, script = [python, "-", json.dumps(args)], payload_source(name)
+    result = target.run(argv, stdin=script,
                         timeout=timeout, on_stdout=splitter.feed)
     splitter.flush()
     final = events[-1] if events else None

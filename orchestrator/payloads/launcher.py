@@ -1,6 +1,9 @@
 """Payload: start a command detached inside the container, watch it, stop it (stdlib only).
 
-Run as `PYTHON - ARGS_JSON`; ARGS_JSON is {"action": ..., "run_dir": ..., ...}.
+Run as `PYTHON -` with ARGS_JSON ({"action": ..., "run_dir": ..., ...}) set into sys.argv[1] by
+the script's first line (orch ships the arguments with the script on stdin: a start's env holds
+secrets, and the supervisor keeps this process's argv for the whole run; see
+orchestrator.payloads.with_args). `PYTHON - ARGS_JSON` works too (tests, by hand).
 
   start   fork a supervisor (new session, stdin/stdout/stderr on /dev/null) that forks the
           command (its own session and process group, stdin /dev/null, stdout+stderr
@@ -345,14 +348,14 @@ def _wait_ended(run_dir, seconds):
 def gpu_sample(gpus):
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+            ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total,power.draw",
              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     rows = []
     for line in out.stdout.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4:
+        if len(parts) != 5:
             continue
         try:
             index = int(parts[0])
@@ -361,7 +364,9 @@ def gpu_sample(gpus):
         if gpus and index not in gpus:
             continue
         rows.append({"index": index, "util_pct": _num(parts[1]), "mem_used_mib": _num(parts[2]),
-                     "mem_total_mib": _num(parts[3])})
+                     "mem_total_mib": _num(parts[3]),
+                     # "[N/A]" or "[Not Supported]" on some boards: None, not an error
+                     "power_w": _num(parts[4])})
     return rows
 
 
@@ -497,7 +502,9 @@ def tail(args):
                 next_gpu = now + gpu_every
                 sample = gpu_sample(gpus)
                 if sample is not None:
-                    emit("gpu", gpus=sample)
+                    # The process state with each sample: the controller summarises the
+                    # samples taken while the workers ran, not those after they ended.
+                    emit("gpu", gpus=sample, t=round(now, 3), state=state["state"])
         if state["state"] in ("exited", "vanished", "missing") and not got:
             if state["state"] == "vanished" and now - (gone_since or now) < VANISHED_GRACE:
                 # The supervisor may be writing exit.json right now: look again shortly.

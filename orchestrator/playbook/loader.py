@@ -260,6 +260,9 @@ def check_playbook(playbook: Playbook, extra_vars: dict) -> None:
         check_names(spec.params, spec.params_loc, known)
         if spec.register:
             known.add(spec.register)
+        if spec.kind == "push":
+            from orchestrator.steps.push import check_sources
+            check_sources(playbook.directory, spec.params, spec.params_loc)
     check_rendered_types(playbook, extra_vars)
 
 

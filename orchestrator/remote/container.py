@@ -10,10 +10,20 @@ from typing import Optional, Sequence
 from orchestrator.errors import ContainerNotRunning, NoSuchContainer, OrchError
 from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport
 
-# pct's own failures all exit 255 with one of these sentences on stderr.
-_PCT_NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")
-_PCT_NOT_RUNNING = re.compile(r"container '?\d+'? not running")
+# pct's own failures before the command runs: one of these sentences ends stderr (perl's
+# locale warnings may come first; usage lines follow a bad id) and stdout is empty. The exit code says
+# nothing: perl's die exits with errno when one is set (2 for a missing config, anything
+# for a stopped CT), else 255; a command in the container may exit with any of those.
+_PCT_NO_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist")
+_PCT_NOT_RUNNING = re.compile(r"container '(\d+)' not running!")
 _PCT_BAD_VMID = re.compile(r"value does not look like a valid VM ID")
+
+# pct sets PATH=/sbin:/bin:/usr/sbin:/usr/bin before it runs the command (pve-common's
+# run_cli_handler), which leaves out /usr/local/bin where pip and users put tools. orch
+# runs every container command under the PATH a root login shell of Debian gets, set
+# through `env` so that it does not depend on pct or on the host; an inventory `env:`
+# PATH replaces it.
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Small, constant shell programs: user data only ever arrives as "$1", "$2", never as code.
 # The byte count is checked before the rename: a channel cut short (a timeout, a dropped
@@ -41,15 +51,19 @@ class Target(Transport):
         where = f"CT {self.vmid} on host {self.host.name}" if self.vmid else f"host {self.host.name}"
         return f"{self.name} ({where})"
 
-    def wrap(self, argv: Sequence[str]) -> list[str]:
+    def wrap(self, argv: Sequence[str], path: Optional[str] = None) -> list[str]:
         """The argv the host runs: pct exec for a container, the command itself otherwise."""
-        return ["pct", "exec", str(self.vmid), "--", *argv] if self.vmid else list(argv)
+        if not self.vmid:
+            return list(argv)
+        path = path or self.env.get("PATH") or CONTAINER_PATH
+        return ["pct", "exec", str(self.vmid), "--", "env", f"PATH={path}", *argv]
 
     def _run(self, argv, options) -> Result:
-        result = self.host._run(self.wrap(argv), options)
+        path = options.env.pop("PATH", None) if self.vmid else None  # pct would reset it
+        result = self.host._run(self.wrap(argv, path), options)
         result.argv = list(argv)
         result.target = self.name
-        if self.vmid and result.exit_code == 255:
+        if self.vmid and result.exit_code != 0:
             self._raise_pct_error(result)
         return result
 
@@ -57,13 +71,25 @@ class Target(Transport):
         return self.host.spawn(self.wrap(argv))
 
     def _raise_pct_error(self, result: Result) -> None:
-        message = result.error_text.strip()
-        if _PCT_NO_CONFIG.search(message) or _PCT_BAD_VMID.search(message):
+        """Raise when pct itself failed, not the command: its sentence ends the output, and
+        `pct status` (asked only then) confirms it, so a command that prints the same
+        sentence and exits 2 keeps its own result."""
+        message = pct_error_text(result, self.vmid)
+        if message is None:
+            return
+        if _PCT_NOT_RUNNING.search(message):
+            if self._pct_status() == "stopped":
+                raise ContainerNotRunning(f"{self.describe()} is not running: pct says: {message}",
+                                          hint=f"start it with `orch ct start {self.name}`")
+        elif self._pct_status() is None:
             raise NoSuchContainer(f"{self.describe()}: no such container: pct says: {message}",
                                   hint=f"`orch ct list {self.host.name}` lists the containers there")
-        if _PCT_NOT_RUNNING.search(message):
-            raise ContainerNotRunning(f"{self.describe()} is not running: pct says: {message}",
-                                      hint=f"start it with `orch ct start {self.name}`")
+
+    def _pct_status(self) -> Optional[str]:
+        """'running' or 'stopped' as `pct status` says; None when pct knows no such CT."""
+        status = self.host.run(["pct", "status", str(self.vmid)], timeout=30)
+        found = re.fullmatch(r"status: (\w+)\n?", status.text)
+        return found.group(1) if status.exit_code == 0 and found else None
 
     # -- files, without pct push (which needs a path on the host) ----------------------
     def put(self, path: str, data: bytes, mode: int = 0o644, timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -91,6 +117,26 @@ class Target(Transport):
         if not self.venv:
             return "python3"
         return self.expand(self.venv).rstrip("/") + "/bin/python"
+
+
+def pct_error_text(result: Result, vmid: Optional[int]) -> Optional[str]:
+    """pct's own error sentence about this vmid when it ends an output with nothing on stdout."""
+    if result.stdout.strip():
+        return None
+    lines = [line for line in result.error_text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    last = lines[-1].strip()
+    # only the last line: a host without the client's locale has perl warn first
+    for pattern in (_PCT_NO_CONFIG, _PCT_NOT_RUNNING):
+        found = pattern.fullmatch(last)
+        if found and found.group(1) == str(vmid):
+            return last
+    # a bad id: "400 Parameter verification failed." and usage lines around the sentence
+    if lines[0].startswith("400 Parameter verification failed.") and any(
+            _PCT_BAD_VMID.search(line) for line in lines):
+        return " ".join(line.strip() for line in lines[:2])
+    return None
 
 
 def require_vmid(target: Target) -> int:

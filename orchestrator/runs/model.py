@@ -16,8 +16,8 @@ from orchestrator.errors import ExitCode
 
 # Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
 VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
-            "collective-timeout", "rendezvous-timeout", "traceback", "nonzero-exit", "killed", "timeout", "failed",
-            "unreachable", "running")
+            "collective-timeout", "rendezvous-timeout", "traceback", "nonzero-exit", "killed", "timeout",
+            "failed", "unreachable", "interrupted", "running")
 
 VERDICT_EXIT = {
     "ok": ExitCode.OK,
@@ -25,6 +25,7 @@ VERDICT_EXIT = {
     "recompile-limit": ExitCode.RUN_DEGRADED,
     "hang": ExitCode.RUN_HANG,
     "unreachable": ExitCode.RUN_UNREACHABLE,
+    "interrupted": ExitCode.INTERRUPTED,   # Ctrl-C before anything was launched
 }
 
 

@@ -1,8 +1,9 @@
 """`orch nightly`: one unattended rerun of a playbook, for schedulers and scripts.
 
     lock (one nightly per playbook at a time)
-      -> baseline = the pinned run, else the last ok run (chosen BEFORE tonight's run)
       -> run the playbook (orchestrator.runner), recorded in the run store
+      -> baseline = the pinned run, else the last ok run, of the same shape as tonight's
+         (targets, workers, devices, throughput variables: runs/baseline.py)
       -> compare with the baseline, write report.html + report.md into the run's folder
       -> notify (webhook and/or command), exit with the outcome's code
 
@@ -30,6 +31,7 @@ import yaml
 
 from orchestrator import console, paths
 from orchestrator.errors import ConfigError, ExitCode, OrchError
+from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, Comparison, compare, throughput
 from orchestrator.runs.model import RunRecord, exit_code_for, now_iso
 from orchestrator.runs.report import write_reports
@@ -227,6 +229,7 @@ class NightlyOutcome:
     comparison: Comparison
     exit_code: int
     reports: dict[str, str]
+    baseline_reason: str = ""
     notified: list[dict] = field(default_factory=list)
 
     @property
@@ -250,6 +253,7 @@ class NightlyOutcome:
             "total_tok_s": tp["total"],
             "per_drafter_tok_s": tp["per_drafter"],
             "baseline": self.baseline.run_id if self.baseline else None,
+            "baseline_reason": self.baseline_reason,
             "throughput_change": total.get("change"),
             "regressions": [c.message for c in self.comparison.regressions],
             "findings": [f"{f.signature}: {f.message}" for f in self.record.findings],
@@ -308,7 +312,6 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str], ap
         own_store = store is None
         store = store or RunStore()
         try:
-            baseline = store.baseline(playbook)
             try:
                 record = run(playbook, targets=targets, extra_vars=extra_vars, app=app)
             except OrchError as error:
@@ -321,13 +324,16 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str], ap
                 record = store.get(record.run_id)
             except OrchError:
                 store.begin(record)   # a runner that did not record it: keep it anyway
-            if baseline is not None and baseline.run_id == record.run_id:
-                baseline = store.baseline(playbook, exclude=record.run_id)
+            # Chosen once the run is known: the baseline must have its shape (runs/baseline.py).
+            choice = choose_baseline(store, record)
+            baseline = choice.record
             comparison = compare(baseline, record, config.threshold)
             directory = record.artifacts_dir or paths.run_dir(record.run_id)
-            reports = write_reports(record, baseline, directory, comparison=comparison)
+            reports = write_reports(record, baseline, directory, comparison=comparison,
+                                    baseline_reason=choice.reason)
             outcome = NightlyOutcome(record, baseline, comparison,
-                                     outcome_code(record, comparison), reports)
+                                     outcome_code(record, comparison), reports,
+                                     baseline_reason=choice.reason)
             _write_json(os.path.join(directory, "nightly.json"), outcome.summary())
             outcome.notified = notify(outcome, config.notify)
             return outcome

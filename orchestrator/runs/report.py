@@ -16,6 +16,7 @@ import jinja2
 from orchestrator import __version__
 from orchestrator.runs.compare import (Comparison, compare, fx_states_seen, is_problem, series,
                                        throughput)
+from orchestrator.runs import gpu
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import line_chart, sparkline
 
@@ -42,10 +43,15 @@ VERDICT_CLASS = {"ok": "ok", "running": "running", "degraded": "warn", "recompil
 
 
 def templates_dir() -> str:
-    """templates/ beside the package ($ORCH_TEMPLATES overrides, e.g. for a packaged install)."""
+    """orchestrator/templates in an installed wheel (pyproject.toml maps the repository's
+    templates/ there), else templates/ at the top of the checkout (an editable install);
+    $ORCH_TEMPLATES overrides both."""
     explicit = os.environ.get("ORCH_TEMPLATES")
     if explicit:
         return explicit
+    packaged = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
+    if os.path.isdir(packaged):
+        return packaged
     return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                         "templates")
 
@@ -95,8 +101,10 @@ def _elapsed(record: RunRecord) -> Optional[float]:
 
 
 def context(record: RunRecord, baseline: Optional[RunRecord] = None,
-            comparison: Optional[Comparison] = None, threshold: float = 0.10) -> dict:
-    """Everything both templates show."""
+            comparison: Optional[Comparison] = None, threshold: float = 0.10,
+            baseline_reason: Optional[str] = None) -> dict:
+    """Everything both templates show. baseline_reason: which baseline and why (or why none),
+    from runs/baseline.py."""
     if baseline is None:
         comparison = None        # a comparison with nothing: the verdict already says it all
     elif comparison is None:
@@ -132,6 +140,9 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
                          "tok_s": tp["per_drafter"].get(label),
                          "spark": sparkline([p.tok_s for p in points[1:] or points])})
     states = fx_states_seen(record)
+    gpus = gpu_context(record)
+    if gpus["series"]:
+        charts.update(gpus["charts"])
     return {
         "record": record,
         "verdict_class": VERDICT_CLASS.get(record.verdict, "bad"),
@@ -143,12 +154,31 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "notes": notes,
         "failed_steps": [s for s in record.steps if s.status == "failed"],
         "baseline": baseline,
+        "baseline_reason": baseline_reason,
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
         "fx_states_seen": states,
+        "gpu_stats": gpus["stats"],
         "generated_at": now_iso(),
         "orch_version": __version__,
     }
+
+
+def gpu_context(record: RunRecord) -> dict:
+    """The monitor's GPU series: a chart per quantity, and per target and GPU the mean and
+    peak while the workers ran (runs/gpu.py)."""
+    by_target = gpu.series_by_target(record)
+    charts = {}
+    for key, what, unit in gpu.QUANTITIES:
+        lines = gpu.chart_series(by_target, key)
+        if any(value is not None for points in lines.values() for _, value in points):
+            css = {"util_pct": "util", "mem_used_mib": "mem", "power_w": "power"}[key]
+            charts[f"gpu_{css}"] = line_chart(
+                lines, title=f"GPU {what} ({unit})", x_label="seconds since the monitor started",
+                y_label=unit, y_from_zero=True, css_class=f"chart chart-gpu-{css}")
+    stats = [{"target": name, **row}
+             for name, series in by_target.items() for row in gpu.gpu_stats(series)]
+    return {"series": by_target, "charts": charts, "stats": stats}
 
 
 def render_html(record: RunRecord, baseline: Optional[RunRecord] = None, **kw) -> str:

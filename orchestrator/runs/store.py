@@ -380,6 +380,15 @@ class RunStore:
                           " ORDER BY started_at DESC, run_id DESC LIMIT 1", [*keys, exclude])
         return self._load(rows[0]["run_id"], metrics=True) if rows else None
 
+    def ok_runs(self, playbook: str, *, exclude: Optional[str] = None,
+                last: int = 200) -> list[RunRecord]:
+        """The newest ok runs of PLAYBOOK (without their metric series): the baseline candidates."""
+        keys = self._playbook_keys(playbook)
+        rows = self._read(f"SELECT run_id FROM runs WHERE playbook IN ({_marks(keys)})"
+                          " AND verdict='ok' AND run_id IS NOT ?"
+                          " ORDER BY started_at DESC, run_id DESC LIMIT ?", [*keys, exclude, last])
+        return [self._load(row["run_id"], metrics=False) for row in rows]
+
     def pinned(self, playbook: str) -> Optional[str]:
         keys = self._playbook_keys(playbook)
         rows = self._read(f"SELECT run_id FROM pins WHERE playbook IN ({_marks(keys)})", keys)

@@ -90,6 +90,9 @@ def inventory_text(layout: Layout, paths: StatePaths) -> str:
     for host in layout.hosts:
         members = ", ".join(f"{host.name}-{ct.vmid}" for ct in host.containers)
         lines.append(f"  {host.name}: [{members}]")
+    if layout.cluster:
+        lines.append("clusters:")
+        lines.append(f"  {layout.cluster}: [{', '.join(h.name for h in layout.hosts)}]")
     lines.append(f"default_target: {running[0] if running else stopped[0]}")
     return "\n".join(lines) + "\n"
 

@@ -18,18 +18,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import access, containers, faults, hosts, roots
+from . import access, api, containers, faults, hosts, roots
 from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
 from .paths import StatePaths
 from .prereqs import require
-from .system import SandboxError, cgroup_hierarchies, remove_empty_parents
+from .system import SandboxError, cgroup_hierarchies, in_host, remove_empty_parents, run
 
 if TYPE_CHECKING:
     from .handle import Sandbox
 
 TOOLS_DIR = Path(__file__).with_name("bin")
 TOOLS = {"pct": 0o755, "pct.py": 0o644, "pvesh": 0o755, "pvelib.py": 0o644,
-         "pvefiles.py": 0o644}
+         "pvefiles.py": 0o644, "pvetasks.py": 0o644, "pveproxy": 0o755}
 READY_MARK = "ready"
 MAX_PARALLEL_HOSTS = 8
 
@@ -50,15 +50,17 @@ def locked(paths: StatePaths):
 
 def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix: str = "sb",
        state_dir: Path | str | None = None, real_root: tuple[int, ...] = (),
-       distribution: str = roots.DEFAULT_DISTRIBUTION, progress=None) -> "Sandbox":
+       distribution: str = roots.DEFAULT_DISTRIBUTION, progress=None,
+       cluster: str | None = None) -> "Sandbox":
     """Build (or converge to) the layout; the CTs in `real_root` get their own
-    `distribution` root (roots.py) instead of the machine's /usr and /etc."""
+    `distribution` root (roots.py) instead of the machine's /usr and /etc; `cluster` makes
+    the hosts one Proxmox cluster."""
     from .handle import Sandbox
 
     paths = StatePaths.at(state_dir)
     require(paths)
     layout = build_layout(hosts_count, containers_count, stopped, prefix, tuple(real_root),
-                          distribution)
+                          distribution, cluster)
     with locked(paths):
         _prepare_roots(paths, layout, progress)
         previous = Layout.load(paths.layout_file)
@@ -68,7 +70,10 @@ def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix
         _prepare_machine(paths)
         paths.layout_file.write_text(layout.to_json())
         client_key = access.public_key(paths.client_key)
-        _in_parallel(lambda spec: _ensure_host(paths, spec, client_key), layout.hosts)
+        _in_parallel(lambda spec: _ensure_host(paths, spec, client_key, layout.cluster),
+                     layout.hosts)
+        if layout.cluster:
+            _announce_cluster_status(paths, layout)
         access.write_client_files(layout, paths)
     return Sandbox(paths, layout)
 
@@ -79,6 +84,7 @@ def _prepare_machine(paths: StatePaths) -> None:
     for directory in (paths.logs, paths.hosts_dir, Path("/run/lxc"), Path("/run/sshd")):
         directory.mkdir(parents=True, exist_ok=True)
     access.ensure_key(paths.client_key, "orch-sandbox-client")
+    api.ensure_credentials(paths)
     install_tools(paths)
 
 
@@ -120,22 +126,34 @@ def _in_parallel(action, items) -> None:
         raise errors[0]
 
 
-def _ensure_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
+def _ensure_host(paths: StatePaths, spec: HostSpec, client_key: str,
+                 cluster: str | None = None) -> None:
     access.ensure_key(paths.host_key(spec.name), f"orch-sandbox-{spec.name}")
     health = hosts.health(paths, spec)
     ready = (paths.host_dir(spec.name) / READY_MARK).exists()
     if health.netns and health.holder and ready:
-        _converge_host(paths, spec, client_key, health)
+        _converge_host(paths, spec, client_key, health, cluster)
     else:
         hosts.teardown(paths, spec.name)
-        _create_host(paths, spec, client_key)
+        _create_host(paths, spec, client_key, cluster)
 
 
-def _create_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
+def _announce_cluster_status(paths: StatePaths, layout: Layout) -> None:
+    """Each node's emulated pvesh publishes its containers' states in the shared /etc/pve
+    (as pvestatd broadcasts them), so /cluster/resources on any node knows all of them."""
+    for spec in layout.hosts:
+        holder = hosts.holder_pid(paths, spec)
+        if holder is not None:
+            run(in_host(holder, [str(paths.bin_dir / "pvesh"), "get", "/cluster/resources",
+                                 "--output-format", "json"]))
+
+
+def _create_host(paths: StatePaths, spec: HostSpec, client_key: str,
+                 cluster: str | None = None) -> None:
     for log in (paths.sshd_log(spec.name), *(paths.lxc_log(spec.name, ct.vmid)
                                              for ct in spec.containers)):
         log.unlink(missing_ok=True)
-    hosts.prepare_host_dir(paths, spec, client_key)
+    hosts.prepare_host_dir(paths, spec, client_key, cluster)
     for ct in spec.containers:
         containers.write_container(paths, spec, ct)
     hosts.create_network(spec)
@@ -143,6 +161,7 @@ def _create_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
     hosts.run_host_setup(paths, spec, holder)
     hosts.write_sshd_config(paths, spec)
     hosts.start_sshd(paths, spec, holder)
+    api.start(paths, spec, holder)
     for ct in spec.containers:
         if ct.running:
             containers.start(holder, ct.vmid)
@@ -150,16 +169,17 @@ def _create_host(paths: StatePaths, spec: HostSpec, client_key: str) -> None:
 
 
 def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
-                   health: hosts.HostHealth) -> None:
+                   health: hosts.HostHealth, cluster: str | None = None) -> None:
     """Reuse a live host, undoing what tests may have changed: link, firewall, sshd and its
     host key, container states."""
     holder = health.holder_pid
-    hosts.prepare_host_dir(paths, spec, client_key)
+    hosts.prepare_host_dir(paths, spec, client_key, cluster)
     hosts.repair_link(spec)
     faults.clear_firewall(holder)
     if hosts.write_sshd_config(paths, spec) or not health.sshd:
         hosts.stop_sshd(paths, spec)
         hosts.start_sshd(paths, spec, holder)
+    api.start(paths, spec, holder)
     running = containers.running_vmids(holder)
     for vmid in containers.configured_vmids(paths, spec) - {ct.vmid for ct in spec.containers}:
         containers.remove(paths, spec, holder, vmid, running=vmid in running)
@@ -194,7 +214,7 @@ def down(purge: bool = False, state_dir: Path | str | None = None,
         access.remove_client_files(paths)
         for leftover in (paths.layout_file,):
             leftover.unlink(missing_ok=True)
-        for directory in (paths.bin_dir, paths.hosts_dir):
+        for directory in (paths.bin_dir, paths.hosts_dir, hosts.shared_pve_dir(paths)):
             hosts.remove_tree(directory)
         roots.remove_unpacked(paths)     # the tarball stays cached for the next up
         remove_empty_parents(f"{CGROUP_ROOT}/x")
@@ -251,6 +271,7 @@ def _host_status(paths: StatePaths, spec: HostSpec) -> dict:
     return {
         "name": spec.name, "address": spec.address, "iface": spec.iface,
         "netns": health.netns, "holder_pid": health.holder_pid, "sshd_pid": health.sshd_pid,
+        "api_pid": api.running_pid(paths, spec.name),
         "link_up": hosts.link_is_up(spec),
         "ssh_port_open": health.sshd and _port_open(spec.address, 22),
         "containers": [{"vmid": ct.vmid, "name": f"{spec.name}-{ct.vmid}", "root": ct.root,

@@ -5,6 +5,9 @@
     sb.run_on_host("sb1", ["pct", "list"])    # a command on the host itself, no SSH
     sb.link_down("sb1"); ...; sb.link_up("sb1")
     sb.stop_container("sb1", 201); sb.start_container("sb1", 201)
+    sb.set_knob("sb1", "perl-warning", "perl: warning: ...\n")   # the emulation's switches
+    sb.set_hookscript("sb1", 202, "#!/bin/sh\nexit 1\n")       # a pre-start that fails
+    sb.api_url("sb1"), sb.api_token_id, sb.api_token_secret()  # the HTTPS API on 8006
     with sb.changed_host_key("sb2"): ...      # the host presents a key known_hosts lacks
 """
 
@@ -15,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import access, containers, faults, hosts
+from . import access, api, containers, faults, hosts
 from .layout import HostSpec, Layout
 from .paths import StatePaths
 from .system import SandboxError, in_host
@@ -165,6 +168,56 @@ class Sandbox:
         hosts.write_sshd_config(self.paths, spec, host_key)
         hosts.stop_sshd(self.paths, spec)
         hosts.start_sshd(self.paths, spec, self.holder(spec.name))
+
+
+    # --- the emulation's knobs, hookscripts and the HTTPS API ------------------------------
+
+    def pve_dir(self, host: str) -> Path:
+        """The host's /etc/pve as seen from the machine."""
+        return self.paths.host_dir(host) / "pve"
+
+    def set_knob(self, host: str, name: str, text: str | None) -> None:
+        """Set (or with None clear) a switch of the emulated pct/pvesh/pveproxy on host
+        (pvelib.knob): `perl-warning` (printed on stderr by every pct and pvesh, as Perl
+        does when the client's locale is missing on the host) and
+        `auth-failure-delay` (seconds before a 401). `up` clears them all."""
+        knob = self.pve_dir(host) / "nodes" / host / ".orch-sandbox" / name
+        if text is None:
+            knob.unlink(missing_ok=True)
+            return
+        knob.parent.mkdir(parents=True, exist_ok=True)
+        knob.write_text(text)
+
+    def set_hookscript(self, host: str, vmid: int, script: str | None,
+                       name: str = "orch-test-hook") -> None:
+        """Give CT vmid a hookscript (local:snippets/NAME) with this text, or none.
+        `up` rewrites the container's config without it."""
+        config = containers.pve_config_file(self.paths, self.host(host), vmid)
+        lines = [line for line in config.read_text().splitlines()
+                 if not line.startswith("hookscript:")]
+        if script is not None:
+            snippet = self.paths.host_dir(host) / "vz" / "snippets" / name
+            snippet.write_text(script)
+            snippet.chmod(0o755)
+            lines.append(f"hookscript: local:snippets/{name}")
+        config.write_text("\n".join(lines) + "\n")
+
+    def api_url(self, host: str) -> str:
+        return api.url(self.host(host))
+
+    @property
+    def api_token_id(self) -> str:
+        return api.TOKEN_ID
+
+    def api_token_secret(self) -> str:
+        return api.token_secret(self.paths)
+
+    def api_ca_file(self, host: str) -> Path:
+        """The cluster CA that signed the host's certificate (/etc/pve/pve-root-ca.pem)."""
+        return self.pve_dir(host) / "pve-root-ca.pem"
+
+    def api_fingerprint(self, host: str) -> str:
+        return api.fingerprint(self.paths, self.host(host), self.pve_dir(host))
 
 
 def current(state_dir: Path | str | None = None) -> Sandbox:

@@ -56,16 +56,59 @@ def netns_path(spec_or_name: HostSpec | str) -> Path:
 
 # --- state on disk: the host's HOME, /etc overlay, /etc/pve and /var/lib/lxc ---------------
 
-def prepare_host_dir(paths: StatePaths, spec: HostSpec, client_public_key: str) -> None:
+def prepare_host_dir(paths: StatePaths, spec: HostSpec, client_public_key: str,
+                     cluster: str | None = None) -> None:
     root = paths.host_dir(spec.name)
+    root.mkdir(parents=True, exist_ok=True)
+    _choose_pve_dir(paths, root / "pve", cluster)
     for sub in ("lxc", "etc-upper/pve", "etc-work", "cgroup-aside",
                 f"pve/nodes/{spec.name}/lxc"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # the overlay's upper layer may be mounted already: write only when it changes
     write_if_changed(root / "etc-upper" / "hostname", spec.name + "\n")
-    _link(root / "pve" / "lxc", f"nodes/{spec.name}/lxc")     # as on a real node
-    _link(root / "pve" / "local", f"nodes/{spec.name}")
+    if not cluster:
+        # as on a real node; in a cluster pmxcfs makes these per node, which one shared
+        # directory cannot: the emulation always uses nodes/NODE/ instead
+        _link(root / "pve" / "lxc", f"nodes/{spec.name}/lxc")
+        _link(root / "pve" / "local", f"nodes/{spec.name}")
     _write_home(root / "home", paths, client_public_key)
+    prepare_pve_extras(paths, spec, root / "pve")
+
+
+def prepare_pve_extras(paths: StatePaths, spec: HostSpec, pve_dir: Path) -> None:
+    """What the HTTPS API and start tasks read: the node's certificate and the API token
+    (api.py), and a `local` dir storage whose snippets/ holds hookscripts."""
+    from . import api
+
+    (paths.host_dir(spec.name) / "vz" / "snippets").mkdir(parents=True, exist_ok=True)
+    if not pve_dir.is_symlink():    # a cluster's shared storage.cfg cannot name per-host paths
+        write_if_changed(pve_dir / "storage.cfg",
+                         f"dir: local\n\tpath {paths.host_dir(spec.name) / 'vz'}\n"
+                         "\tcontent iso,vztmpl,backup,snippets\n")
+    api.write_node_files(paths, spec, pve_dir)
+    # the emulation's knobs (pvelib.knob) that tests set: `up` puts the defaults back
+    shutil.rmtree(pve_dir / "nodes" / spec.name / ".orch-sandbox", ignore_errors=True)
+
+
+def shared_pve_dir(paths: StatePaths) -> Path:
+    """/etc/pve of every host of a cluster sandbox (pmxcfs: one file system for all)."""
+    return paths.root / "cluster-pve"
+
+
+def _choose_pve_dir(paths: StatePaths, pve: Path, cluster: str | None) -> None:
+    """hosts/HOST/pve: the host's own directory, or a link to the cluster's shared one."""
+    if cluster:
+        shared = shared_pve_dir(paths)
+        shared.mkdir(parents=True, exist_ok=True)
+        if pve.is_symlink():
+            return
+        if pve.exists():
+            raise SandboxError(f"{pve.parent.name} is a standalone sandbox host; take the "
+                               "sandbox down before making it a cluster")
+        pve.symlink_to(shared)
+    elif pve.is_symlink():
+        raise SandboxError(f"{pve.parent.name} is a cluster sandbox host; take the sandbox "
+                           "down before making it standalone")
 
 
 def write_if_changed(path: Path, text: str) -> bool:

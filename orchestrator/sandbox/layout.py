@@ -80,6 +80,9 @@ class HostSpec:
 class Layout:
     prefix: str
     hosts: tuple[HostSpec, ...]
+    # the name of the cluster all hosts form (one shared /etc/pve, vmids unique across
+    # hosts), or None for independent hosts
+    cluster: str | None = None
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -99,7 +102,7 @@ class Layout:
                                                     c.get("root", "host"))
                                       for c in h["containers"]))
             for h in data["hosts"])
-        return cls(data["prefix"], hosts)
+        return cls(data["prefix"], hosts, data.get("cluster"))
 
     @classmethod
     def load(cls, path: Path) -> "Layout | None":
@@ -117,10 +120,12 @@ def host_name(prefix: str, index: int) -> str:
 
 def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
                  prefix: str = "sb", real_root: tuple[int, ...] = (),
-                 distribution: str = "debian-12") -> Layout:
+                 distribution: str = "debian-12", cluster: str | None = None) -> Layout:
     """N hosts named PREFIX1..PREFIXN, each with CTs 200.. of which the last `stopped` are
     created but not started (tests need a stopped container). The CTs in `real_root` get
-    their own `distribution` root instead of the machine's /usr and /etc, on every host."""
+    their own `distribution` root instead of the machine's /usr and /etc, on every host.
+    As one cluster, vmids are unique cluster-wide as Proxmox wants: host N has CTs N00,
+    N01, ... (200.. on host 2)."""
     if not NAME_PREFIX_PATTERN.match(prefix):
         raise LayoutError(f"sandbox host prefix {prefix!r} must be 1-6 lowercase letters or "
                           "digits, starting with a letter (interface names are 15 chars max)")
@@ -130,14 +135,26 @@ def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
         raise LayoutError(f"--containers must be between 1 and {MAX_CONTAINERS}, not {containers}")
     if not 0 <= stopped <= containers:
         raise LayoutError(f"--stopped must be between 0 and --containers ({containers})")
+    if cluster is not None and not NAME_PREFIX_PATTERN.match(cluster):
+        raise LayoutError(f"cluster name {cluster!r} must be 1-6 lowercase letters or digits")
+    if cluster is not None and hosts > 8:
+        raise LayoutError("a cluster sandbox has at most 8 hosts (vmids 100..899)")
     running_count = containers - stopped
-    vmids = [FIRST_VMID + i for i in range(containers)]
-    unknown = sorted(set(real_root) - set(vmids))
+
+    def vmids(index: int) -> list[int]:
+        first = index * 100 if cluster else FIRST_VMID
+        return [first + i for i in range(containers)]
+
+    host_indexes = [i + 1 if cluster else i for i in range(1, hosts + 1)]
+    every_vmid = sorted({vmid for index in host_indexes for vmid in vmids(index)})
+    unknown = sorted(set(real_root) - set(every_vmid))
     if unknown:
         raise LayoutError(f"--real-root {','.join(map(str, unknown))}: the layout's containers "
-                          f"are {vmids[0]}-{vmids[-1]}")
-    cts = tuple(ContainerSpec(vmid, i < running_count,
-                              distribution if vmid in real_root else "host")
-                for i, vmid in enumerate(vmids))
-    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts)
-                                for i in range(1, hosts + 1)))
+                          f"are {', '.join(map(str, every_vmid))}")
+
+    def cts(index: int) -> tuple[ContainerSpec, ...]:
+        return tuple(ContainerSpec(vmid, i < running_count,
+                                   distribution if vmid in real_root else "host")
+                     for i, vmid in enumerate(vmids(index)))
+    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts(index))
+                                for i, index in zip(range(1, hosts + 1), host_indexes)), cluster)

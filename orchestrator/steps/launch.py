@@ -95,11 +95,14 @@ class LaunchStep(Step):
         # A leading ~ as a shell would expand it (there is no shell in between).
         p["argv"] = [target.expand(arg) if arg == "~" or arg.startswith("~/") else arg
                      for arg in p["argv"]]
+        ctx.runner.note_launch_starting(target, p["run_dir"])   # a Ctrl-C from here on asks
         result = launcher(target, "start", p["run_dir"], timeout=ctx.remaining(120),
                           argv=p["argv"], env=p["env"], venv=venv, cwd=p["cwd"])
         launch = {"run_dir": result.get("run_dir", p["run_dir"]), "pid": result.get("pid"),
                   "log": result.get("log"), "step": ctx.spec.index, "step_name": ctx.spec.label(),
                   "argv": p["argv"], "env_keys": sorted(p["env"]), "started_at": result.get("started_at"),
+                  # the device layout, part of the run's shape (runs/baseline.py)
+                  "cuda_visible_devices": p["env"].get("CUDA_VISIBLE_DEVICES"),
                   "host": target.host.name, "vmid": target.vmid}
         if "ranks" in p:
             # the monitor step follows every rank's log, and calls its workers ranks

@@ -40,7 +40,7 @@ class MonitorStep(Step):
         "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),
         "stop_on_hang": Param((bool,), default=True),
         "grace": Param((int, float), default=10, doc="seconds between SIGTERM and SIGKILL"),
-        "gpu_every": Param((int, float), default=15, doc="nvidia-smi sampling period (0: off)"),
+        "gpu_every": Param((int, float), default=5, doc="seconds between nvidia-smi samples, kept as a series (0: off)"),
         "stall_after": Param((int, float), default=8, doc="silent seconds before reconnecting"),
         "unreachable_after": Param((int, float), default=300),
     }

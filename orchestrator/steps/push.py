@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+from typing import Optional
 
 import jinja2
 
-from orchestrator.playbook.render import Loc
+from orchestrator.playbook.render import Loc, is_template
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
 FILE_KEYS = ("src", "dest", "mode", "template")
@@ -77,15 +78,10 @@ class PushStep(Step):
 
     @staticmethod
     def _find(ctx: StepContext, src: str) -> str:
-        src = os.path.expanduser(src)
-        candidates = [src] if os.path.isabs(src) else [
-            os.path.join(ctx.runner.playbook.directory, src),
-            os.path.join(ctx.runner.playbook.directory, "..", "templates", src),
-            os.path.join(os.getcwd(), "templates", src)]
-        for candidate in candidates:
-            if os.path.isfile(candidate):
-                return candidate
-        raise StepFailed(f"push: {src} not found (looked in {', '.join(candidates)})")
+        path, candidates = find_source(ctx.runner.playbook.directory, src)
+        if path is None:
+            raise StepFailed(f"push: {src} not found (looked in {', '.join(candidates)})")
+        return path
 
     @staticmethod
     def _content(ctx: StepContext, path: str, template: bool) -> bytes:
@@ -104,6 +100,29 @@ class PushStep(Step):
     def _remote_sha(ctx: StepContext, dest: str) -> str:
         result = ctx.target.run(["sh", "-c", _SHA_SCRIPT, "orch-sha", dest], timeout=ctx.remaining(60))
         return result.text.split(" ", 1)[0].strip() if result.ok else ""
+
+
+def find_source(playbook_dir: str, src: str) -> tuple[Optional[str], list[str]]:
+    """The file a push src names (beside the playbook, or in templates/), and where it looked."""
+    src = os.path.expanduser(src)
+    candidates = [src] if os.path.isabs(src) else [
+        os.path.join(playbook_dir, src),
+        os.path.join(playbook_dir, "..", "templates", src),
+        os.path.join(os.getcwd(), "templates", src)]
+    return next((c for c in candidates if os.path.isfile(c)), None), candidates
+
+
+def check_sources(playbook_dir: str, params: dict, loc: Loc) -> None:
+    """Load time (validate, --dry-run): every literal src must exist, as the run will look for
+    it; a templated src is checked once rendered, at run time."""
+    items = [(params.get("src"), loc.child("src"))] + [
+        (item.get("src"), loc.child("files").child(index).child("src"))
+        for index, item in enumerate(params.get("files") or []) if isinstance(item, dict)]
+    for src, where in items:
+        if isinstance(src, str) and not is_template(src):
+            path, candidates = find_source(playbook_dir, src)
+            if path is None:
+                raise where.error(f"push: {src} not found (looked in {', '.join(candidates)})")
 
 
 def _mode(value) -> int:

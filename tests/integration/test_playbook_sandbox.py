@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -152,8 +153,15 @@ def test_link_down_while_monitoring_loses_and_repeats_nothing(sandbox, torch_in_
         sandbox.link_down(HOST)
         time.sleep(10)
         sandbox.link_up(HOST)
-        rest, _ = controller.communicate(timeout=400)
-        lines += rest.splitlines()
+        # Keep reading through the same buffered pipe: communicate(timeout=...) reads the raw
+        # descriptor and would drop the lines the loop above had already buffered.
+        watchdog = threading.Timer(400, controller.kill)
+        watchdog.start()
+        try:
+            lines += [line.rstrip("\n") for line in controller.stdout]
+            controller.wait()
+        finally:
+            watchdog.cancel()
     finally:
         if controller.poll() is None:
             controller.kill()

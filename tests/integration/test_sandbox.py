@@ -139,8 +139,9 @@ def test_pct_exec_passes_exit_status_and_stdin(sandbox):
 
 
 def test_pct_exec_keep_env(sandbox):
+    # run_cli_handler sets this PATH before anything runs; keep-env hands it on
     kept = on_host(sandbox, "sb1", "pct", "exec", "200", "--", "printenv", "PATH")
-    assert kept.stdout.decode().startswith(str(sandbox.state_dir / "bin"))
+    assert kept.stdout == b"/sbin:/bin:/usr/sbin:/usr/bin\n"
     cleared = on_host(sandbox, "sb1", "pct", "exec", "200", "--keep-env", "0", "--",
                       "printenv", "PATH")
     assert cleared.stdout == b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
@@ -148,18 +149,20 @@ def test_pct_exec_keep_env(sandbox):
 
 # --- pct errors, texts and exit codes as Proxmox prints them ------------------------------
 
-@pytest.mark.parametrize("argv, message", [
-    (["exec", "999", "--", "true"], "Configuration file 'nodes/sb1/lxc/999.conf' does not exist\n"),
-    (["exec", "202", "--", "true"], "container '202' not running!\n"),
-    (["exec", "200"], "missing command at /usr/share/perl5/PVE/CLI/pct.pm line 270.\n"),
-    (["status", "999"], "Configuration file 'nodes/sb1/lxc/999.conf' does not exist\n"),
-    (["push", "202", "/etc/hostname", "/tmp/x"], "can only push files to a running CT\n"),
-    (["stop", "202"], "CT 202 not running\n"),
-    (["start", "200"], "CT 200 already running\n"),
+# exit codes: perl's die exits with errno when one is set (ENOENT after a config lookup),
+# else 255
+@pytest.mark.parametrize("argv, code, message", [
+    (["exec", "999", "--", "true"], 2, "Configuration file 'nodes/sb1/lxc/999.conf' does not exist\n"),
+    (["exec", "202", "--", "true"], 2, "container '202' not running!\n"),
+    (["exec", "200"], 255, "missing command at /usr/share/perl5/PVE/CLI/pct.pm line 270.\n"),
+    (["status", "999"], 2, "Configuration file 'nodes/sb1/lxc/999.conf' does not exist\n"),
+    (["push", "202", "/etc/hostname", "/tmp/x"], 255, "can only push files to a running CT\n"),
+    (["stop", "202"], 255, "CT 202 not running\n"),
+    (["start", "200"], 255, "CT 200 already running\n"),
 ])
-def test_pct_errors(sandbox, argv, message):
+def test_pct_errors(sandbox, argv, code, message):
     result = on_host(sandbox, "sb1", "pct", *argv)
-    assert (result.returncode, result.stderr.decode(), result.stdout) == (255, message, b"")
+    assert (result.returncode, result.stderr.decode(), result.stdout) == (code, message, b"")
 
 
 @pytest.mark.parametrize("bad", ["20", "0200", "abc", "1234567890", "²⁰⁰"])
@@ -172,7 +175,7 @@ def test_pct_rejects_a_bad_vmid(sandbox, bad):
 
 def test_pct_errors_through_plain_ssh(sandbox):
     result = ssh(sandbox, "sb2", ["pct", "exec", "202", "--", "true"])
-    assert (result.returncode, result.stderr) == (255, b"container '202' not running!\n")
+    assert (result.returncode, result.stderr) == (2, b"container '202' not running!\n")
 
 
 def test_pct_status_and_list_formats(sandbox):
@@ -232,7 +235,7 @@ def test_pvesh_errors(sandbox):
     assert (unknown.returncode, unknown.stderr) == (1, b"No 'get' handler defined for '/nowhere'\n")
     missing = on_host(sandbox, "sb1", "pvesh", "get", "/nodes/sb1/lxc/999/status/current",
                       "--output-format", "json")
-    assert missing.returncode == 255
+    assert missing.returncode == 2    # ENOENT of the config lookup
     assert b"Configuration file 'nodes/sb1/lxc/999.conf' does not exist" in missing.stderr
 
 
@@ -274,7 +277,8 @@ def test_containers_look_like_small_debian_systems(sandbox):
               "      os.access('/dev/shm', os.W_OK), os.access('/root', os.W_OK))\n")
     result = on_host(sandbox, "sb1", "pct", "exec", "201", "--", "python3", "-",
                      input=script.encode())
-    assert result.stdout == b"CT201 /usr/bin/python3 (3, 11) True False True True\n", result.stderr
+    # pct's PATH (/sbin:/bin:/usr/sbin:/usr/bin) finds python3 in /bin (merged /usr)
+    assert result.stdout == b"CT201 /bin/python3 (3, 11) True False True True\n", result.stderr
 
 
 def test_two_hosts_have_separate_containers_with_the_same_vmid(sandbox):

@@ -108,14 +108,14 @@ def test_stopped_container_carries_pct_text(sandbox, fleet):
     with pytest.raises(ContainerNotRunning, match="container '202' not running"):
         stopped.run(["true"])
     out = orch(sandbox, "exec", "sb1-202", "--", "true")
-    assert out.returncode == 255 and "not running" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 4 and "not running" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_unknown_vmid_carries_pct_text(sandbox, fleet):
     with pytest.raises(NoSuchContainer, match=r"Configuration file 'nodes/sb1/lxc/999.conf' does not exist"):
         fleet.targets(["sb1:999"])[0].run(["true"])
     out = orch(sandbox, "exec", "sb1:999", "--", "true")
-    assert out.returncode == 255 and "does not exist" in out.stderr
+    assert out.returncode == 4 and "does not exist" in out.stderr
 
 
 def _inventory_with_known_hosts(sandbox, tmp_path, known_hosts_text: str) -> str:

@@ -34,3 +34,25 @@ def test_grep_patch_verify_locally(inventory, venv_copy):
     assert (code, race["verdict"]) == (0, "fixed")
     code, [reverted] = orch(inventory, "patch", "fx-tls", "revert")
     assert code == 0 and reverted["status"] == "vulnerable"
+
+
+def test_ctrl_c_during_apply_lets_it_finish_and_says_so(inventory, venv_copy):
+    """The apply goes on in the target whatever the controller does: Ctrl-C must not say
+    "interrupted" and leave it completing behind the user's back."""
+    import signal
+    import time
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inventory, "patch",
+                                "fx-tls", "apply", "--json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)               # past start-up: the payload is rewriting and import-checking
+    assert process.poll() is None, "the apply ended before Ctrl-C; the test proves nothing"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 130, err
+    assert "letting the apply in progress finish" in err
+    assert "interrupted, after the apply finished on dev" in err
+    assert "Traceback" not in err
+    [applied] = json.loads(out)
+    assert applied["status"] == "patched"
+    code, [status] = orch(inventory, "patch", "fx-tls", "status")
+    assert (code, status["status"]) == (0, "patched")   # what the output said is what is there

@@ -75,3 +75,14 @@ def test_every_command_has_help_with_an_example():
 
     for path, command in walk(main, ["orch"]):
         assert "Example" in (command.help or ""), f"{' '.join(path)} --help has no example"
+
+
+@pytest.mark.parametrize("command", [["grep-torch", "foo"], ["patch", "fx-tls", "status"],
+                                     ["verify", "fx-race"]])
+def test_a_payload_error_names_the_target_once(tmp_path, command):
+    inventory = tmp_path / "inv.yaml"        # the controller's python: no torch there
+    inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  notorch: {host: here}\n"
+                         "default_target: notorch\n")
+    out = orch("-i", str(inventory), *command)
+    assert out.returncode != 0
+    assert "orch: error: notorch: " in out.stderr and "notorch: notorch:" not in out.stderr, out.stderr

@@ -92,3 +92,44 @@ def test_inventory_path_order(tmp_path, monkeypatch):
     assert inventory_path("mine.yaml") == "mine.yaml"
     monkeypatch.setenv("ORCH_SANDBOX_DIR", "/sb")
     assert inventory_path("sandbox") == "/sb/inventory.yaml"
+
+
+CLUSTER = """\
+hosts:
+  pve1: {address: 10.1.2.6}
+  pve2: {address: 10.1.2.7, node: pve-b}
+clusters:
+  lab: [pve1, pve2]
+containers:
+  trainer: {cluster: lab, vmid: 300, venv: /root/venv}
+"""
+
+
+def test_clusters_and_containers_named_by_cluster(tmp_path):
+    inventory = load_inventory(write(tmp_path, CLUSTER))
+    assert inventory.clusters == {"lab": ["pve1", "pve2"]}
+    trainer = inventory.containers["trainer"]
+    assert (trainer.cluster, trainer.vmid, trainer.venv, trainer.host) == ("lab", 300, "/root/venv", "")
+    [by_vmid] = inventory.resolve(["lab:201"])
+    assert (by_vmid.cluster, by_vmid.vmid) == ("lab", 201)
+    with pytest.raises(ConfigError, match="lab is a cluster; name a container of it as lab:VMID"):
+        inventory.resolve(["lab"])
+
+
+@pytest.mark.parametrize("change, message", [
+    (("lab: [pve1, pve2]", "lab: [pve1, nope]"), r":5:\d+: cluster 'lab' names 'nope', which is not in hosts"),
+    (("trainer: {cluster: lab,", "trainer: {cluster: other,"), r":7:\d+: container 'trainer' is in cluster 'other'"),
+    (("trainer: {cluster: lab, vmid: 300,", "trainer: {cluster: lab,"), r":7:\d+: .*vmid"),
+    (("trainer: {cluster: lab,", "trainer: {host: pve1, cluster: lab,"), r":7:\d+: container 'trainer': give host or cluster, not both"),
+])
+def test_cluster_mistakes_name_file_and_line(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_inventory(write(tmp_path, CLUSTER.replace(*change)))
+
+
+def test_api_pins_are_inventory_keys(tmp_path):
+    text = CLUSTER.replace("pve1: {address: 10.1.2.6}",
+                        "pve1: {address: 10.1.2.6, api: {url: 'https://pve1:8006', token_id: "
+                        "'root@pam!orch', ca_file: /etc/orch/pve-root-ca.pem, "
+                        "fingerprint: 'AB:CD'}}")
+    assert load_inventory(write(tmp_path, text)).hosts["pve1"].api["ca_file"] == "/etc/orch/pve-root-ca.pem"

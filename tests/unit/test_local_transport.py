@@ -5,8 +5,9 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.errors import CommandFailed, CommandTimeout, OrchError
-from orchestrator.remote.base import LineSplitter, validate_argv
+from orchestrator.errors import (CommandFailed, CommandTimeout, ContainerNotRunning,
+                                 NoSuchContainer, OrchError)
+from orchestrator.remote.base import LineSplitter, Result, Transport, validate_argv
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 
@@ -97,4 +98,63 @@ def test_line_splitter_keeps_partial_lines():
 
 def test_container_wraps_with_pct_exec():
     container = Target("ct", LocalTransport("pve"), vmid=200)
-    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "echo", "a b"]
+    path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "env", path,
+                                               "echo", "a b"]
+    pinned = Target("ct", LocalTransport("pve"), vmid=200, env={"PATH": "/opt/bin"})
+    assert pinned.wrap(["rg"])[4:] == ["env", "PATH=/opt/bin", "rg"]
+
+
+class ScriptedHost(Transport):
+    """A host whose `pct exec` answers are given, and whose `pct status` says `status`."""
+    name = "pve"
+
+    def __init__(self, answer, status="status: running\n", status_code=0):
+        self.answer, self.status, self.status_code = answer, status, status_code
+        self.calls = []
+
+    def _run(self, argv, options):
+        self.calls.append(argv[:2])
+        if argv[:2] == ["pct", "status"]:
+            return Result(argv, self.status_code, self.status.encode(), b"", 0.0)
+        code, stdout, stderr = self.answer
+        return Result(argv, code, stdout, stderr, 0.0)
+
+
+NOT_RUNNING = b"container '200' not running!\n"
+NO_CONFIG = b"Configuration file 'nodes/pve/lxc/200.conf' does not exist\n"
+
+
+@pytest.mark.parametrize("answer, status, status_code, raised", [
+    ((2, b"", NOT_RUNNING), "status: stopped\n", 0, ContainerNotRunning),
+    ((13, b"", NOT_RUNNING), "status: stopped\n", 0, ContainerNotRunning),   # any errno
+    ((2, b"", NO_CONFIG), "", 2, NoSuchContainer),
+    ((255, b"", NO_CONFIG), "", 2, NoSuchContainer),
+    ((2, b"", b"perl: warning: Setting locale failed.\n" + NOT_RUNNING), "status: stopped\n", 0,
+     ContainerNotRunning),
+    # the command printed pct's sentence itself: pct status disagrees
+    ((2, b"", NOT_RUNNING), "status: running\n", 0, None),
+    ((2, b"", NO_CONFIG), "status: running\n", 0, None),
+])
+def test_pct_errors_are_confirmed_before_they_are_raised(answer, status, status_code, raised):
+    host = ScriptedHost(answer, status, status_code)
+    container = Target("ct", host, vmid=200)
+    if raised is None:
+        assert container.run(["true"]).exit_code == answer[0]
+    else:
+        with pytest.raises(raised):
+            container.run(["true"])
+    assert host.calls[-1] == ["pct", "status"]
+
+
+@pytest.mark.parametrize("answer", [
+    (2, b"some output\n", NOT_RUNNING),                      # the command ran: it printed
+    (2, b"", NOT_RUNNING + b"retrying\n"),                   # the sentence is not the end
+    (2, b"", b"container '201' not running!\n"),             # another CT's sentence
+    (1, b"", b"No such file or directory\n"),
+    (0, b"", NOT_RUNNING),                                   # success is never pct's error
+])
+def test_pct_status_is_not_asked_unless_the_text_is_exactly_pcts(answer):
+    host = ScriptedHost(answer, "status: stopped\n")
+    assert Target("ct", host, vmid=200).run(["true"]).exit_code == answer[0]
+    assert ["pct", "status"] not in host.calls

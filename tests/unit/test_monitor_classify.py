@@ -162,3 +162,46 @@ def test_custom_metric_regex():
     assert point.drafter == 0 and point.step == 7 and point.loss == 1.5 and point.tok_s == 900
     with pytest.raises(ValueError):
         LogClassifier("dev", metric_regex=r"(\d+)")
+
+
+HUNG_IN_COMPILE = [START.replace("devices=cpu,cpu,cpu", "devices=cuda:0,cuda:0,cuda:0"),
+                   "drafter=0 compiled seconds=41.0", "drafter=0 step=1 loss=6.2 tok_s=900"]
+HANG_END = EndState(state="exited", signal=15, exit_code=143, stopped_for="hang", hang_seconds=240)
+
+
+def test_a_first_compile_hang_on_a_patched_torch_is_its_own_kind():
+    """Seen on one H200: drafters 1 and 2 never finished their first compile, torch patched.
+    Not "0/0 drafters", not "apply the patch" (it is applied): serialise the first compile."""
+    _, _, verdict = classify(HUNG_IN_COMPILE, HANG_END, expect_drafters=3,
+                             facts={"fx_tls_state": "patched", "torch_version": "2.11.0+cu130"})
+    assert verdict.verdict == "hang"
+    assert verdict.message == "hang: 0/3 drafters finished (exit 143)"
+    assert [f.signature for f in verdict.findings] == ["hang:first-compile"]
+    finding = verdict.findings[0]
+    assert "2 of the 3 drafters (drafter 1, 2) hung in their first compile" in finding.message
+    assert "torch 2.11.0+cu130" in finding.message and "not the FX race" in finding.message
+    assert "patch fx-tls apply" not in finding.remediation
+    assert "--serialize-compile" in finding.remediation and "one drafter per GPU" in finding.remediation
+    assert "extra_args" in finding.remediation
+    assert verdict.summary["drafters_expected"] == 3
+
+
+def test_no_drafter_line_at_all_still_counts_the_expected_drafters():
+    _, _, verdict = classify([START], HANG_END, facts={"fx_tls_state": "patched"})
+    assert verdict.message == "hang: 0/3 drafters finished (exit 143)"   # drafters=3 on the start line
+    assert "3 of the 3 drafters (drafter 0, 1, 2)" in verdict.findings[0].message
+
+
+def test_a_first_compile_hang_on_a_vulnerable_torch_still_points_at_the_patch():
+    _, _, verdict = classify(HUNG_IN_COMPILE, HANG_END, expect_drafters=3,
+                             facts={"fx_tls_state": "vulnerable"})
+    hang = next(f for f in verdict.findings if f.signature == "hang")
+    assert "patch fx-tls apply -t dev" in hang.remediation
+
+
+def test_a_hang_after_a_drafter_error_on_a_patched_torch_does_not_suggest_the_patch():
+    lines = [START, "drafter=0 step=1 loss=6 tok_s=100",
+             "drafter=1 ERROR RuntimeError: drafter 1 failed at step 1 (--fail-drafter)"]
+    _, _, verdict = classify(lines, HANG_END, facts={"fx_tls_state": "patched"})
+    hang = next(f for f in verdict.findings if f.signature == "hang")
+    assert "drafter 1 had raised" in hang.message and "patch fx-tls apply" not in hang.remediation

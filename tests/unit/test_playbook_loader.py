@@ -195,3 +195,25 @@ def test_types_of_templated_values_are_checked_when_vars_decide_them(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_playbook(path, {"hang": "soon"})
     assert str(caught.value).startswith(f"{path}:5:27: hang_after must be an integer or a number, not 'soon'")
+
+
+def test_a_push_source_that_does_not_exist_is_a_position_error(tmp_path):
+    """validate and --dry-run look for a push's src where the run will (beside the playbook,
+    templates/); a templated src waits for run time."""
+    (tmp_path / "there.txt").write_text("x\n")
+    text = ("name: x\ntargets: [dev]\nsteps:\n  - push: {src: there.txt, dest: /tmp/a}\n"
+            "  - push:\n      files:\n        - {src: there.txt, dest: /tmp/b}\n"
+            "        - {src: missing.txt, dest: /tmp/c}\n"
+            "  - push: {src: '{{ later }}', dest: /tmp/d}\n")
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_playbook(path, {"later": "whatever.txt"})
+    assert str(caught.value).startswith(f"{path}:8:17: push: missing.txt not found (looked in ")
+    inventory = write(tmp_path, "hosts: {here: {transport: local}}\ncontainers: {dev: {host: here}}\n",
+                      "inv.yaml")
+    for command in (["validate", path], ["run", path, "--dry-run"]):
+        result = CliRunner().invoke(main, ["-i", inventory, *command, "-e", "later=x"])
+        assert result.exit_code == 2, result.output
+        assert f"{path}:8:17: push: missing.txt not found" in result.output
+    (tmp_path / "missing.txt").write_text("now here\n")
+    assert len(load_playbook(path, {"later": "whatever.txt"}).steps) == 3

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from orchestrator.config.inventory import HostSpec
-from orchestrator.errors import ConfigError, NoSuchContainer
+from orchestrator.errors import ConfigError, NoSuchContainer, OrchError
 from orchestrator.proxmox import ProxmoxClient
 from orchestrator.remote.base import Result, Transport
 
@@ -14,15 +14,32 @@ CONTAINERS = [{"vmid": 201, "name": "b", "status": "stopped", "type": "lxc"},
               {"vmid": 200, "name": "a", "status": "running", "type": "lxc"}]
 
 
+UPID = "UPID:pve1:00001234:00005678:65000000:vzstart:200:root@pam:"
+LOCALE_WARNING = (b"perl: warning: Setting locale failed.\n"
+                  b"perl: warning: Falling back to the standard locale (\"C\").\n")
+
+
 class FakePvesh(Transport):
     name = "pve"
 
-    def __init__(self):
+    def __init__(self, stderr=b"", task_error=None):
         self.calls = []
+        self.stderr = stderr
+        self.task_error = task_error
 
     def _run(self, argv, options):
         self.calls.append(argv)
+        result = self._answer(argv)
+        if result.exit_code == 0:
+            result.stderr = self.stderr + result.stderr
+        return result
+
+    def _answer(self, argv):
         verb, path = argv[1], argv[2]
+        if path == f"/nodes/pve1/tasks/{UPID}/status":
+            return self._ok({"status": "stopped", "exitstatus": self.task_error or "OK"})
+        if path == f"/nodes/pve1/tasks/{UPID}/log":
+            return self._ok([{"n": 1, "t": "hook says no"}, {"n": 2, "t": "TASK ERROR: x"}])
         if path == "/nodes":
             return self._ok([{"node": "pve1", "status": "online"}])
         if path == "/nodes/pve1/lxc":
@@ -30,7 +47,10 @@ class FakePvesh(Transport):
         if path == "/nodes/pve1/lxc/200/status/current":
             return self._ok({"vmid": 200, "status": "running"})
         if path == "/nodes/pve1/lxc/200/status/start" and verb == "create":
-            return self._ok("UPID:pve1:00001234:00005678:65000000:vzstart:200:root@pam:")
+            # as the real pvesh: the task's error on stderr, the UPID on stdout, exit 0
+            answer = self._ok(UPID)
+            answer.stderr = (self.task_error + "\n").encode() if self.task_error else b""
+            return answer
         return Result(argv, 2, b"", f"Configuration file 'nodes/pve1/lxc/{path.split('/')[4]}.conf' does not exist\n".encode(), 0.0)
 
     @staticmethod
@@ -48,7 +68,7 @@ def test_lists_sorted_and_finds_the_node():
 def test_status_start_and_unknown_container():
     client = ProxmoxClient(HostSpec(name="pve", address="a", node="pve1"), FakePvesh())
     assert client.status(200)["status"] == "running"
-    assert str(client.start(200)).startswith("UPID:")
+    assert client.start(200)["exitstatus"] == "OK"
     with pytest.raises(NoSuchContainer, match="CT 999"):
         client.status(999)
 
@@ -65,3 +85,60 @@ def test_https_client_never_shows_the_secret(monkeypatch):
     spec = HostSpec(name="pve", address="a", api={"url": "https://pve:8006", "token_id": "root@pam!orch"})
     client = ProxmoxClient(spec, FakePvesh())
     assert "s3cr3t-value" not in repr(client.api)
+
+
+def test_stderr_noise_around_the_json_is_a_warning_not_an_error():
+    warnings = []
+    client = ProxmoxClient(HostSpec(name="pve", address="a"), FakePvesh(stderr=LOCALE_WARNING),
+                           warn=warnings.append)
+    assert [c["vmid"] for c in client.containers()] == [200, 201]
+    assert warnings and "perl: warning: Setting locale failed." in warnings[0]
+
+
+def test_a_failed_start_task_is_reported_with_its_error_and_log():
+    client = ProxmoxClient(HostSpec(name="pve", address="a", node="pve1"),
+                           FakePvesh(task_error="hookscript error for 200 on pre-start"))
+    with pytest.raises(OrchError, match="(?s)hookscript error for 200 on pre-start.*hook says no"):
+        client.start(200)
+
+
+def test_cpus_given_as_text_become_numbers():
+    from orchestrator.proxmox import typed
+    assert typed({"cpus": "2", "vmid": "200"}) == {"cpus": 2, "vmid": 200}
+    assert typed({"cpus": "1.5"})["cpus"] == 1.5
+
+
+def test_https_refuses_verification_off_and_bad_pins(monkeypatch):
+    monkeypatch.setenv("PROXMOX_TOKEN_SECRET", "x")
+    base = {"url": "https://pve:8006", "token_id": "root@pam!orch"}
+    for api, message in (({"verify_ssl": False}, "not supported"),
+                         ({"fingerprint": "AB:CD"}, "64 hex digits"),
+                         ({"ca_file": "/nonexistent/ca.pem"}, "does not exist")):
+        with pytest.raises(ConfigError, match=message):
+            ProxmoxClient(HostSpec(name="pve", address="a", api={**base, **api}), None)
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("https://pve.example:8006", ("pve.example", 8006)),
+    ("https://10.1.2.6", ("10.1.2.6", 8006)),
+    ("https://[fe80::2%orch-SB1]:8443/", ("fe80::2%orch-SB1", 8443)),   # zone kept as is
+])
+def test_https_urls_with_link_local_ipv6(url, expected):
+    from orchestrator.proxmox import _split_url
+    assert _split_url("pve", url) == expected
+
+
+@pytest.mark.parametrize("url", ["http://pve:8006", "pve:8006", "https://fe80::2:8006",
+                                 "https://pve:8006/api2/json"])
+def test_bad_https_urls_are_config_errors(url):
+    from orchestrator.proxmox import _split_url
+    with pytest.raises(ConfigError, match="must look like https://HOST"):
+        _split_url("pve", url)
+
+
+def test_fingerprints_in_either_spelling():
+    from orchestrator.proxmox import normalise_fingerprint
+    digest = "ab" * 32
+    assert normalise_fingerprint(":".join(["AB"] * 32)) == digest.upper()
+    assert normalise_fingerprint(digest) == digest.upper()
+    assert normalise_fingerprint("AB:CD") is None

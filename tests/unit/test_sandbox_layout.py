@@ -15,7 +15,7 @@ def test_real_root_containers_are_chosen_per_vmid_on_every_host():
 
 
 def test_a_real_root_vmid_outside_the_layout_is_refused():
-    with pytest.raises(LayoutError, match="--real-root 207: the layout's containers are 200-202"):
+    with pytest.raises(LayoutError, match="--real-root 207: the layout's containers are 200, 201, 202"):
         build_layout(1, 3, 0, real_root=(201, 207))
 
 

@@ -95,8 +95,10 @@ def cmd_start(argv):
     if pvelib.is_running(vmid):
         raise PveError(f"CT {vmid} already running")
     pvelib.load_config(vmid)
-    pvelib.lxc_command(["lxc-start", "-n", vmid],
-                       f"command 'lxc-start -n {vmid}' failed: exit code 1")
+    import pvetasks
+
+    # pct start runs the start task in the foreground and dies with its error
+    pvetasks.start_container(vmid, lambda text: sys.stdout.write(text.rstrip("\n") + "\n"))
 
 
 def cmd_stop(argv):
@@ -167,6 +169,7 @@ def print_usage(stream):
 
 
 def main(argv):
+    pvelib.perl_warning()
     if not argv:
         sys.stderr.write("ERROR: no command specified\n")
         print_usage(sys.stderr)
@@ -181,6 +184,7 @@ def main(argv):
         print_usage(sys.stderr)
         return 255
     try:
+        pvelib.cli_environment()
         command(rest)
     except PveError as error:
         fail(error, USAGE[name] if isinstance(error, UsageError) else None)

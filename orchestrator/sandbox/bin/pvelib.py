@@ -10,7 +10,7 @@ is read the way Proxmox reads it:
   (abstract sockets belong to a network namespace, so two hosts can both have a CT 200).
 
 Texts and exit codes follow pve-container's src/PVE/CLI/pct.pm and PVE::JSONSchema; see
-/work/shared/TESTHOST.md ("The real pct and pvesh"). `pct exec` is on the path of every
+docs/proxmox-semantics.md for where each one comes from. `pct exec` is on the path of every
 command orch runs, so this module imports only what that path needs.
 """
 
@@ -28,6 +28,8 @@ class PveError(Exception):
     """An error the real tool reports: text on stderr, then exit (255 like perl's die)."""
 
     def __init__(self, message, exit_code=255):
+        # perl's die exits with errno when one is set, else 255 (the real CLI has no eval
+        # around its handler): a missing config leaves ENOENT (2) behind
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
@@ -120,7 +122,40 @@ def check_vmid(vmid):
 # --- the node and its containers -----------------------------------------------------------
 
 def nodename():
-    return os.uname().nodename
+    """PVE::INotify::nodename: the host name without its domain part."""
+    return os.uname().nodename.split(".")[0]
+
+
+# The real CLIs set this PATH before anything runs (PVE::CLIHandler::run_cli_handler); with
+# keep-env it is also the PATH of every command `pct exec` runs in a container.
+CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
+ENOENT = 2
+
+
+def cli_environment():
+    """What run_cli_handler and setup_default_cli_env do before any command runs."""
+    os.environ["PATH"] = CLI_PATH
+    if os.geteuid() != 0:
+        raise PveError("please run as root")
+
+
+def perl_warning():
+    """What perl prints before anything else on a host that lacks the client's locale."""
+    text = knob("perl-warning")
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def knob(name):
+    """A sandbox-only switch of this node (/etc/pve/nodes/NODE/.orch-sandbox/NAME), or None.
+    Tests use them to make the emulation print a warning on stderr or wait longer."""
+    try:
+        with open(os.path.join(PVE_DIR, "nodes", nodename(), ".orch-sandbox", name),
+                  encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 def config_relpath(vmid):
@@ -131,13 +166,15 @@ def config_path(vmid):
     return os.path.join(PVE_DIR, config_relpath(vmid))
 
 
-def load_config(vmid):
+def load_config(vmid, node=None):
     """The container's PVE config as {key: value}; dies like PVE::AbstractConfig."""
+    relpath = f"nodes/{node}/lxc/{vmid}.conf" if node else config_relpath(vmid)
     try:
-        with open(config_path(vmid), encoding="utf-8") as handle:
+        with open(os.path.join(PVE_DIR, relpath), encoding="utf-8") as handle:
             text = handle.read()
     except FileNotFoundError:
-        raise PveError(f"Configuration file '{config_relpath(vmid)}' does not exist") from None
+        raise PveError(f"Configuration file '{relpath}' does not exist",
+                       exit_code=ENOENT) from None
     return parse_config(text)
 
 
@@ -158,9 +195,45 @@ def parse_config(text):
     return config
 
 
-def list_vmids():
-    """VMIDs with a config on this node, sorted numerically."""
-    directory = os.path.join(PVE_DIR, "nodes", nodename(), "lxc")
+def cluster_nodes():
+    """Every node of the cluster: the directories of /etc/pve/nodes (one when standalone)."""
+    try:
+        return sorted(name for name in os.listdir(os.path.join(PVE_DIR, "nodes"))
+                      if os.path.isdir(os.path.join(PVE_DIR, "nodes", name, "lxc")))
+    except FileNotFoundError:
+        return [nodename()]
+
+
+STATUS_FILE = ".orch-sandbox-status.json"
+
+
+def publish_status(running):
+    """Tell the other nodes which of this node's containers run (pvestatd's broadcast)."""
+    import json
+
+    path = os.path.join(PVE_DIR, "nodes", nodename(), STATUS_FILE)
+    try:
+        with open(path + ".tmp", "w", encoding="ascii") as handle:
+            json.dump(sorted(running), handle)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def published_status(node):
+    """The running vmids another node last published, or None when it never did."""
+    import json
+
+    try:
+        with open(os.path.join(PVE_DIR, "nodes", node, STATUS_FILE), encoding="ascii") as handle:
+            return set(json.load(handle))
+    except (OSError, ValueError):
+        return None
+
+
+def list_vmids(node=None):
+    """VMIDs with a config on this node (or on `node`), sorted numerically."""
+    directory = os.path.join(PVE_DIR, "nodes", node or nodename(), "lxc")
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -233,7 +306,9 @@ def vm_status(vmid, config, running):
     status = {
         "vmid": int(vmid), "type": "lxc", "status": "running" if running else "stopped",
         "name": re.sub(r"\s", "", config.get("hostname") or f"CT{vmid}"),
-        "cpus": int(float(config.get("cores") or config.get("cpulimit") or os.cpu_count() or 1)),
+        # PVE::LXC::vmstatus: cores || cpulimit as the config holds it (a string in the
+        # JSON, "1.5" for a fractional limit), else the node's CPU count (a number)
+        "cpus": config.get("cores") or config.get("cpulimit") or os.cpu_count() or 1,
         "maxmem": int(config.get("memory") or 512) * 1024 * 1024,
         "maxswap": int(config.get("swap") or 0) * 1024 * 1024,
         "maxdisk": rootfs_size(config) or 4 * 1024 ** 3,

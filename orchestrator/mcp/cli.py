@@ -1,0 +1,97 @@
+"""`orch mcp` and `orch runs audit` (the SDK is imported only when the server starts)."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator import console
+from orchestrator.errors import OrchError
+
+
+@click.command("mcp")
+@click.option("--allow", "allow", multiple=True, type=click.Choice(["exec", "write"]),
+              help="Also list tools that change something: exec (run commands), write "
+                   "(fx_tls_apply/revert, run_start, run_stop). Repeatable. Default: read-only.")
+@click.option("--allow-target", "allow_targets", multiple=True, metavar="TARGET",
+              help="The allowance covers only these containers or groups (repeatable).")
+@click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A YAML policy: `allow: [exec, write]` and `targets: [NAME, ...]`.")
+@click.pass_obj
+def mcp_command(app, allow, allow_targets, policy_file):
+    """Serve orch's tools to an AI agent over MCP (stdio): typed, capped, audited.
+
+    An MCP host (Claude Desktop, VS Code, an agent framework) starts this command and talks
+    JSON-RPC on its stdin/stdout. One SSH connection per host and one command session per
+    container stay open for the server's life. Every tool call is recorded: `orch runs audit`.
+
+    Exit codes: 0 when the client closes the connection; 1 when the MCP SDK is missing;
+    2 for a bad option, inventory or policy file (FILE:LINE:COL).
+
+    \b
+    Examples:
+      orch -i inventory.yaml mcp                       # read-only: search, read, status, runs
+      orch -i inventory.yaml mcp --allow exec --allow write --allow-target drafters
+      orch -i sandbox mcp --policy mcp-policy.yaml
+    """
+    try:
+        from orchestrator.mcp.server import build_server
+    except ModuleNotFoundError as error:
+        if error.name and error.name.split(".")[0] in ("mcp", "pydantic"):
+            raise OrchError("`orch mcp` needs the MCP SDK, which is not installed",
+                            hint="pip install 'orch[mcp]' (or: pip install 'mcp>=2.3,<3')") from None
+        raise
+    from orchestrator.mcp.audit import AuditLog, new_session_id
+    from orchestrator.mcp.policy import build_policy
+    from orchestrator.mcp.tools import Tools
+    from orchestrator.runs.store import RunStore
+
+    fleet = app.fleet
+    policy = build_policy(allow, allow_targets, policy_file, fleet.inventory)
+    store = RunStore()
+    tools = Tools(fleet, store, app.inventory_option)
+    audit = AuditLog(store, new_session_id())
+    console.info(f"orch mcp: serving on stdio; inventory {fleet.inventory.path}; allowed: "
+                 f"{policy.describe()}; audit session {audit.session}")
+    try:
+        from orchestrator.mcp.wire import serve_stdio
+        serve_stdio(build_server(tools, policy, audit))
+    finally:
+        tools.close()
+        store.close()
+
+
+@click.command("audit")
+@click.option("--last", "-n", "last", type=click.IntRange(1), default=50, show_default=True,
+              help="The N newest calls.")
+@click.option("--tool", metavar="NAME", help="Only calls of this tool.")
+@click.option("--session", metavar="ID", help="Only calls of this server session.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def audit_command(last, tool, session, as_json):
+    """The audit trail of `orch mcp` tool calls, newest first: tool, target, arguments
+    (secrets masked, stdin as its size), outcome, duration.
+
+    \b
+    Examples:
+      orch runs audit
+      orch runs audit --tool exec --last 20 --json
+    """
+    from orchestrator.mcp.audit import audit_rows
+    from orchestrator.runs.store import RunStore
+    with RunStore() as store:
+        rows = audit_rows(store, last=last, tool=tool, session=session)
+    if as_json:
+        console.print_json(rows)
+        return
+    if not rows:
+        console.info("no MCP tool calls recorded yet")
+        return
+    console.table(["WHEN", "SESSION", "TOOL", "TARGET", "OUTCOME", "MS", "ARGUMENTS"],
+                  [[r["at"][:23].replace("T", " "), r["session"], r["tool"], r["target"],
+                    r["outcome"] + (f": {r['error'].splitlines()[0][:60]}" if r["error"] else ""),
+                    f"{r['duration_ms']:.1f}", _short(r["arguments"])] for r in rows])
+
+
+def _short(arguments: dict, width: int = 80) -> str:
+    import json
+    text = json.dumps({k: v for k, v in arguments.items() if k != "target"}, sort_keys=True)
+    return text if len(text) <= width else text[: width - 3] + "..."

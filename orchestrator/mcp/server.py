@@ -1,0 +1,348 @@
+"""The MCP server: orch's tools over stdio, built with the official `mcp` SDK (2.x).
+
+Each tool's input schema comes from the typed signature below; its result is JSON
+(structuredContent, with the same JSON as text beside it). An OrchError becomes a tool error
+(isError) carrying orch's message and hint. Tools that change something are registered only
+when the policy allows them; every call is recorded in the audit trail.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+from typing import Annotated, Any, Callable, Optional
+
+from typing_extensions import TypedDict
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from orchestrator import __version__
+from orchestrator.errors import ConfigError, OrchError
+from orchestrator.mcp.audit import AuditLog
+from orchestrator.mcp.policy import Policy
+from orchestrator.mcp.tools import DEFAULT_OUTPUT_BYTES, Tools
+
+INSTRUCTIONS = """\
+orch: debug and run GPU training in Proxmox LXC containers. Targets are inventory names
+(list_targets). Commands are argv lists, never shell strings. Typical FX-race diagnosis:
+grep_source(definition=true) for is_fx_symbolic_tracing, read_source, fx_tls_status,
+run_start + run_status (verdict and findings with remediation), fx_tls_apply,
+verify_fx_race, run_start again."""
+
+READ_ONLY = ToolAnnotations(readOnlyHint=True, destructiveHint=False, openWorldHint=False)
+CHANGES = ToolAnnotations(readOnlyHint=False, destructiveHint=True, openWorldHint=False)
+
+# Set per tools/call by the audit middleware; call() marks it when it has recorded the call.
+_CALL: contextvars.ContextVar[dict] = contextvars.ContextVar("orch_mcp_call")
+
+Target = Annotated[str, Field(description="An inventory container name (list_targets), or HOST:VMID")]
+
+
+class ExecResult(TypedDict):
+    """exec's result: the output is capped at max_output_bytes; *_bytes are the full sizes."""
+    target: str
+    argv: list[str]
+    exit_code: int
+    stdout: str
+    stdout_bytes: int
+    stdout_truncated: bool
+    stderr: str
+    stderr_bytes: int
+    stderr_truncated: bool
+    duration_s: float
+    via: str            # session (the warm command server) or channel (a plain pct exec)
+
+
+class SourceText(TypedDict):
+    target: str
+    package: str
+    version: Optional[str]
+    path: str
+    start_line: int
+    end_line: int
+    total_lines: int
+    text: str
+    truncated: bool
+    bytes: int
+
+
+class LogPage(TypedDict, total=False):
+    run_id: str
+    target: Optional[str]
+    launched: bool
+    path: str
+    offset: int
+    next_offset: int     # pass it back as offset to read on
+    size: int            # the log's size now
+    text: str
+    bytes: int
+    eof: bool
+
+
+class RunStarted(TypedDict):
+    run_id: str
+    playbook: str
+    state: str
+    targets: list[str]
+
+
+def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
+    # WARNING: the SDK configures logging; at INFO every SSH connect (paramiko) and every
+    # failed call would be logged on stderr as well as answered.
+    server = MCPServer("orch", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING",
+                       middleware=[_refusals_audited(audit)])
+    allowed = set(policy.tools())
+
+    def call(tool: str, arguments: dict, work: Callable[[], Any],
+             containers: Optional[Callable[[], list]] = None) -> Any:
+        """Run one tool call: policy, errors as tool errors, and the audit row."""
+        target = _target_of(arguments)
+        started = time.monotonic()
+        marker = _CALL.get(None)
+        if marker is not None:
+            marker["audited"] = True
+        try:
+            if policy.changes(tool):
+                policy.check(tool, containers() if containers else tools.container_names([target]))
+            result = work()
+        except OrchError as error:
+            audit.record(tool, arguments, target, "error", str(error), time.monotonic() - started)
+            raise ToolError(str(error)) from None
+        except (ValueError, TypeError) as error:  # argv rules (validate_argv) and the like
+            audit.record(tool, arguments, target, "error", str(error), time.monotonic() - started)
+            raise ToolError(f"bad argument: {error}") from None
+        except Exception as error:
+            audit.record(tool, arguments, target, "crash", f"{type(error).__name__}: {error}",
+                         time.monotonic() - started)
+            raise ToolError(f"internal error in {tool}: {type(error).__name__}: {error} "
+                            "(please report it)") from None
+        audit.record(tool, arguments, target, "ok", "", time.monotonic() - started)
+        return result
+
+    def tool(name: str, annotations: ToolAnnotations = READ_ONLY):
+        def register(fn):
+            if name in allowed:
+                server.add_tool(fn, name=name, annotations=annotations)
+            return fn
+        return register
+
+    # ------------------------------------------------------------ read-only tools
+    @tool("list_targets")
+    def list_targets() -> dict[str, Any]:
+        """The inventory: containers (host, vmid, venv, gpus), hosts and groups."""
+        return call("list_targets", {}, tools.list_targets)
+
+    @tool("inventory_check")
+    def inventory_check(
+            targets: Annotated[list[str], Field(description="Containers or groups; empty: all")] = [],
+    ) -> dict[str, Any]:
+        """The `orch inventory check` rows: reachable, running, python, venv, GPUs per container."""
+        return call("inventory_check", {"targets": targets}, lambda: tools.inventory_check(targets))
+
+    @tool("grep_source")
+    def grep_source(
+            target: Target,
+            pattern: Annotated[str, Field(description="A Python regex, or a plain string with fixed; "
+                                                      "with definition: a name or Class.method")],
+            package: Annotated[str, Field(description="An installed package")] = "torch",
+            fixed: bool = False, word: bool = False, ignore_case: bool = False,
+            context: Annotated[int, Field(ge=0, le=50, description="Lines around each hit")] = 0,
+            definition: Annotated[bool, Field(description="Find where pattern is defined")] = False,
+            show: Annotated[bool, Field(description="With definition: include each body")] = False,
+            max_hits: Annotated[int, Field(ge=1, le=5000)] = 200,
+    ) -> dict[str, Any]:
+        """Search an installed package's Python source in the container (never imported).
+        Matches carry path (relative to site-packages), line and text; truncated says when
+        max_hits cut the list."""
+        arguments = {"target": target, "pattern": pattern, "package": package, "fixed": fixed,
+                     "word": word, "ignore_case": ignore_case, "context": context,
+                     "definition": definition, "show": show, "max_hits": max_hits}
+        def search():
+            if show and not definition:
+                raise ConfigError("show goes with definition (it returns a definition's body)")
+            return tools.grep_source(target, pattern, package=package, fixed=fixed, word=word,
+                                     ignore_case=ignore_case, context=context,
+                                     mode="def" if definition else "grep", show=show,
+                                     max_hits=max_hits)
+        return call("grep_source", arguments, search)
+
+    @tool("read_source")
+    def read_source(
+            target: Target,
+            path: Annotated[str, Field(description="Relative to the package directory, e.g. "
+                                                   "fx/_symbolic_trace.py (no '..', not absolute)")],
+            package: str = "torch",
+            start_line: Annotated[int, Field(ge=1)] = 1,
+            end_line: Annotated[Optional[int], Field(ge=1, description="Last line; null: to the end")] = None,
+            max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
+    ) -> SourceText:
+        """Lines of one file of an installed package. Paths leaving the package (.., absolute,
+        symlinks out) are refused."""
+        arguments = {"target": target, "package": package, "path": path,
+                     "start_line": start_line, "end_line": end_line, "max_bytes": max_bytes}
+        return call("read_source", arguments, lambda: tools.read_source(
+            target, package, path, start_line, end_line, max_bytes))
+
+    @tool("fx_tls_status")
+    def fx_tls_status(target: Target) -> dict[str, Any]:
+        """Is torch's FX tracing flag thread-local here? status: vulnerable | fixed-upstream |
+        patched | drifted | unknown."""
+        return call("fx_tls_status", {"target": target}, lambda: tools.fx_tls(target, "status"))
+
+    @tool("fx_tls_diff")
+    def fx_tls_diff(target: Target) -> dict[str, Any]:
+        """The unified diff fx_tls_apply would make; changes nothing."""
+        return call("fx_tls_diff", {"target": target}, lambda: tools.fx_tls(target, "diff"))
+
+    @tool("verify_fx_race")
+    def verify_fx_race(target: Target,
+                       trials: Annotated[int, Field(ge=1, le=50)] = 3) -> dict[str, Any]:
+        """The deterministic FX race reproducer: verdict fixed | vulnerable | inconclusive."""
+        return call("verify_fx_race", {"target": target, "trials": trials},
+                    lambda: tools.verify_fx_race(target, trials))
+
+    @tool("run_status")
+    def run_status(
+            run_id: Annotated[str, Field(description="A run id, a unique prefix, or 'last'")],
+            wait_s: Annotated[float, Field(ge=0, le=600, description="Wait up to this long for "
+                                                                     "the run to end")] = 0,
+    ) -> dict[str, Any]:
+        """A run: steps, live per-drafter progress, verdict, findings with remediation."""
+        return call("run_status", {"run_id": run_id, "wait_s": wait_s},
+                    lambda: tools.run_status(run_id, wait_s))
+
+    @tool("run_log")
+    def run_log(
+            run_id: str,
+            target: Annotated[Optional[str], Field(description="Default: the first launched")] = None,
+            offset: Annotated[int, Field(ge=0, description="Byte offset to read from")] = 0,
+            max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
+    ) -> LogPage:
+        """The training log by byte offsets: pass next_offset back to page on."""
+        arguments = {"run_id": run_id, "target": target, "offset": offset, "max_bytes": max_bytes}
+        return call("run_log", arguments, lambda: tools.run_log(run_id, target, offset, max_bytes))
+
+    @tool("runs_list")
+    def runs_list(last: Annotated[int, Field(ge=1, le=500)] = 10,
+                  playbook: Optional[str] = None) -> dict[str, Any]:
+        """Recorded runs, newest first: verdict, throughput, fx-tls state, problems."""
+        return call("runs_list", {"last": last, "playbook": playbook},
+                    lambda: tools.runs_list(last, playbook))
+
+    @tool("runs_compare")
+    def runs_compare(base: str, new: str,
+                     threshold: Annotated[Optional[float], Field(ge=0, lt=1, description="Regression threshold, 0.10 = 10 %")] = None) -> dict[str, Any]:
+        """Compare run new with run base: throughput, verdict, torch, patch, packages, regressions."""
+        return call("runs_compare", {"base": base, "new": new, "threshold": threshold},
+                    lambda: tools.runs_compare(base, new, threshold))
+
+    # ------------------------------------------------------------ changing tools
+    @tool("exec", CHANGES)
+    def exec_tool(
+            target: Target,
+            argv: Annotated[list[str], Field(min_length=1, description="The command as a list of "
+                                                                       "arguments (no shell)")],
+            timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60,
+            stdin: Annotated[Optional[str], Field(description="Text for standard input")] = None,
+            max_output_bytes: Annotated[int, Field(ge=0, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """Run argv in the container: exit code, stdout/stderr (capped: *_truncated and *_bytes
+        say so), duration."""
+        arguments = {"target": target, "argv": argv, "timeout_s": timeout_s, "stdin": stdin,
+                     "max_output_bytes": max_output_bytes}
+        return call("exec", arguments, lambda: tools.exec(target, argv, timeout_s, stdin,
+                                                          max_output_bytes))
+
+    @tool("fx_tls_apply", CHANGES)
+    def fx_tls_apply(target: Target) -> dict[str, Any]:
+        """Make the FX tracing flag thread-local (backups, atomic writes, import check, record)."""
+        return call("fx_tls_apply", {"target": target}, lambda: tools.fx_tls(target, "apply"))
+
+    @tool("fx_tls_revert", CHANGES)
+    def fx_tls_revert(target: Target) -> dict[str, Any]:
+        """Restore torch's original files (checked against the wheel's RECORD hashes)."""
+        return call("fx_tls_revert", {"target": target}, lambda: tools.fx_tls(target, "revert"))
+
+    @tool("run_start", CHANGES)
+    def run_start(
+            playbook: Annotated[str, Field(description="A playbook file on the server's machine")],
+            vars: Annotated[dict[str, Any], Field(description="Playbook variables (like -e)")] = {},
+            targets: Annotated[list[str], Field(description="Instead of the playbook's targets")] = [],
+    ) -> RunStarted:
+        """Start a playbook run; returns its run_id at once (follow it with run_status/run_log)."""
+        arguments = {"playbook": playbook, "vars": vars, "targets": targets}
+        return call("run_start", arguments, lambda: tools.run_start(playbook, vars, targets),
+                    containers=lambda: tools.run_targets(playbook, vars, targets))
+
+    @tool("run_stop", CHANGES)
+    def run_stop(run_id: str,
+                 grace_s: Annotated[float, Field(ge=0, le=3600)] = 10) -> dict[str, Any]:
+        """SIGTERM the run's process group, SIGKILL after grace_s."""
+        return call("run_stop", {"run_id": run_id, "grace_s": grace_s},
+                    lambda: tools.run_stop(run_id, grace_s),
+                    containers=lambda: tools.run_containers(run_id))
+
+    # ------------------------------------------------------ a resource and a prompt
+    @server.resource("orch://inventory", name="inventory", mime_type="application/json")
+    def inventory_resource() -> str:
+        """The inventory's containers, hosts and groups."""
+        return json.dumps(tools.list_targets(), indent=2)
+
+    @server.prompt("diagnose_fx_race")
+    def diagnose_fx_race(target: str) -> str:
+        """Walk through the FX-race diagnosis on one container."""
+        return (f"Diagnose the FX tracing race on {target} with orch's tools:\n"
+                f"1. grep_source(target={target!r}, pattern='is_fx_symbolic_tracing', definition=true, "
+                "show=true): where the flag is read.\n"
+                "2. read_source on the file it names, around that line.\n"
+                f"3. fx_tls_status(target={target!r}): vulnerable means a process-global flag.\n"
+                "4. run_start the DFlash playbook, then run_status(wait_s=...) until the verdict; "
+                "an fx-race finding carries the remediation.\n"
+                "5. fx_tls_apply, verify_fx_race (expect verdict fixed), run_start again (expect ok).")
+
+    return server
+
+
+def _target_of(arguments: dict) -> str:
+    targets = arguments.get("targets")
+    return str(arguments.get("target") or (",".join(map(str, targets)) if isinstance(targets, list) else ""))
+
+
+def _refusals_audited(audit: AuditLog):
+    """Calls that never reach a tool (a tool not listed, arguments the schema refuses) are
+    recorded too, as "refused"."""
+    async def middleware(ctx, call_next):
+        if ctx.method != "tools/call":
+            return await call_next(ctx)
+        params = ctx.params if isinstance(ctx.params, dict) else {}
+        name, arguments = str(params.get("name", "")), params.get("arguments") or {}
+        arguments = arguments if isinstance(arguments, dict) else {"arguments": arguments}
+        marker = {"audited": False}
+        token = _CALL.set(marker)
+        started = time.monotonic()
+        try:
+            result = await call_next(ctx)
+        except Exception as error:
+            if not marker["audited"]:
+                audit.record(name, arguments, _target_of(arguments), "refused", str(error),
+                             time.monotonic() - started)
+            raise
+        finally:
+            _CALL.reset(token)
+        if not marker["audited"]:
+            audit.record(name, arguments, _target_of(arguments), "refused", _error_text(result),
+                         time.monotonic() - started)
+        return result
+    return middleware
+
+
+def _error_text(result) -> str:
+    if isinstance(result, dict):
+        content = result.get("content") or []
+        return str(content[0].get("text", "")) if content and isinstance(content[0], dict) else ""
+    content = getattr(result, "content", None) or []
+    return str(getattr(content[0], "text", "")) if content else ""

@@ -1,0 +1,387 @@
+"""The MCP tools as plain functions over orch's core (no MCP SDK here: server.py adds that).
+
+Each tool resolves its target through the server's one Fleet (one SSH connection per host
+for the server's life) and runs in the container through a warm command session
+(orchestrator.remote.session.ExecSession): after the first call to a container, a tool call
+costs one JSON line each way on an open channel, not a handshake, a `pct exec` and a new
+interpreter. Everything else is the function the CLI calls: forensics.*, runner.run_playbook,
+runner.stop_recorded_run, RunStore, runs.compare, the inventory check's probe.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from orchestrator import forensics
+from orchestrator.errors import CommandTimeout, ConfigError, OrchError
+from orchestrator.fleet import Fleet, each_concurrently
+from orchestrator.payloads import run_payload
+from orchestrator.remote.base import RunOptions, Transport
+from orchestrator.remote.container import Target
+from orchestrator.remote.session import ExecSession
+from orchestrator.runs.store import RunStore
+
+MAX_OUTPUT_BYTES = 1 << 20
+DEFAULT_OUTPUT_BYTES = 64 << 10
+RUN_START_WAIT_S = 120.0
+# pct's own path: a constant program; the log's path and offsets arrive as "$1".."$3".
+_LOG_SCRIPT = 'wc -c < "$1" && tail -c +"$2" -- "$1" | head -c "$3"'
+
+
+class WarmTarget(Transport):
+    """A Target whose commands go through its warm session; a plain channel when the session
+    cannot serve (the container stopped, no python3): that path raises orch's typed errors
+    (not running, no such container) with their hints."""
+
+    def __init__(self, target: Target, session: ExecSession):
+        self.target = target
+        self.session = session
+        self.name = target.name
+        self.via = "session"
+
+    def python(self) -> str:
+        return self.target.python()
+
+    def describe(self) -> str:
+        return self.target.describe()
+
+    def _run(self, argv, options: RunOptions):
+        try:
+            result = self.session._run(argv, options)
+            self.via = "session"
+        except CommandTimeout:
+            raise
+        except (OrchError, OSError, EOFError, ValueError):
+            self.session.close()
+            self.via = "channel"
+            result = self.target._run(argv, options)
+        result.target = self.name
+        return result
+
+
+class LiveReporter:
+    """What the runner reports, kept for run_status: the current steps and the monitor's
+    per-drafter progress. Anything else the runner reports is ignored (a server prints
+    nothing: stdout is the protocol)."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.run_id: Optional[str] = None
+        self._lock = threading.Lock()
+        self._current: dict[str, str] = {}
+        self._monitors: dict[str, Any] = {}
+        self._status: dict[str, dict] = {}
+        self.log_lines = 0
+
+    def run_started(self, runner, targets) -> None:
+        self.run_id = runner.run_id
+        self.started.set()
+
+    def step_started(self, target: str, spec) -> None:
+        with self._lock:
+            self._current[target] = spec.label()
+
+    def step_finished(self, target: str, spec, result, outcome) -> None:
+        with self._lock:
+            self._current.pop(target, None)
+
+    def monitor_progress(self, target: str, classifier, status: dict) -> None:
+        with self._lock:
+            self._monitors[target] = classifier
+            if status:
+                self._status[target] = dict(status)
+
+    def log_line(self, target: str, line: str) -> None:
+        self.log_lines += 1
+
+    def __getattr__(self, name):  # step_plan, note, monitor_started, run_finished, ...
+        return lambda *args, **kwargs: None
+
+    def progress(self) -> dict:
+        with self._lock:
+            monitors = dict(self._monitors)
+            current = dict(self._current)
+            status = dict(self._status)
+        targets = {}
+        for name in set(monitors) | set(current):
+            classifier = monitors.get(name)
+            drafters = [] if classifier is None else [
+                {"drafter": d.drafter, "step": d.step, "loss": d.loss, "tok_s": d.tok_s,
+                 "state": d.status, "error": d.error}
+                for d in sorted(list(classifier.drafters.values()), key=lambda d: d.drafter)]
+            targets[name] = {"current_step": current.get(name), "drafters": drafters,
+                             "state": status.get(name, {}).get("state")}
+        return {"targets": targets, "log_lines": self.log_lines}
+
+
+class LiveRun:
+    def __init__(self, reporter: LiveReporter, thread: threading.Thread):
+        self.reporter = reporter
+        self.thread = thread
+        self.record = None
+        self.error: Optional[BaseException] = None
+
+
+class _AppView:
+    """What the runner reads of the CLI's App: how the user names the inventory (for the
+    remediation commands it prints)."""
+
+    def __init__(self, inventory_option: Optional[str], fleet: Fleet):
+        self.inventory_option = inventory_option
+        self.trust_on_first_use = fleet.trust_on_first_use
+        self.fleet = fleet
+
+
+class Tools:
+    def __init__(self, fleet: Fleet, store: RunStore, inventory_option: Optional[str] = None):
+        self.fleet = fleet
+        self.store = store
+        self.app = _AppView(inventory_option, fleet)
+        self._sessions: dict[str, ExecSession] = {}
+        self._sessions_lock = threading.Lock()
+        self.runs: dict[str, LiveRun] = {}
+
+    def close(self) -> None:
+        for session in list(self._sessions.values()):
+            session.close()
+        self.fleet.close()
+
+    # ------------------------------------------------------------------ targets
+    def container(self, name: str) -> Target:
+        """Exactly one target (a group of several is refused: these tools act on one)."""
+        specs = self.fleet.inventory.resolve([name])
+        if len(specs) != 1:
+            raise ConfigError(f"target {name!r} names {len(specs)} containers; name one",
+                              hint="list_targets shows the containers and groups")
+        return self.fleet.target(specs[0])
+
+    def warm(self, name: str) -> WarmTarget:
+        target = self.container(name)
+        with self._sessions_lock:
+            session = self._sessions.get(target.name)
+            if session is None:
+                session = self._sessions[target.name] = ExecSession(self.container(name))
+        return WarmTarget(target, session)
+
+    def container_names(self, names) -> list[str]:
+        return [spec.name for spec in self.fleet.inventory.resolve(list(names))]
+
+    # -------------------------------------------------------------------- tools
+    def list_targets(self) -> dict:
+        inventory = self.fleet.inventory
+        return {
+            "inventory": inventory.path,
+            "default_target": inventory.default_target,
+            "containers": [{"name": c.name, "host": c.host, "vmid": c.vmid, "venv": c.venv,
+                            "gpus": list(c.gpus), "description": c.description}
+                           for c in inventory.containers.values()],
+            "hosts": [{"name": h.name, "transport": h.transport, "address": h.address,
+                       "description": h.description} for h in inventory.hosts.values()],
+            "groups": {name: list(members) for name, members in inventory.groups.items()},
+        }
+
+    def inventory_check(self, targets: list[str]) -> dict:
+        from orchestrator.commands.core import _check_one, _reachable  # the CLI's own check
+        chosen = self.fleet.targets(list(targets) or list(self.fleet.inventory.containers))
+        rows = []
+        for target, report in zip(chosen, each_concurrently(chosen, _check_one)):
+            if isinstance(report, OrchError):
+                rows.append({"target": target.name, "where": target.describe(), "ok": False,
+                             "reachable": _reachable(report), "running": False, "error": str(report)})
+            else:
+                rows.append({"target": target.name, "where": target.describe(), **report})
+        return {"ok": all(r["ok"] for r in rows), "rows": rows}
+
+    def exec(self, target: str, argv: list[str], timeout_s: float, stdin: Optional[str],
+             max_output_bytes: int) -> dict:
+        warm = self.warm(target)
+        cap = max(0, min(max_output_bytes, MAX_OUTPUT_BYTES))
+        result = warm.run(argv, stdin=None if stdin is None else stdin.encode(), timeout=timeout_s)
+        return {"target": warm.name, "argv": list(argv), "exit_code": result.exit_code,
+                **_capped("stdout", result.stdout, cap), **_capped("stderr", result.stderr, cap),
+                "duration_s": round(result.duration, 6), "via": warm.via}
+
+    def grep_source(self, target: str, pattern: str, **options) -> dict:
+        warm = self.warm(target)
+        found = forensics.search_source(warm, pattern, **options)
+        return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
+
+    def read_source(self, target: str, package: str, path: str, start_line: int,
+                    end_line: Optional[int], max_bytes: int) -> dict:
+        warm = self.warm(target)
+        found = run_payload(warm, "source_read", {
+            "package": package, "path": path, "start_line": start_line, "end_line": end_line,
+            "max_bytes": max(1, min(max_bytes, MAX_OUTPUT_BYTES))}, timeout=60)
+        return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
+
+    def fx_tls(self, target: str, action: str) -> dict:
+        warm = self.warm(target)
+        found = forensics.fx_patch(warm, action)
+        return {"target": warm.name, "action": action, **{k: v for k, v in found.items() if k != "event"}}
+
+    def verify_fx_race(self, target: str, trials: int) -> dict:
+        warm = self.warm(target)
+        found = forensics.verify_fx_race(warm, trials)
+        return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
+
+    # --------------------------------------------------------------------- runs
+    def run_targets(self, playbook: str, variables: dict, targets: list[str]) -> list[str]:
+        """The containers a run_start would touch (the policy checks them first)."""
+        if targets:
+            return self.container_names(targets)
+        from orchestrator.playbook.loader import load_playbook
+        book = load_playbook(playbook, dict(variables))
+        if not book.targets:
+            raise ConfigError(f"{playbook}: the playbook names no targets; give targets")
+        return self.container_names(book.targets)
+
+    def run_start(self, playbook: str, variables: dict, targets: list[str]) -> dict:
+        """Start the playbook in a server thread; return once the run has its id."""
+        from orchestrator.runner import run_playbook
+        reporter = LiveReporter()
+        live = LiveRun(reporter, threading.Thread())
+
+        def work():
+            try:
+                live.record = run_playbook(playbook, targets=list(targets), extra_vars=dict(variables),
+                                           app=self.app, reporter=reporter, store=self.store,
+                                           fleet=self.fleet)
+            except BaseException as error:  # noqa: BLE001 - reported to the caller or by run_status
+                live.error = error
+            finally:
+                reporter.started.set()
+
+        live.thread = threading.Thread(target=work, name="orch-mcp-run", daemon=True)
+        live.thread.start()
+        if not reporter.started.wait(RUN_START_WAIT_S):
+            raise OrchError(f"the run of {playbook} did not start within {RUN_START_WAIT_S:g} s")
+        if reporter.run_id is None:
+            error = live.error
+            if isinstance(error, OrchError):
+                raise error
+            raise OrchError(f"the run of {playbook} failed to start: {error}")
+        self.runs[reporter.run_id] = live
+        return {"run_id": reporter.run_id, "playbook": playbook, "state": "running",
+                "targets": list(targets)}
+
+    def run_status(self, run_id: str, wait_s: float = 0.0) -> dict:
+        run_id = self.store.resolve(run_id)
+        live = self.runs.get(run_id)
+        if live is not None and wait_s > 0:
+            live.thread.join(min(wait_s, 600.0))
+        record = self.store.get(run_id, metrics=False)
+        running = live is not None and live.thread.is_alive()
+        return {
+            "run_id": record.run_id, "playbook": record.playbook, "name": record.name,
+            "verdict": record.verdict, "exit_code": record.exit_code,
+            "started_at": record.started_at, "ended_at": record.ended_at,
+            "watched_by_this_server": running,
+            "targets": [{"name": t.name, "host": t.host, "vmid": t.vmid,
+                         "torch_version": t.torch_version, "fx_tls_state": t.fx_tls_state}
+                        for t in record.targets],
+            "steps": [{"name": s.name, "kind": s.kind, "target": s.target, "status": s.status,
+                       "duration_s": s.duration_s, "message": s.message} for s in record.steps],
+            "progress": live.reporter.progress() if live is not None else None,
+            "findings": [{"target": f.target, "signature": f.signature, "message": f.message,
+                          "remediation": f.remediation, "evidence": list(f.evidence)}
+                         for f in record.findings],
+            "summary": record.summary,
+            "error": str(live.error) if live is not None and live.error is not None else None,
+        }
+
+    def run_log(self, run_id: str, target: Optional[str], offset: int, max_bytes: int) -> dict:
+        record = self.store.get(run_id, metrics=False)
+        launches = {n: e for n, e in ((record.launch or {}).get("targets") or {}).items()
+                    if e.get("run_dir")}
+        if not launches:
+            return {"run_id": record.run_id, "target": target, "launched": False, "offset": offset,
+                    "next_offset": offset, "size": 0, "text": "", "bytes": 0, "eof": True}
+        name = target or next(iter(launches))
+        if name not in launches:
+            raise OrchError(f"run {record.run_id} launched nothing on {name!r}",
+                            hint="launched on: " + ", ".join(launches))
+        cap = max(1, min(max_bytes, MAX_OUTPUT_BYTES))
+        offset = max(0, offset)
+        warm = self.warm(name)
+        path = launches[name]["run_dir"] + "/output.log"
+        result = warm.run(["sh", "-c", _LOG_SCRIPT, "orch-log", path, str(offset + 1), str(cap)],
+                          timeout=60).check(f"reading {path} on {name}")
+        size_line, _, data = result.stdout.partition(b"\n")
+        size = int(size_line.strip() or 0)
+        data = whole_utf8(data, at_end=offset + len(data) >= size)
+        return {"run_id": record.run_id, "target": name, "launched": True, "path": path,
+                "offset": offset, "next_offset": offset + len(data), "size": size,
+                "text": data.decode("utf-8", "replace"), "bytes": len(data),
+                "eof": offset + len(data) >= size}
+
+    def run_stop(self, run_id: str, grace_s: float) -> dict:
+        from orchestrator.monitor import stop_run
+        from orchestrator.runner import stop_recorded_run
+        run_id = self.store.resolve(run_id)
+        live = self.runs.get(run_id)
+        if live is None or not live.thread.is_alive():
+            record, results = stop_recorded_run(run_id, app=self.app, grace=grace_s,
+                                                store=self.store, fleet=self.fleet)
+            return {"run_id": record.run_id, "targets": results,
+                    "ok": not any("error" in r for r in results)}
+        # This server's own thread watches the run: stop the processes and let the watching
+        # runner record the verdict (killed), as `orch stop` does for a live `orch run`.
+        record = self.store.get(run_id, metrics=False)
+        launches = {n: e for n, e in ((record.launch or {}).get("targets") or {}).items()
+                    if e.get("run_dir")}
+        if not launches:
+            raise OrchError(f"run {run_id} has not launched its process yet",
+                            hint="run_status shows its steps; stop it once the launch step is done")
+        targets = self.fleet.targets(list(launches))
+        outcomes = each_concurrently(targets, lambda t: stop_run(t, launches[t.name]["run_dir"], grace_s))
+        results = [{"target": t.name, "error": str(o)} if isinstance(o, OrchError) else
+                   {"target": t.name, **{k: v for k, v in o.items() if k != "event"}}
+                   for t, o in zip(targets, outcomes)]
+        return {"run_id": run_id, "targets": results, "ok": not any("error" in r for r in results)}
+
+    def run_containers(self, run_id: str) -> list[str]:
+        record = self.store.get(run_id, metrics=False)
+        return [t.name for t in record.targets]
+
+    def runs_list(self, last: int, playbook: Optional[str]) -> dict:
+        from orchestrator.runs.compare import is_problem, throughput
+        records = self.store.list(playbook=playbook, last=last)
+        items = []
+        for r in records:
+            tp = throughput(r if r.summary.get("total_tok_s") else self.store.get(r.run_id))
+            items.append({"run_id": r.run_id, "playbook": r.playbook, "name": r.name,
+                          "started_at": r.started_at, "ended_at": r.ended_at,
+                          "verdict": r.verdict, "exit_code": r.exit_code,
+                          "total_tok_s": tp["total"],
+                          "fx_tls": {t.name: t.fx_tls_state for t in r.targets},
+                          "problems": sorted({f.signature for f in r.findings if is_problem(f.signature)})})
+        return {"runs": items}
+
+    def runs_compare(self, base: str, new: str, threshold: Optional[float]) -> dict:
+        from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare
+        result = compare(self.store.get(base), self.store.get(new),
+                         DEFAULT_THRESHOLD if threshold is None else threshold)
+        return result.to_dict()
+
+
+def whole_utf8(data: bytes, at_end: bool) -> bytes:
+    """A page cut at max_bytes may end inside a UTF-8 character: leave that character's
+    first bytes for the next page (next_offset points at it), so no page decodes to U+FFFD
+    where the log has a real character."""
+    if at_end:
+        return data
+    for cut in range(0, min(3, len(data) - 1) + 1):
+        try:
+            (data[:len(data) - cut] if cut else data).decode("utf-8")
+            return data[:len(data) - cut] if cut else data
+        except UnicodeDecodeError as error:
+            if error.reason != "unexpected end of data":
+                return data  # not UTF-8 anyway: the bytes as they are
+    return data
+
+
+def _capped(name: str, data: bytes, cap: int) -> dict:
+    kept = data[:cap]
+    return {name: kept.decode("utf-8", "replace"), f"{name}_bytes": len(data),
+            f"{name}_truncated": len(data) > cap}

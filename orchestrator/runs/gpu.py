@@ -1,0 +1,81 @@
+"""The GPUs over a run: the monitor's nvidia-smi samples, kept as a series per target, and
+what reports make of them (a chart per quantity, mean and peak while the workers ran).
+
+A sample is {"t": seconds since the monitor started, "running": the trained process was
+alive, "gpus": [{"index", "util_pct", "mem_used_mib", "mem_total_mib", "power_w"}, ...]};
+the monitor stores the series in the run's summary (summary["monitor"][TARGET]["gpu_series"]).
+Only samples taken while the process ran count for the means and peaks: a sample after the
+workers ended reads 0 % and says nothing about the run.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from orchestrator.runs.model import RunRecord
+
+MAX_SAMPLES = 2000        # a long run keeps every other sample once this many are kept
+
+QUANTITIES = (("util_pct", "utilisation", "%"), ("mem_used_mib", "memory used", "MiB"),
+              ("power_w", "power", "W"))
+
+
+def gpu_sample(event: dict, elapsed_s: float) -> dict:
+    """One monitor gpu event as a series sample."""
+    rows = [{key: row.get(key) for key in ("index", "util_pct", "mem_used_mib", "mem_total_mib",
+                                           "power_w")}
+            for row in event.get("gpus") or [] if isinstance(row, dict)]
+    return {"t": round(elapsed_s, 1), "running": event.get("state", "running") == "running",
+            "gpus": rows}
+
+
+def append_sample(series: list, sample: dict) -> list:
+    """Add a sample, thinning the series to every other sample once it is full."""
+    series.append(sample)
+    if len(series) > MAX_SAMPLES:
+        series[:] = series[::2]
+    return series
+
+
+def gpu_stats(series: list) -> list[dict]:
+    """Per GPU, over the samples taken while the workers ran: sample count, mean and peak of
+    utilisation, memory used and power (None where the board does not report it)."""
+    per_gpu: dict[int, list[dict]] = {}
+    for sample in series or []:
+        if not sample.get("running"):
+            continue
+        for row in sample.get("gpus") or []:
+            if row.get("index") is not None:
+                per_gpu.setdefault(int(row["index"]), []).append(row)
+    stats = []
+    for index, rows in sorted(per_gpu.items()):
+        entry: dict = {"index": index, "samples": len(rows)}
+        for key, _, _ in QUANTITIES:
+            values = [float(r[key]) for r in rows if r.get(key) is not None]
+            entry[f"{key}_mean"] = round(sum(values) / len(values), 1) if values else None
+            entry[f"{key}_peak"] = max(values) if values else None
+        totals = [r["mem_total_mib"] for r in rows if r.get("mem_total_mib") is not None]
+        entry["mem_total_mib"] = max(totals) if totals else None
+        stats.append(entry)
+    return stats
+
+
+def series_by_target(record: Optional[RunRecord]) -> dict[str, list]:
+    """target -> its GPU series, for the targets whose monitor kept one."""
+    monitors = (record.summary or {}).get("monitor") if record else None
+    if not isinstance(monitors, dict):
+        return {}
+    return {name: m["gpu_series"] for name, m in monitors.items()
+            if isinstance(m, dict) and m.get("gpu_series")}
+
+
+def chart_series(by_target: dict[str, list], key: str) -> dict[str, list[tuple[float, float]]]:
+    """{"GPU 0" (or "TARGET GPU 0" for several targets): [(t, value), ...]} for one quantity."""
+    lines: dict[str, list] = {}
+    for target, series in by_target.items():
+        for sample in series:
+            for row in sample.get("gpus") or []:
+                label = f"GPU {row.get('index')}" if len(by_target) == 1 else \
+                    f"{target} GPU {row.get('index')}"
+                lines.setdefault(label, []).append((sample.get("t"), row.get(key)))
+    return lines

@@ -1,0 +1,57 @@
+"""Ctrl-C on `orch run` against a sandbox container (real sshd, real LXC): what orch says
+about the launch matches what the container has (tests/unit/test_run_interrupt.py does the
+same on this machine)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from orchestrator.fleet import Fleet
+from orchestrator.monitor import launcher, stop_run
+from orchestrator.runs.store import RunStore
+from tests.unit.test_run_interrupt import GOES_ON, NOTHING, interrupt_when
+
+pytestmark = pytest.mark.sandbox
+
+TARGET = "sb1-200"
+
+
+@pytest.fixture
+def book(sandbox, tmp_path, monkeypatch):
+    run_dir = f"/var/tmp/orch-interrupt-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "inventory.yaml").write_text(sandbox.inventory_path.read_text())
+    (tmp_path / "book.yaml").write_text(
+        f"name: interrupt\ntargets: [{TARGET}]\nvars: {{before: 0}}\nsteps:\n"
+        "  - shell: [sleep, '{{ before }}']\n"
+        f"  - launch: {{command: [sleep, '30'], venv: false, run_dir: {run_dir}}}\n"
+        "  - monitor: {hang_after: 600, gpu_every: 0}\n")
+    fleet = Fleet.from_path(str(sandbox.inventory_path))
+    target = fleet.targets([TARGET])[0]
+    yield tmp_path, target, run_dir
+    if launcher(target, "status", run_dir)["state"] != "missing":
+        stop_run(target, run_dir, grace=2)
+    target.run(["rm", "-rf", run_dir])
+    fleet.close()
+
+
+def test_ctrl_c_before_and_during_the_launch_in_a_container(book):
+    folder, target, run_dir = book
+    code, output = interrupt_when(folder, f"> {TARGET} 1/3", "-e", "before=3")
+    assert code == 130 and NOTHING in output and GOES_ON not in output, output
+    with RunStore() as store:
+        assert store.get("last").verdict == "interrupted"
+    assert launcher(target, "status", run_dir)["state"] == "missing"
+
+    code, output = interrupt_when(folder, f"> {TARGET} 2/3")
+    assert code == 130, output
+    state = launcher(target, "status", run_dir)["state"]
+    with RunStore() as store:
+        record = store.get("last")
+    if GOES_ON in output:
+        assert state in ("running", "starting") and record.verdict == "running"
+        assert record.launch["targets"][TARGET]["run_dir"] == run_dir
+    else:
+        assert NOTHING in output and state == "missing" and record.verdict == "interrupted"

@@ -1,0 +1,109 @@
+"""orch as a user installs it: the built wheel, non-editable, in a fresh venv. The report and
+schedule templates must come from inside the installed package (the repository's templates/
+is mapped there by pyproject.toml), so `orch report`, `orch schedule install --dest` and
+`orch nightly` work with no checkout around.
+
+Costs: building the wheel and installing it into a fresh venv, a few seconds; no package index
+is needed (the dependencies are this environment's own)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import venv
+import zipfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The stand-in trainer's log format (DFLASH.md): two drafters, then the summary line.
+TRAINER = ("import time\n"
+           "for step in range(1, 4):\n"
+           "    for d in range(2):\n"
+           "        print(f'drafter={d} step={step} loss={3.0 / step:.2f} tok_s=1000', flush=True)\n"
+           "    time.sleep(0.2)\n"
+           "for d in range(2):\n"
+           "    print(f'drafter={d} done steps=3 loss=1.00 tok_s=1000', flush=True)\n"
+           "print('summary status=ok drafters=2 ok=2 failed=0 total_tok_s=2000', flush=True)\n")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    work = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                            str(work / "dist"), REPO], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    wheel = next((work / "dist").glob("orch-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "orchestrator/templates/report.html.j2" in names
+    assert "orchestrator/templates/orch-nightly.timer.j2" in names
+
+    env_dir = work / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = str(env_dir / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    # orch's dependencies (paramiko, click, jinja2, ...) come from this test's own environment,
+    # so no package index is needed: a path line in a .pth adds its site-packages after the
+    # fresh venv's own, and its .pth files (the editable orch among them) are not run.
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(purelib, "orch-test-deps.pth"), "w") as handle:
+        handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    return {"orch": str(env_dir / "bin" / "orch"), "work": work}
+
+
+def run_orch(installed, *args, cwd):
+    # Run from a folder with no templates/ around, with a data dir of its own.
+    env = {**os.environ, "ORCH_DATA_DIR": str(installed["work"] / "data")}
+    for name in ("ORCH_STORE", "ORCH_TEMPLATES", "ORCH_INVENTORY", "PYTHONPATH"):
+        env.pop(name, None)
+    return subprocess.run([installed["orch"], *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_installed_wheel_runs_nightly_report_and_schedule(installed, tmp_path):
+    located = subprocess.run([installed["orch"].replace("/orch", "/python"), "-c",
+                              "import orchestrator; print(orchestrator.__file__)"],
+                             cwd=tmp_path, capture_output=True, text=True)
+    assert located.stdout.startswith(str(installed["work"] / "venv")), located   # not the checkout
+
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "inventory.yaml").write_text(textwrap.dedent("""
+        hosts:
+          here: {transport: local}
+        containers:
+          dev: {host: here}
+        default_target: dev
+        """))
+    (tmp_path / "small.yaml").write_text(textwrap.dedent(f"""
+        name: small
+        targets: [dev]
+        steps:
+          - launch:
+              command: [{sys.executable}, {tmp_path / 'trainer.py'}]
+              venv: false
+          - monitor: {{hang_after: 60, gpu_every: 0, expect_drafters: 2}}
+        """))
+
+    nightly = run_orch(installed, "-i", "inventory.yaml", "nightly", "small.yaml", cwd=tmp_path)
+    assert "Traceback" not in nightly.stdout + nightly.stderr, nightly.stderr[-3000:]
+    assert nightly.returncode == 0, nightly.stdout[-3000:] + nightly.stderr[-3000:]
+
+    report = run_orch(installed, "report", "last", "--html", str(tmp_path / "r.html"),
+                      "--md", "-", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "small" in report.stdout and (tmp_path / "r.html").read_text().startswith("<!")
+
+    units = tmp_path / "units"
+    schedule = run_orch(installed, "schedule", "install", "small.yaml", "--at", "02:30",
+                        "--dest", str(units), cwd=tmp_path)
+    assert schedule.returncode == 0, schedule.stderr[-3000:]
+    timer = next(units.glob("*.timer")).read_text()
+    assert "OnCalendar=*-*-* 02:30:00" in timer

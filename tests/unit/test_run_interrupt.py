@@ -1,0 +1,107 @@
+"""Ctrl-C on `orch run` tells the truth about what runs on the target (local transport, real
+processes, the real launcher payload): before the launch, nothing was launched and the record
+is finished as interrupted; after it, the run goes on and the record stays running for
+`orch attach`; in between (Ctrl-C while the launch step is in flight), whatever orch says
+matches what the target has."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from orchestrator.monitor import launcher, stop_run
+from orchestrator.remote.container import Target
+from orchestrator.remote.local import LocalTransport
+from orchestrator.runs.store import RunStore
+
+NOTHING = "before anything was launched: nothing runs on the targets"
+GOES_ON = "The launched run goes on"
+
+
+@pytest.fixture
+def playbook(tmp_path):
+    (tmp_path / "inventory.yaml").write_text(
+        "hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\ndefault_target: dev\n")
+    path = tmp_path / "book.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: interrupt
+        targets: [dev]
+        vars: {{before: 0}}
+        steps:
+          - shell: [sleep, "{{{{ before }}}}"]
+          - launch: {{command: [sleep, "30"], venv: false, run_dir: "{tmp_path}/run"}}
+          - monitor: {{hang_after: 600, gpu_every: 0}}
+        """))
+    return tmp_path
+
+
+def interrupt_when(playbook, marker, *extra):
+    """`orch run`, then SIGINT as soon as a line starts with MARKER; returns (code, output)."""
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
+                                str(playbook / "inventory.yaml"), "run", str(playbook / "book.yaml"),
+                                *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+    seen = []
+    deadline = time.monotonic() + 60
+    for raw in process.stdout:
+        seen.append(raw.decode(errors="replace"))
+        if raw.decode(errors="replace").startswith(marker):
+            process.send_signal(signal.SIGINT)
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    rest, _ = process.communicate(timeout=120)
+    return process.returncode, "".join(seen) + rest.decode(errors="replace")
+
+
+def last_record():
+    with RunStore() as store:
+        return store.get("last")
+
+
+def state_of(playbook):
+    return launcher(Target("dev", LocalTransport("here")), "status", str(playbook / "run"))["state"]
+
+
+def test_ctrl_c_before_the_launch_says_nothing_runs_and_finishes_the_record(playbook):
+    code, output = interrupt_when(playbook, "> dev 1/3", "-e", "before=3")
+    assert code == 130, output
+    assert NOTHING in output and GOES_ON not in output
+    record = last_record()
+    assert (record.verdict, record.exit_code) == ("interrupted", 130) and record.ended_at
+    assert state_of(playbook) == "missing"
+
+
+def test_ctrl_c_while_monitoring_leaves_the_run_going(playbook):
+    try:
+        code, output = interrupt_when(playbook, "> dev 3/3")
+        assert code == 130, output
+        assert GOES_ON in output and str(playbook / "run") in output
+        assert last_record().verdict == "running"
+        assert state_of(playbook) == "running"
+    finally:
+        stop_run(Target("dev", LocalTransport("here")), str(playbook / "run"), grace=2)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_ctrl_c_as_the_launch_starts_says_what_the_target_has(playbook, attempt):
+    try:
+        code, output = interrupt_when(playbook, "> dev 2/3")
+        assert code == 130, output
+        record = last_record()
+        if GOES_ON in output:
+            assert state_of(playbook) in ("running", "starting")
+            assert record.verdict == "running"
+            assert record.launch["targets"]["dev"]["run_dir"] == str(playbook / "run")
+        else:
+            assert NOTHING in output, output
+            assert state_of(playbook) == "missing"
+            assert record.verdict == "interrupted"
+    finally:
+        if state_of(playbook) != "missing":
+            stop_run(Target("dev", LocalTransport("here")), str(playbook / "run"), grace=2)
