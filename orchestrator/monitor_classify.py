@@ -290,7 +290,7 @@ class LogClassifier:
                 add("hang", f"no new step line for {silent:.0f} s while the process lived{cause}; "
                             + ended_by,
                     "look at the first drafter error above; a drafter that died inside a compile can "
-                    "leave the others waiting on its lock (DFLASH.md). " + fix_race +
+                    "leave the others waiting on its lock. " + fix_race +
                     "serialising each drafter's first step (--serialize-compile) also avoids it.",
                     evidence=evidence)
         if "cuda-oom" in self.seen:

@@ -525,7 +525,7 @@ sys.modules[__name__].__class__ = _ThreadLocalFxTracingFlagModule
 
 
 def expect_symbolic_trace_shape(src):
-    """Refuse unless the module has the pieces TORCH-FX describes, in the expected form."""
+    """Refuse unless the module has the pieces docs/torch-releases.md describes, in the expected form."""
     relpath, tree = src.relpath, src.tree
     taken = module_level_names(tree) & set((TLS, MODULE_CLASS) + HELPERS)
     if taken:

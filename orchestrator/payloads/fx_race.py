@@ -1,7 +1,7 @@
 """Reproduce the cross-thread FX tracing race, deterministically: is this torch affected?
 
 Shipped alone into a container and run with the target venv's python. Unlike the other
-payloads it imports torch: it runs the reproducer from TORCH-FX.md (CPU is enough).
+payloads it imports torch: it runs the reproducer of docs/torch-releases.md (CPU is enough).
 
 Each trial:
 

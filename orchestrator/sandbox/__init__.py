@@ -2,7 +2,7 @@
 OpenSSH sshd and real LXC containers, plus emulated `pct` and `pvesh` on its PATH.
 
 It is the test bed of orch's integration tests, and a place to try playbooks before a real
-Proxmox host. See /work/shared/TESTHOST.md for the measurements behind each choice, and
+Proxmox host. docs/sandbox.md has the facts and measurements behind each choice, and
 paths.py for the state directory's layout.
 
     from orchestrator import sandbox

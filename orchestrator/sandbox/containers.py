@@ -150,7 +150,7 @@ def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
         "lxc.autodev = 1",
         "lxc.pty.max = 64",
         "lxc.net.0.type = empty",
-        # without -n, init.lxc exits 1 silently (TESTHOST.md)
+        # without -n, init.lxc exits 1 silently (docs/sandbox.md)
         f"lxc.init.cmd = /usr/sbin/init.lxc.static -n {ct.vmid} -- /bin/sleep infinity",
         "lxc.apparmor.profile = unconfined",
         # per-host cgroup paths: two hosts can both run a CT 200, and down finds them all

@@ -1,5 +1,5 @@
-"""Network faults inside a sandbox host, with nftables (TESTHOST.md: "Faults that can be
-injected here"). Rules live in one table of the host's own network namespace, so they
+"""Network faults inside a sandbox host, with nftables (docs/sandbox.md: "Faults a test
+can inject"). Rules live in one table of the host's own network namespace, so they
 never touch the machine's firewall and vanish with the host.
 """
 

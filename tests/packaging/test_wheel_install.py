@@ -20,7 +20,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The stand-in trainer's log format (DFLASH.md): two drafters, then the summary line.
+# The stand-in trainer's log format (docs/dflash-workload.md): two drafters, then the summary line.
 TRAINER = ("import time\n"
            "for step in range(1, 4):\n"
            "    for d in range(2):\n"
