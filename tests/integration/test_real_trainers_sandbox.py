@@ -1,4 +1,6 @@
-"""playbooks/specforge-dflash.yaml against the sandbox: a real `torchrun --nproc-per-node 2`
+"""Real trainers in a sandbox container, watched by `orch run`.
+
+playbooks/specforge-dflash.yaml: a real `torchrun --nproc-per-node 2`
 (gloo, torch 2.13 CPU) in a container, running a DDP loop that logs like SpecForge's
 train_dflash.py in place of the trainer (tests/trainer/real/ddp_specforge_loop.py, put at
 scripts/train_dflash.py of a fake checkout; the playbook's trainer_args set its flags).
@@ -9,10 +11,16 @@ scripts/train_dflash.py of a fake checkout; the playbook's trainer_args set its 
 - the container's loopback down (the sandbox's bind-mounted containers start that way; a
   Proxmox CT's init brings it up): the ranks never reach their store at 127.0.0.1, a
   rendezvous failure rather than a plain hang.
+
+A Hugging Face Trainer (transformers 5.24, a 2-layer GPT-2 from its config, synthetic data)
+under a playbook with `format: hf-trainer`: the record's points are its log_history. The
+libraries are the test venv's (tests/trainer/realenv.py), linked into the container's venv
+the way tests/integration/torch_seed.py links torch.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,12 +53,15 @@ def container(sandbox):
     venv = seed_torch_venv(sandbox, HOST, VMID, dest=VENV_DIR)
     root = Path(container_root(sandbox, HOST, VMID))
     trainers = trainers_venv(Path(torch_venv()) / "bin" / "python")
-    tqdm = next(trainers.glob("lib/python3*/site-packages/tqdm"))
     site = next((root / VENV_DIR).glob("lib/python3*/site-packages"))
-    shutil.copytree(tqdm, site / "tqdm")
+    for entry in next(trainers.glob("lib/python3*/site-packages")).iterdir():
+        # transformers, accelerate, tqdm and their dependencies; not the venv's own tools
+        if not (site / entry.name).exists() and entry.suffix != ".pth":
+            subprocess.run(["cp", "-al", str(entry), str(site / entry.name)], check=True)
     scripts = root / CHECKOUT.split("/root/", 1)[1] / "scripts"
     scripts.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "tests" / "trainer" / "real" / "ddp_specforge_loop.py", scripts / "train_dflash.py")
+    shutil.copy(REPO / "tests" / "trainer" / "real" / "hf_tiny_trainer.py", scripts / "hf_tiny_trainer.py")
     loopback(sandbox, "up")
     yield venv
     loopback(sandbox, "down")
@@ -123,3 +134,34 @@ def test_ranks_that_cannot_reach_their_store_never_meet(sandbox, container):
     assert "rendezvous-timeout: the ranks never met" in output
     finding = next(f for f in record.findings if f.signature == "rendezvous-timeout")
     assert "ip link set lo up" in finding.remediation
+
+
+HF_PLAYBOOK = """\
+name: hf-tiny
+targets: [{target}]
+steps:
+  - launch:
+      command: [{venv}/bin/python, {checkout}/scripts/hf_tiny_trainer.py, --output-dir, {checkout}/hf-out,
+                --history, {checkout}/history.json, --steps, "20", --logging-steps, "5"]
+      env: {{HF_HUB_OFFLINE: "1", OMP_NUM_THREADS: "1"}}
+  - monitor: {{format: hf-trainer, tokens_per_step: 128, hang_after: 240}}
+"""
+
+
+def test_a_hugging_face_trainer_run_is_recorded_as_its_log_history(sandbox, container, tmp_path):
+    book = tmp_path / "hf.yaml"
+    book.write_text(HF_PLAYBOOK.format(target=TARGET, venv=container, checkout=CHECKOUT))
+    done = subprocess.run([*ORCH, "-i", str(sandbox.inventory_path), "run", str(book)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert "ok: 1 drafter trained to step 20" in done.stdout
+    with RunStore() as store:
+        record = store.get("last")
+    root = Path(container_root(sandbox, HOST, VMID))
+    history = json.loads((root / CHECKOUT.split("/root/", 1)[1] / "history.json").read_text())
+    logged, closing = history[:-1], history[-1]
+    assert [p.step for p in record.metrics] == [e["step"] for e in logged] == [5, 10, 15, 20]
+    for point, entry in zip(record.metrics, logged):
+        assert point.loss == pytest.approx(entry["loss"], rel=1e-3)
+        assert point.extra["learning_rate"] == pytest.approx(entry["learning_rate"], rel=1e-3)
+    assert record.metrics[-1].extra["train_runtime"] == pytest.approx(closing["train_runtime"], rel=1e-3)
