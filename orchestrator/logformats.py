@@ -265,6 +265,10 @@ class LogFormat:
     def finish(self) -> list[LogPoint]:
         return []
 
+    def is_metric_line(self, line: str) -> bool:
+        """Whether a stored line carries a point; no state is touched (the live view asks)."""
+        return False
+
 
 class RegexFormat(LogFormat):
     """A regex with named groups: step (required), loss, tok_s, worker/rank/drafter; any
@@ -278,6 +282,9 @@ class RegexFormat(LogFormat):
         self.pattern = re.compile(pattern or DEFAULT_METRIC_REGEX)
         if "step" not in self.pattern.groupindex:
             raise ValueError("the metric regex needs a named group (?P<step>...)")
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self.pattern.search(line))
 
     def on_line(self, line: str, worker: int) -> list[LogPoint]:
         match = self.pattern.search(line)
@@ -312,6 +319,9 @@ class SpecForgeFormat(LogFormat):
                        r"(?P<rest>.*)")
     _FIELD = re.compile(r"(\w[\w ]*?):\s*([-+]?[\d.]+(?:[eE][-+]?\d+)?)")
 
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self._STEP.search(line))
+
     def on_line(self, line: str, worker: int) -> list[LogPoint]:
         match = self._STEP.search(line)
         if not match:
@@ -337,6 +347,9 @@ class HfTrainerFormat(LogFormat):
     def __init__(self):
         self._waiting: dict[int, list[dict]] = {}
         self._last_step: dict[int, int] = {}
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self._DICT.search(line))
 
     def on_bar(self, bar: Bar, worker: int) -> list[LogPoint]:
         self._last_step[worker] = bar.n
@@ -401,6 +414,9 @@ class JsonlFormat(LogFormat):
     _STEP_KEYS = ("step", "global_step", "iter", "iteration")
     _RATE_KEYS = ("tok_s", "tokens_per_s", "tokens_per_second", "throughput")
     _WORKER_KEYS = ("worker", "rank", "drafter")
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self.on_line(line, 0))     # stateless: a JSON object with a step
 
     def on_line(self, line: str, worker: int) -> list[LogPoint]:
         start = line.find("{")

@@ -322,6 +322,7 @@ class Monitor(FollowHandler):
         # One format for all of a run's logs: its state (a Trainer dict waiting for its
         # step) is per worker. One stream per log file: each has its own partial line.
         self.log_format = make_format(settings.format, settings.metric_regex)
+        self.classifier.metric_lines = self.log_format.is_metric_line
         self.parsers: dict[Optional[str], LogParser] = {}
         self.derive = DerivedThroughput(settings.tokens_per_step)
         self.follower = LogFollower(target, run_dir, offset=settings.offset,

@@ -142,6 +142,7 @@ class LogClassifier:
         self._last_points: dict[int, MetricPoint] = {}
         self.rank_logs_expected = False             # torchrun was asked for one log per rank
         self.rank_logs_seen = False                 # ... and one appeared: its workers started
+        self.metric_lines = None                    # the log format's test for a metric line
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, now: float) -> Optional[MetricPoint]:
@@ -186,6 +187,12 @@ class LogClassifier:
         return self.observe(LogPoint(step=int(groups["step"]), worker=int(groups.get("drafter") or 0),
                                      loss=_number(groups.get("loss")),
                                      tok_s=_number(groups.get("tok_s"))), now)
+
+    def is_metric_line(self, line: str) -> bool:
+        """Whether the line carries a metric point (the live table shows those)."""
+        if self.metric is not None:
+            return bool(self.metric.search(line))
+        return bool(self.metric_lines and self.metric_lines(line))
 
     def observe(self, point: LogPoint, now: float) -> Optional[MetricPoint]:
         """A point a log format read: per-worker progress; a MetricPoint unless it was only a

@@ -181,7 +181,7 @@ class ConsoleReporter:
             with self._state_lock:
                 state = self._monitors.get(target)
                 classifier = state and state.get("classifier")
-            if classifier is not None and classifier.metric.search(line):
+            if classifier is not None and classifier.is_metric_line(line):
                 return  # the table shows it
         # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
         self.out.out(f"{target} | {line}", highlight=False)

@@ -16,6 +16,7 @@ from orchestrator.monitor import (LogFollower, Monitor, MonitorSettings, Monitor
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
+from orchestrator.logformats import make_format
 from orchestrator.torchrun import RANK_LOGS, TorchrunError, build_argv, check_spec
 
 from tests.unit.test_monitor_follow import Collect
@@ -226,3 +227,31 @@ def test_one_step_said_twice_becomes_one_point_with_both():
     again = classifier.observe(LogPoint(step=20, metrics={"train_loss": 5.39}), 2.0)
     assert (first.loss, again.loss) == (5.4, 5.4)
     assert again.extra == {"grad_norm": 1.8, "train_loss": 5.39}
+
+
+def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.logformats import LogPoint
+    from orchestrator.monitor_classify import LogClassifier
+    from orchestrator.run_console import ConsoleReporter
+
+    out = io.StringIO()
+    reporter = ConsoleReporter(Console(file=out, width=120, force_terminal=False), live=False, echo="events")
+    classifier = LogClassifier("dev", metrics_from_lines=False)
+    classifier.worker_word = "rank"
+    classifier.metric_lines = make_format("specforge").is_metric_line
+    for rank in (0, 1):
+        classifier.observe(LogPoint(step=50, worker=rank, loss=2.1), 1.0)
+    reporter.monitor_started("dev", "/r", MonitorSettings())
+    reporter.monitor_progress("dev", classifier, {"state": "running"})
+    reporter.log_line("dev", "2026-11-30 12:00:00,000 - INFO - x - Train - Step 50 [50/99?], Loss: 2.1")
+    reporter.log_line("dev", "Saved checkpoint to /out")
+    text = out.getvalue()
+    assert "Train - Step 50" not in text and "dev | Saved checkpoint to /out" in text
+    header = reporter._table({"dev": {"classifier": classifier, "status": {}, "settings": None}})
+    rendered = io.StringIO()
+    Console(file=rendered, width=120).print(header)
+    assert "rank" in rendered.getvalue().splitlines()[0] and "drafter" not in rendered.getvalue()
