@@ -49,12 +49,26 @@ class ConfigError(OrchError):
     exit_code = ExitCode.USAGE
 
 
+class BadArgument(OrchError, ValueError):
+    """An argument or environment value no command can receive (NUL byte, too long)."""
+
+    exit_code = ExitCode.USAGE
+
+
 class ConnectionProblem(OrchError):
     exit_code = ExitCode.UNREACHABLE
 
 
 class HostUnreachable(ConnectionProblem):
     pass
+
+
+class ConnectionLost(HostUnreachable):
+    """The connection broke while a command ran: its outcome is unknown."""
+
+
+class ChannelRefused(ConnectionProblem):
+    """The host's sshd refused to open a session channel (MaxSessions, or a policy)."""
 
 
 class AuthRefused(ConnectionProblem):

@@ -1,4 +1,4 @@
-"""From inventory names to live Targets, with one connection per host shared by all."""
+"""From inventory names to live Targets, with each host's SSH connections shared by all."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from orchestrator.errors import ConfigError, NoSuchContainer, OrchError
 from orchestrator.remote.base import Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
-from orchestrator.remote.ssh import DEFAULT_KNOWN_HOSTS, SshHost, SshSettings
+from orchestrator.remote.ssh import (DEFAULT_CONNECTIONS, DEFAULT_KNOWN_HOSTS,
+                                     DEFAULT_MAX_SESSIONS, SshHost, SshSettings)
 
 T = TypeVar("T")
 SSH_CONFIG = "~/.ssh/config"
@@ -111,7 +112,9 @@ class Fleet:
             known_hosts=spec.known_hosts or _first(found.get("userknownhostsfile")) or DEFAULT_KNOWN_HOSTS,
             jump=self._jump_settings(jump_name, seen + (spec.name,)) if jump_name else None,
             connect_timeout=spec.connect_timeout,
-            trust_on_first_use=self.trust_on_first_use)
+            trust_on_first_use=self.trust_on_first_use,
+            max_sessions=spec.max_sessions or DEFAULT_MAX_SESSIONS,
+            connections=spec.connections or DEFAULT_CONNECTIONS)
 
     def _jump_settings(self, jump: str, seen: tuple) -> SshSettings:
         if jump in self.inventory.hosts:
@@ -148,8 +151,13 @@ def _read_ssh_config(path: str) -> Optional[paramiko.SSHConfig]:
         raise OrchError(f"{path}: cannot read the SSH config: {error}") from None
 
 
-def each_concurrently(items: list, work: Callable, max_workers: int = 16) -> list:
-    """Run work(item) for every item at once; each outcome is a value or the OrchError raised."""
+def each_concurrently(items: list, work: Callable, max_workers: int = 16,
+                      on_interrupt: Optional[Callable[[], None]] = None) -> list:
+    """Run work(item) for every item at once; each outcome is a value or the OrchError raised.
+
+    on_interrupt runs when the wait is interrupted (Ctrl-C): it must make the running work
+    end (close the connections), or the interrupt would wait for every command to finish.
+    """
     def guarded(item):
         try:
             return work(item)
@@ -157,5 +165,12 @@ def each_concurrently(items: list, work: Callable, max_workers: int = 16) -> lis
             return error
     if len(items) <= 1:
         return [guarded(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(max_workers, len(items)))
+    try:
         return list(pool.map(guarded, items))
+    except BaseException:
+        if on_interrupt is not None:
+            on_interrupt()
+        raise
+    finally:
+        pool.shutdown(wait=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import sys
 import threading
@@ -15,50 +16,94 @@ from orchestrator.errors import ConfigError, ExitCode, OrchError, PayloadError
 from orchestrator.fleet import each_concurrently
 from orchestrator.payloads import run_payload
 from orchestrator.proxmox import ProxmoxClient, api_backend
-from orchestrator.remote.base import LineSplitter
+from orchestrator.remote.base import LineSplitter, stdin_bytes
 from orchestrator.remote.container import require_vmid
 
 pass_app = click.pass_obj
 
 
 # ---------------------------------------------------------------- orch exec
-@click.command("exec", context_settings={"ignore_unknown_options": True})
+# After TARGET everything is the command's, as with ssh and docker exec: orch's own options
+# go before TARGET (`orch exec --timeout 5 CT python3 x.py --timeout 1`).
+@click.command("exec", context_settings={"ignore_unknown_options": True,
+                                         "allow_interspersed_args": False})
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="Kill the command (its whole process group) after this long "
+                   "(default: no limit).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON when it ends.")
 @click.argument("target")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--timeout", type=float, default=None, metavar="SECONDS",
-              help="Kill the command after this long (default: no limit).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON when it ends.")
 @pass_app
 def exec_command(app, target, command, timeout, as_json):
     """Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live.
 
-    Each argument arrives exactly as typed: orch quotes once, no shell in between.
-    orch exits with the command's exit code (255 for orch's own errors, as ssh does).
-    Standard input is forwarded when it is a pipe or a file.
+    Options go before TARGET; everything after TARGET (an optional `--` first) is the
+    command, passed exactly as typed: orch quotes once, no shell in between. Output and
+    standard input (a pipe or a file) stream as they arrive. When the timeout fires or orch
+    is interrupted (Ctrl-C, SIGTERM), the command's process group in the container is
+    killed. orch exits with the command's exit code; its own errors exit 255, as ssh's do
+    (a host unreachable, a connection lost mid-command, no such container).
 
     \b
     Examples:
       orch exec drafters -- nvidia-smi
-      orch exec pve:200 -- python3 -c 'import sys; print(sys.argv)' 'a b' '$HOME'
-      orch exec all-drafters -- df -h /
+      orch exec pve:200 python3 -c 'import sys; print(sys.argv)' 'a b' '$HOME'
+      orch exec --timeout 60 all-drafters -- df -h /
     """
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise click.UsageError("no command given after the target")
+    if command[0].startswith("-"):
+        raise click.UsageError(f"the command starts with {command[0]!r}: orch's options go "
+                               "before TARGET (orch exec --timeout 5 TARGET -- COMMAND...)")
+    signal.signal(signal.SIGTERM, _terminated)
     targets = app.fleet.targets([target])
-    stdin = _forwarded_stdin()
-    if len(targets) == 1 and not as_json:
-        result = targets[0].run(list(command), stdin=stdin, timeout=timeout,
-                                on_stdout=_writer(sys.stdout), on_stderr=_writer(sys.stderr))
-        sys.exit(result.exit_code)
+    try:
+        if len(targets) == 1 and not as_json:
+            _exec_streaming(targets[0], command, timeout)
+        _exec_many(app, targets, command, timeout, as_json)
+    except _OutputClosed:
+        # like ssh under `| head`: the reader left, the remote command is stopped with us
+        sys.stdout = open(os.devnull, "w")
+        sys.exit(128 + signal.SIGPIPE)
+
+
+def _exec_streaming(target, command, timeout):
+    result = target.run(command, stdin=_forwarded_stdin(), timeout=timeout, capture=False,
+                        kill_on_close=True, on_stdout=_writer(sys.stdout),
+                        on_stderr=_writer(sys.stderr))
+    sys.exit(result.exit_code)
+
+
+def _exec_many(app, targets, command, timeout, as_json):
+    stdin = stdin_bytes(_forwarded_stdin())  # every target gets the same input
     results = each_concurrently(targets, lambda t: t.run(
-        list(command), stdin=stdin, timeout=timeout,
+        command, stdin=stdin, timeout=timeout, capture=as_json, kill_on_close=True,
         on_stdout=None if as_json else _prefixed(t.name, sys.stdout),
-        on_stderr=None if as_json else _prefixed(t.name, sys.stderr)))
+        on_stderr=None if as_json else _prefixed(t.name, sys.stderr)),
+        on_interrupt=app.fleet.close)
     if as_json:
         console.print_json([_result_json(t, r) for t, r in zip(targets, results)])
     for t, r in zip(targets, results):
         if isinstance(r, OrchError):
-            console.error(str(r))
+            console.error(_naming(t.name, str(r)))
     codes = [ExitCode.EXEC_ORCH_ERROR if isinstance(r, OrchError) else r.exit_code for r in results]
     sys.exit(max(codes))
+
+
+def _naming(name: str, message: str) -> str:
+    """An error of one target of many, said with the target's name first (once)."""
+    return message if message.startswith(name) else f"{name}: {message}"
+
+
+def _terminated(number, frame):
+    raise SystemExit(128 + number)  # unwinds like Ctrl-C: channels close, commands die
+
+
+class _OutputClosed(Exception):
+    """orch's own stdout or stderr was closed by its reader (`orch exec ... | head`)."""
 
 
 def _forwarded_stdin():
@@ -67,7 +112,7 @@ def _forwarded_stdin():
     except (OSError, ValueError, AttributeError):
         return None
     if stat.S_ISFIFO(mode) or stat.S_ISREG(mode):
-        return sys.stdin.buffer.read()
+        return sys.stdin.buffer
     return None
 
 
@@ -76,8 +121,11 @@ def _writer(stream):
 
     def write(chunk: bytes) -> None:
         with lock:
-            stream.buffer.write(chunk)
-            stream.flush()
+            try:
+                stream.buffer.write(chunk)
+                stream.flush()
+            except BrokenPipeError:
+                raise _OutputClosed() from None
     return write
 
 
@@ -86,15 +134,18 @@ def _prefixed(name: str, stream):
 
     def line(text: str) -> None:
         with lock:
-            stream.write(f"[{name}] {text}\n")
-            stream.flush()
+            try:
+                stream.write(f"[{name}] {text}\n")
+                stream.flush()
+            except BrokenPipeError:
+                raise _OutputClosed() from None
     splitter = LineSplitter(line)
     return splitter.feed
 
 
 def _result_json(target, result) -> dict:
     if isinstance(result, OrchError):
-        return {"target": target.name, "error": str(result), "exit_code": None}
+        return {"target": target.name, "error": _naming(target.name, str(result)), "exit_code": None}
     return {"target": target.name, "argv": result.argv, "exit_code": result.exit_code,
             "stdout": result.text, "stderr": result.error_text, "duration_s": round(result.duration, 4)}
 

@@ -28,7 +28,8 @@ from orchestrator.config.yamlsrc import Source, load_yaml
 from orchestrator.errors import ConfigError
 
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
-             "connect_timeout", "timeout", "iface", "api", "description")
+             "connect_timeout", "timeout", "iface", "api", "description", "max_sessions",
+             "connections")
 CONTAINER_KEYS = ("host", "cluster", "vmid", "venv", "gpus", "env", "description")
 API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_file",
             "fingerprint")
@@ -54,6 +55,8 @@ class HostSpec:
     iface: Optional[str] = None
     api: dict = field(default_factory=dict)
     description: str = ""
+    max_sessions: Optional[int] = None   # sshd's MaxSessions there (default 10, OpenSSH's)
+    connections: Optional[int] = None    # SSH connections orch may open to it at once
 
 
 @dataclass
@@ -189,6 +192,12 @@ def _host(source: Source, name: str, spec) -> HostSpec:
             if value <= 0:
                 raise source.error(path + (key,), f"{key} must be positive")
             setattr(host, key, float(value))
+    for key in ("max_sessions", "connections"):
+        if key in spec:
+            value = expect(source, path + (key,), spec[key], int)
+            if not 1 <= value <= 1000:
+                raise source.error(path + (key,), f"{key} must be between 1 and 1000, not {value}")
+            setattr(host, key, value)
     identity = spec.get("identity", [])
     host.identity = [identity] if isinstance(identity, str) else expect_list_of(
         source, path + ("identity",), identity, str)

@@ -6,16 +6,24 @@ shell (SSH's exec request) turns it into one, with shlex.join, exactly once.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
-from orchestrator.errors import CommandFailed
+from orchestrator.errors import BadArgument, CommandFailed
 
 # Called with each chunk of bytes as it arrives (stdout or stderr).
 OutputCallback = Callable[[bytes], None]
 
+# What a command reads: all of it at once, or a binary stream read as it arrives
+# (orch exec forwards its own stdin this way, so `(cat; sleep 8) | orch exec ...` streams).
+Stdin = Union[bytes, BinaryIO, None]
+
 DEFAULT_TIMEOUT = 120.0
+# Linux refuses one argv string longer than this (MAX_ARG_STRLEN, 32 pages, NUL included).
+MAX_ARG_BYTES = 131072 - 1
+STDIN_PIECE = 1 << 16
 
 
 @dataclass
@@ -45,8 +53,7 @@ class Result:
         return [line for line in self.error_text.splitlines() if line.strip()][-lines:]
 
     def display(self, width: int = 80) -> str:
-        shown = shlex.join(self.argv)
-        return shown if len(shown) <= width else shown[: width - 3] + "..."
+        return display_argv(self.argv, width)
 
     def check(self, what: Optional[str] = None) -> "Result":
         """Return self when the command succeeded, else raise CommandFailed."""
@@ -59,11 +66,17 @@ class Result:
 class RunOptions:
     """How to run one command; shared by every transport."""
 
-    stdin: Optional[bytes] = None
+    stdin: Stdin = None
     timeout: Optional[float] = DEFAULT_TIMEOUT
     env: dict[str, str] = field(default_factory=dict)
     on_stdout: Optional[OutputCallback] = None
     on_stderr: Optional[OutputCallback] = None
+    # False: output goes only to the callbacks (Result.stdout/stderr keep only their last
+    # few KiB), so a command printing gigabytes costs no memory; orch exec streams this way.
+    capture: bool = True
+    # True: the command's process group is killed when orch stops waiting for it (timeout,
+    # Ctrl-C, a lost connection). Targets in containers honour it (see Target._run).
+    kill_on_close: bool = False
 
 
 class Transport:
@@ -71,12 +84,14 @@ class Transport:
 
     name: str = "transport"
 
-    def run(self, argv: Sequence[str], *, stdin: Optional[bytes] = None,
+    def run(self, argv: Sequence[str], *, stdin: Stdin = None,
             timeout: Optional[float] = DEFAULT_TIMEOUT, env: Optional[dict] = None,
             on_stdout: Optional[OutputCallback] = None,
-            on_stderr: Optional[OutputCallback] = None, check: bool = False) -> Result:
-        options = RunOptions(stdin=stdin, timeout=timeout, env=dict(env or {}),
-                             on_stdout=on_stdout, on_stderr=on_stderr)
+            on_stderr: Optional[OutputCallback] = None, check: bool = False,
+            capture: bool = True, kill_on_close: bool = False) -> Result:
+        options = RunOptions(stdin=stdin, timeout=timeout, env=validate_env(env or {}),
+                             on_stdout=on_stdout, on_stderr=on_stderr, capture=capture,
+                             kill_on_close=kill_on_close)
         result = self._run(validate_argv(argv), options)
         return result.check() if check else result
 
@@ -91,6 +106,37 @@ class Transport:
         pass
 
 
+# Bytes of a streamed (not captured) output kept in its Result: enough for the last error
+# lines (pct's own sentence ends its stderr), at a constant cost in memory.
+STREAMED_TAIL_BYTES = 4096
+
+
+class OutputKeeper:
+    """What one output stream leaves in the Result: all of it when capturing, only its
+    last STREAMED_TAIL_BYTES when the caller streams it through a callback."""
+
+    def __init__(self, capture: bool):
+        self.capture = capture
+        self._chunks: list[bytes] = []
+        self._tail = b""
+
+    def add(self, chunk: bytes) -> None:
+        if self.capture:
+            self._chunks.append(chunk)
+        else:
+            self._tail = (self._tail + chunk)[-STREAMED_TAIL_BYTES:]
+
+    def value(self) -> bytes:
+        return b"".join(self._chunks) if self.capture else self._tail
+
+
+def with_env(assignments: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """`env -- K=V ... ARGV`. env takes every leading word with '=' as an assignment, so a
+    program whose own name has one is run through sh's exec, which takes it as a name."""
+    runner = ["sh", "-c", 'exec "$@"', "sh"] if "=" in argv[0] else []
+    return ["env", "--", *assignments, *runner, *argv]
+
+
 def validate_argv(argv: Sequence[str]) -> list[str]:
     """An argv must be a non-empty list of strings without NUL bytes (no OS can pass those)."""
     if isinstance(argv, (str, bytes)):
@@ -98,12 +144,91 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
     argv = list(argv)
     if not argv:
         raise ValueError("empty command")
-    for arg in argv:
+    for index, arg in enumerate(argv):
         if not isinstance(arg, str):
             raise TypeError(f"argument {arg!r} is not a string")
         if "\0" in arg:
-            raise ValueError(f"argument {arg!r} contains a NUL byte, which no command can receive")
+            raise BadArgument(f"argument {arg!r} contains a NUL byte, which no command can receive")
+        size = len(_encodable(arg, f"argument {index}"))
+        if size > MAX_ARG_BYTES:
+            raise BadArgument(
+                f"argument {index} ({_preview(arg)}) is {size} bytes: Linux passes at most "
+                f"{MAX_ARG_BYTES} bytes in one argument (MAX_ARG_STRLEN)",
+                hint="pass large data on standard input or in a file")
     return argv
+
+
+def display_argv(argv: Sequence[str], width: int = 80) -> str:
+    """argv as a user would type it, cut to width; a non-UTF-8 byte (a lone surrogate
+    here) is shown as \\udcXX and never crashes a print."""
+    shown = shlex.join(argv).encode("utf-8", "backslashreplace").decode("utf-8")
+    return shown if len(shown) <= width else shown[: width - 3] + "..."
+
+
+def validate_env(env: dict) -> dict[str, str]:
+    """Names and values any exec can carry: a name is non-empty without '=', no NUL anywhere."""
+    checked = {}
+    for name, value in env.items():
+        name, value = str(name), str(value)
+        if not name or "=" in name or "\0" in name:
+            raise BadArgument(f"environment variable name {name!r} is not valid "
+                              "(it must be non-empty, without '=' or NUL)")
+        if "\0" in value:
+            raise BadArgument(f"environment variable {name} has a NUL byte in its value")
+        _encodable(name, "an environment variable name")
+        _encodable(value, f"environment variable {name}")
+        checked[name] = value
+    return checked
+
+
+def encode_arg(text: str) -> bytes:
+    """An argument's bytes on the wire: UTF-8, with the undecodable bytes Python kept from
+    the command line (lone surrogates, PEP 383) given back as the very same bytes."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _encodable(text: str, what: str) -> bytes:
+    try:
+        return encode_arg(text)
+    except UnicodeEncodeError as error:  # a surrogate that stands for no byte
+        raise BadArgument(f"{what} ({_preview(text)}) holds {text[error.start]!r}, which is "
+                          "no character and no byte: it cannot be sent") from None
+
+
+def _preview(arg: str) -> str:
+    return repr(arg[:20] + "...") if len(arg) > 20 else repr(arg)
+
+
+def stdin_pieces(stdin: Stdin) -> Iterator[bytes]:
+    """The command's input in pieces of at most STDIN_PIECE bytes, read as it arrives."""
+    if stdin is None:
+        return
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        view = memoryview(stdin)
+        for start in range(0, len(view), STDIN_PIECE):
+            yield view[start:start + STDIN_PIECE].tobytes()
+        return
+    fileno = getattr(stdin, "fileno", None)
+    if fileno is not None:
+        try:
+            fd = fileno()
+        except (OSError, ValueError):
+            fd = None
+        if fd is not None:
+            # os.read returns what is there now: a line typed into a pipe goes on at once
+            for piece in iter(lambda: os.read(fd, STDIN_PIECE), b""):
+                yield piece
+            return
+    reader = getattr(stdin, "read1", None) or stdin.read
+    for piece in iter(lambda: reader(STDIN_PIECE), b""):
+        yield piece
+
+
+def stdin_bytes(stdin: Stdin) -> Optional[bytes]:
+    """All of the input at once (for transports that need it whole)."""
+    if stdin is None or isinstance(stdin, bytes):
+        return stdin
+    return b"".join(stdin_pieces(stdin))
 
 
 class LineSplitter:

@@ -4,11 +4,14 @@ itself. Commands stay argv lists; the host's transport does the only quoting.
 
 from __future__ import annotations
 
+import ast
+import functools
 import re
 from typing import Optional, Sequence
 
-from orchestrator.errors import ContainerNotRunning, NoSuchContainer, OrchError
-from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport
+from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
+                                 NoSuchContainer, OrchError)
+from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv, with_env
 
 # pct's own failures before the command runs: one of these sentences ends stderr (perl's
 # locale warnings may come first; usage lines follow a bad id) and stdout is empty. The exit code says
@@ -32,6 +35,10 @@ _PUT_SCRIPT = ('umask 077; cat > "$1.orch-part" && [ "$(wc -c < "$1.orch-part")"
                '&& chmod "$2" "$1.orch-part" && mv -f "$1.orch-part" "$1" '
                '|| { rm -f "$1.orch-part"; exit 1; }')
 _HOME_SCRIPT = 'printf %s "$HOME"'
+# The reaper needs the container's python3; a container without one still runs the
+# command, only without the group kill. $0 is the reaper's source, "$@" the command.
+_REAP_IF_PYTHON = ('if command -v python3 >/dev/null 2>&1; then exec python3 -c "$0" "$@"; fi; '
+                   'exec "$@"')
 
 
 class Target(Transport):
@@ -56,16 +63,30 @@ class Target(Transport):
         if not self.vmid:
             return list(argv)
         path = path or self.env.get("PATH") or CONTAINER_PATH
-        return ["pct", "exec", str(self.vmid), "--", "env", f"PATH={path}", *argv]
+        return ["pct", "exec", str(self.vmid), "--", *with_env([f"PATH={path}"], argv)]
 
     def _run(self, argv, options) -> Result:
         path = options.env.pop("PATH", None) if self.vmid else None  # pct would reset it
-        result = self.host._run(self.wrap(argv, path), options)
+        inner = reaped(argv) if options.kill_on_close and self.vmid else argv
+        try:
+            result = self.host._run(self.wrap(inner, path), options)
+        except (CommandTimeout, ConnectionLost) as error:
+            raise self._restated(error, self.wrap(inner, path), argv) from None
         result.argv = list(argv)
         result.target = self.name
         if self.vmid and result.exit_code != 0:
             self._raise_pct_error(result)
         return result
+
+    def _restated(self, error, host_argv, argv):
+        """The host's error about `pct exec ... ARGV`, said about ARGV in this target."""
+        error.message = error.message.replace(
+            f"{display_argv(host_argv)} on host {self.host.name}",
+            f"{display_argv(argv)} in {self.describe()}").replace(
+            f"while {display_argv(host_argv)} ran", f"while {display_argv(argv)} ran in {self.name}")
+        if getattr(error, "result", None) is not None:
+            error.result.argv, error.result.target = list(argv), self.name
+        return error
 
     def spawn(self, argv):
         return self.host.spawn(self.wrap(argv))
@@ -137,6 +158,22 @@ def pct_error_text(result: Result, vmid: Optional[int]) -> Optional[str]:
             _PCT_BAD_VMID.search(line) for line in lines):
         return " ".join(line.strip() for line in lines[:2])
     return None
+
+
+def reaped(argv: Sequence[str]) -> list[str]:
+    """argv run under the reaper payload: its own process group, killed when the channel
+    closes (pct exec gives no signal to a command whose caller went away)."""
+    return ["sh", "-c", _REAP_IF_PYTHON, _reaper_source(), *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def _reaper_source() -> str:
+    """The reaper without its docstring and comments: shorter in the container's `ps`."""
+    from orchestrator.payloads import payload_source  # payloads import this module
+    tree = ast.parse(payload_source("reaper").decode())
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        tree.body.pop(0)
+    return ast.unparse(tree)
 
 
 def require_vmid(target: Target) -> int:

@@ -9,7 +9,8 @@ import threading
 import time
 
 from orchestrator.errors import CommandTimeout, OrchError
-from orchestrator.remote.base import BufferedLines, Process, Result, RunOptions, Transport, validate_argv
+from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
+                                      Transport, stdin_pieces, validate_argv)
 
 
 class LocalTransport(Transport):
@@ -27,8 +28,8 @@ class LocalTransport(Transport):
             raise OrchError(f"{argv[0]}: command not found on {self.name}") from None
         except PermissionError:
             raise OrchError(f"{argv[0]}: permission denied on {self.name}") from None
-        readers = [_start_reader(process.stdout, options.on_stdout),
-                   _start_reader(process.stderr, options.on_stderr)]
+        readers = [_start_reader(process, process.stdout, options.on_stdout, options.capture),
+                   _start_reader(process, process.stderr, options.on_stderr, options.capture)]
         if options.stdin is not None:
             threading.Thread(target=_feed_stdin, args=(process.stdin, options.stdin),
                              daemon=True).start()
@@ -83,29 +84,36 @@ class _LocalProcess(Process):
 class _Reader(threading.Thread):
     """Drains one pipe so the child never blocks on a full pipe, forwarding chunks live."""
 
-    def __init__(self, pipe, callback):
+    def __init__(self, process, pipe, callback, capture: bool = True):
         super().__init__(daemon=True)
-        self.pipe, self.callback, self.chunks = pipe, callback, []
+        self.process, self.pipe, self.callback = process, pipe, callback
+        self.output, self.error = OutputKeeper(capture), None
 
     def run(self) -> None:
         for chunk in iter(lambda: self.pipe.read1(65536), b""):
-            self.chunks.append(chunk)
-            if self.callback:
-                self.callback(chunk)
+            self.output.add(chunk)
+            if self.callback and self.error is None:
+                try:
+                    self.callback(chunk)
+                except BaseException as error:  # the caller's sink failed: stop the command,
+                    self.error = error            # and let the caller's thread raise it
+                    _kill_group(self.process)
         self.pipe.close()
 
 
-def _start_reader(pipe, callback) -> _Reader:
-    reader = _Reader(pipe, callback)
+def _start_reader(process, pipe, callback, capture: bool = True) -> _Reader:
+    reader = _Reader(process, pipe, callback, capture)
     reader.start()
     return reader
 
 
-def _feed_stdin(pipe, data: bytes) -> None:
+def _feed_stdin(pipe, stdin) -> None:
     try:
-        pipe.write(data)
+        for piece in stdin_pieces(stdin):
+            pipe.write(piece)
+            pipe.flush()
         pipe.close()
-    except BrokenPipeError:  # the command stopped reading; its exit code tells the story
+    except (BrokenPipeError, ValueError):  # the command stopped reading; its exit code tells
         pass
 
 
@@ -119,7 +127,10 @@ def _kill_group(process: subprocess.Popen) -> None:
 def _collect(argv, exit_code, readers, started, target) -> Result:
     for reader in readers:
         reader.join(timeout=5)
+    for reader in readers:
+        if reader.error is not None:
+            raise reader.error
     # A negative code means "killed by signal N"; report it the way a shell would.
     code = 128 - exit_code if exit_code < 0 else exit_code
-    stdout, stderr = (b"".join(reader.chunks) for reader in readers)
+    stdout, stderr = (reader.output.value() for reader in readers)
     return Result(argv, code, stdout, stderr, time.monotonic() - started, target)

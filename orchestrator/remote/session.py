@@ -16,7 +16,7 @@ from typing import Optional
 
 from orchestrator.errors import CommandTimeout, OrchError
 from orchestrator.payloads import payload_source
-from orchestrator.remote.base import Process, Result, RunOptions, Transport
+from orchestrator.remote.base import Process, Result, RunOptions, Transport, stdin_bytes
 from orchestrator.remote.container import Target
 
 START_TIMEOUT = 30.0
@@ -62,8 +62,9 @@ class ExecSession(Transport):
         if self._process is None:
             self._process = self._start()
         self._next_id += 1
+        stdin = stdin_bytes(options.stdin)
         request = {"id": self._next_id, "argv": argv, "timeout": options.timeout, "env": options.env,
-                   "stdin": None if options.stdin is None else base64.b64encode(options.stdin).decode()}
+                   "stdin": None if stdin is None else base64.b64encode(stdin).decode()}
         started = time.monotonic()
         self._process.write((json.dumps(request) + "\n").encode())
         try:
@@ -86,6 +87,8 @@ class ExecSession(Transport):
         for data, callback in ((stdout, options.on_stdout), (stderr, options.on_stderr)):
             if data and callback:
                 callback(data)
+        if not options.capture:
+            stdout = stderr = b""
         return Result(argv, reply["exit_code"], stdout, stderr, duration, self.name)
 
     def close(self) -> None:

@@ -1,29 +1,56 @@
-"""One reused SSH connection per Proxmox host (paramiko), with host keys checked.
+"""Reused SSH connections per Proxmox host (paramiko), with host keys checked.
 
 Why paramiko directly rather than one `ssh` process per command: a connection is set up
 once (about 190 ms here) and every later command costs one channel (a few ms with
 TCP_NODELAY, which paramiko does not set by itself). Host keys come from known_hosts; an
 unknown key is refused unless the user asked for trust-on-first-use, a changed key always.
+
+A stock sshd opens at most 10 session channels per connection (MaxSessions) and refuses
+the 11th at once. So each connection counts its open channels and a command waits for a
+free one; when all are busy a host gets another connection, up to `connections` (see
+docs/transport.md). The environment travels inside the command (`env K=V ...`): sshd
+drops SSH env requests unless AcceptEnv lets them in, and a stock one accepts LANG and
+LC_* only.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import shlex
+import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import paramiko
+from paramiko.common import MSG_CHANNEL_REQUEST
 
-from orchestrator.errors import (AuthRefused, CommandTimeout, HostKeyChanged, HostKeyUnknown,
-                                 HostUnreachable)
-from orchestrator.remote.base import BufferedLines, Process, Result, RunOptions, Transport, validate_argv
+from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout, ConnectionLost,
+                                 HostKeyChanged, HostKeyUnknown, HostUnreachable, OrchError)
+from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
+                                      Transport, encode_arg, stdin_pieces, validate_argv,
+                                      with_env)
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_MAX_SESSIONS = 10     # OpenSSH's MaxSessions default, a stock Proxmox node's
+DEFAULT_CONNECTIONS = 4       # per host: 40 commands at once before any waits
+# sshd runs a command as `$SHELL -c COMMAND`: COMMAND is one argv string, which Linux caps
+# at 128 KiB. Longer commands send their argv on stdin to a constant bash program instead.
+INLINE_COMMAND_LIMIT = 100_000
+# Reads NUL-terminated words from stdin, one byte at a time on a pipe (bash's read never
+# takes more than it needs), so the command's own input follows unread. Constant text: the
+# words arrive as data, never as code.
+ARGV_FROM_STDIN = 'mapfile -t -d "" -n "$1" argv && [ "${#argv[@]}" -eq "$1" ] && exec "${argv[@]}"'
+
+# paramiko logs a full traceback through `logging` when a peer hangs up during the
+# handshake; with no handler configured Python prints it on stderr. orch reports such
+# failures itself, as one line: keep paramiko's log out of the user's terminal.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 @dataclass
@@ -40,6 +67,8 @@ class SshSettings:
     connect_timeout: float = 10.0
     keepalive: int = 15
     trust_on_first_use: bool = False
+    max_sessions: int = DEFAULT_MAX_SESSIONS   # channels at once on one connection
+    connections: int = DEFAULT_CONNECTIONS     # connections at most to this host
 
     def known_hosts_name(self) -> str:
         """The name a host key is filed under in known_hosts, as OpenSSH writes it."""
@@ -74,26 +103,81 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 
 class SshHost(Transport):
-    """Commands on a host through one lazily opened, reused SSH connection."""
+    """Commands on a host through a few lazily opened, reused SSH connections."""
 
     def __init__(self, settings: SshSettings):
         self.settings = settings
         self.name = settings.name
-        self._client: Optional[paramiko.SSHClient] = None
+        self._connections: list[_Connection] = []
         self._jump_host: Optional[SshHost] = None
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._connecting = False
+        self._connection_limit = max(1, settings.connections)
 
-    # -- connection -------------------------------------------------------------------
+    # -- connections ------------------------------------------------------------------
     def connect(self) -> paramiko.Transport:
-        with self._lock:
-            if self._client is not None:
-                transport = self._client.get_transport()
-                if transport is not None and transport.is_active():
-                    return transport
-                self._client.close()
-                self._client = None
-            self._client = self._open_client()
-            return self._client.get_transport()
+        """A live transport to the host (the first connection, opened if needed)."""
+        connection = self._reserve(time.monotonic() + self.settings.connect_timeout, count=False)
+        return connection.transport
+
+    def _reserve(self, deadline: Optional[float], count: bool = True) -> "_Connection":
+        """A connection with a free channel slot (counted as taken when `count`), waiting
+        for one until deadline (None: as long as it takes)."""
+        while True:
+            with self._changed:
+                while True:
+                    self._forget_dead()
+                    for connection in self._connections:
+                        if not count or connection.open < connection.capacity:
+                            connection.open += count
+                            return connection
+                    if not self._connecting and len(self._connections) < self._connection_limit:
+                        self._connecting = True
+                        break
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise CommandTimeout(
+                            f"host {self.name}: every SSH channel orch may open there "
+                            f"({sum(c.open for c in self._connections)} on "
+                            f"{len(self._connections)} connection(s)) stayed busy until the "
+                            "deadline", hint="raise the host's `connections` in the "
+                                             "inventory, or run fewer commands at once")
+                    self._changed.wait(1.0 if left is None else min(left, 1.0))
+            try:
+                return self._add_connection(count)
+            except OrchError:
+                with self._changed:
+                    if not self._connections:
+                        raise
+                    # the host takes no more connections now (MaxStartups, a firewall):
+                    # live with the ones it gave
+                    self._connection_limit = len(self._connections)
+
+    def _add_connection(self, count: bool) -> "_Connection":
+        try:
+            client = self._open_client()
+        finally:
+            with self._changed:
+                self._connecting = False
+                self._changed.notify_all()
+        connection = _Connection(client, self.settings.max_sessions)
+        with self._changed:
+            connection.open += count
+            self._connections.append(connection)
+            self._changed.notify_all()
+        return connection
+
+    def _release(self, connection: "_Connection") -> int:
+        """Give a channel slot back; returns how many stay open on that connection."""
+        with self._changed:
+            connection.open -= 1
+            self._changed.notify_all()
+            return connection.open
+
+    def _forget_dead(self) -> None:
+        for connection in [c for c in self._connections if not c.alive()]:
+            self._connections.remove(connection)
+            connection.client.close()
 
     def _open_client(self) -> paramiko.SSHClient:
         s = self.settings
@@ -109,7 +193,8 @@ class SshHost(Transport):
                 s.address, port=s.port, username=s.user, sock=sock,
                 key_filename=[os.path.expanduser(p) for p in s.identity] or None,
                 timeout=s.connect_timeout, banner_timeout=s.connect_timeout,
-                auth_timeout=s.connect_timeout, allow_agent=True, look_for_keys=not s.identity)
+                auth_timeout=s.connect_timeout, allow_agent=True, look_for_keys=not s.identity,
+                transport_factory=_SignalAwareTransport)
         except _UnknownKey as unknown:
             sock.close()
             raise HostKeyUnknown(
@@ -131,7 +216,8 @@ class SshHost(Transport):
                               hint="check the identity file and the host's authorized_keys") from None
         except (paramiko.SSHException, OSError, EOFError) as error:
             sock.close()
-            raise HostUnreachable(f"SSH to host {s.name} ({s.address}:{s.port}) failed: {error}") from None
+            raise HostUnreachable(f"SSH to host {s.name} ({s.address}:{s.port}) failed: "
+                                  f"{error or type(error).__name__}") from None
         transport = client.get_transport()
         transport.set_keepalive(s.keepalive)
         return client
@@ -155,6 +241,7 @@ class SshHost(Transport):
         if self._jump_host is None:
             self._jump_host = SshHost(s.jump)
         try:
+            # direct-tcpip channels are not sessions: MaxSessions does not count them
             return self._jump_host.connect().open_channel(
                 "direct-tcpip", (s.address, s.port), ("127.0.0.1", 0), timeout=s.connect_timeout)
         except (paramiko.SSHException, OSError) as error:
@@ -162,71 +249,185 @@ class SshHost(Transport):
                 f"cannot reach host {s.name} through jump host {s.jump.name}: {error}") from None
 
     def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        with self._changed:
+            connections, self._connections = self._connections, []
+            self._connection_limit = max(1, self.settings.connections)
+        for connection in connections:
+            connection.client.close()
         if self._jump_host is not None:
             self._jump_host.close()
+
+    # -- channels ---------------------------------------------------------------------
+    def _open_channel(self, timeout: float, wait_until: Optional[float] = None):
+        """A session channel and its connection, honouring the server's channel limit:
+        waits for a free slot until wait_until (None: as long as it takes), then gives the
+        server `timeout` seconds to open the channel."""
+        reconnected, refusals = False, 0
+        while True:
+            connection = self._reserve(wait_until)
+            asked = time.monotonic()
+            deadline = asked + timeout
+            try:
+                channel = connection.transport.open_session(timeout=timeout)
+                return connection, channel
+            except (paramiko.SSHException, OSError, EOFError) as error:
+                others = self._release(connection)
+                if _refused(error, connection):
+                    refusals += 1
+                    self._refused(connection, error, others, asked, wait_until)
+                    time.sleep(min(0.02 * 2 ** refusals, 0.5))
+                    continue
+                if connection.alive():
+                    if time.monotonic() >= deadline - 0.05:
+                        raise CommandTimeout(f"host {self.name} did not open a channel within "
+                                             f"{timeout:g} s: {error}") from None
+                    raise HostUnreachable(f"host {self.name} could not open a channel (failed "
+                                          f"after {time.monotonic() - asked:.2f} s): {error}") from None
+                if reconnected:  # one reconnect: a dropped connection is normal after a blip
+                    raise HostUnreachable(f"host {self.name} is not answering: {error}") from None
+                reconnected = True
+
+    def _refused(self, connection, error, others: int, asked: float,
+                 deadline: Optional[float]) -> None:
+        """sshd said no at once (OPEN_FAILURE): it is at its MaxSessions, counting a channel
+        we closed that it has not freed yet, or its limit is lower than ours. With other
+        channels open, remember the lower limit and wait; else say what happened."""
+        if others == 0 or (deadline is not None and time.monotonic() >= deadline):
+            raise ChannelRefused(
+                f"host {self.name} refused to open a session channel ({_reason(error)}) after "
+                f"{time.monotonic() - asked:.2f} s, with {others} other channel(s) of orch open "
+                "on that connection",
+                hint="the host's sshd may allow fewer sessions (MaxSessions) than the "
+                     "inventory's max_sessions; lower it for this host")
+        with self._changed:
+            connection.capacity = max(1, min(connection.capacity, others))
 
     # -- commands ---------------------------------------------------------------------
     def _run(self, argv: list[str], options: RunOptions) -> Result:
         started = time.monotonic()
-        channel = self._open_channel(min(options.timeout or 30.0, 30.0))
+        command, preamble = remote_command(argv, options.env)
+        wait_until = None if options.timeout is None else started + options.timeout
+        connection, channel = self._open_channel(min(options.timeout or 30.0, 30.0), wait_until)
         # exec_command waits for the server's reply without a timeout of its own: a timer
-        # that closes the channel makes every step of the command honour the deadline.
-        timer = _ChannelDeadline(channel, options.timeout)
+        # that closes the channel makes every step of the command honour the deadline
+        # (what is left of it after waiting for a free channel).
+        timer = _ChannelDeadline(channel, None if wait_until is None
+                                 else max(wait_until - time.monotonic(), 0.001))
+        stdout = stderr = b""
+        status = None
         try:
-            for key, value in options.env.items():
-                channel.update_environment({key: value})  # best effort; sshd may refuse
-            channel.exec_command(shlex.join(argv))
-            if options.stdin is not None:
-                threading.Thread(target=_send_stdin, args=(channel, options.stdin), daemon=True).start()
-            else:
-                channel.shutdown_write()
+            channel.exec_command(command)
+            _start_input(channel, preamble, options.stdin)
             stdout, stderr = _drain(channel, options)
-            exit_code = channel.recv_exit_status() if not timer.fired else -1
+            # paramiko marks the status "ready" with -1 when a channel merely closed
+            if channel.exit_status_ready() and channel.exit_status >= 0:
+                status = channel.exit_status
         except (paramiko.SSHException, OSError, EOFError):
-            if not timer.fired:
-                raise HostUnreachable(f"the connection to host {self.name} broke during "
-                                      f"{shlex.join(argv)[:80]}") from None
-            stdout = stderr = b""
+            pass  # the timer closed the channel, or the connection broke: told below
         finally:
             timer.cancel()
             channel.close()
-        result = Result(argv, exit_code if not timer.fired else 124, stdout, stderr,
-                        time.monotonic() - started, self.name)
+            self._release(connection)
+        result = Result(argv, 124 if timer.fired else (status if status is not None else -1),
+                        stdout, stderr, time.monotonic() - started, self.name)
         if timer.fired:
             raise CommandTimeout(
                 f"command {result.display()} on host {self.name} did not finish within "
                 f"{options.timeout:g} s", result=result,
                 hint="the host may be unreachable or the command slow; raise --timeout if it is slow")
+        if status is None:
+            raise ConnectionLost(
+                f"the connection to host {self.name} broke while {result.display()} ran "
+                f"(after {result.duration:.1f} s): its outcome is unknown",
+                hint="the command may still be running there; check before running it again")
         return result
 
     def spawn(self, argv) -> Process:
-        channel = self._open_channel(30.0)
-        channel.exec_command(shlex.join(validate_argv(argv)))
-        return _ChannelProcess(channel)
-
-    def _open_channel(self, timeout):
-        transport = self.connect()
+        command, preamble = remote_command(validate_argv(argv), {})
+        connection, channel = self._open_channel(30.0, time.monotonic() + 60.0)
         try:
-            return transport.open_session(timeout=timeout)
+            channel.exec_command(command)
+            if preamble:
+                channel.sendall(preamble)
         except (paramiko.SSHException, OSError, EOFError) as error:
-            # One reconnect: a dropped connection is normal after a network blip.
-            if transport.is_active():
-                raise CommandTimeout(f"host {self.name} did not open a channel within "
-                                     f"{timeout:g} s: {error}") from None
-            self.close()
-            try:
-                return self.connect().open_session(timeout=timeout)
-            except (paramiko.SSHException, OSError, EOFError) as again:
-                raise HostUnreachable(f"host {self.name} is not answering: {again}") from None
+            channel.close()
+            self._release(connection)
+            raise HostUnreachable(f"host {self.name}: could not start {argv[0]}: {error}") from None
+        return _ChannelProcess(channel, lambda: self._release(connection))
+
+
+def _refused(error: Exception, connection: "_Connection") -> bool:
+    """An OPEN_FAILURE answer on a live connection. paramiko keeps one saved exception per
+    connection: when two opens fail at once, the second sees a bare "Unable to open channel."
+    """
+    if isinstance(error, paramiko.ChannelException):
+        return True
+    return (isinstance(error, paramiko.SSHException) and connection.alive()
+            and str(error) == "Unable to open channel.")
+
+
+def _reason(error: Exception) -> str:
+    return getattr(error, "text", None) or str(error) or type(error).__name__
+
+
+class _Connection:
+    """One SSH connection and how many of its session channels are open (and may be)."""
+
+    def __init__(self, client: paramiko.SSHClient, capacity: int):
+        self.client = client
+        self.capacity = max(1, capacity)
+        self.open = 0
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        return self.client.get_transport()
+
+    def alive(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+
+def remote_command(argv: list[str], env: dict) -> tuple[bytes, bytes]:
+    """The exec request's command string, and bytes to send before the command's stdin.
+
+    The environment goes into the command as `env -- K=V ... ARGV` (quoted once, here).
+    A command too long for sshd's `$SHELL -c` travels on stdin instead (ARGV_FROM_STDIN).
+    """
+    if env:
+        argv = with_env([f"{name}={value}" for name, value in env.items()], argv)
+    command = encode_arg(shlex.join(argv))
+    if len(command) <= INLINE_COMMAND_LIMIT:
+        return command, b""
+    preamble = b"".join(encode_arg(arg) + b"\0" for arg in argv)
+    return encode_arg(shlex.join(["bash", "-c", ARGV_FROM_STDIN, "orch-argv", str(len(argv))])), preamble
+
+
+class _SignalAwareTransport(paramiko.Transport):
+    """paramiko ignores "exit-signal" (a command killed by a signal), leaving the exit
+    status unknown as if the connection had broken. Here it becomes 128+N, as in a shell."""
+
+    _channel_handler_table = dict(paramiko.Transport._channel_handler_table)
+
+    def _handle_channel_request(channel, message):  # noqa: N805 (table entry, not a method)
+        start = message.packet.tell()
+        if message.get_text() == "exit-signal":
+            message.get_boolean()
+            name = message.get_text()
+            number = getattr(signal, "SIG" + name, None)
+            channel.exit_status = 128 + int(number) if number is not None else 255
+            channel.status_event.set()
+            return
+        message.packet.seek(start)
+        paramiko.Channel._handle_request(channel, message)
+
+    _channel_handler_table[MSG_CHANNEL_REQUEST] = _handle_channel_request
 
 
 class _ChannelProcess(Process):
-    def __init__(self, channel):
+    def __init__(self, channel, release: Callable[[], int]):
         self._channel = channel
+        self._release = release
+        self._released = False
         self._lines = BufferedLines(self._read_some)
 
     def _read_some(self, timeout):
@@ -249,6 +450,9 @@ class _ChannelProcess(Process):
 
     def close(self) -> None:
         self._channel.close()
+        if not self._released:
+            self._released = True
+            self._release()
 
 
 class _ChannelDeadline:
@@ -270,24 +474,33 @@ class _ChannelDeadline:
             self._timer.cancel()
 
 
-_STDIN_PIECE = 1 << 16
+def _start_input(channel, preamble: bytes, stdin) -> None:
+    """Send the preamble and stdin from a thread, as it arrives; EOF when it ends."""
+    if not preamble and stdin is None:
+        channel.shutdown_write()
+        return
+    threading.Thread(target=_send_input, args=(channel, preamble, stdin), daemon=True).start()
 
 
-def _send_stdin(channel, data: bytes) -> None:
+def _send_input(channel, preamble: bytes, stdin) -> None:
     try:
         # In pieces: paramiko's sendall re-slices (copies) the rest of its input after every
         # packet, which makes one large input quadratic (a 190 MB wheel took minutes).
-        view = memoryview(data)
-        for start in range(0, len(view), _STDIN_PIECE):
-            channel.sendall(view[start:start + _STDIN_PIECE].tobytes())
+        for piece in stdin_pieces(preamble):
+            channel.sendall(piece)
+        for piece in stdin_pieces(stdin):
+            if channel.closed:
+                return
+            channel.sendall(piece)
         channel.shutdown_write()
-    except (OSError, paramiko.SSHException, EOFError):
+    except (OSError, ValueError, paramiko.SSHException, EOFError):
         pass  # the channel closed (command ended or deadline): its exit status tells the story
 
 
 def _drain(channel, options: RunOptions):
-    """Read stdout and stderr together until both end, so neither pipe can fill and block."""
-    out, err = [], []
+    """Read stdout and stderr together until both end, so neither pipe can fill and block.
+    Kept only when options.capture: a streaming caller's output costs no memory here."""
+    out, err = OutputKeeper(options.capture), OutputKeeper(options.capture)
 
     def drain_once() -> bool:
         got = False
@@ -296,13 +509,13 @@ def _drain(channel, options: RunOptions):
             if not chunk:
                 break
             got = True
-            out.append(chunk)
+            out.add(chunk)
             if options.on_stdout:
                 options.on_stdout(chunk)
         while channel.recv_stderr_ready():
             chunk = channel.recv_stderr(65536)
             got = True
-            err.append(chunk)
+            err.add(chunk)
             if options.on_stderr:
                 options.on_stderr(chunk)
         return got
@@ -314,4 +527,4 @@ def _drain(channel, options: RunOptions):
             break
         if not got:
             select.select([channel], [], [], 0.5)
-    return b"".join(out), b"".join(err)
+    return out.value(), err.value()

@@ -75,6 +75,8 @@ def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix
         if layout.cluster:
             _announce_cluster_status(paths, layout)
         access.write_client_files(layout, paths)
+        # a link set back up, or an sshd just restarted, may take a moment to accept
+        wait_until_reachable(layout, timeout=10.0)
     return Sandbox(paths, layout)
 
 
@@ -290,8 +292,8 @@ def _port_open(address: str, port: int, timeout: float = 0.3) -> bool:
 
 
 def wait_until_reachable(layout: Layout, timeout: float = 5.0) -> None:
-    """Each host's sshd accepts connections (it does once up returns; this is for tests
-    that just set a link back up)."""
+    """Each host's sshd accepts connections (up waits for it; tests that just set a link
+    back up call it too)."""
     deadline = time.monotonic() + timeout
     for spec in layout.hosts:
         while not _port_open(spec.address, 22):

@@ -41,7 +41,7 @@ def test_exec_forwards_piped_stdin(inventory):
 
 
 def test_exec_on_a_group_prefixes_lines_and_json(inventory):
-    out = orch("-i", inventory, "exec", "both", "--json", "--", "echo", "hi")
+    out = orch("-i", inventory, "exec", "--json", "both", "--", "echo", "hi")
     rows = json.loads(out.stdout)
     assert [(r["target"], r["stdout"], r["exit_code"]) for r in rows] == [("dev", "hi\n", 0), ("dev2", "hi\n", 0)]
 

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from orchestrator.errors import (CommandFailed, CommandTimeout, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
-from orchestrator.remote.base import LineSplitter, Result, Transport, validate_argv
+from orchestrator.remote.base import (STREAMED_TAIL_BYTES, LineSplitter, Result, Transport,
+                                      validate_argv)
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 
@@ -99,10 +100,22 @@ def test_line_splitter_keeps_partial_lines():
 def test_container_wraps_with_pct_exec():
     container = Target("ct", LocalTransport("pve"), vmid=200)
     path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "env", path,
+    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "env", "--", path,
                                                "echo", "a b"]
     pinned = Target("ct", LocalTransport("pve"), vmid=200, env={"PATH": "/opt/bin"})
-    assert pinned.wrap(["rg"])[4:] == ["env", "PATH=/opt/bin", "rg"]
+    assert pinned.wrap(["rg"])[4:] == ["env", "--", "PATH=/opt/bin", "rg"]
+    # env would take a program named with '=' for an assignment: sh's exec runs it instead
+    assert container.wrap(["/bin/a=b"])[4:] == ["env", "--", path, "sh", "-c", 'exec "$@"',
+                                                "sh", "/bin/a=b"]
+
+
+def test_a_streamed_output_keeps_only_its_tail_in_the_result():
+    seen = []
+    result = LocalTransport("here").run(
+        ["sh", "-c", "head -c 100000 /dev/zero; echo the-end >&2"], capture=False,
+        on_stdout=seen.append)
+    assert sum(map(len, seen)) == 100000
+    assert len(result.stdout) == STREAMED_TAIL_BYTES and result.stderr == b"the-end\n"
 
 
 class ScriptedHost(Transport):

@@ -1,0 +1,104 @@
+"""Run a command as the leader of its own process group, and kill that group when orch
+stops listening: the SSH channel closed (orch's --timeout, Ctrl-C, a lost connection).
+
+    python3 -c SOURCE ARGV...      (stdin, stdout and stderr are the command's own)
+
+How it notices: closing a channel makes sshd close its end of the command's stdout and
+stderr pipes; poll() then reports POLLERR/POLLHUP on our end without anything written.
+A command that detaches itself (setsid, as orch's launcher does) is in another group and
+survives, on purpose. Exit status: the command's, or 128+N when signal N ended it.
+stdlib only, Python 3.8+.
+"""
+
+import os
+import select
+import signal
+import stat
+import sys
+import time
+
+HANG_UP = select.POLLERR | select.POLLHUP
+
+
+def start(argv):
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(number, signal.SIG_DFL)
+        os.setpgid(0, 0)
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as error:
+            sys.stderr.write("%s: %s\n" % (argv[0], error.strerror))
+            os._exit(127 if isinstance(error, FileNotFoundError) else 126)
+    try:
+        os.setpgid(pid, pid)  # also here: whichever of the two runs first makes the group
+    except OSError:
+        pass
+    return pid
+
+
+def watched_pipes():
+    """stdout/stderr when they are pipes or sockets: only those report a closed reader."""
+    fds = []
+    for fd in (1, 2):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            fds.append(fd)
+    return fds
+
+
+def code_of(status):
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def kill_group(pid):
+    for number, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(pid, number)
+        except OSError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+            time.sleep(0.02)
+
+
+def main(argv):
+    if not argv:
+        sys.stderr.write("reaper: no command\n")
+        return 2
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    stop = []
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(number, lambda number, _frame: stop.append(number))
+    pid = start(argv)
+    poller = select.poll()
+    poller.register(wake_read, select.POLLIN)
+    for fd in watched_pipes():
+        poller.register(fd, 0)  # no events asked: only errors and hang-ups are reported
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return code_of(status)
+        if stop:
+            kill_group(pid)
+            return 128 + stop[0]
+        for fd, events in poller.poll():
+            if fd == wake_read:
+                os.read(wake_read, 512)
+            elif events & HANG_UP:
+                kill_group(pid)
+                return 128 + signal.SIGHUP
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

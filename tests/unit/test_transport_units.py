@@ -1,0 +1,157 @@
+"""Transport pieces without a server: refused channels, the command string, the reaper,
+streaming through the local transport. (Each is also proven over SSH against the sandbox's
+stock sshd in tests/integration/test_transport_hardening.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import paramiko
+import pytest
+
+from orchestrator.errors import BadArgument, ChannelRefused
+from orchestrator.payloads import payload_source
+from orchestrator.remote.base import validate_env
+from orchestrator.remote.local import LocalTransport
+from orchestrator.remote.ssh import (ARGV_FROM_STDIN, INLINE_COMMAND_LIMIT, SshHost, SshSettings,
+                                     _Connection, remote_command)
+
+
+class RefusingTransport:
+    def __init__(self, error):
+        self.error = error
+
+    def is_active(self):
+        return True
+
+    def open_session(self, timeout=None):
+        raise self.error
+
+
+class FakeClient:
+    def __init__(self, transport):
+        self.transport = transport
+
+    def get_transport(self):
+        return self.transport
+
+    def close(self):
+        pass
+
+
+def host_with(transport) -> SshHost:
+    host = SshHost(SshSettings(name="pve", address="192.0.2.1"))
+    host._connections = [_Connection(FakeClient(transport), 10)]
+    return host
+
+
+@pytest.mark.parametrize("error", [paramiko.ChannelException(2, "Connect failed"),
+                                   paramiko.SSHException("Unable to open channel.")])
+def test_a_refused_channel_is_reported_as_refused_at_once(error):
+    host = host_with(RefusingTransport(error))
+    started = time.monotonic()
+    with pytest.raises(ChannelRefused) as raised:
+        host.run(["true"], timeout=30)
+    assert time.monotonic() - started < 1
+    message = str(raised.value)
+    assert "refused to open a session channel" in message and "MaxSessions" in message
+    assert "within 30" not in message and "after 0.0" in message
+    assert host._connections[0].open == 0  # the slot was given back
+
+
+def test_env_goes_into_the_command_quoted_once():
+    command, preamble = remote_command(["printenv", "A B"], {"A B": "x 'y'", "-n": "$(z)"})
+    assert command == b"env -- 'A B=x '\"'\"'y'\"'\"'' '-n=$(z)' printenv 'A B'"
+    assert preamble == b""
+    command, _ = remote_command(["a=b", "c"], {"K": "v"})
+    assert command == b"env -- K=v sh -c 'exec \"$@\"' sh a=b c"
+
+
+def test_bad_env_names_and_values_are_refused():
+    for bad in ({"": "x"}, {"A=B": "x"}, {"A": "x\0y"}, {"A": "\ud800"}):
+        with pytest.raises(BadArgument):
+            validate_env(bad)
+
+
+def test_a_long_command_sends_its_argv_on_stdin():
+    argv = ["echo", "x" * INLINE_COMMAND_LIMIT, "caf\udce9"]
+    command, preamble = remote_command(argv, {})
+    assert command.startswith(b"bash -c ") and b" orch-argv 3" in command
+    assert ARGV_FROM_STDIN.encode() in command.replace(b"'\"'\"'", b"'")
+    assert preamble == b"echo\0" + b"x" * INLINE_COMMAND_LIMIT + b"\0caf\xe9\0"
+
+
+def test_a_non_utf8_argument_is_sent_as_its_bytes():
+    command, _ = remote_command(["echo", "caf\udce9"], {})
+    assert command == b"echo 'caf\xe9'"
+
+
+def test_an_argument_that_is_no_bytes_is_a_clear_error():
+    with pytest.raises(BadArgument, match="no character and no byte"):
+        LocalTransport().run(["echo", "a\ud800"])
+
+
+def test_an_argument_over_the_kernel_limit_is_a_clear_error():
+    with pytest.raises(BadArgument, match="MAX_ARG_STRLEN"):
+        LocalTransport().run(["echo", "y" * 200_000])
+
+
+def test_reaper_kills_the_group_when_the_reader_goes_away():
+    source = payload_source("reaper").decode()
+    process = subprocess.Popen([sys.executable, "-c", source, "sh", "-c",
+                                "sleep 300 & echo $!; wait"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    grandchild = int(process.stdout.readline())
+    process.stdout.close()
+    process.stderr.close()
+    assert process.wait(timeout=10) == 128 + signal.SIGHUP
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_reaper_passes_exit_codes_and_signals_through():
+    source = payload_source("reaper").decode()
+    assert subprocess.run([sys.executable, "-c", source, "sh", "-c", "exit 9"]).returncode == 9
+    assert subprocess.run([sys.executable, "-c", source, "sh", "-c", "kill -9 $$"]).returncode == 137
+    missing = subprocess.run([sys.executable, "-c", source, "no-such-program-x"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 127 and "no-such-program-x" in missing.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_local_transport_streams_stdin_and_can_skip_capture():
+    read_end, write_end = os.pipe()
+    seen = []
+    writer = os.fdopen(write_end, "wb", buffering=0)
+    writer.write(b"first\n")
+    result_box = []
+    thread = threading.Thread(target=lambda: result_box.append(LocalTransport().run(
+        ["head", "-n1"], stdin=os.fdopen(read_end, "rb", buffering=0), capture=False,
+        on_stdout=seen.append, timeout=10)))
+    thread.start()
+    thread.join(timeout=5)   # head answers while our end of the pipe is still open
+    assert not thread.is_alive() and seen == [b"first\n"]
+    assert result_box[0].exit_code == 0 and result_box[0].stdout == b"first\n"   # only a tail is kept
+    writer.close()
+
+
+def test_reaped_command_runs_without_python_too():
+    from orchestrator.remote.container import reaped
+    argv = reaped(["/usr/bin/printf", "%s|", "a b", "$x"])
+    with_python = subprocess.run(argv, capture_output=True)
+    without = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True, env={"PATH": "/nonexistent"})
+    assert with_python.stdout == without.stdout == b"a b|$x|"
