@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from orchestrator.errors import ExitCode, OrchError, PayloadError
+from orchestrator.logformats import DerivedThroughput, LogParser, make_format
 from orchestrator.monitor_classify import EndState, LogClassifier, Verdict
 from orchestrator.payloads import payload_source, run_payload
 from orchestrator.remote.container import Target
@@ -54,6 +55,7 @@ class FollowHandler:
     """What a follower tells its user; every method is optional."""
 
     def on_data(self, data: bytes) -> None: ...
+    def on_file_data(self, name: str, data: bytes) -> None: ...
     def on_beat(self, event: dict) -> None: ...
     def on_gpu(self, event: dict) -> None: ...
     def on_connection(self, up: bool, detail: str, downtime: float = 0.0) -> None: ...
@@ -67,10 +69,13 @@ class LogFollower:
                  first_event_after: float = 30.0, unreachable_after: float = 300.0,
                  rotate_after: float = 3600.0, gpu_every: float = 0.0, gpus=(),
                  min_interval: float = 0.05, max_interval: float = 0.2,
-                 follower_id: Optional[str] = None, clock: Callable[[], float] = time.monotonic):
+                 follower_id: Optional[str] = None, clock: Callable[[], float] = time.monotonic,
+                 follow: tuple = (), offsets: Optional[dict] = None):
         self.target = target
         self.run_dir = run_dir
         self.offset = offset
+        self.extra_logs = list(follow)          # more logs under run_dir (glob patterns)
+        self.offsets = dict(offsets or {})      # their byte offsets, by path under run_dir
         self.stall_after = stall_after
         self.first_event_after = first_event_after
         self.unreachable_after = unreachable_after
@@ -153,6 +158,8 @@ class LogFollower:
                 "follower": self.follower_id, "max_seconds": self.rotate_after,
                 "gpu_every": self.gpu_every, "gpus": self.gpus,
                 "min_interval": self.min_interval, "max_interval": self.max_interval}
+        if self.extra_logs:
+            args.update(follow=self.extra_logs, offsets=self.offsets)
         # -c SOURCE instead of `-`: the payload must start without waiting for stdin's end.
         return self.target.spawn([LAUNCHER_PYTHON, "-u", "-c", self._source, json.dumps(args)])
 
@@ -212,12 +219,18 @@ class LogFollower:
         raw = str(event.get("text", "")).encode("utf-8", "surrogateescape")
         at = int(event.get("at", 0))
         end = at + len(raw)
-        if end <= self.offset:
+        name = event.get("file")
+        seen = self.offset if name is None else self.offsets.get(str(name), 0)
+        if end <= seen:
             return  # all seen already (an older tail's last words)
-        if at < self.offset:
-            raw = raw[self.offset - at:]
-        self.offset = end
-        handler.on_data(raw)
+        if at < seen:
+            raw = raw[seen - at:]
+        if name is None:
+            self.offset = end
+            handler.on_data(raw)
+        else:
+            self.offsets[str(name)] = end
+            handler.on_file_data(str(name), raw)
 
 
 def _parse(line: bytes) -> Optional[dict]:
@@ -252,6 +265,10 @@ class MonitorSettings:
     expected_tok_s: Optional[float] = None
     degraded_below: Optional[float] = None
     metric_regex: Optional[str] = None
+    format: str = "orch"                    # how to read the log: logformats.FORMATS
+    tokens_per_step: Optional[float] = None  # for tok/s where the trainer prints none
+    follow: list = field(default_factory=list)   # more logs under the run dir (torchrun's ranks)
+    worker_word: str = "drafter"            # what a worker is: drafter (thread) or rank
     warmup_steps: int = 1
     expect_drafters: Optional[int] = None
     watch_for: Optional[float] = None       # seconds; then leave a healthy run going
@@ -263,6 +280,7 @@ class MonitorSettings:
     stall_after: float = 8.0
     unreachable_after: float = 300.0
     offset: int = 0
+    offsets: dict = field(default_factory=dict)   # the followed logs' byte offsets
 
     @classmethod
     def from_params(cls, params: dict) -> "MonitorSettings":
@@ -298,13 +316,22 @@ class Monitor(FollowHandler):
             target.name, metric_regex=settings.metric_regex, hang_after=settings.hang_after,
             expected_tok_s=settings.expected_tok_s, degraded_below=settings.degraded_below,
             warmup_steps=settings.warmup_steps, expect_drafters=settings.expect_drafters,
-            now=self.started)
+            now=self.started, metrics_from_lines=False)
+        self.classifier.worker_word = settings.worker_word
+        self.classifier.rank_logs_expected = bool(settings.follow)
+        # One format for all of a run's logs: its state (a Trainer dict waiting for its
+        # step) is per worker. One stream per log file: each has its own partial line.
+        self.log_format = make_format(settings.format, settings.metric_regex)
+        self.classifier.metric_lines = self.log_format.is_metric_line
+        self.parsers: dict[Optional[str], LogParser] = {}
+        self.derive = DerivedThroughput(settings.tokens_per_step)
         self.follower = LogFollower(target, run_dir, offset=settings.offset,
                                     stall_after=settings.stall_after,
                                     unreachable_after=settings.unreachable_after,
                                     gpu_every=settings.gpu_every, gpus=settings.gpus,
-                                    follower_id=follower_id)
-        self._pending = b""
+                                    follower_id=follower_id, follow=settings.follow,
+                                    offsets=settings.offsets)
+        self._copies: dict = {}
         self._points: list[MetricPoint] = []
         self._flushed = time.monotonic()
         self._alive = True
@@ -320,6 +347,7 @@ class Monitor(FollowHandler):
         self.gpu_series: list = []      # every sample (runs/gpu.py), not only the last
         self.cpu_s: Optional[float] = None
         self._stream = open(stream_copy, "ab" if settings.offset else "wb") if stream_copy else None
+        self._copy_dir = os.path.dirname(stream_copy) if stream_copy else None
         self.lines: list[str] = []
 
     # ----------------------------------------------------------------- the run
@@ -332,6 +360,8 @@ class Monitor(FollowHandler):
             self._flush_metrics(force=True)
             if self._stream:
                 self._stream.close()
+            for copy in self._copies.values():
+                copy.close()
         if self._stopper is not None:
             self._stopper.join(timeout=self.settings.grace + 40)
         if final is None:
@@ -364,23 +394,53 @@ class Monitor(FollowHandler):
         if self._stream:
             self._stream.write(data)
             self._stream.flush()
-        self._pending += data
-        self._flush_lines(final=False)
+        self._read(None, data)
+
+    def on_file_data(self, name: str, data: bytes) -> None:
+        """A chunk of one more log (a torchrun rank's), kept beside stream.log."""
+        self.classifier.rank_logs_seen = True     # torchrun started its workers
+        copy = self._copy(name)
+        if copy is not None:
+            copy.write(data)
+            copy.flush()
+        self._read(name, data)
+
+    def _copy(self, name: str):
+        if self._copy_dir is None or ".." in name.split("/") or name.startswith("/"):
+            return None
+        if name not in self._copies:
+            path = os.path.join(self._copy_dir, "logs", name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._copies[name] = open(path, "ab" if self.settings.offsets.get(name) else "wb")
+        return self._copies[name]
+
+    def _parser(self, name: Optional[str]) -> LogParser:
+        if name not in self.parsers:
+            self.parsers[name] = LogParser(self.log_format, worker=worker_of(name))
+        return self.parsers[name]
+
+    def _read(self, name: Optional[str], data: bytes) -> None:
+        self._take(name, *self._parser(name).feed(data.decode("utf-8", "replace")))
 
     def _flush_lines(self, final: bool) -> None:
-        *lines, self._pending = self._pending.split(b"\n")
-        if final and self._pending:
-            lines.append(self._pending)
-            self._pending = b""
+        """At the end: what the logs said after their last newline, and held-back points."""
+        if final:
+            for name, parser in list(self.parsers.items()):
+                self._take(name, *parser.finish())
+
+    def _take(self, name: Optional[str], lines: list, points: list) -> None:
         now = time.monotonic()
-        for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            self.lines.append(line)
-            point = self.classifier.feed(line, now)
-            if point is not None:
-                self._points.append(point)
-            self.sink.log_line(self.target.name, line)
-        if lines:
+        worker = worker_of(name)
+        for line in lines:
+            self.classifier.feed(line, now)
+            shown = line if worker is None else f"[{self.settings.worker_word} {worker}] {line}"
+            self.lines.append(shown)
+            self.sink.log_line(self.target.name, shown)
+        for point in points:
+            metric = self.classifier.observe(self.derive.fill(point, time.time()), now)
+            if metric is not None:
+                self._points.append(metric)
+        if lines or points:
             self.sink.progress(self.target.name, self.classifier, self._state)
         self._flush_metrics()
 
@@ -456,6 +516,15 @@ class Monitor(FollowHandler):
 
         self._stopper = threading.Thread(target=work, daemon=True)
         self._stopper.start()
+
+
+def worker_of(name: Optional[str]) -> Optional[int]:
+    """The rank a followed log belongs to: torchrun's --log-dir layout is
+    <run id>/attempt_<n>/<local rank>/stdout.log (or stderr.log)."""
+    if not name:
+        return None
+    parts = name.split("/")
+    return int(parts[-2]) if len(parts) >= 2 and parts[-2].isdigit() else None
 
 
 def stream_copy_path(local_dir: str) -> str:

@@ -18,10 +18,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+from orchestrator.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_TIMEOUT, RENDEZVOUS_REMEDIATION,
+                                      RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, ChildFailedReader, rank_failure_remediation,
+                                      stuck_message)
+from orchestrator.logformats import DEFAULT_METRIC_REGEX, LogPoint
 from orchestrator.runs.model import Finding, MetricPoint
 
-DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
-                        r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
 _DONE = re.compile(r"drafter=(?P<drafter>\d+)\s+done\s+steps=(?P<steps>\d+)"
                    r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
 _ERROR = re.compile(r"drafter=(?P<drafter>\d+)\s+ERROR\s+(?P<error>.*)")
@@ -34,6 +36,9 @@ SIGNATURES: list[tuple[str, re.Pattern]] = [
                            r"dynamo-optimized function")),
     ("cuda-oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                             r"CUDA error: out of memory")),
+    ("collective-timeout", COLLECTIVE_TIMEOUT),
+    ("rendezvous-timeout", RENDEZVOUS_TIMEOUT),
+    ("rendezvous-retry", RENDEZVOUS_RETRY),
     ("nccl-error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
                               r"ncclRemoteError|Watchdog caught collective operation timeout|"
                               r"ProcessGroupNCCL.*(?:[Tt]imeout|[Ee]rror)|NCCL WARN")),
@@ -110,9 +115,12 @@ class LogClassifier:
 
     def __init__(self, target: str, *, metric_regex: Optional[str] = None, hang_after: float = 120.0,
                  expected_tok_s: Optional[float] = None, degraded_below: Optional[float] = None,
-                 warmup_steps: int = 1, expect_drafters: Optional[int] = None, now: float = 0.0):
+                 warmup_steps: int = 1, expect_drafters: Optional[int] = None, now: float = 0.0,
+                 metrics_from_lines: bool = True):
         self.target = target
-        self.metric = compile_metric_regex(metric_regex)
+        # metrics_from_lines=False: a log format (logformats.py) reads the points and hands
+        # them to observe(); feed() then only looks for failures and the trainer's own words.
+        self.metric = compile_metric_regex(metric_regex) if metrics_from_lines else None
         self.hang_after = float(hang_after)
         self.expected_tok_s = expected_tok_s
         self.degraded_below = degraded_below
@@ -127,6 +135,14 @@ class LogClassifier:
         self.lines = 0
         self.first_line_at: Optional[float] = None
         self.started_at = now
+        self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
+        self.worker_word = "drafter"                # what a worker is: drafter (thread) or rank
+        self.derived = False                        # tok/s computed by orch, not printed
+        self.never_met = False                      # a hang before any step, ranks not connected
+        self._last_points: dict[int, MetricPoint] = {}
+        self.rank_logs_expected = False             # torchrun was asked for one log per rank
+        self.rank_logs_seen = False                 # ... and one appeared: its workers started
+        self.metric_lines = None                    # the log format's test for a metric line
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, now: float) -> Optional[MetricPoint]:
@@ -140,6 +156,7 @@ class LogClassifier:
                 kept = self.seen.setdefault(name, [])
                 if len(kept) < EVIDENCE_LINES:
                     kept.append(line.strip())
+        self.child_failed.feed(line)
         if line.startswith("start ") and not self.start_fields:
             self.start_fields = dict(_KEYVALUES.findall(line))
             return None
@@ -161,22 +178,52 @@ class LogClassifier:
             progress.loss = _number(done["loss"]) if done["loss"] else progress.loss
             self.last_progress = now
             return None
+        if self.metric is None:
+            return None   # the monitor's log format reads the points (observe)
         match = self.metric.search(line)
         if not match:
             return None
         groups = match.groupdict()
-        drafter = int(groups.get("drafter") or 0)
-        step = int(groups["step"])
-        progress = self._drafter(drafter, now)
-        progress.step = step
-        progress.loss = _number(groups.get("loss"))
-        rate = _number(groups.get("tok_s"))
-        progress.tok_s = rate
-        if rate is not None and step > self.warmup_steps:
-            progress.rates.append(rate)
+        return self.observe(LogPoint(step=int(groups["step"]), worker=int(groups.get("drafter") or 0),
+                                     loss=_number(groups.get("loss")),
+                                     tok_s=_number(groups.get("tok_s"))), now)
+
+    def is_metric_line(self, line: str) -> bool:
+        """Whether the line carries a metric point (the live table shows those)."""
+        if self.metric is not None:
+            return bool(self.metric.search(line))
+        return bool(self.metric_lines and self.metric_lines(line))
+
+    def observe(self, point: LogPoint, now: float) -> Optional[MetricPoint]:
+        """A point a log format read: per-worker progress; a MetricPoint unless it was only a
+        progress-bar redraw (live step counter: a bar moving on is progress, not a hang)."""
+        progress = self._drafter(point.worker, now)
+        if point.progress:
+            if point.step > progress.step:
+                progress.step = point.step
+                self.last_progress = now
+            return None
+        progress.step = point.step
+        progress.loss = point.loss
+        progress.tok_s = point.tok_s
+        self.derived = self.derived or point.derived
+        if point.tok_s is not None and point.step > self.warmup_steps:
+            progress.rates.append(point.tok_s)
         self.last_progress = now
-        return MetricPoint(target=self.target, drafter=drafter, step=step, loss=progress.loss,
-                           tok_s=rate, elapsed_s=round(now - self.started_at, 3))
+        metric = MetricPoint(target=self.target, drafter=point.worker, step=point.step,
+                             loss=point.loss, tok_s=point.tok_s, elapsed_s=round(now - self.started_at, 3),
+                             extra=dict(point.metrics), derived=point.derived)
+        before = self._last_points.get(point.worker)
+        if before is not None and before.step == metric.step:
+            # One step said twice (a Trainer's closing summary after its last log): one
+            # point with both, since the store keeps one point per worker and step.
+            metric = MetricPoint(target=self.target, drafter=point.worker, step=point.step,
+                                 loss=metric.loss if metric.loss is not None else before.loss,
+                                 tok_s=metric.tok_s if metric.tok_s is not None else before.tok_s,
+                                 elapsed_s=metric.elapsed_s, extra={**before.extra, **metric.extra},
+                                 derived=metric.derived if metric.tok_s is not None else before.derived)
+        self._last_points[point.worker] = metric
+        return metric
 
     def _drafter(self, index: int, now: float) -> DrafterProgress:
         if index not in self.drafters:
@@ -267,6 +314,7 @@ class LogClassifier:
                 "Dynamo config is per thread since torch 2.12: set torch._dynamo.config."
                 "recompile_limit inside each drafter thread (worker threads get the default of 8), "
                 "or mark the varying dimension dynamic")
+        override = self._distributed_findings(add, hang, end)
         exception = self._last_exception()
         traceback_seen = "traceback" in self.seen or "drafter-error" in self.seen
         stopped_by_user = end.stopped_for == "user"
@@ -274,10 +322,18 @@ class LogClassifier:
         verdict = None
         if "fx-race" in self.seen:
             verdict = "fx-race"
+        elif hang and self.never_met:
+            verdict = "rendezvous-timeout"
         elif hang:
             verdict = "hang"
         elif "cuda-oom" in self.seen:
             verdict = "cuda-oom"
+        elif self._rank_killed(end):
+            verdict = "killed"
+        elif "rendezvous-timeout" in self.seen:
+            verdict = "rendezvous-timeout"
+        elif "collective-timeout" in self.seen:
+            verdict = "collective-timeout"
         elif "nccl-error" in self.seen:
             verdict = "nccl-error"
         elif end.stopped_for == "timeout":
@@ -318,8 +374,77 @@ class LogClassifier:
         else:
             verdict = "ok"
         message = self._message(verdict, end, total)
+        if override and verdict != "ok":
+            message = f"{verdict}: {override}"
         summary["verdict"] = verdict
         return Verdict(verdict=verdict, message=message, findings=findings, summary=summary)
+
+    def _rank_killed(self, end: EndState) -> bool:
+        """A rank died by a signal orch did not send (a stop ends the ranks with SIGTERM)."""
+        root = self.child_failed.root_cause()
+        return root is not None and root.signal is not None and not end.stopped_for
+
+    def _distributed_findings(self, add, hang: bool, end: EndState) -> Optional[str]:
+        """torchrun's failed rank, collective and rendezvous timeouts, the rank a hang is
+        about. Returns what the verdict's message should say, if these explain the end."""
+        said = None
+        self.never_met = False
+        stuck = stuck_message({d.drafter: d.step for d in self.drafters.values()},
+                              self.worker_word) if len(self.drafters) > 1 else None
+        if "rendezvous-timeout" in self.seen:
+            add("rendezvous-timeout", "the rendezvous never completed: not every rank joined",
+                RENDEZVOUS_REMEDIATION)
+            said = "the rendezvous never completed (not every rank joined)"
+        elif hang and not any(d.step for d in self.drafters.values()) and (
+                "rendezvous-retry" in self.seen or (self.rank_logs_expected and not self.rank_logs_seen)):
+            # torch retries the store for 15 min by default, and torchrun starts its workers
+            # (and their logs) only once the rendezvous is complete: the hang is the rendezvous
+            self.never_met = True
+            unreachable = "rendezvous-retry" in self.seen
+            add("rendezvous-timeout",
+                "the ranks never met: " + ("no step was logged while they kept failing to reach "
+                                           "their rendezvous store" if unreachable else
+                                           "torchrun started no rank (no rank log appeared): its "
+                                           "rendezvous never completed"),
+                RENDEZVOUS_REMEDIATION + "; in a container, check that its loopback is up "
+                "(`ip link set lo up`) when the master address is 127.0.0.1",
+                evidence=self.seen.get("rendezvous-retry") or list(self.tail)[-5:])
+            said = ("the ranks never met: their rendezvous store could not be reached" if unreachable
+                    else "the ranks never met: torchrun's rendezvous never completed")
+        if "collective-timeout" in self.seen:
+            add("collective-timeout", "a collective timed out" + (f": {stuck}" if stuck else ""),
+                COLLECTIVE_REMEDIATION)
+            said = "a collective timed out" + (f"; {stuck}" if stuck else "")
+        elif hang and stuck:
+            add("hang:stuck-rank", stuck, COLLECTIVE_REMEDIATION, evidence=list(self.tail)[-5:])
+            said = f"{stuck}; no progress for {self.hang_after:.0f} s or more"
+        root = self.child_failed.root_cause()
+        if root is not None:
+            others = [f for f in self.child_failed.failures if f is not root]
+            text = f"torchrun: {root.describe()}" + (
+                f", the first failure; torchrun then stopped {len(others)} other rank(s)" if others else "")
+            if root.signal == 9:
+                text += " (SIGKILL from outside: most likely the host's OOM killer)"
+            add("rank-failed", text, rank_failure_remediation(root),
+                evidence=[f.describe() + (f": {f.traceback}" if f.traceback else "")
+                          for f in self.child_failed.failures][:EVIDENCE_LINES])
+            if said is None or self._rank_killed(end):
+                said = text
+        return said
+
+    def _steps_message(self, verdict: str, end: EndState, total: Optional[float]) -> str:
+        """For trainers that say no "done" per worker (a log format's): their last steps."""
+        count = len(self.drafters)
+        word = self.worker_word + ("s" if count != 1 else "")
+        last = max((d.step for d in self.drafters.values()), default=0)
+        rate = (f", {total:,.0f} tok/s total" + (" (derived from step times)" if self.derived else "")
+                if total else "")
+        if verdict == "ok":
+            going = "training; the run goes on" if end.watch_ended else "trained"
+            return f"ok: {count} {word} {going} to step {last}{rate}"
+        ending = (f"exit {end.exit_code}" if end.exit_code is not None
+                  else "still running" if end.state == "running" else end.state)
+        return f"{verdict}: {count} {word}, last step {last}{rate} ({ending})"
 
     def summary(self, end: EndState, total: Optional[float]) -> dict:
         return {
@@ -332,6 +457,7 @@ class LogClassifier:
             "exit_code": end.exit_code, "signal": end.signal, "state": end.state,
             "stopped_for": end.stopped_for, "lines": self.lines,
             "trainer_summary": dict(self.summary_fields),
+            "workers": self.worker_word, "tok_s_derived": self.derived,
             "torch_version": self.start_fields.get("torch"),
         }
 
@@ -374,6 +500,8 @@ class LogClassifier:
         return None
 
     def _message(self, verdict: str, end: EndState, total: Optional[float]) -> str:
+        if self.metric is None and not any(d.done for d in self.drafters.values()):
+            return self._steps_message(verdict, end, total)
         drafters = sorted(self.drafters.values(), key=lambda d: d.drafter)
         done = sum(d.done and not d.error for d in drafters)
         expected = self.expected_drafters()

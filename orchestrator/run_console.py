@@ -181,7 +181,7 @@ class ConsoleReporter:
             with self._state_lock:
                 state = self._monitors.get(target)
                 classifier = state and state.get("classifier")
-            if classifier is not None and classifier.metric.search(line):
+            if classifier is not None and classifier.is_metric_line(line):
                 return  # the table shows it
         # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
         self.out.out(f"{target} | {line}", highlight=False)
@@ -201,7 +201,9 @@ class ConsoleReporter:
 
     def _table(self, monitors: dict):
         table = Table(show_edge=False, header_style="bold", box=None, pad_edge=False)
-        for column in ("target", "drafter", "step", "loss", "tok/s", "state"):
+        words = {getattr(state.get("classifier"), "worker_word", "drafter") for state in monitors.values()}
+        worker = "rank" if words == {"rank"} else "drafter" if words <= {"drafter"} else "worker"
+        for column in ("target", worker, "step", "loss", "tok/s", "state"):
             table.add_column(column, justify="right" if column in ("step", "loss", "tok/s") else "left")
         footer = []
         for target, state in monitors.items():

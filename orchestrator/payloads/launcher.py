@@ -18,12 +18,16 @@ orchestrator.payloads.with_args). `PYTHON - ARGS_JSON` works too (tests, by hand
           process state and this payload's own CPU time; the last event is "result" once
           the command ended and its log was read to the end (or after `max_seconds`, with
           state "running": the controller then starts a new tail from its offset).
+          `follow` adds glob patterns under RUN_DIR (torchrun's per-rank logs): each file
+          found is followed the same way from its offset in `offsets`, its data events
+          naming it (`file`, relative to RUN_DIR).
 
 Why polling with a short sleep, not inotify: inotify needs ctypes tricks in the stdlib and
 does not see writes through every filesystem a container may use; a stat() every 50-200 ms
 costs far under 1 % of a core and keeps the latency well under the 250 ms goal.
 """
 
+import glob
 import json
 import os
 import shutil
@@ -373,9 +377,65 @@ def _num(text):
         return None
 
 
+class Followed(object):
+    """One more log file (a rank's), read like output.log from its own offset."""
+
+    def __init__(self, run_dir, rel, offset):
+        self.path = os.path.join(run_dir, rel)
+        self.rel = rel
+        self.offset = offset
+        self.handle = None
+
+    def read(self, ended):
+        """Emits the new whole lines (all of it once the run ended); True if it sent any."""
+        if self.handle is None:
+            try:
+                self.handle = open(self.path, "rb")
+            except OSError:
+                return False
+        size = os.fstat(self.handle.fileno()).st_size
+        if size < self.offset:
+            self.offset = 0
+        if size <= self.offset:
+            return False
+        self.handle.seek(self.offset)
+        data = self.handle.read(min(size - self.offset, READ_CHUNK))
+        cut = line_cut(data, ended)
+        if not cut:
+            return False
+        emit("data", file=self.rel, at=self.offset, text=data[:cut].decode("utf-8", "surrogateescape"))
+        self.offset += cut
+        return True
+
+    def done(self):
+        if self.handle is None:
+            return not os.path.exists(self.path)   # found, then removed: nothing to read
+        return os.fstat(self.handle.fileno()).st_size <= self.offset
+
+
+def line_cut(data, ended):
+    """How much of data to send: up to its last line end (a newline, or the carriage return
+    that ends a progress-bar redraw); all of it when the run ended or the chunk is full."""
+    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    if cut == 0 and (ended or len(data) >= READ_CHUNK):
+        cut = len(data)
+    return cut
+
+
+def discover(run_dir, patterns, followed, offsets):
+    for pattern in patterns:
+        for path in sorted(glob.glob(os.path.join(run_dir, pattern))):
+            rel = os.path.relpath(path, run_dir)
+            if rel not in followed and os.path.isfile(path):
+                followed[rel] = Followed(run_dir, rel, int(offsets.get(rel, 0)))
+
+
 def tail(args):
     run_dir = args["run_dir"]
     offset = int(args.get("offset", 0))
+    patterns = [p for p in (args.get("follow") or []) if isinstance(p, str)]
+    offsets = args.get("offsets") or {}
+    followed = {}
     min_sleep = float(args.get("min_interval", 0.05))
     max_sleep = float(args.get("max_interval", 0.2))
     max_seconds = float(args.get("max_seconds", 3600.0))
@@ -417,14 +477,18 @@ def tail(args):
             if size > offset:
                 handle.seek(offset)
                 data = handle.read(min(size - offset, READ_CHUNK))
-                cut = data.rfind(b"\n") + 1
                 ended = state["state"] in ("exited", "vanished", "missing")
-                if cut == 0 and (ended or len(data) >= READ_CHUNK):
-                    cut = len(data)  # a last line without its newline, or one huge line
+                cut = line_cut(data, ended)  # a last line without its newline, or one huge line
                 if cut:
                     emit("data", at=offset, text=data[:cut].decode("utf-8", "surrogateescape"))
                     offset += cut
                     got = True
+        if patterns:
+            if not followed or time.time() >= next_beat:
+                discover(run_dir, patterns, followed, offsets)
+            ended = state["state"] in ("exited", "vanished", "missing")
+            for extra in followed.values():
+                got = extra.read(ended) or got
         now = time.time()
         if now >= next_beat:
             # The process state is read once a second: cheap, and the exit is seen soon enough.
@@ -448,7 +512,10 @@ def tail(args):
                 time.sleep(0.1)
                 state = describe(run_dir)
                 continue
-            if handle is None or os.fstat(handle.fileno()).st_size <= offset:
+            if patterns:
+                discover(run_dir, patterns, followed, offsets)
+            rest = [f for f in followed.values() if not f.done()]
+            if (handle is None or os.fstat(handle.fileno()).st_size <= offset) and not rest:
                 emit("result", **_beat_fields(state, offset))
                 return
         if now - started >= max_seconds:

@@ -16,8 +16,8 @@ from orchestrator.errors import ExitCode
 
 # Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
 VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
-            "traceback", "nonzero-exit", "killed", "timeout", "failed", "unreachable", "interrupted",
-            "running")
+            "collective-timeout", "rendezvous-timeout", "traceback", "nonzero-exit", "killed", "timeout",
+            "failed", "unreachable", "interrupted", "running")
 
 VERDICT_EXIT = {
     "ok": ExitCode.OK,
@@ -58,11 +58,13 @@ class StepResult:
 @dataclass
 class MetricPoint:
     target: str
-    drafter: int
+    drafter: int                # the worker: a drafter thread, or a torchrun rank
     step: int
     loss: Optional[float] = None
     tok_s: Optional[float] = None
     elapsed_s: float = 0.0      # seconds since the launch
+    extra: dict = field(default_factory=dict)   # the trainer's other numbers: acc, lr, grad_norm
+    derived: bool = False       # tok_s computed by orch (steps/s x tokens_per_step), not printed
 
 
 @dataclass

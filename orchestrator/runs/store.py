@@ -27,7 +27,7 @@ from orchestrator import paths
 from orchestrator.errors import OrchError
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 15_000
 
 # Each entry takes the store from version i to i+1; append, never edit, once released.
@@ -98,6 +98,11 @@ MIGRATIONS: list[str] = [
         run_id   TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
         pinned_at TEXT NOT NULL
     );
+    """,
+    # 2: real trainers' other numbers (acc, lr, ...) and whether tok/s was derived by orch
+    """
+    ALTER TABLE metrics ADD COLUMN extra TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE metrics ADD COLUMN derived INTEGER NOT NULL DEFAULT 0;
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -295,10 +300,11 @@ class RunStore:
     @staticmethod
     def _put_metrics(db: sqlite3.Connection, run_id: str, points: list[MetricPoint]) -> None:
         db.executemany(
-            "INSERT OR REPLACE INTO metrics (run_id, target, drafter, step, loss, tok_s, elapsed_s)"
-            " VALUES (?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO metrics (run_id, target, drafter, step, loss, tok_s, elapsed_s,"
+            " extra, derived) VALUES (?,?,?,?,?,?,?,?,?)",
             [(run_id, p.target, int(p.drafter), int(p.step), p.loss, p.tok_s,
-              float(p.elapsed_s or 0.0)) for p in points])
+              float(p.elapsed_s or 0.0), _dumps(p.extra or {}), int(bool(p.derived)))
+             for p in points])
 
     @staticmethod
     def _put_findings(db: sqlite3.Connection, run_id: str, findings: list[Finding]) -> None:
@@ -444,7 +450,8 @@ class RunStore:
                               remediation=f["remediation"], evidence=json.loads(f["evidence"]))
                       for f in findings],
             metrics=[MetricPoint(target=m["target"], drafter=m["drafter"], step=m["step"],
-                                 loss=m["loss"], tok_s=m["tok_s"], elapsed_s=m["elapsed_s"])
+                                 loss=m["loss"], tok_s=m["tok_s"], elapsed_s=m["elapsed_s"],
+                                 extra=json.loads(m["extra"]), derived=bool(m["derived"]))
                      for m in points],
         )
 

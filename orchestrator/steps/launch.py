@@ -1,6 +1,9 @@
 """launch: start the training command DETACHED in the target (its own session, pid file,
 exit-code file, log file), so it survives an SSH drop and the controller's exit.
 
+With `torchrun: {nproc_per_node: N, ...}` the command runs under torchrun with one log per
+rank (orchestrator/torchrun.py), which the monitor step follows.
+
 The environment gets CUDA_VISIBLE_DEVICES from the inventory's gpus (or the step's gpus:),
 the inventory's env, the venv's bin on PATH, then the step's env: (which wins).
 """
@@ -10,7 +13,9 @@ from __future__ import annotations
 import re
 import shlex
 
+from orchestrator import torchrun
 from orchestrator.monitor import REMOTE_ROOT, launcher
+from orchestrator.playbook.render import Loc
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 from orchestrator.steps.shell import flatten
 
@@ -30,7 +35,22 @@ class LaunchStep(Step):
         "gpus": Param((list,), items=(int,), doc="GPU indices (default: the inventory's gpus)"),
         "venv": Param((str, bool), doc="venv to activate (default: the target's; false: none)"),
         "run_dir": Param((str,), doc=f"where pid/exit/log files live (default: {REMOTE_ROOT}/RUN_ID/NAME)"),
+        "torchrun": Param((dict,), doc="run the command under torchrun, one log per rank: "
+                                       "{nproc_per_node: N, master_port: P, nnodes, node_rank, "
+                                       "master_addr, rdzv_backend, rdzv_endpoint, rdzv_id, max_restarts}"),
     }
+
+    def check(self, params: dict, loc: Loc) -> None:
+        spec = params.get("torchrun")
+        if spec is not None and not (isinstance(spec, str) and "{{" in spec):
+            try:
+                torchrun.check_spec(spec)
+            except torchrun.TorchrunError as error:
+                where = loc.child("torchrun")
+                if not error.key:
+                    raise where.error(str(error)) from None
+                unknown = error.key not in torchrun.OPTIONS
+                raise where.child(error.key).error(str(error), key=unknown) from None
 
     def _prepare(self, ctx: StepContext, params: dict) -> dict:
         argv = [str(part) for part in flatten(params["command"])]
@@ -49,14 +69,23 @@ class LaunchStep(Step):
             venv = None
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", ctx.spec.name or f"launch{ctx.spec.index + 1}").strip("-.")
         run_dir = params["run_dir"] or f"{REMOTE_ROOT}/{ctx.runner.run_id}/{slug or 'launch'}"
-        return {"argv": argv, "env": env, "venv": venv, "cwd": params["cwd"], "run_dir": run_dir}
+        prepared = {"argv": argv, "env": env, "venv": venv, "cwd": params["cwd"], "run_dir": run_dir}
+        if params["torchrun"] is not None:
+            try:
+                prepared["argv"] = torchrun.build_argv(params["torchrun"], argv, run_dir)
+            except torchrun.TorchrunError as error:
+                raise StepFailed(f"launch: {error}") from None
+            prepared["ranks"] = torchrun.ranks(params["torchrun"])
+        return prepared
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
         p = self._prepare(ctx, params)
         env = " ".join(f"{k}={'***' if SECRET_NAME.search(k) else shlex.quote(v)}"
                        for k, v in p["env"].items())
         return [f"detached in {p['run_dir']} (setsid; log output.log, pid.json, exit.json)"
-                + (f", venv {p['venv']}" if p["venv"] else ""),
+                + (f", venv {p['venv']}" if p["venv"] else "")
+                + (f"; {p['ranks']} ranks under torchrun, their logs in {p['run_dir']}/"
+                   f"{torchrun.RANK_LOG_DIR}/" if "ranks" in p else ""),
                 (env + " " if env else "") + shlex.join(p["argv"])]
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
@@ -75,6 +104,9 @@ class LaunchStep(Step):
                   # the device layout, part of the run's shape (runs/baseline.py)
                   "cuda_visible_devices": p["env"].get("CUDA_VISIBLE_DEVICES"),
                   "host": target.host.name, "vmid": target.vmid}
+        if "ranks" in p:
+            # the monitor step follows every rank's log, and calls its workers ranks
+            launch.update(ranks=p["ranks"], logs=list(torchrun.RANK_LOGS), workers="rank")
         ctx.runner.note_launch(target.name, launch)
         gpus = p["env"].get("CUDA_VISIBLE_DEVICES")
         return StepOutcome(status="changed",

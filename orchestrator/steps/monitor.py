@@ -10,9 +10,11 @@ seconds while the process lives) stops it too, unless stop_on_hang: false."""
 from __future__ import annotations
 
 import os
+import re
 
 from orchestrator import forensics, paths
 from orchestrator.errors import OrchError
+from orchestrator.logformats import FORMATS, make_format
 from orchestrator.monitor import Monitor, MonitorSettings, stream_copy_path
 from orchestrator.monitor_classify import compile_metric_regex
 from orchestrator.playbook.render import Loc
@@ -28,6 +30,11 @@ class MonitorStep(Step):
         "expected_tok_s": Param((int, float), doc="healthy total throughput (shown)"),
         "degraded_below": Param((int, float), doc="total tok/s under this = degraded"),
         "metric_regex": Param((str,), doc="named groups step (required), drafter, loss, tok_s"),
+        "format": Param((str,), default="orch", choices=FORMATS,
+                        doc="how the trainer logs: orch (the stand-in), specforge, hf-trainer, "
+                            "tqdm, jsonl, regex (metric_regex)"),
+        "tokens_per_step": Param((int, float), doc="tokens one step trains (all ranks): tok/s "
+                                                   "from the step times where the trainer prints none"),
         "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
         "expect_drafters": Param((int,), doc="fail unless this many drafters finish"),
         "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),
@@ -39,7 +46,14 @@ class MonitorStep(Step):
     }
 
     def check(self, params: dict, loc: Loc) -> None:
+        fmt = params.get("format")
         regex = params.get("metric_regex")
+        if isinstance(fmt, str) and "{{" not in fmt:
+            if fmt == "regex" and regex is None:
+                raise loc.child("format").error("format regex needs a metric_regex")
+            if regex is not None and fmt not in ("orch", "regex"):
+                raise loc.child("metric_regex").error(
+                    f"metric_regex is for format regex; format {fmt} reads its own lines")
         if isinstance(regex, str) and "{{" not in regex:
             try:
                 compile_metric_regex(regex)
@@ -55,7 +69,19 @@ class MonitorStep(Step):
             parts.append(f"expected {params['expected_tok_s']:,} tok/s")
         if params["watch_for"]:
             parts.append(f"watch {params['watch_for']} s, then leave it running")
-        return [f"follow {run_dir}/output.log by byte offset (tail payload); " + ", ".join(parts)]
+        if params["tokens_per_step"]:
+            parts.append(f"tok/s derived from {params['tokens_per_step']:,} tokens per step")
+        launch = ctx.runner.launch_info(ctx.target.name) or {}
+        ranks = " and every rank's log" if launch.get("logs") or self._torchrun_before(ctx) else ""
+        return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), read as "
+                f"{params['format']} lines; " + ", ".join(parts)]
+
+    @staticmethod
+    def _torchrun_before(ctx: StepContext) -> bool:
+        """In a dry run nothing was launched: did an earlier launch step ask for torchrun?"""
+        steps = getattr(getattr(ctx.runner, "playbook", None), "steps", []) or []
+        return any(s.kind == "launch" and isinstance(s.params, dict) and s.params.get("torchrun")
+                   for s in steps if s.index < ctx.spec.index)
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
         target = ctx.target
@@ -66,6 +92,13 @@ class MonitorStep(Step):
                              f"{target.name} before this one (or give run_dir:)")
         settings = MonitorSettings.from_params({**params, "timeout": ctx.timeout})
         settings.gpus = list(target.gpus)
+        if launch and launch.get("logs"):
+            settings.follow = list(launch["logs"])          # torchrun: every rank's log
+            settings.worker_word = launch.get("workers") or "rank"
+        try:
+            make_format(settings.format, settings.metric_regex)
+        except (ValueError, re.error) as error:
+            raise StepFailed(f"monitor: {error}") from None
         ctx.runner.note_monitor(target.name, ctx.spec.index, settings.to_dict())
         return monitor_run(ctx.runner, target, run_dir, settings)
 

@@ -117,7 +117,7 @@ def test_degraded_and_recompile_limit():
 @pytest.mark.parametrize("line,expected", [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "cuda-oom"),
     ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", "nccl-error"),
-    ("[rank0]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout", "nccl-error"),
+    ("[rank0]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout", "collective-timeout"),
 ])
 def test_gpu_failures(line, expected):
     _, _, verdict = classify([START, "Traceback (most recent call last):", line],

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Monitor latency and CPU with 8 torchrun ranks' logs flowing, two ways side by side.
+
+A writer started with orch's launcher (detached, like a training run) plays 8 ranks: each
+logs SpecForge's `Train - Step N [N/T?], Loss: .., Acc: ..` through Python logging (its time
+stamp, to the millisecond, is when the line was written) at random gaps of 20-120 ms, and
+rank 0 redraws a tqdm bar before each of its lines. Two layouts:
+
+  per-rank   torchrun --log-dir D --redirects 3: D/<id>/attempt_0/<rank>/stderr.log, the
+             files orch's torchrun launch asks for; the monitor follows all 8 by offset
+  tee        torchrun --tee 3: one log, every line prefixed [default<rank>]:
+
+Latency: from a line's stamp to the moment orch's monitor hands it to its console sink.
+CPU: the tail payload's own CPU time in the container, and the controller's (this
+process: following, splitting, parsing, classifying), each over the wall time.
+
+    sudo .venv/bin/orch sandbox up
+    .venv/bin/python benchmarks/monitor_ranks.py                  # sb1-200 of the sandbox
+    .venv/bin/python benchmarks/monitor_ranks.py --lines 150 --ranks 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+
+from orchestrator.config.inventory import inventory_path
+from orchestrator.fleet import Fleet
+from orchestrator.logformats import log_time
+from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher
+from orchestrator.torchrun import RANK_LOGS
+
+WRITER = r"""
+import logging, os, random, sys, threading, time
+layout, ranks, lines, run_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+lock = threading.Lock()
+
+def rank_stream(rank):
+    if layout == "tee":
+        return None
+    folder = os.path.join(run_dir, "ranks", "bench_x", "attempt_0", str(rank))
+    os.makedirs(folder)
+    return open(os.path.join(folder, "stderr.log"), "w")
+
+def write(rank, out, text):
+    if out is None:                 # tee: one stream, torchrun's prefix on every line
+        with lock:
+            sys.stdout.write("[default%d]:%s" % (rank, text)); sys.stdout.flush()
+    else:
+        out.write(text); out.flush()
+
+def play(rank):
+    rng = random.Random(rank)
+    out = rank_stream(rank)
+    formatter = logging.Formatter("%(asctime)s - %(levelname)s - %(name)s - %(message)s")
+    time.sleep(0.5)
+    for step in range(1, lines + 1):
+        if rank == 0:
+            write(rank, out, "\rTraining Epoch 0: %3d%%|#   | %d/%d [00:01<00:01, 9.00it/s, loss=2.0]"
+                  % (100 * step // lines, step, lines))
+        record = logging.LogRecord("specforge.utils", logging.INFO, "train_dflash.py", 0,
+                                   "Train - Step %d [%d/%d?], Loss: %.4f, Acc: 0.5000"
+                                   % (step, step, lines, 3 - step / lines), None, None)
+        write(rank, out, formatter.format(record) + "\n")
+        time.sleep(rng.uniform(0.02, 0.12))
+
+threads = [threading.Thread(target=play, args=(r,)) for r in range(ranks)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+"""
+
+
+class Timing(MonitorSink):
+    def __init__(self):
+        self.latencies: list[float] = []
+
+    def log_line(self, target: str, line: str) -> None:
+        now = time.time()
+        if "Train - Step" in line:
+            stamp = log_time(line)
+            if stamp is not None:
+                self.latencies.append(now - stamp)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def measure(target, layout: str, ranks: int, lines: int) -> dict:
+    run_dir = f"/var/tmp/orch/bench/{uuid.uuid4().hex[:10]}"
+    launcher(target, "start", run_dir, argv=["python3", "-c", WRITER, layout, str(ranks), str(lines), run_dir])
+    settings = MonitorSettings(hang_after=3600, gpu_every=0, format="specforge",
+                               follow=list(RANK_LOGS) if layout == "per-rank" else [],
+                               worker_word="rank")
+    sink = Timing()
+    monitor = Monitor(target, run_dir, settings, sink)
+    began, cpu_began = time.monotonic(), time.process_time()
+    end, final = monitor.run()
+    wall, controller_cpu = time.monotonic() - began, time.process_time() - cpu_began
+    target.run(["rm", "-rf", run_dir], timeout=30)
+    steps = {rank: progress.step for rank, progress in monitor.classifier.drafters.items()}
+    assert len(sink.latencies) == ranks * lines, f"{len(sink.latencies)} of {ranks * lines} lines"
+    assert steps == {rank: lines for rank in range(ranks)}, steps
+    return {"layout": layout, "lines": len(sink.latencies), "rate": len(sink.latencies) / wall,
+            "median_ms": statistics.median(sink.latencies) * 1000,
+            "p95_ms": percentile(sink.latencies, 0.95) * 1000, "max_ms": max(sink.latencies) * 1000,
+            "tail_cpu_pct": 100 * (final.get("cpu_s") or 0.0) / wall,
+            "controller_cpu_pct": 100 * controller_cpu / wall}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-i", "--inventory", default="sandbox")
+    parser.add_argument("-t", "--target", default="sb1-200")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--lines", type=int, default=150, help="lines per rank")
+    args = parser.parse_args()
+    with Fleet.from_path(inventory_path(args.inventory)) as fleet:
+        target = fleet.targets([args.target])[0]
+        rows = [measure(target, layout, args.ranks, args.lines) for layout in ("per-rank", "tee")]
+    print(f"monitor with {args.ranks} ranks' logs flowing into {target.describe()}: "
+          f"{args.lines} SpecForge lines per rank, from the write to orch's console sink")
+    print()
+    print("| layout | lines | lines/s | median | p95 | max | tail payload CPU | controller CPU |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        print(f"| {row['layout']} | {row['lines']} | {row['rate']:.0f} | {row['median_ms']:.0f} ms "
+              f"| {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms | {row['tail_cpu_pct']:.2f} % of a core "
+              f"| {row['controller_cpu_pct']:.1f} % of a core |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

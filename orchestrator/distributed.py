@@ -1,0 +1,181 @@
+"""How distributed (torchrun) runs fail, read from their logs. Pure functions, no I/O.
+
+- torchrun's closing `ChildFailedError` summary: each failed rank with its local rank, exit
+  code or signal, pid and error file; the "Root Cause" entry is the first failure (the
+  others are usually ranks torchrun itself stopped with SIGTERM afterwards).
+- collective timeouts (gloo's `Timed out waiting 5000ms for recv operation`, NCCL's
+  watchdog) and a rendezvous that never completes (`RendezvousTimeoutError`, the TCPStore's
+  `1/2 clients joined`).
+- a hang where one rank stopped while the others went on to a collective and wait there:
+  the rank behind is the one to look at.
+
+The formats are torch's own (torch 2.13, checked on real runs; docs/trainer-logs.md).
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+from dataclasses import dataclass
+from typing import Optional
+
+COLLECTIVE_TIMEOUT = re.compile(
+    r"Timed out waiting \d+ ?ms for (?:recv|send) operation|gloo.*[Tt]imed? ?out|"
+    r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*[Tt]imeout|"
+    r"collective operation timeout|DistBackendError.*[Tt]imed? ?out")
+RENDEZVOUS_TIMEOUT = re.compile(
+    r"RendezvousTimeoutError|RendezvousClosedError|waiting for clients\. \d+/\d+ clients joined|"
+    r"client socket has timed out after .* while trying to connect|"
+    r"The server socket has failed to listen")
+
+# Retries while the store cannot be reached; a run that meets after a retry is fine, so
+# this only explains a hang in which no step was ever logged.
+RENDEZVOUS_RETRY = re.compile(
+    r"TCP client failed to connect/validate to host|has failed to connect to any network address of")
+
+_FAILED_HEADER = re.compile(r"ChildFailedError")
+_ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
+_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
+_RANK = re.compile(r"(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
+_EXIT = re.compile(r"(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+
+
+@dataclass
+class RankFailure:
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    exit_code: Optional[int] = None
+    pid: Optional[int] = None
+    host: str = ""
+    error_file: str = ""
+    traceback: str = ""
+    root_cause: bool = False
+
+    @property
+    def signal(self) -> Optional[int]:
+        """torchrun reports death by a signal as a negative exit code (-9: SIGKILL)."""
+        return -self.exit_code if self.exit_code is not None and self.exit_code < 0 else None
+
+    @property
+    def signal_name(self) -> Optional[str]:
+        if self.signal is None:
+            return None
+        try:
+            return signals.Signals(self.signal).name
+        except ValueError:
+            return f"signal {self.signal}"
+
+    def describe(self) -> str:
+        where = f"rank {self.rank}" if self.rank is not None else "a rank"
+        if self.local_rank is not None and self.local_rank != self.rank:
+            where += f" (local rank {self.local_rank})"
+        if self.host:
+            where += f" on {self.host}"
+        if self.signal is not None:
+            how = f"was killed by {self.signal_name} (signal {self.signal})"
+        else:
+            how = f"exited with code {self.exit_code}"
+        return f"{where} {how}" + (f", pid {self.pid}" if self.pid else "")
+
+
+class ChildFailedReader:
+    """Reads torchrun's summary block line by line (it may arrive in pieces)."""
+
+    def __init__(self):
+        self.failures: list[RankFailure] = []
+        self._inside = False
+        self._root_next = False
+        self._current: Optional[RankFailure] = None
+
+    def feed(self, line: str) -> None:
+        if _FAILED_HEADER.search(line):
+            self._inside, self.failures = True, []
+            return
+        if not self._inside:
+            return
+        text = line.strip()
+        if text.startswith("Root Cause"):
+            self._root_next = True
+            return
+        entry = _ENTRY.match(line)
+        if entry:
+            self._current = RankFailure(root_cause=self._root_next)
+            self._root_next = False
+            self.failures.append(self._current)
+            return
+        field = _FIELD.match(line)
+        if field and self._current is not None:
+            self._set(self._current, field.group(1), field.group(2).strip())
+
+    @staticmethod
+    def _set(failure: RankFailure, name: str, value: str) -> None:
+        if name == "rank":
+            match = _RANK.match(value)
+            if match:
+                failure.rank = int(match.group(1))
+                failure.local_rank = int(match.group(2)) if match.group(2) else None
+        elif name == "exitcode":
+            match = _EXIT.match(value)
+            if match:
+                failure.exit_code = int(match.group(1))
+                failure.pid = int(match.group(2)) if match.group(2) else None
+        elif name == "host":
+            failure.host = value
+        elif name == "error_file":
+            failure.error_file = "" if value == "<N/A>" else value
+        elif name == "traceback":
+            failure.traceback = value
+
+    def root_cause(self) -> Optional[RankFailure]:
+        for failure in self.failures:
+            if failure.root_cause:
+                return failure
+        return self.failures[0] if self.failures else None
+
+
+def rank_failure_remediation(failure: RankFailure) -> str:
+    if failure.signal == signals.SIGKILL:
+        return ("SIGKILL with no one asking for it is most often the host's OOM killer: look for "
+                "`Out of memory: Killed process` in the host's `dmesg` or `journalctl -k`; lower "
+                "the batch size or max length, or give the container more memory")
+    if failure.signal is not None:
+        return "a signal from outside the run: look for who sent it (a scheduler, a supervisor)"
+    if failure.error_file:
+        return f"rank {failure.rank}'s traceback is in its error file {failure.error_file}"
+    return (f"read rank {failure.rank}'s traceback in its log (torchrun prefixes it "
+            f"`[rank{failure.rank}]:`)")
+
+
+COLLECTIVE_REMEDIATION = (
+    "a collective waited past its timeout: one rank did not join it (stuck, slower, or dead). "
+    "Look at the rank that fell behind; set TORCH_DISTRIBUTED_DEBUG=DETAIL (and NCCL_DEBUG=INFO "
+    "on GPUs) in the launch env to see which collective each rank was in")
+RENDEZVOUS_REMEDIATION = (
+    "the ranks never all met: check that every node started with the same --nnodes, "
+    "--rdzv-endpoint / --master-addr and --master-port, that the port is reachable from every "
+    "node, and that no stale run holds the port")
+
+
+def behind(progress: dict[int, int]) -> tuple[list[int], int, int]:
+    """Of workers' last steps: those behind the front, the lowest step, the highest.
+    A worker behind the others while they wait is the one a hang is about."""
+    if not progress:
+        return [], 0, 0
+    low, high = min(progress.values()), max(progress.values())
+    if low == high:
+        return [], low, high
+    return sorted(w for w, step in progress.items() if step == low), low, high
+
+
+def stuck_message(progress: dict[int, int], word: str = "rank") -> Optional[str]:
+    """`rank 1 stopped at step 7 while rank 0 reached step 10` (None when all are level)."""
+    stuck, low, high = behind(progress)
+    if not stuck:
+        return None
+    ahead = sorted(w for w, step in progress.items() if step == high)
+    names = ", ".join(str(w) for w in stuck)
+    others = ", ".join(str(w) for w in ahead)
+    plural = "s" if len(stuck) > 1 else ""
+    return (f"{word}{plural} {names} stopped at step {low} while {word}"
+            f"{'s' if len(ahead) > 1 else ''} {others} reached step {high} and wait for "
+            f"{'them' if plural else 'it'} (in a collective, most likely)")

@@ -1,0 +1,125 @@
+"""Verdicts for distributed runs, from torchrun's real output (torch 2.13, gloo, 2 ranks).
+
+The logs under tests/fixtures/logs were printed by real `torchrun --nproc-per-node 2` runs of
+tests/trainer/real/ddp_specforge_loop.py (paths shortened): a rank killed with SIGKILL, a rank
+sleeping past the collective timeout, a rendezvous with a node missing (static and c10d).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.distributed import ChildFailedReader, RankFailure, behind, stuck_message
+from orchestrator.monitor_classify import EndState, LogClassifier
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+
+def classify_log(name: str, end=EndState(state="exited", exit_code=1), **settings):
+    classifier = LogClassifier("dev", **settings)
+    for i, line in enumerate((LOGS / name).read_text().splitlines()):
+        classifier.feed(line, float(i))
+    return classifier.classify(end, {}, cli="orch", playbook="pb.yaml")
+
+
+def test_child_failed_summary_names_the_root_cause_rank_and_signal():
+    reader = ChildFailedReader()
+    for line in (LOGS / "torchrun-sigkill.log").read_text().splitlines():
+        reader.feed(line)
+    assert [(f.rank, f.local_rank, f.exit_code, f.root_cause) for f in reader.failures] == [
+        (0, 0, -15, False), (1, 1, -9, True)]
+    root = reader.root_cause()
+    assert (root.signal, root.signal_name, root.host) == (9, "SIGKILL", "localhost")
+    assert root.describe().startswith("rank 1 on localhost was killed by SIGKILL (signal 9), pid ")
+
+
+def test_a_rank_killed_by_sigkill_reads_as_host_oom():
+    verdict = classify_log("torchrun-sigkill.log")
+    assert verdict.verdict == "killed"
+    assert verdict.message.startswith("killed: torchrun: rank 1 on localhost was killed by SIGKILL (signal 9)")
+    assert "the host's OOM killer" in verdict.message
+    finding = next(f for f in verdict.findings if f.signature == "rank-failed")
+    assert "dmesg" in finding.remediation
+    assert "rank 0 on localhost was killed by SIGTERM (signal 15)" in finding.evidence[0]
+
+
+def test_gloo_collective_timeout():
+    verdict = classify_log("torchrun-gloo-timeout.log")
+    assert verdict.verdict == "collective-timeout"
+    finding = next(f for f in verdict.findings if f.signature == "collective-timeout")
+    assert "Timed out waiting 5000ms for recv operation" in finding.evidence[0]
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in finding.remediation
+    # torchrun's summary is read too: the rank that raised, with its exit code
+    assert any(f.signature == "rank-failed" and "rank 0 on localhost exited with code 1" in f.message
+               for f in verdict.findings)
+
+
+@pytest.mark.parametrize("log", ["torchrun-rendezvous-static.log", "torchrun-rendezvous-c10d.log"])
+def test_rendezvous_that_never_completes(log):
+    verdict = classify_log(log)
+    assert verdict.verdict == "rendezvous-timeout"
+    assert verdict.message == "rendezvous-timeout: the rendezvous never completed (not every rank joined)"
+    assert "--rdzv-endpoint" in next(f for f in verdict.findings if f.signature == "rendezvous-timeout").remediation
+
+
+def test_a_hang_names_the_rank_behind_the_others():
+    classifier = LogClassifier("dev", hang_after=60)
+    classifier.worker_word = "rank"
+    for step in range(1, 11):
+        classifier.feed(f"drafter=0 step={step} loss=1.0 tok_s=10", float(step))
+        if step <= 7:
+            classifier.feed(f"drafter=1 step={step} loss=1.0 tok_s=10", float(step))
+    verdict = classifier.classify(EndState(state="exited", exit_code=-9, stopped_for="hang", hang_seconds=61),
+                                  {}, cli="orch")
+    assert verdict.verdict == "hang"
+    assert verdict.message.startswith("hang: rank 1 stopped at step 7 while rank 0 reached step 10 "
+                                      "and wait for it")
+    assert any(f.signature == "hang:stuck-rank" for f in verdict.findings)
+
+
+def test_level_workers_name_no_one():
+    assert behind({0: 5, 1: 5}) == ([], 5, 5)
+    assert stuck_message({0: 5, 1: 5}) is None
+    assert stuck_message({0: 9, 1: 3, 2: 3}) == ("ranks 1, 2 stopped at step 3 while rank 0 reached "
+                                                 "step 9 and wait for them (in a collective, most likely)")
+
+
+def test_a_summary_cut_short_or_garbled_does_not_crash():
+    reader = ChildFailedReader()
+    for line in ["ChildFailedError:", "[0]:", "  rank      : x", "  exitcode  : ?? (pid: ?)", "[1]:"]:
+        reader.feed(line)
+    assert reader.root_cause() == RankFailure()
+    assert RankFailure(rank=2, exit_code=-99).describe() == "rank 2 was killed by signal 99 (signal 99)"
+
+
+def test_ranks_that_never_reach_their_store_are_a_rendezvous_failure_not_a_plain_hang():
+    # Real torchrun output in a container whose loopback was down (127.0.0.1 unreachable).
+    end = EndState(state="exited", exit_code=-15, stopped_for="hang", hang_seconds=60)
+    verdict = classify_log("torchrun-store-unreachable.log", end, hang_after=60)
+    assert verdict.verdict == "rendezvous-timeout"
+    assert verdict.message == "rendezvous-timeout: the ranks never met: their rendezvous store could not be reached"
+    finding = next(f for f in verdict.findings if f.signature == "rendezvous-timeout")
+    assert "ip link set lo up" in finding.remediation and "127.0.0.1, 29500" in finding.evidence[0]
+
+
+def test_a_retry_before_a_run_that_trains_is_no_failure():
+    classifier = LogClassifier("dev")
+    lines = (LOGS / "torchrun-store-unreachable.log").read_text().splitlines()[8:10]
+    for i, line in enumerate(lines + ["drafter=0 step=1 loss=1 tok_s=5", "drafter=0 done steps=1"]):
+        classifier.feed(line, float(i))
+    assert classifier.classify(EndState(state="exited", exit_code=0), {}).verdict == "ok"
+
+
+def test_torchrun_that_never_starts_a_rank_is_a_rendezvous_failure():
+    classifier = LogClassifier("dev", hang_after=20)
+    classifier.rank_logs_expected = True
+    classifier.feed("[W1130 12:46:03.221483212 socket.cpp:207] [c10d] The hostname of the client "
+                    "socket cannot be retrieved. err=-3", 0.0)
+    end = EndState(state="exited", exit_code=143, signal=None, stopped_for="hang", hang_seconds=20)
+    verdict = classifier.classify(end, {})
+    assert verdict.verdict == "rendezvous-timeout"
+    assert verdict.message == "rendezvous-timeout: the ranks never met: torchrun's rendezvous never completed"
+    classifier.rank_logs_seen = True       # its workers started: then it is a plain hang
+    assert classifier.classify(end, {}).verdict == "hang"
