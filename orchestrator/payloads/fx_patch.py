@@ -1061,7 +1061,9 @@ def import_check(plan, cwd, site_packages):
                       " compiled every changed file, did not import" % SOURCE_TREE_ENV}
     modules = [module_name(change.relpath) for change in plan] + list(NAME_USERS)
     try:
-        proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK, json.dumps(modules)],
+        # -B: the check leaves no bytecode of its own in torch's folders (a rolled-back
+        # apply must leave the tree exactly as it found it)
+        proc = subprocess.run([sys.executable, "-B", "-c", IMPORT_CHECK, json.dumps(modules)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                               timeout=IMPORT_CHECK_TIMEOUT)
     except subprocess.TimeoutExpired:
