@@ -18,6 +18,7 @@ import os
 import pytest
 
 from orchestrator.errors import OrchError
+from orchestrator.fleet import Fleet
 
 
 def sandbox_required() -> bool:
@@ -52,3 +53,16 @@ def sandbox():
     yield handle
     if os.environ.get("ORCH_SANDBOX_TEARDOWN") == "1":
         sb.down()
+
+
+@pytest.fixture(scope="module")
+def fleet(sandbox):
+    """One Fleet on the sandbox's inventory per test module (a module may define its own)."""
+    with Fleet.from_path(str(sandbox.inventory_path)) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+def ct(fleet):
+    """CT 200 of host sb1, the container most transport tests use."""
+    return fleet.targets(["sb1-200"])[0]

@@ -25,17 +25,6 @@ HOSTILE = ["", " ", "'", '"', "''", '""', "$(touch /tmp/pwned)", "`touch /tmp/pw
 ARG = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=30)
 
 
-@pytest.fixture(scope="module")
-def fleet(sandbox):
-    with Fleet.from_path(str(sandbox.inventory_path)) as fleet:
-        yield fleet
-
-
-@pytest.fixture(scope="module")
-def ct(fleet):
-    return fleet.targets(["sb1-200"])[0]
-
-
 def orch(sandbox, *args, timeout=60):
     return subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(sandbox.inventory_path), *args],
                           capture_output=True, text=True, timeout=timeout)

@@ -34,17 +34,6 @@ COMMAND_LINES = ["python3", "-c", "import os\nfor p in filter(str.isdigit, os.li
              "    except OSError: pass"]
 
 
-@pytest.fixture(scope="module")
-def fleet(sandbox):
-    with Fleet.from_path(str(sandbox.inventory_path)) as fleet:
-        yield fleet
-
-
-@pytest.fixture(scope="module")
-def ct(fleet):
-    return fleet.targets(["sb1-200"])[0]
-
-
 def orch(sandbox, *args, timeout=120, **kwargs):
     return subprocess.run([*ORCH, "-i", str(sandbox.inventory_path), *args],
                           capture_output=True, timeout=timeout, **kwargs)
