@@ -87,6 +87,19 @@ def _write_real_root(paths: StatePaths, host: HostSpec, ct: ContainerSpec,
     write_if_changed(directory / "config", real_root_lxc_config(paths, host, ct, base, delta))
 
 
+def _common_tail(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> list[str]:
+    """The lines every sandbox container's config ends with."""
+    return [
+        "lxc.apparmor.profile = unconfined",
+        # per-host cgroup paths: two hosts can both run a CT 200, and down finds them all
+        f"lxc.cgroup.dir.monitor = {host.cgroup}/{ct.vmid}.monitor",
+        f"lxc.cgroup.dir.container = {host.cgroup}/{ct.vmid}",
+        f"lxc.log.file = {paths.lxc_log(host.name, ct.vmid)}",
+        "lxc.log.level = WARN",
+        "",
+    ]
+
+
 def real_root_lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec, base: Path,
                          delta: Path) -> str:
     """LXC config of a real-root container: its own /usr and /etc, the distribution's init
@@ -105,12 +118,7 @@ def real_root_lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec, b
         # no network device but loopback: no route out of the sandbox
         "lxc.net.0.type = empty",
         "lxc.init.cmd = /sbin/init",
-        "lxc.apparmor.profile = unconfined",
-        f"lxc.cgroup.dir.monitor = {host.cgroup}/{ct.vmid}.monitor",
-        f"lxc.cgroup.dir.container = {host.cgroup}/{ct.vmid}",
-        f"lxc.log.file = {paths.lxc_log(host.name, ct.vmid)}",
-        "lxc.log.level = WARN",
-        "",
+        *_common_tail(paths, host, ct),
     ])
 
 
@@ -152,13 +160,7 @@ def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
         "lxc.net.0.type = empty",
         # without -n, init.lxc exits 1 silently (docs/sandbox.md)
         f"lxc.init.cmd = /usr/sbin/init.lxc.static -n {ct.vmid} -- /bin/sleep infinity",
-        "lxc.apparmor.profile = unconfined",
-        # per-host cgroup paths: two hosts can both run a CT 200, and down finds them all
-        f"lxc.cgroup.dir.monitor = {host.cgroup}/{ct.vmid}.monitor",
-        f"lxc.cgroup.dir.container = {host.cgroup}/{ct.vmid}",
-        f"lxc.log.file = {paths.lxc_log(host.name, ct.vmid)}",
-        "lxc.log.level = WARN",
-        "",
+        *_common_tail(paths, host, ct),
     ])
 
 

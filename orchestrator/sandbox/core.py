@@ -75,8 +75,6 @@ def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix
         if layout.cluster:
             _announce_cluster_status(paths, layout)
         access.write_client_files(layout, paths)
-        # a link set back up, or an sshd just restarted, may take a moment to accept
-        wait_until_reachable(layout, timeout=10.0)
     return Sandbox(paths, layout)
 
 
@@ -292,8 +290,9 @@ def _port_open(address: str, port: int, timeout: float = 0.3) -> bool:
 
 
 def wait_until_reachable(layout: Layout, timeout: float = 5.0) -> None:
-    """Each host's sshd accepts connections (up waits for it; tests that just set a link
-    back up call it too)."""
+    """Each host's sshd accepts connections: a link set back up (by a test, or by `up`
+    repairing one) takes a moment to carry traffic again. Not called by `up` itself: its
+    probe connection leaves a short-lived sshd child titled like the listener."""
     deadline = time.monotonic() + timeout
     for spec in layout.hosts:
         while not _port_open(spec.address, 22):

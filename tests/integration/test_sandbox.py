@@ -356,6 +356,7 @@ def test_up_repairs_what_tests_broke(sandbox):
     sandbox.start_container("sb1", 202)
     sandbox.regenerate_host_key("sb2")
     sb.up()
+    sb.wait_until_reachable(sandbox.layout)   # the repaired link takes a moment
     report = sb.status()
     assert report["healthy"], report
     assert ssh(sandbox, "sb2", ["pct", "exec", "200", "--", "true"]).returncode == 0
