@@ -547,7 +547,7 @@ def run_playbook(playbook: str, *, targets=(), extra_vars=None, app=None, report
                  store=None, dry_run: bool = False, fleet: Optional[Fleet] = None) -> RunRecord:
     """Load, check and run a playbook; the one entry point for `orch run` and `orch nightly`."""
     from orchestrator.runs.store import RunStore
-    from orchestrator.run_console import ConsoleReporter
+    from orchestrator.console.run import ConsoleReporter
     extra = normalize_extra_vars(extra_vars)
     book = load_playbook(playbook, extra)
     fleet = fleet or app.fleet
@@ -626,7 +626,7 @@ def attach_run(ref: str, *, app, reporter=None, store=None, fleet: Optional[Flee
     monitor it to its end, run the playbook's collect steps after it, record the verdict."""
     from orchestrator.monitor import MonitorSettings
     from orchestrator.runs.store import RunStore
-    from orchestrator.run_console import ConsoleReporter
+    from orchestrator.console.run import ConsoleReporter
     from orchestrator.steps.monitor import monitor_run
     own_store = store is None
     store = store or RunStore()

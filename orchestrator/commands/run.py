@@ -14,7 +14,7 @@ ECHO_CHOICE = click.Choice(["auto", "all", "events", "none"])
 
 
 def _reporter(as_json: bool, echo: str):
-    from orchestrator.run_console import ConsoleReporter
+    from orchestrator.console.run import ConsoleReporter
     return ConsoleReporter(json_mode=as_json, echo=echo)
 
 

@@ -295,7 +295,7 @@ def run_playbook(playbook: str, *, targets: list[str], extra_vars: dict[str, str
                  json_mode: bool = False) -> RunRecord:
     """The one place that calls the playbook runner (orchestrator.runner, issue 4)."""
     from orchestrator import runner   # imported late: the runner pulls in the step kinds
-    from orchestrator.run_console import ConsoleReporter
+    from orchestrator.console.run import ConsoleReporter
     # With --json, stdout carries only the summary: the run's progress goes to stderr.
     return runner.run_playbook(playbook, targets=targets, extra_vars=extra_vars, app=app,
                                reporter=ConsoleReporter(json_mode=json_mode))

@@ -236,7 +236,7 @@ def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
 
     from orchestrator.logformats import LogPoint
     from orchestrator.monitor_classify import LogClassifier
-    from orchestrator.run_console import ConsoleReporter
+    from orchestrator.console.run import ConsoleReporter
 
     out = io.StringIO()
     reporter = ConsoleReporter(Console(file=out, width=120, force_terminal=False), live=False, echo="events")

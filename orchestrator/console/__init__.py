@@ -1,4 +1,8 @@
-"""Printing: human tables and messages on the terminal, JSON for scripts."""
+"""Printing: human tables and messages on the terminal, JSON for scripts.
+
+The presentation room: commands, the engine and the MCP server call it; it imports
+nothing of orch's (console.run holds what `orch run` shows).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
+from rich.markup import escape as rich_escape
 from rich.table import Table
 
 out = Console(highlight=False, soft_wrap=True)
@@ -46,5 +51,4 @@ def info(message: str) -> None:
 
 
 def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
     return rich_escape(str(text))
