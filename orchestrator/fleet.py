@@ -11,6 +11,7 @@ import paramiko
 
 from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, load_inventory
 from orchestrator.errors import ConfigError, NoSuchContainer, OrchError
+from orchestrator.proxmox import ProxmoxClient, api_backend
 from orchestrator.remote.base import Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -75,17 +76,13 @@ class Fleet:
     def cluster_containers(self, cluster: str) -> list[dict]:
         """/cluster/resources' containers, asked once per fleet of the first node that
         answers (every node knows the whole cluster)."""
-        from orchestrator.proxmox import ProxmoxClient, api_backend
-
         with self._lock:
             if cluster in self._clusters:
                 return self._clusters[cluster]
         problems = []
         for member in self.inventory.clusters[cluster]:
-            spec = self.inventory.hosts[member]
             try:
-                ssh = self.host(member) if api_backend(spec) == "ssh" else None
-                items = ProxmoxClient(spec, ssh).cluster_containers()
+                items = self.proxmox(member).cluster_containers()
             except OrchError as error:
                 problems.append(f"{member}: {error}")
                 continue
@@ -93,6 +90,24 @@ class Fleet:
                 self._clusters[cluster] = items
             return items
         raise OrchError(f"no node of cluster {cluster} answered: " + "; ".join(problems))
+
+    def proxmox(self, host_name: str, warn: Callable[[str], None] = lambda message: None) -> ProxmoxClient:
+        """The Proxmox API of an inventory host (pvesh over its SSH connection, or HTTPS)."""
+        spec = self.inventory.hosts[host_name]
+        if spec.transport == "local":
+            raise OrchError(f"host {host_name} is local: it has no Proxmox API")
+        # the https backend needs no SSH connection: open none
+        ssh = self.host(host_name) if api_backend(spec) == "ssh" else None
+        return ProxmoxClient(spec, ssh, warn=warn)
+
+    def containers_of(self, name: str, warn: Callable[[str], None] = lambda message: None) -> list[dict]:
+        """A host's containers, or a whole cluster's, each with its node and inventory host."""
+        if name in self.inventory.clusters:
+            return [{**item, "host": self.host_of_node(name, item["node"])}
+                    for item in self.cluster_containers(name)]
+        client = self.proxmox(name, warn)
+        node = client.node()
+        return [{**item, "node": node, "host": name} for item in client.containers()]
 
     def targets(self, names) -> list[Target]:
         return [self.target(spec) for spec in self.inventory.resolve(names)]
@@ -151,9 +166,43 @@ def _read_ssh_config(path: str) -> Optional[paramiko.SSHConfig]:
         raise OrchError(f"{path}: cannot read the SSH config: {error}") from None
 
 
+class GroupResult:
+    """What one fan-out gave back, like Fabric's GroupResult: `succeeded` maps each input to
+    its value, `failed` each input to the OrchError it raised, both ordered as the inputs."""
+
+    def __init__(self, items: list, outcomes: list):
+        self.items = list(items)
+        self.succeeded: dict = {}
+        self.failed: dict[object, OrchError] = {}
+        for item, outcome in zip(self.items, outcomes):
+            (self.failed if isinstance(outcome, OrchError) else self.succeeded)[item] = outcome
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def first_error(self) -> Optional[OrchError]:
+        """The error of the first input that failed (its exit code is the command's)."""
+        return next(iter(self.failed.values()), None)
+
+    def rows(self) -> list[dict]:
+        """A fan-out over Targets as JSON rows, in input order: {"target": NAME, "error": ...},
+        or {"target": NAME, **its payload result} less the payload protocol's "event" key."""
+        return [{"target": item.name, "error": str(self.failed[item])} if item in self.failed else
+                {"target": item.name, **{k: v for k, v in self.succeeded[item].items() if k != "event"}}
+                for item in self.items]
+
+
+def fan_out(items: list, work: Callable, max_workers: int = 16,
+            on_interrupt: Optional[Callable[[], None]] = None) -> GroupResult:
+    """Run work(item) for every item at once (each_concurrently), sorted into succeeded and failed."""
+    return GroupResult(items, each_concurrently(items, work, max_workers, on_interrupt))
+
+
 def each_concurrently(items: list, work: Callable, max_workers: int = 16,
                       on_interrupt: Optional[Callable[[], None]] = None) -> list:
     """Run work(item) for every item at once; each outcome is a value or the OrchError raised.
+    Callers that judge the outcomes use fan_out: this is its list form.
 
     on_interrupt runs when the wait is interrupted (Ctrl-C): it must make the running work
     end (close the connections), or the interrupt would wait for every command to finish.

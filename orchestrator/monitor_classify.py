@@ -21,6 +21,7 @@ from typing import Optional
 from orchestrator.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_TIMEOUT, RENDEZVOUS_REMEDIATION,
                                       RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, ChildFailedReader, rank_failure_remediation,
                                       stuck_message)
+from orchestrator.fx_states import THREAD_LOCAL
 from orchestrator.logformats import DEFAULT_METRIC_REGEX, LogPoint
 from orchestrator.runs.model import Finding, MetricPoint
 
@@ -286,7 +287,7 @@ class LogClassifier:
                         else "the trainer's watchdog ended it")
             evidence = [line for line in self.seen.get("drafter-error", [])][:EVIDENCE_LINES] \
                 or list(self.tail)[-5:]
-            thread_local = facts.get("fx_tls_state") in ("patched", "fixed-upstream")
+            thread_local = facts.get("fx_tls_state") in THREAD_LOCAL
             stuck = self.never_stepped()
             if thread_local and stuck and not errored:
                 add(FIRST_COMPILE_HANG, self._first_compile_message(stuck, silent, facts) + ended_by,
@@ -532,7 +533,7 @@ def fx_remediation(target: str, facts: dict, cli: str = "orch", playbook: Option
     version = facts.get("torch_version") or "this torch"
     state = facts.get("fx_tls_state")
     rerun = f"; then rerun: `{cli} run {playbook}`" if playbook else "; then rerun the playbook"
-    if state in ("patched", "fixed-upstream"):
+    if state in THREAD_LOCAL:
         return (f"the flag is already thread-local in torch {version} on {target}; the race left "
                 "another trace: FX also patches nn.Module.__call__ process-wide while tracing "
                 "(upstream PR 187589). Serialise each drafter's first step (--serialize-compile).")

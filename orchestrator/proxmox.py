@@ -40,6 +40,7 @@ from orchestrator.remote.base import Transport
 
 API_TIMEOUT = 30.0
 TASK_POLL_S = 0.2
+RUNNING_POLL_S = 0.3   # after the start task: until the container's status says running
 HTTP_STATUS = re.compile(r"^(\d\d\d) ")
 
 
@@ -250,6 +251,21 @@ class ProxmoxClient:
     def status(self, vmid: int) -> dict:
         return typed(self._call(lambda: self.api.nodes(self.node()).lxc(vmid).status.current.get(),
                                 vmid))
+
+    def ensure_running(self, vmid: int, wait_s: float = 60.0, label: Optional[str] = None) -> bool:
+        """Start CT vmid unless it runs: follow its start task to the end (its error is raised
+        as soon as it fails), then wait until the container runs, all within wait_s.
+        Returns False when it was running already, True when this call started it."""
+        if self.status(vmid).get("status") == "running":
+            return False
+        deadline = time.monotonic() + wait_s
+        self.start(vmid, wait_s)
+        while self.status(vmid).get("status") != "running":
+            if time.monotonic() > deadline:
+                raise OrchError(f"{label or f'CT {vmid} on host {self.spec.name}'}: its start "
+                                f"task ended OK but it does not run after {wait_s:g} s")
+            time.sleep(RUNNING_POLL_S)
+        return True
 
     def start(self, vmid: int, wait_s: float = 60.0) -> dict:
         """Start the container and follow its task to the end; returns the task status.

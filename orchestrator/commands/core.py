@@ -7,15 +7,13 @@ import signal
 import stat
 import sys
 import threading
-import time
 
 import click
 
 from orchestrator import console, distro
 from orchestrator.errors import ConfigError, ExitCode, OrchError, PayloadError
-from orchestrator.fleet import each_concurrently
+from orchestrator.fleet import GroupResult, each_concurrently, fan_out
 from orchestrator.payloads import run_payload
-from orchestrator.proxmox import ProxmoxClient, api_backend
 from orchestrator.remote.base import LineSplitter, stdin_bytes
 from orchestrator.remote.container import require_vmid
 
@@ -79,17 +77,17 @@ def _exec_streaming(target, command, timeout):
 
 def _exec_many(app, targets, command, timeout, as_json):
     stdin = stdin_bytes(_forwarded_stdin())  # every target gets the same input
-    results = each_concurrently(targets, lambda t: t.run(
+    results = fan_out(targets, lambda t: t.run(
         command, stdin=stdin, timeout=timeout, capture=as_json, kill_on_close=True,
         on_stdout=None if as_json else _prefixed(t.name, sys.stdout),
         on_stderr=None if as_json else _prefixed(t.name, sys.stderr)),
         on_interrupt=app.fleet.close)
     if as_json:
-        console.print_json([_result_json(t, r) for t, r in zip(targets, results)])
-    for t, r in zip(targets, results):
-        if isinstance(r, OrchError):
-            console.error(_naming(t.name, str(r)))
-    codes = [ExitCode.EXEC_ORCH_ERROR if isinstance(r, OrchError) else r.exit_code for r in results]
+        console.print_json([_result_json(t, results) for t in targets])
+    for t, error in results.failed.items():
+        console.error(_naming(t.name, str(error)))
+    codes = [ExitCode.EXEC_ORCH_ERROR if t in results.failed else results.succeeded[t].exit_code
+             for t in targets]
     sys.exit(max(codes))
 
 
@@ -143,9 +141,11 @@ def _prefixed(name: str, stream):
     return splitter.feed
 
 
-def _result_json(target, result) -> dict:
-    if isinstance(result, OrchError):
-        return {"target": target.name, "error": _naming(target.name, str(result)), "exit_code": None}
+def _result_json(target, results: GroupResult) -> dict:
+    if target in results.failed:
+        return {"target": target.name, "error": _naming(target.name, str(results.failed[target])),
+                "exit_code": None}
+    result = results.succeeded[target]
     return {"target": target.name, "argv": result.argv, "exit_code": result.exit_code,
             "stdout": result.text, "stderr": result.error_text, "duration_s": round(result.duration, 4)}
 
@@ -187,14 +187,13 @@ def ct_list(app, hosts, as_json):
                                       if inventory.clusters else ""))
     known = {(c.cluster or c.host, c.vmid): c.name
              for c in inventory.containers.values() if c.vmid}
-    outcomes = each_concurrently(names, lambda n: _containers_of(app, n))
-    rows, failed = [], False
-    for name, outcome in zip(names, outcomes):
-        if isinstance(outcome, OrchError):
-            failed = True
-            rows.append({"host": name, "error": str(outcome)})
+    results = fan_out(names, lambda n: app.fleet.containers_of(n, warn=console.warn))
+    rows = []
+    for name in names:
+        if name in results.failed:
+            rows.append({"host": name, "error": str(results.failed[name])})
             continue
-        for item in outcome:
+        for item in results.succeeded[name]:
             vmid = int(item["vmid"])
             rows.append({"host": item["host"], "node": item.get("node"), "vmid": vmid,
                          "name": item.get("name"), "status": item.get("status"),
@@ -206,27 +205,7 @@ def ct_list(app, hosts, as_json):
         console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
                       [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
                         r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
-    sys.exit(ExitCode.FAILED if failed else ExitCode.OK)
-
-
-def _containers_of(app, name: str) -> list[dict]:
-    """A host's containers, or a whole cluster's, each with its node and inventory host."""
-    fleet = app.fleet
-    if name in fleet.inventory.clusters:
-        return [{**item, "host": fleet.host_of_node(name, item["node"])}
-                for item in fleet.cluster_containers(name)]
-    client = _client(app, name)
-    node = client.node()
-    return [{**item, "node": node, "host": name} for item in client.containers()]
-
-
-def _client(app, host_name: str) -> ProxmoxClient:
-    spec = app.fleet.inventory.hosts[host_name]
-    if spec.transport == "local":
-        raise OrchError(f"host {host_name} is local: it has no Proxmox API")
-    # the https backend needs no SSH connection: open none
-    ssh = app.fleet.host(host_name) if api_backend(spec) == "ssh" else None
-    return ProxmoxClient(spec, ssh, warn=console.warn)
+    sys.exit(ExitCode.OK if results.ok else ExitCode.FAILED)
 
 
 def _single_container(app, name: str):
@@ -249,7 +228,7 @@ def ct_status(app, target, as_json):
       orch ct status drafters
     """
     container = _single_container(app, target)
-    status = _client(app, container.host.name).status(container.vmid)
+    status = app.fleet.proxmox(container.host.name, warn=console.warn).status(container.vmid)
     if as_json:
         console.print_json(status)
     else:
@@ -271,18 +250,9 @@ def ct_start(app, target, wait_s):
       orch ct start drafters --wait 120
     """
     container = _single_container(app, target)
-    client = _client(app, container.host.name)
-    if client.status(container.vmid).get("status") == "running":
-        console.info(f"{container.describe()} is already running")
-        return
-    deadline = time.monotonic() + wait_s
-    client.start(container.vmid, wait_s)
-    while client.status(container.vmid).get("status") != "running":
-        if time.monotonic() > deadline:
-            raise OrchError(f"{container.describe()}: its start task ended OK but it does "
-                            f"not run after {wait_s:g} s")
-        time.sleep(0.3)
-    console.info(f"{container.describe()} is running")
+    client = app.fleet.proxmox(container.host.name, warn=console.warn)
+    started = client.ensure_running(container.vmid, wait_s, label=container.describe())
+    console.info(f"{container.describe()} is {'running' if started else 'already running'}")
 
 
 # ---------------------------------------------------------------- orch inventory check

@@ -8,9 +8,9 @@ import threading
 
 import click
 
-from orchestrator import console, forensics
-from orchestrator.errors import ExitCode, OrchError
-from orchestrator.fleet import each_concurrently
+from orchestrator import console, forensics, fx_states
+from orchestrator.errors import ExitCode
+from orchestrator.fleet import GroupResult, fan_out
 
 pass_app = click.pass_obj
 TARGET_OPTION = click.option(
@@ -83,28 +83,27 @@ def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context
     if show and not definition:
         raise click.UsageError("--show goes with --def (it prints a definition's body)")
     chosen = app.fleet.targets(targets)
-    outcomes = each_concurrently(chosen, lambda target: forensics.search_source(
+    results = fan_out(chosen, lambda target: forensics.search_source(
         target, pattern, package=package, fixed=fixed, word=word, ignore_case=ignore_case,
         context=context, mode="def" if definition else "grep", show=show, engine=engine,
         max_hits=max_hits))
+    _print_each(results, as_json, lambda target, outcome: _print_search(target, outcome, max_hits))
+    sys.exit(_search_exit_code(results))
+
+
+def _print_each(results: GroupResult, as_json: bool, print_outcome) -> None:
+    """One JSON list of every target's outcome, or each target's in turn, its error said once."""
     if as_json:
-        console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
-    else:
-        for target, outcome in zip(chosen, outcomes):
-            _print_search(target, outcome, max_hits)
-    sys.exit(_search_exit_code(outcomes))
-
-
-def _target_json(target, outcome) -> dict:
-    if isinstance(outcome, OrchError):
-        return {"target": target.name, "error": str(outcome)}
-    return {"target": target.name, **{k: v for k, v in outcome.items() if k != "event"}}
+        console.print_json(results.rows())
+        return
+    for target in results.items:
+        if target in results.failed:
+            console.target_error(target.name, results.failed[target])
+        else:
+            print_outcome(target, results.succeeded[target])
 
 
 def _print_search(target, outcome, max_hits) -> None:
-    if isinstance(outcome, OrchError):
-        console.target_error(target.name, outcome)
-        return
     console.out.print(f"[bold]== {console.escape(target.describe())}[/]: "
                       f"{outcome.get('package', 'torch')} {outcome.get('version')} in "
                       f"{console.escape(str(outcome.get('site_packages')))} "
@@ -141,11 +140,10 @@ def _print_definition(found: dict) -> None:
     sys.stdout.flush()
 
 
-def _search_exit_code(outcomes) -> int:
-    errors = [o for o in outcomes if isinstance(o, OrchError)]
-    if errors:
-        return errors[0].exit_code
-    return ExitCode.OK if any(o["matches"] for o in outcomes) else ExitCode.FAILED
+def _search_exit_code(results: GroupResult) -> int:
+    if not results.ok:
+        return results.first_error().exit_code
+    return ExitCode.OK if any(o["matches"] for o in results.succeeded.values()) else ExitCode.FAILED
 
 
 # ---------------------------------------------------------------- patch fx-tls
@@ -157,15 +155,6 @@ def patch():
     Example:
       orch patch fx-tls status
     """
-
-
-STATE_TEXT = {
-    "vulnerable": "VULNERABLE: the FX tracing flag is a process-global (threads race)",
-    "fixed-upstream": "fixed upstream: this torch already keeps the flag thread-local",
-    "patched": "patched by orch: the flag is thread-local",
-    "drifted": "DRIFTED: orch's record says patched, but the files changed (torch reinstalled?)",
-    "unknown": "UNKNOWN shape: orch does not recognise this source and will not touch it",
-}
 
 
 @patch.command("fx-tls")
@@ -195,37 +184,28 @@ def fx_tls(app, action, targets, as_json):
     changes = action in ("apply", "revert")
     with (forensics.finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
         try:
-            outcomes = each_concurrently(chosen, lambda target: forensics.fx_patch(target, action))
+            results = fan_out(chosen, lambda target: forensics.fx_patch(target, action))
         except KeyboardInterrupt:
             # The second Ctrl-C: the payload goes on without us; say what is known.
             names = " ".join(f"-t {t.name}" for t in chosen)
             console.error(f"interrupted twice: left while the {action} was in progress; whether it "
                           f"completed is not known: `orch patch fx-tls status {names}` tells")
             sys.exit(ExitCode.INTERRUPTED)
-    if as_json:
-        console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
-    else:
-        for target, outcome in zip(chosen, outcomes):
-            _print_patch(target, action, outcome)
+    _print_each(results, as_json, lambda target, outcome: _print_patch(target, action, outcome))
     if changes and ctrl_c:
-        done = [t.name for t, o in zip(chosen, outcomes) if not isinstance(o, OrchError)]
+        done = [t.name for t in results.succeeded]
         console.warn(f"interrupted, after the {action} finished"
                      + (f" on {', '.join(done)} (its outcome is above)" if done else ""))
         sys.exit(ExitCode.INTERRUPTED)
-    sys.exit(_patch_exit_code(action, outcomes))
+    sys.exit(_patch_exit_code(action, results))
 
 
 def _print_patch(target, action, outcome) -> None:
-    if isinstance(outcome, OrchError):
-        console.target_error(target.name, outcome)
-        return
-    state = outcome.get("status")
     header = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
+    console.out.print(header + fx_states.meaning(outcome.get("status")))
     if action == "diff":
-        console.out.print(header + (STATE_TEXT.get(state, state or "")))
         sys.stdout.write(outcome.get("diff") or "(no change)\n")
         return
-    console.out.print(header + STATE_TEXT.get(state, str(state)))
     message = outcome.get("message")
     if message:
         console.out.print("  " + console.escape(message))
@@ -236,12 +216,11 @@ def _print_patch(target, action, outcome) -> None:
             console.out.print(f"    why: {console.escape(item['why'])}")
 
 
-def _patch_exit_code(action, outcomes) -> int:
-    errors = [o for o in outcomes if isinstance(o, OrchError)]
-    if errors:
-        return errors[0].exit_code
+def _patch_exit_code(action, results: GroupResult) -> int:
+    if not results.ok:
+        return results.first_error().exit_code
     if action in ("status", "diff"):
-        bad = [o for o in outcomes if o.get("status") in ("vulnerable", "drifted", "unknown")]
+        bad = [o for o in results.succeeded.values() if o.get("status") in fx_states.UNSAFE]
         return ExitCode.FAILED if bad else ExitCode.OK
     return ExitCode.OK
 
@@ -288,23 +267,16 @@ def fx_race(app, targets, trials, as_json):
                                  f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}")
         return on_event
 
-    outcomes = each_concurrently(chosen, lambda target: forensics.verify_fx_race(
+    results = fan_out(chosen, lambda target: forensics.verify_fx_race(
         target, trials, on_event=progress(target.name)))
-    if as_json:
-        console.print_json([_target_json(t, o) for t, o in zip(chosen, outcomes)])
-    else:
-        for target, outcome in zip(chosen, outcomes):
-            _print_race(target, outcome)
-    errors = [o for o in outcomes if isinstance(o, OrchError)]
-    if errors:
-        sys.exit(errors[0].exit_code)
-    sys.exit(ExitCode.OK if all(o.get("verdict") == "fixed" for o in outcomes) else ExitCode.FAILED)
+    _print_each(results, as_json, _print_race)
+    if not results.ok:
+        sys.exit(results.first_error().exit_code)
+    sys.exit(ExitCode.OK if all(o.get("verdict") == "fixed" for o in results.succeeded.values())
+             else ExitCode.FAILED)
 
 
 def _print_race(target, outcome) -> None:
-    if isinstance(outcome, OrchError):
-        console.target_error(target.name, outcome)
-        return
     console.out.print(
         f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
         f"cross-thread raised {outcome.get('cross_thread_raised')}/{outcome.get('trials')}, "

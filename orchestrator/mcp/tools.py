@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from orchestrator import forensics
 from orchestrator.errors import CommandTimeout, ConfigError, OrchError
-from orchestrator.fleet import Fleet, each_concurrently
+from orchestrator.fleet import Fleet, each_concurrently, fan_out
 from orchestrator.payloads import run_payload
 from orchestrator.remote.base import RunOptions, Transport
 from orchestrator.remote.container import Target
@@ -334,10 +334,7 @@ class Tools:
             raise OrchError(f"run {run_id} has not launched its process yet",
                             hint="run_status shows its steps; stop it once the launch step is done")
         targets = self.fleet.targets(list(launches))
-        outcomes = each_concurrently(targets, lambda t: stop_run(t, launches[t.name]["run_dir"], grace_s))
-        results = [{"target": t.name, "error": str(o)} if isinstance(o, OrchError) else
-                   {"target": t.name, **{k: v for k, v in o.items() if k != "event"}}
-                   for t, o in zip(targets, outcomes)]
+        results = fan_out(targets, lambda t: stop_run(t, launches[t.name]["run_dir"], grace_s)).rows()
         return {"run_id": run_id, "targets": results, "ok": not any("error" in r for r in results)}
 
     def run_containers(self, run_id: str) -> list[str]:

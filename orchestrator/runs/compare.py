@@ -21,11 +21,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from orchestrator import fx_states
 from orchestrator.runs.model import VERDICTS, RunRecord
 
 DEFAULT_THRESHOLD = 0.10
-FX_STATES = ("vulnerable", "fixed-upstream", "patched", "drifted", "unknown")
-BAD_FX_STATES = ("drifted", "vulnerable")
 FX_SIGNATURE = "fx-tls:"     # patch-state findings; judged as patch drift, not as failures
 # Findings are also notes (grep hits "grep:PATTERN", "fx-tls:patched", "fx-race-check:fixed"):
 # only these signatures, the monitor's failure classes, are failures.
@@ -39,7 +38,7 @@ def is_failure(signature: str) -> bool:
 
 def is_problem(signature: str) -> bool:
     """What a report shows as a problem: a failure, or torch left unpatched or drifted."""
-    return is_failure(signature) or signature in (FX_SIGNATURE + s for s in BAD_FX_STATES)
+    return is_failure(signature) or signature in (FX_SIGNATURE + s for s in fx_states.NEEDS_PATCH)
 
 
 # ------------------------------------------------------------------ throughput
@@ -152,7 +151,7 @@ def fx_states_seen(record: RunRecord) -> dict[str, list[str]]:
         data = step.data if isinstance(step.data, dict) else {}
         for key in ("fx_tls_state", "state", "state_before"):
             value = data.get(key)
-            if value in FX_STATES:
+            if value in fx_states.STATES:
                 seen.setdefault(step.target, []).append(value)
     from_steps = set(seen)
     for finding in record.findings:
@@ -161,7 +160,7 @@ def fx_states_seen(record: RunRecord) -> dict[str, list[str]]:
         if finding.target in from_steps or not finding.signature.startswith(FX_SIGNATURE):
             continue
         state = finding.signature[len(FX_SIGNATURE):]
-        if state in FX_STATES:
+        if state in fx_states.STATES:
             seen.setdefault(finding.target, []).append(state)
     for target in record.targets:
         if target.fx_tls_state:
@@ -300,7 +299,7 @@ def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecor
                 f"files say not: torch reinstalled or upgraded?)"
                 + (" - re-applied during this run" if target.fx_tls_state == "patched" else ""),
                 target=target.name, detail=info["fx_tls_state"]))
-        elif was == "patched" and any(s in BAD_FX_STATES for s in seen):
+        elif was == "patched" and any(s in fx_states.NEEDS_PATCH for s in seen):
             result.changes.append(Change(
                 "patch-drift", "regression",
                 f"{target.name}: torch was patched in the baseline and was found "
@@ -321,4 +320,4 @@ def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecor
 
 
 def _first_bad(states: list[str]) -> str:
-    return next(s for s in states if s in BAD_FX_STATES)
+    return next(s for s in states if s in fx_states.NEEDS_PATCH)

@@ -14,6 +14,7 @@ import re
 
 from orchestrator import forensics, paths
 from orchestrator.errors import OrchError
+from orchestrator.fx_states import patch_state
 from orchestrator.logformats import FORMATS, make_format
 from orchestrator.monitor import Monitor, MonitorSettings, stream_copy_path
 from orchestrator.monitor_classify import compile_metric_regex
@@ -144,7 +145,6 @@ def _fresh_patch_facts(target) -> dict:
     """The fx-tls state now: the remediation names the torch version and whether it is
     vulnerable. Best effort: the verdict stands without it."""
     try:
-        from orchestrator.steps.patch import patch_state
         result = forensics.fx_patch(target, "status")
         return {"torch_version": result.get("torch_version"), "fx_tls_state": patch_state(result)}
     except OrchError:

@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator import forensics
+from orchestrator import forensics, fx_states
+from orchestrator.fx_states import patch_state
 from orchestrator.runs.model import Finding
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
-
-STATE_WORDS = {
-    "vulnerable": "vulnerable: the FX tracing flag is process-global (threads race)",
-    "fixed-upstream": "fixed upstream: the flag is already thread-local",
-    "patched": "patched by orch: the flag is thread-local",
-    "drifted": "drifted: orch's record says patched, the files say otherwise",
-    "unknown": "unknown shape: orch will not touch it",
-}
-SAFE_STATES = ("patched", "fixed-upstream")
-
-
-def patch_state(result: dict) -> str:
-    """The payload reports the state after the action under `status` (older: `state`)."""
-    return str(result.get("state") or result.get("status") or "unknown")
 
 
 class PatchStep(Step):
@@ -51,17 +38,17 @@ class PatchStep(Step):
         data = {"state": state, "torch_version": version, "changed": bool(result.get("changed")),
                 "action": action, "message": result.get("message", ""),
                 "files": [f.get("path") for f in result.get("files", []) or [] if isinstance(f, dict)]}
-        text = f"torch {version}: {STATE_WORDS.get(state, state)}"
+        text = f"torch {version}: {fx_states.meaning(state)}"
         if result.get("message"):
             text += f" ({result['message']})"
         findings = [Finding(target=ctx.target.name, signature=f"fx-tls:{state}", message=text,
                             remediation=(f"orch patch fx-tls apply -t {ctx.target.name}"
-                                         if state in ("vulnerable", "drifted") else ""))]
+                                         if state in fx_states.NEEDS_PATCH else ""))]
         if params["require"] and state not in params["require"]:
             raise StepFailed(f"fx-tls is {state} after {action}; the playbook requires "
                              f"{' or '.join(params['require'])}", data=data,
                              findings=findings)
-        if action == "apply" and state not in SAFE_STATES:
+        if action == "apply" and state not in fx_states.THREAD_LOCAL:
             raise StepFailed(f"fx-tls apply left torch {version} {state}", data=data,
                              findings=findings)
         return StepOutcome(status="changed" if data["changed"] else "ok", message=text, data=data,
