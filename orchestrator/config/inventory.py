@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Source, load_yaml
@@ -262,33 +262,44 @@ def _cluster_container(source: Source, name: str, spec: dict) -> ContainerSpec:
 
 
 def _clusters(source: Source, data: dict, hosts: dict) -> dict[str, list[str]]:
-    clusters = _section(source, data, "clusters")
-    for name, members in clusters.items():
-        path = ("clusters", name)
-        if name in hosts:
-            raise source.error(path, f"cluster {name!r} has the name of a host", key=True)
-        expect_list_of(source, path, members, str, f"cluster {name!r}")
-        if not members:
-            raise source.error(path, f"cluster {name!r} names no host")
-        for index, member in enumerate(members):
-            if member not in hosts:
-                raise source.error(path + (index,), f"cluster {name!r} names {member!r}, "
-                                                    "which is not in hosts")
-            if hosts[member].transport != "ssh":
-                raise source.error(path + (index,), f"host {member!r} is local: it cannot be "
-                                                    "a cluster node")
-    return {name: list(members) for name, members in clusters.items()}
+    def problem(name: str, member: str) -> Optional[str]:
+        if member not in hosts:
+            return f"cluster {name!r} names {member!r}, which is not in hosts"
+        if hosts[member].transport != "ssh":
+            return f"host {member!r} is local: it cannot be a cluster node"
+        return None
+    return _named_lists(source, data, "clusters", taken=hosts, taken_kind="host", member_problem=problem,
+                        empty=lambda name: f"cluster {name!r} names no host")
 
 
 def _groups(source: Source, data: dict, hosts: dict, containers: dict) -> dict[str, list[str]]:
-    groups = _section(source, data, "groups")
-    for name, members in groups.items():
-        path = ("groups", name)
-        if name in containers:
-            raise source.error(path, f"group {name!r} has the name of a container", key=True)
-        expect_list_of(source, path, members, str, f"group {name!r}")
+    groups = data.get("groups") or {}
+
+    def problem(name: str, member: str) -> Optional[str]:
+        if member not in containers and member not in groups and member not in hosts:
+            return f"group {name!r} names {member!r}, which is no container, group or host"
+        return None
+    return _named_lists(source, data, "groups", taken=containers, taken_kind="container",
+                        member_problem=problem)
+
+
+def _named_lists(source: Source, data: dict, key: str, *, taken: dict, taken_kind: str,
+                 member_problem: Callable[[str, str], Optional[str]],
+                 empty: Optional[Callable[[str], str]] = None) -> dict[str, list[str]]:
+    """A section of named lists of names (clusters: hosts; groups: members), each checked
+    where it stands: its name free, a list of strings, not empty (when `empty` says why),
+    every member known."""
+    section = _section(source, data, key)
+    kind = key.rstrip("s")
+    for name, members in section.items():
+        path = (key, name)
+        if name in taken:
+            raise source.error(path, f"{kind} {name!r} has the name of a {taken_kind}", key=True)
+        expect_list_of(source, path, members, str, f"{kind} {name!r}")
+        if empty is not None and not members:
+            raise source.error(path, empty(name))
         for index, member in enumerate(members):
-            if member not in containers and member not in groups and member not in hosts:
-                raise source.error(path + (index,), f"group {name!r} names {member!r}, which is "
-                                                    "no container, group or host")
-    return {name: list(members) for name, members in groups.items()}
+            problem = member_problem(name, member)
+            if problem:
+                raise source.error(path + (index,), problem)
+    return {name: list(members) for name, members in section.items()}

@@ -133,3 +133,28 @@ def test_api_pins_are_inventory_keys(tmp_path):
                         "'root@pam!orch', ca_file: /etc/orch/pve-root-ca.pem, "
                         "fingerprint: 'AB:CD'}}")
     assert load_inventory(write(tmp_path, text)).hosts["pve1"].api["ca_file"] == "/etc/orch/pve-root-ca.pem"
+
+
+# clusters: and groups: are both named lists of names, checked by one helper: each of its
+# messages, for each section, still names the place.
+@pytest.mark.parametrize("text, change, message", [
+    (CLUSTER, ("lab: [pve1, pve2]", "pve1: [pve2]"), r":5:\d+: cluster 'pve1' has the name of a host"),
+    (CLUSTER, ("lab: [pve1, pve2]", "lab: pve1"), r":5:\d+: cluster 'lab'"),
+    (CLUSTER, ("lab: [pve1, pve2]", "lab: []"), r":5:\d+: cluster 'lab' names no host"),
+    (CLUSTER, ("lab: [pve1, pve2]", "lab: [pve1, 7]"), r":5:\d+: "),
+    (CLUSTER, ("pve2: {address: 10.1.2.7, node: pve-b}", "pve2: {transport: local}"),
+     r":5:\d+: host 'pve2' is local: it cannot be a cluster node"),
+    (GOOD, ("all-drafters: [drafters]", "drafters: [dev]"), r":8:\d+: group 'drafters' has the name of a container"),
+    (GOOD, ("all-drafters: [drafters]", "all-drafters: drafters"), r":8:\d+: group 'all-drafters'"),
+    (GOOD, ("all-drafters: [drafters]", "all-drafters: [drafters, nope]"),
+     r":8:\d+: group 'all-drafters' names 'nope', which is no container, group or host"),
+])
+def test_clusters_and_groups_mistakes_name_their_place(tmp_path, text, change, message):
+    assert change[0] in text
+    with pytest.raises(ConfigError, match=message):
+        load_inventory(write(tmp_path, text.replace(*change)))
+
+
+def test_groups_may_name_groups_hosts_and_containers(tmp_path):
+    text = GOOD + "  everything: [all-drafters, pve, dev]\n"
+    assert load_inventory(write(tmp_path, text)).groups["everything"] == ["all-drafters", "pve", "dev"]
