@@ -13,32 +13,22 @@ Prints medians and p95 in milliseconds and the ratio to the manual way.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 
-import paramiko
-from fabric import Connection
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.fleet import Fleet
-from orchestrator.remote.session import ExecSession
+import paramiko  # noqa: E402
+from fabric import Connection  # noqa: E402
+
+from benchmarks.timing import opened_target, samples_ms, summary, target_parser  # noqa: E402
+from orchestrator.remote.session import ExecSession  # noqa: E402
 
 COMMANDS = {"true": ["true"], "python3 -c pass": ["python3", "-c", "pass"]}
-
-
-def timed(call, count: int) -> list[float]:
-    call()  # warm-up: connection set-up is not a per-command cost
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
 
 
 def manual_call(ssh_config: str, host: str, vmid: int, argv: list[str]):
@@ -58,24 +48,15 @@ def fabric_connection(settings) -> Connection:
     return connection
 
 
-def summary(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    return {"median_ms": statistics.median(ordered),
-            "p95_ms": ordered[int(0.95 * (len(ordered) - 1))], "n": len(ordered)}
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-i", "--inventory", default="sandbox")
-    parser.add_argument("-t", "--target", default="sb1-200")
+    parser = target_parser(__doc__)
     parser.add_argument("--ssh-config", default=os.path.join(
         os.environ.get("ORCH_SANDBOX_DIR", "/var/lib/orch-sandbox"), "ssh_config"))
     parser.add_argument("-n", "--count", type=int, default=100)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    with Fleet.from_path(args.inventory) as fleet:
-        target = fleet.targets([args.target])[0]
+    with opened_target(args) as (fleet, target):
         session = ExecSession(target)
         fabric = fabric_connection(fleet.ssh_settings(fleet.inventory.hosts[target.host.name]))
         rows = []
@@ -88,7 +69,7 @@ def main() -> int:
                 "orch: one connection, channel per command": lambda a=argv: target.run(a, check=True),
                 "orch: persistent session in the container": lambda a=argv: session.run(a, check=True),
             }
-            results = {way: summary(timed(call, args.count)) for way, call in ways.items()}
+            results = {way: summary(samples_ms(call, args.count)) for way, call in ways.items()}
             manual = next(iter(results.values()))["median_ms"]
             for way, result in results.items():
                 rows.append({"command": label, "way": way, **result,

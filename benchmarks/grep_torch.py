@@ -17,7 +17,6 @@ import json
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.timing import samples_ms, summary  # noqa: E402
 from orchestrator import forensics, sandbox as sandboxes  # noqa: E402
 from orchestrator.fleet import Fleet, each_concurrently  # noqa: E402
 from tests.integration.torch_seed import container_root, seed_torch_venv  # noqa: E402
@@ -34,14 +34,8 @@ SITE = "lib/python3.11/site-packages"
 
 
 def median_ms(call, count: int) -> tuple[float, float]:
-    call()  # warm-up: file cache, connection
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    samples.sort()
-    return statistics.median(samples), samples[int(0.95 * (len(samples) - 1))]
+    row = summary(samples_ms(call, count))
+    return row["median_ms"], row["p95_ms"]
 
 
 def search(target, engine="auto", expected="rg"):

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import yaml  # noqa: E402
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
+from benchmarks.timing import asamples_ms, samples_ms, summary  # noqa: E402
 from orchestrator import forensics, sandbox as sandboxes  # noqa: E402
 from orchestrator.fleet import Fleet  # noqa: E402
 from orchestrator.remote.session import ExecSession  # noqa: E402
@@ -47,30 +47,12 @@ NAME = "is_fx_symbolic_tracing"
 ORCH = [sys.executable, "-m", "orchestrator"]
 
 
-def summary(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    return {"median_ms": statistics.median(ordered),
-            "p95_ms": ordered[int(0.95 * (len(ordered) - 1))], "n": len(ordered)}
-
-
 def timed(call, count: int) -> dict:
-    call()  # warm-up: connection and session set-up are not per-call costs
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return summary(samples)
+    return summary(samples_ms(call, count))
 
 
 async def atimed(call, count: int) -> dict:
-    await call()
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        await call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return summary(samples)
+    return summary(await asamples_ms(call, count))
 
 
 def process(argv: list[str]):

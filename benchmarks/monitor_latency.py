@@ -19,15 +19,14 @@ and the controller must share a clock (true for the sandbox and for a local targ
 
 from __future__ import annotations
 
-import argparse
-import statistics
+import os
 import sys
 import time
-import uuid
 
-from orchestrator.config.inventory import inventory_path
-from orchestrator.fleet import Fleet
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher, stop_run
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.timing import bench_dir, latency_row, opened_target, target_parser  # noqa: E402
+from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher, stop_run  # noqa: E402
 
 WRITER = r"""
 import random, sys, time
@@ -54,13 +53,8 @@ class Timing(MonitorSink):
             self.latencies.append(now - float(stamp.split("=")[1]))
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def measure(target, lines: int, idle_s: float) -> dict:
-    run_dir = f"/var/tmp/orch/bench/{uuid.uuid4().hex[:10]}"
+    run_dir = bench_dir()
     launcher(target, "start", run_dir, argv=["python3", "-c", WRITER, str(lines)])
     sink = Timing()
     monitor = Monitor(target, run_dir, MonitorSettings(hang_after=3600, gpu_every=0), sink)
@@ -69,7 +63,7 @@ def measure(target, lines: int, idle_s: float) -> dict:
     wall = time.monotonic() - began
     active_cpu = final.get("cpu_s") or 0.0
     # The same follower on a log that does not grow: the cost of waiting for lines.
-    idle_dir = f"/var/tmp/orch/bench/{uuid.uuid4().hex[:10]}"
+    idle_dir = bench_dir()
     launcher(target, "start", idle_dir, argv=["sleep", str(idle_s + 30)])
     idle = Monitor(target, idle_dir, MonitorSettings(hang_after=3600, gpu_every=0, watch_for=idle_s),
                    MonitorSink())
@@ -79,21 +73,17 @@ def measure(target, lines: int, idle_s: float) -> dict:
     stop_run(target, idle_dir, grace=2)
     target.run(["rm", "-rf", run_dir, idle_dir], timeout=30)
     assert sink.seen == list(range(lines)), "lines lost or repeated"
-    return {"lines": len(sink.latencies), "median_ms": statistics.median(sink.latencies) * 1000,
-            "p95_ms": percentile(sink.latencies, 0.95) * 1000, "max_ms": max(sink.latencies) * 1000,
+    return {"lines": len(sink.latencies), **latency_row(sink.latencies),
             "active_cpu_pct": 100 * active_cpu / wall, "idle_cpu_pct": 100 * idle_cpu / idle_s,
             "wall_s": wall}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-i", "--inventory", default="sandbox")
-    parser.add_argument("-t", "--target", default="sb1-200")
+    parser = target_parser(__doc__)
     parser.add_argument("--lines", type=int, default=200)
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of an idle log to measure")
     args = parser.parse_args()
-    with Fleet.from_path(inventory_path(args.inventory)) as fleet:
-        target = fleet.targets([args.target])[0]
+    with opened_target(args) as (_, target):
         row = measure(target, args.lines, args.idle)
     print(f"monitor latency: {args.lines} lines into {target.describe()}, "
           "from the write in the container to orch's console sink")

@@ -21,17 +21,16 @@ process: following, splitting, parsing, classifying), each over the wall time.
 
 from __future__ import annotations
 
-import argparse
-import statistics
+import os
 import sys
 import time
-import uuid
 
-from orchestrator.config.inventory import inventory_path
-from orchestrator.fleet import Fleet
-from orchestrator.logformats import log_time
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher
-from orchestrator.torchrun import RANK_LOGS
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.timing import bench_dir, latency_row, opened_target, target_parser  # noqa: E402
+from orchestrator.logformats import log_time  # noqa: E402
+from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher  # noqa: E402
+from orchestrator.torchrun import RANK_LOGS  # noqa: E402
 
 WRITER = r"""
 import logging, os, random, sys, threading, time
@@ -85,13 +84,8 @@ class Timing(MonitorSink):
                 self.latencies.append(now - stamp)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def measure(target, layout: str, ranks: int, lines: int) -> dict:
-    run_dir = f"/var/tmp/orch/bench/{uuid.uuid4().hex[:10]}"
+    run_dir = bench_dir()
     launcher(target, "start", run_dir, argv=["python3", "-c", WRITER, layout, str(ranks), str(lines), run_dir])
     settings = MonitorSettings(hang_after=3600, gpu_every=0, format="specforge",
                                follow=list(RANK_LOGS) if layout == "per-rank" else [],
@@ -106,21 +100,17 @@ def measure(target, layout: str, ranks: int, lines: int) -> dict:
     assert len(sink.latencies) == ranks * lines, f"{len(sink.latencies)} of {ranks * lines} lines"
     assert steps == {rank: lines for rank in range(ranks)}, steps
     return {"layout": layout, "lines": len(sink.latencies), "rate": len(sink.latencies) / wall,
-            "median_ms": statistics.median(sink.latencies) * 1000,
-            "p95_ms": percentile(sink.latencies, 0.95) * 1000, "max_ms": max(sink.latencies) * 1000,
+            **latency_row(sink.latencies),
             "tail_cpu_pct": 100 * (final.get("cpu_s") or 0.0) / wall,
             "controller_cpu_pct": 100 * controller_cpu / wall}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-i", "--inventory", default="sandbox")
-    parser.add_argument("-t", "--target", default="sb1-200")
+    parser = target_parser(__doc__)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--lines", type=int, default=150, help="lines per rank")
     args = parser.parse_args()
-    with Fleet.from_path(inventory_path(args.inventory)) as fleet:
-        target = fleet.targets([args.target])[0]
+    with opened_target(args) as (_, target):
         rows = [measure(target, layout, args.ranks, args.lines) for layout in ("per-rank", "tee")]
     print(f"monitor with {args.ranks} ranks' logs flowing into {target.describe()}: "
           f"{args.lines} SpecForge lines per rank, from the write to orch's console sink")

@@ -1,10 +1,10 @@
-"""The benchmarks clean up after themselves."""
+"""The benchmarks clean up after themselves; their shared timing is what it says."""
 
 import os
 
 import pytest
 
-from benchmarks import grep_torch
+from benchmarks import grep_torch, timing
 
 
 def test_grep_torch_removes_its_sandbox_state_however_it_ends():
@@ -15,3 +15,12 @@ def test_grep_torch_removes_its_sandbox_state_however_it_ends():
         with grep_torch.sandbox_state() as state:
             raise RuntimeError("the sandbox did not come up")
     assert not os.path.exists(state)
+
+
+def test_timing_warms_up_once_then_times_each_call():
+    calls = []
+    samples = timing.samples_ms(lambda: calls.append(1), 5)
+    assert len(calls) == 6 and len(samples) == 5 and all(s >= 0 for s in samples)
+    row = timing.summary([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert row == {"median_ms": 3.0, "p95_ms": 4.0, "n": 5}
+    assert timing.latency_row([0.1, 0.3, 0.2]) == {"median_ms": 200.0, "p95_ms": 300.0, "max_ms": 300.0}

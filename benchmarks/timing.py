@@ -1,0 +1,72 @@
+"""What the benchmarks share: timed repeats after a warm-up, medians and p95 in ms, and the
+target a sandbox benchmark measures (-i INVENTORY -t TARGET)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+import uuid
+
+from orchestrator.config.inventory import inventory_path
+from orchestrator.fleet import Fleet
+
+
+def samples_ms(call, count: int) -> list[float]:
+    """call() once to warm up (connections, caches are not per-call costs), then count timed calls."""
+    call()
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+async def asamples_ms(call, count: int) -> list[float]:
+    """samples_ms for a coroutine function."""
+    await call()
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summary(samples: list[float]) -> dict:
+    """Median and p95 (the lower sample at 95 %) of samples in ms, and how many."""
+    ordered = sorted(samples)
+    return {"median_ms": statistics.median(ordered),
+            "p95_ms": ordered[int(0.95 * (len(ordered) - 1))], "n": len(ordered)}
+
+
+def latency_row(seconds: list[float]) -> dict:
+    """Line latencies (s) as the monitor benchmarks print them: median, p95, max in ms."""
+    return {"median_ms": statistics.median(seconds) * 1000,
+            "p95_ms": percentile(seconds, 0.95) * 1000, "max_ms": max(seconds) * 1000}
+
+
+def bench_dir() -> str:
+    """A fresh run directory in the container for one measurement."""
+    return f"/var/tmp/orch/bench/{uuid.uuid4().hex[:10]}"
+
+
+def target_parser(doc: str, inventory: str = "sandbox") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("-i", "--inventory", default=inventory)
+    parser.add_argument("-t", "--target", default="sb1-200")
+    return parser
+
+
+@contextlib.contextmanager
+def opened_target(args: argparse.Namespace):
+    """The fleet of -i and its target -t, closed at the end."""
+    with Fleet.from_path(inventory_path(args.inventory)) as fleet:
+        yield fleet, fleet.targets([args.target])[0]
