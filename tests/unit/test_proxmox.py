@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.config.inventory import HostSpec
 from orchestrator.errors import ConfigError, NoSuchContainer, OrchError
-from orchestrator.proxmox import ProxmoxClient
+from orchestrator.proxmox import ProxmoxClient, TaskFailed
 from orchestrator.remote.base import Result, Transport
 
 CONTAINERS = [{"vmid": 201, "name": "b", "status": "stopped", "type": "lxc"},
@@ -142,3 +142,57 @@ def test_fingerprints_in_either_spelling():
     assert normalise_fingerprint(":".join(["AB"] * 32)) == digest.upper()
     assert normalise_fingerprint(digest) == digest.upper()
     assert normalise_fingerprint("AB:CD") is None
+
+
+class StartingPvesh(FakePvesh):
+    """CT 200's status answers in turn (the last one repeats): how a start looks from outside."""
+
+    def __init__(self, statuses, **kwargs):
+        super().__init__(**kwargs)
+        self.statuses = list(statuses)
+
+    def _answer(self, argv):
+        if argv[2] == "/nodes/pve1/lxc/200/status/current":
+            status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+            return self._ok({"vmid": 200, "status": status})
+        return super()._answer(argv)
+
+    def started(self) -> bool:
+        return any(argv[2].endswith("/status/start") for argv in self.calls)
+
+
+def starting_client(statuses, **kwargs):
+    fake = StartingPvesh(statuses, **kwargs)
+    return ProxmoxClient(HostSpec(name="pve", address="a", node="pve1"), fake), fake
+
+
+def test_ensure_running_starts_then_waits_until_it_runs(monkeypatch):
+    monkeypatch.setattr("orchestrator.proxmox.RUNNING_POLL_S", 0.01)
+    client, fake = starting_client(["stopped", "stopped", "stopped", "running"])
+    assert client.ensure_running(200, wait_s=5) is True
+    assert fake.started() and fake.statuses == ["running"]
+
+
+def test_ensure_running_leaves_a_running_container_alone():
+    client, fake = starting_client(["running"])
+    assert client.ensure_running(200, wait_s=5) is False
+    assert not fake.started()
+
+
+def test_ensure_running_says_when_a_started_container_never_runs(monkeypatch):
+    monkeypatch.setattr("orchestrator.proxmox.RUNNING_POLL_S", 0.01)
+    client, _ = starting_client(["stopped"])
+    with pytest.raises(OrchError, match=r"^ct1 \(CT 200 on host pve\): its start task ended OK but "
+                                        r"it does not run after 0.2 s$"):
+        client.ensure_running(200, wait_s=0.2, label="ct1 (CT 200 on host pve)")
+    with pytest.raises(OrchError, match=r"^CT 200 on host pve: its start task"):
+        client.ensure_running(200, wait_s=0.05)
+
+
+def test_ensure_running_reports_a_failed_start_task_without_waiting_for_the_status():
+    client, fake = starting_client(["stopped"], task_error="startup for container '200' failed")
+    began = len(fake.calls)
+    with pytest.raises(TaskFailed, match="starting CT 200 on host pve failed: startup for container"):
+        client.ensure_running(200, wait_s=30)
+    statuses_asked = [a for a in fake.calls[began:] if a[2].endswith("/status/current")]
+    assert len(statuses_asked) == 1    # the one before the start; none after the task failed
