@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import paramiko  # noqa: E402
 from fabric import Connection  # noqa: E402
 
-from benchmarks.timing import opened_target, samples_ms, summary, target_parser  # noqa: E402
+from benchmarks.timing import opened_target, print_table, samples_ms, summary, target_parser  # noqa: E402
 from orchestrator.remote.session import ExecSession  # noqa: E402
 
 COMMANDS = {"true": ["true"], "python3 -c pass": ["python3", "-c", "pass"]}
@@ -79,11 +79,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| command | way | median ms | p95 ms | x faster than manual |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for row in rows:
-        print(f"| `{row['command']}` | {row['way']} | {row['median_ms']:.1f} | {row['p95_ms']:.1f} "
-              f"| {row['speedup']:.1f} |")
+    print_table(["command", "way", "median ms", "p95 ms", "x faster than manual"],
+                [[f"`{row['command']}`", row["way"], f"{row['median_ms']:.1f}", f"{row['p95_ms']:.1f}",
+                  f"{row['speedup']:.1f}"] for row in rows], left=2)
     print(f"\n{args.count} sequential commands each, target {args.target}, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
     return 0

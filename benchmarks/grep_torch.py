@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import samples_ms, summary  # noqa: E402
+from benchmarks.timing import print_table, samples_ms, summary  # noqa: E402
 from orchestrator import forensics, sandbox as sandboxes  # noqa: E402
 from orchestrator.fleet import Fleet, each_concurrently  # noqa: E402
 from tests.integration.torch_seed import container_root, seed_torch_venv  # noqa: E402
@@ -73,10 +73,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print("| way | median ms | p95 ms | ratio |")
-        print("| --- | ---: | ---: | ---: |")
-        for row in rows:
-            print(f"| {row['way']} | {row['median_ms']:.0f} | {row['p95_ms']:.0f} | {row['ratio']} |")
+        print_table(["way", "median ms", "p95 ms", "ratio"],
+                    [[row["way"], f"{row['median_ms']:.0f}", f"{row['p95_ms']:.0f}", row["ratio"]]
+                     for row in rows], left=1)
         print(f"\n{args.count} runs each, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
     return 0
 

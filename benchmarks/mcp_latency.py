@@ -36,7 +36,7 @@ import yaml  # noqa: E402
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
-from benchmarks.timing import asamples_ms, samples_ms, summary  # noqa: E402
+from benchmarks.timing import asamples_ms, print_table, samples_ms, summary  # noqa: E402
 from orchestrator import forensics, sandbox as sandboxes  # noqa: E402
 from orchestrator.fleet import Fleet  # noqa: E402
 from orchestrator.remote.session import ExecSession  # noqa: E402
@@ -139,11 +139,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| call | way | n | median ms | p95 ms | x faster than manual |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(f"| `{row['question']}` | {row['way']} | {row['n']} | {row['median_ms']:.1f} "
-              f"| {row['p95_ms']:.1f} | {row['x_faster_than_manual']:.1f} |")
+    print_table(["call", "way", "n", "median ms", "p95 ms", "x faster than manual"],
+                [[f"`{row['question']}`", row["way"], row["n"], f"{row['median_ms']:.1f}",
+                  f"{row['p95_ms']:.1f}", f"{row['x_faster_than_manual']:.1f}"] for row in rows], left=2)
     print(f"\ntarget {TARGET} (torch 2.13 CPU), {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
     return 0
 

@@ -25,7 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import bench_dir, latency_row, opened_target, target_parser  # noqa: E402
+from benchmarks.timing import (bench_dir, latency_cells, latency_row, opened_target,  # noqa: E402
+                              print_table, target_parser)
 from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher, stop_run  # noqa: E402
 
 WRITER = r"""
@@ -88,10 +89,9 @@ def main() -> int:
     print(f"monitor latency: {args.lines} lines into {target.describe()}, "
           "from the write in the container to orch's console sink")
     print()
-    print("| lines | median | p95 | max | monitor CPU, lines flowing | monitor CPU, idle log |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    print(f"| {row['lines']} | {row['median_ms']:.0f} ms | {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms "
-          f"| {row['active_cpu_pct']:.2f} % of a core | {row['idle_cpu_pct']:.2f} % of a core |")
+    print_table(["lines", "median", "p95", "max", "monitor CPU, lines flowing", "monitor CPU, idle log"],
+                [[row["lines"], *latency_cells(row), f"{row['active_cpu_pct']:.2f} % of a core",
+                  f"{row['idle_cpu_pct']:.2f} % of a core"]], left=0)
     print()
     ok = row["median_ms"] < 250 and row["p95_ms"] < 1000 and row["active_cpu_pct"] < 1.0
     print("goal (median < 250 ms, p95 < 1 s, < 1 % of a core): " + ("met" if ok else "NOT met"))

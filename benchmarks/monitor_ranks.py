@@ -27,7 +27,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import bench_dir, latency_row, opened_target, target_parser  # noqa: E402
+from benchmarks.timing import (bench_dir, latency_cells, latency_row, opened_target,  # noqa: E402
+                              print_table, target_parser)
 from orchestrator.logformats import log_time  # noqa: E402
 from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher  # noqa: E402
 from orchestrator.torchrun import RANK_LOGS  # noqa: E402
@@ -115,12 +116,10 @@ def main() -> int:
     print(f"monitor with {args.ranks} ranks' logs flowing into {target.describe()}: "
           f"{args.lines} SpecForge lines per rank, from the write to orch's console sink")
     print()
-    print("| layout | lines | lines/s | median | p95 | max | tail payload CPU | controller CPU |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(f"| {row['layout']} | {row['lines']} | {row['rate']:.0f} | {row['median_ms']:.0f} ms "
-              f"| {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms | {row['tail_cpu_pct']:.2f} % of a core "
-              f"| {row['controller_cpu_pct']:.1f} % of a core |")
+    print_table(["layout", "lines", "lines/s", "median", "p95", "max", "tail payload CPU", "controller CPU"],
+                [[row["layout"], row["lines"], f"{row['rate']:.0f}", *latency_cells(row),
+                  f"{row['tail_cpu_pct']:.2f} % of a core", f"{row['controller_cpu_pct']:.1f} % of a core"]
+                 for row in rows], left=1)
     return 0
 
 

@@ -53,6 +53,19 @@ def latency_row(seconds: list[float]) -> dict:
             "p95_ms": percentile(seconds, 0.95) * 1000, "max_ms": max(seconds) * 1000}
 
 
+def print_table(headers: list[str], rows: list[list], left: int) -> None:
+    """A Markdown table: the first `left` columns (names) aligned left, the figures right."""
+    print("| " + " | ".join(headers) + " |")
+    print("| " + " | ".join("---" if i < left else "---:" for i in range(len(headers))) + " |")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
+def latency_cells(row: dict) -> list[str]:
+    """A latency_row's median, p95 and max as table cells."""
+    return [f"{row[key]:.0f} ms" for key in ("median_ms", "p95_ms", "max_ms")]
+
+
 def bench_dir() -> str:
     """A fresh run directory in the container for one measurement."""
     return f"/var/tmp/orch/bench/{uuid.uuid4().hex[:10]}"

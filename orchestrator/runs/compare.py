@@ -292,18 +292,10 @@ def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecor
                 "packages": package_diff(old.pip_freeze, target.pip_freeze)
                 if old and (old.pip_freeze or target.pip_freeze) else None}
         result.targets[target.name] = info
-        if "drifted" in seen:
+        drift = _patch_drift(was, seen)
+        if drift:
             result.changes.append(Change(
-                "patch-drift", "regression",
-                f"{target.name}: the fx-tls patch drifted (orch's record says applied, the torch "
-                f"files say not: torch reinstalled or upgraded?)"
-                + (" - re-applied during this run" if target.fx_tls_state == "patched" else ""),
-                target=target.name, detail=info["fx_tls_state"]))
-        elif was == "patched" and any(s in fx_states.NEEDS_PATCH for s in seen):
-            result.changes.append(Change(
-                "patch-drift", "regression",
-                f"{target.name}: torch was patched in the baseline and was found "
-                f"{_first_bad(seen)} in this run (the patch is gone: torch reinstalled?)"
+                "patch-drift", "regression", f"{target.name}: {drift}"
                 + (" - re-applied during this run" if target.fx_tls_state == "patched" else ""),
                 target=target.name, detail=info["fx_tls_state"]))
         if old and old.torch_version and target.torch_version and old.torch_version != target.torch_version:
@@ -319,5 +311,13 @@ def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecor
                                          target=target.name, detail=diff))
 
 
-def _first_bad(states: list[str]) -> str:
-    return next(s for s in states if s in fx_states.NEEDS_PATCH)
+def _patch_drift(was: Optional[str], seen: list[str]) -> Optional[str]:
+    """How the patch was lost during a run (seen: its states in order), or None."""
+    if "drifted" in seen:
+        return ("the fx-tls patch drifted (orch's record says applied, the torch files say not: "
+                "torch reinstalled or upgraded?)")
+    bad = next((s for s in seen if s in fx_states.NEEDS_PATCH), None)
+    if was == "patched" and bad:
+        return (f"torch was patched in the baseline and was found {bad} in this run (the patch "
+                "is gone: torch reinstalled?)")
+    return None
