@@ -7,8 +7,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from orchestrator import fx_states, payloads
+from orchestrator import cli, fx_states, payloads
 from orchestrator.runs import compare
 from orchestrator.steps.patch import PatchStep
 
@@ -94,3 +95,12 @@ def test_the_patch_step_says_each_state_in_the_cli_words(monkeypatch, state):
     assert finding.signature == f"fx-tls:{state}"
     assert finding.remediation == ("orch patch fx-tls apply -t ct1" if state in fx_states.NEEDS_PATCH
                                    else "")
+
+
+def test_the_mcp_tool_and_the_cli_help_name_every_state():
+    mcp_doc = (Path(payloads.__file__).parents[1] / "mcp" / "server.py").read_text()
+    described = mcp_doc[mcp_doc.index('@tool("fx_tls_status")'):mcp_doc.index('@tool("fx_tls_diff")')]
+    cli_help = CliRunner().invoke(cli.main, ["patch", "fx-tls", "--help"]).output
+    for state in fx_states.STATES:
+        assert state in described, f"mcp/server.py's fx_tls_status does not name {state}"
+        assert state in cli_help, f"`orch patch fx-tls --help` does not name {state}"
