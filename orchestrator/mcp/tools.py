@@ -17,9 +17,11 @@ from orchestrator import forensics
 from orchestrator.errors import CommandTimeout, ConfigError, OrchError
 from orchestrator.fleet import Fleet, each_concurrently, fan_out
 from orchestrator.payloads import run_payload
+from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.base import RunOptions, Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.session import ExecSession
+from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 from orchestrator.runs.store import RunStore
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -230,7 +232,6 @@ class Tools:
         """The containers a run_start would touch (the policy checks them first)."""
         if targets:
             return self.container_names(targets)
-        from orchestrator.playbook.loader import load_playbook
         book = load_playbook(playbook, dict(variables))
         if not book.targets:
             raise ConfigError(f"{playbook}: the playbook names no targets; give targets")
@@ -342,7 +343,6 @@ class Tools:
         return [t.name for t in record.targets]
 
     def runs_list(self, last: int, playbook: Optional[str]) -> dict:
-        from orchestrator.runs.compare import is_problem, throughput
         records = self.store.list(playbook=playbook, last=last)
         items = []
         for r in records:
@@ -356,7 +356,6 @@ class Tools:
         return {"runs": items}
 
     def runs_compare(self, base: str, new: str, threshold: Optional[float]) -> dict:
-        from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare
         result = compare(self.store.get(base), self.store.get(new),
                          DEFAULT_THRESHOLD if threshold is None else threshold)
         return result.to_dict()
