@@ -1,7 +1,9 @@
 """orch as a user installs it: the built wheel, non-editable, in a fresh venv. The report and
 schedule templates must come from inside the installed package (the repository's templates/
 is mapped there by pyproject.toml), so `orch report`, `orch schedule install --dest` and
-`orch nightly` work with no checkout around.
+`orch nightly` work with no checkout around. The wheel carries no test bed and no test data:
+the sandbox is a distribution of its own (sandbox/), and without it `orch sandbox up` says
+how to get it.
 
 Costs: building the wheel and installing it into a fresh venv, a few seconds; no package index
 is needed (the dependencies are this environment's own)."""
@@ -18,6 +20,8 @@ import zipfile
 
 import pytest
 
+from orchestrator.commands.sandbox import SANDBOX_NOT_INSTALLED_EXIT
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The stand-in trainer's log format (docs/dflash-workload.md): two drafters, then the summary line.
@@ -31,6 +35,18 @@ TRAINER = ("import time\n"
            "print('summary status=ok drafters=2 ok=2 failed=0 total_tok_s=2000', flush=True)\n")
 
 
+# The sandbox (its package, the emulated Proxmox tools, the host set-up script) and test data.
+SANDBOX_FILES = {"pct", "pct.py", "pvesh", "pveproxy", "pvelib.py", "pvetasks.py", "pvefiles.py",
+                 "host-setup.sh"}
+
+
+def is_test_only(name: str) -> bool:
+    top, base = name.split("/")[0], name.rsplit("/", 1)[-1]
+    return (top in ("orch_sandbox", "tests") or top.startswith("orch_sandbox-")
+            or name.startswith("orchestrator/sandbox/") or base in SANDBOX_FILES
+            or "synthetic" in name)
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
@@ -42,6 +58,8 @@ def installed(tmp_path_factory):
         names = archive.namelist()
     assert "orchestrator/templates/report.html.j2" in names
     assert "orchestrator/templates/orch-nightly.timer.j2" in names
+    test_only = [name for name in names if is_test_only(name)]
+    assert test_only == [], f"test bed or test data in the wheel: {test_only}"
 
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=True)
@@ -56,7 +74,7 @@ def installed(tmp_path_factory):
                              capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(purelib, "orch-test-deps.pth"), "w") as handle:
         handle.write(sysconfig.get_paths()["purelib"] + "\n")
-    return {"orch": str(env_dir / "bin" / "orch"), "work": work}
+    return {"orch": str(env_dir / "bin" / "orch"), "python": python, "work": work}
 
 
 def run_orch(installed, *args, cwd):
@@ -107,3 +125,19 @@ def test_installed_wheel_runs_nightly_report_and_schedule(installed, tmp_path):
     assert schedule.returncode == 0, schedule.stderr[-3000:]
     timer = next(units.glob("*.timer")).read_text()
     assert "OnCalendar=*-*-* 02:30:00" in timer
+
+
+def test_installed_wheel_without_the_sandbox_says_how_to_get_it(installed, tmp_path):
+    absent = subprocess.run([installed["python"], "-c", "import orch_sandbox"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert absent.returncode != 0 and "No module named 'orch_sandbox'" in absent.stderr
+
+    up = run_orch(installed, "sandbox", "up", cwd=tmp_path)
+    assert up.returncode == SANDBOX_NOT_INSTALLED_EXIT == 2, up.stdout + up.stderr
+    assert "Traceback" not in up.stdout + up.stderr
+    message = " ".join(up.stderr.split())
+    assert message.startswith("error: the sandbox is not installed.")
+    assert "pip install -e . -e ./sandbox" in message
+
+    listing = run_orch(installed, "--help", cwd=tmp_path)
+    assert listing.returncode == 0 and "sandbox" in listing.stdout
