@@ -31,8 +31,8 @@ NOT_INSTALLED_TEXT = (
     "API), used by orch's integration tests and for trying playbooks without a Proxmox host. "
     "It is not part of the orch package; it ships as a separate distribution in orch's "
     "source repository. To get it, clone the repository and, in the clone, run "
-    "`pip install -e . -e ./sandbox` (or `bash scripts/setup.sh`, which also installs the "
-    "system packages it needs: root, LXC, OpenSSH server; see docs/sandbox.md).")
+    "`pip install -e . -e ./sandbox` (or, as root on Debian, `bash scripts/setup.sh`, which "
+    "also installs the system packages it needs: LXC, an OpenSSH server; see docs/sandbox.md).")
 
 
 def sandbox_package():

@@ -5,6 +5,7 @@ with the built wheel in a fresh venv.)"""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -45,3 +46,15 @@ def test_help_still_lists_the_sandbox_without_it(no_sandbox):
     assert group.exit_code == 0 and "pip install -e . -e ./sandbox" in " ".join(group.output.split())
     command = CliRunner().invoke(main, ["sandbox", "up", "--help"])
     assert command.exit_code == 0 and "--real-root" in command.output
+
+
+def test_orch_does_not_import_the_sandbox_until_a_sandbox_command_runs():
+    # A fresh interpreter: this session's other tests may have imported orch_sandbox already.
+    code = ("import sys\n"
+            "from orchestrator.cli import main\n"
+            "main(['--help'], standalone_mode=False)\n"
+            "print('orch_sandbox' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False"
