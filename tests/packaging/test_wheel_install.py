@@ -11,6 +11,7 @@ is needed (the dependencies are this environment's own)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -47,11 +48,29 @@ def is_test_only(name: str) -> bool:
             or "synthetic" in name)
 
 
+# What a build leaves in a checkout: setuptools puts whatever is in build/lib into the
+# wheel, so a wheel is built from a clean copy, as on a fresh clone.
+BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__")
+
+
+def clean_copy(names: list[str], source: str, dest) -> str:
+    """Copy the named files and folders of `source` into `dest`, without build leftovers."""
+    for name in names:
+        path = os.path.join(source, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, dest / name, ignore=BUILD_LEFTOVERS)
+        else:
+            shutil.copy2(path, dest / name)
+    return str(dest)
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
+    source = clean_copy(["pyproject.toml", "README.md", "orchestrator", "templates"], REPO,
+                        tmp_path_factory.mktemp("orch-src"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                            str(work / "dist"), REPO], capture_output=True, text=True, timeout=600)
+                            str(work / "dist"), source], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next((work / "dist").glob("orch-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
@@ -141,3 +160,20 @@ def test_installed_wheel_without_the_sandbox_says_how_to_get_it(installed, tmp_p
 
     listing = run_orch(installed, "--help", cwd=tmp_path)
     assert listing.returncode == 0 and "sandbox" in listing.stdout
+
+
+def test_sandbox_wheel_carries_the_emulated_tools(tmp_path):
+    # The sandbox copies its bin/ into each host at `up`: a sandbox wheel without one of
+    # these files (package data, not a package) would build hosts with no pct or pvesh.
+    (tmp_path / "src").mkdir()
+    source = clean_copy(["pyproject.toml", "orch_sandbox"], os.path.join(REPO, "sandbox"),
+                        tmp_path / "src")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                            str(tmp_path), source], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    wheel = next(tmp_path.glob("orch_sandbox-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    shipped = {name.rsplit("/", 1)[-1] for name in names if name.startswith("orch_sandbox/")}
+    assert SANDBOX_FILES | {"__init__.py", "core.py"} <= shipped, SANDBOX_FILES - shipped
+    assert not any(name.startswith("orchestrator/") for name in names)
