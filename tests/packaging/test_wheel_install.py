@@ -49,26 +49,24 @@ def is_test_only(name: str) -> bool:
 
 
 # What a build leaves in a checkout: setuptools puts whatever is in build/lib into the
-# wheel, so a wheel is built from a clean copy, as on a fresh clone.
+# wheel, so a wheel is built from a clean copy of the checkout, as on a fresh clone.
 BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__")
+# ... and what a developer's checkout holds at its top that a clone does not.
+LOCAL_ONLY = {".git", ".venv", ".pytest_cache", ".hypothesis", "runs", ".whl", ".gl"}
 
 
-def clean_copy(names: list[str], source: str, dest) -> str:
-    """Copy the named files and folders of `source` into `dest`, without build leftovers."""
-    for name in names:
-        path = os.path.join(source, name)
-        if os.path.isdir(path):
-            shutil.copytree(path, dest / name, ignore=BUILD_LEFTOVERS)
-        else:
-            shutil.copy2(path, dest / name)
+def clean_copy(source: str, dest) -> str:
+    def leftovers(folder, names):
+        local = LOCAL_ONLY & set(names) if os.path.samefile(folder, REPO) else set()
+        return set(BUILD_LEFTOVERS(folder, names)) | local
+    shutil.copytree(source, dest, ignore=leftovers)
     return str(dest)
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
-    source = clean_copy(["pyproject.toml", "README.md", "orchestrator", "templates"], REPO,
-                        tmp_path_factory.mktemp("orch-src"))
+    source = clean_copy(REPO, work / "src")
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                             str(work / "dist"), source], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
@@ -165,9 +163,7 @@ def test_installed_wheel_without_the_sandbox_says_how_to_get_it(installed, tmp_p
 def test_sandbox_wheel_carries_the_emulated_tools(tmp_path):
     # The sandbox copies its bin/ into each host at `up`: a sandbox wheel without one of
     # these files (package data, not a package) would build hosts with no pct or pvesh.
-    (tmp_path / "src").mkdir()
-    source = clean_copy(["pyproject.toml", "orch_sandbox"], os.path.join(REPO, "sandbox"),
-                        tmp_path / "src")
+    source = clean_copy(os.path.join(REPO, "sandbox"), tmp_path / "src")
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                             str(tmp_path), source], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
