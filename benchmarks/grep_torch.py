@@ -25,7 +25,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import print_table, samples_ms, summary  # noqa: E402
-from orchestrator import forensics, sandbox as sandboxes  # noqa: E402
+import orch_sandbox as sandboxes  # noqa: E402
+from orchestrator import forensics  # noqa: E402
 from orchestrator.fleet import Fleet, each_concurrently  # noqa: E402
 from tests.integration.torch_seed import container_root, seed_torch_venv  # noqa: E402
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets orch up on a fresh Debian 12 machine: the system packages the sandbox needs (when run
-# as root with apt), and .venv with orch and its test extras. Safe to run again.
+# as root with apt), and .venv with orch, its test extras and the sandbox (sandbox/, its own
+# distribution: the orch package does not carry it). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-echo "setup: installing orch into .venv"
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+echo "setup: installing orch and the sandbox into .venv"
+# One pip call for both: the sandbox's requirement on orch is met by this clone's orch.
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' -e ./sandbox
 echo "setup: done. Try: .venv/bin/orch --help"

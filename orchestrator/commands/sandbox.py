@@ -1,4 +1,8 @@
-"""`orch sandbox up | down | status`: the Proxmox-like sandbox on this machine."""
+"""`orch sandbox up | down | status | build-root`: the Proxmox-like sandbox on this machine.
+
+The sandbox itself is the separate `orch_sandbox` distribution (sandbox/ in a clone of the
+repository), never part of the orch wheel. These commands use it when it is installed and
+otherwise exit with SANDBOX_NOT_INSTALLED_EXIT and a sentence saying how to get it."""
 
 from __future__ import annotations
 
@@ -9,9 +13,37 @@ import time
 
 import click
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import ExitCode, OrchError
 
 STATE_DIR_HELP = "State directory (default /var/lib/orch-sandbox, or $ORCH_SANDBOX_DIR)."
+
+
+SANDBOX_NOT_INSTALLED_EXIT = ExitCode.USAGE   # as for a machine the sandbox cannot run on
+
+
+class SandboxNotInstalled(OrchError):
+    exit_code = SANDBOX_NOT_INSTALLED_EXIT
+
+
+NOT_INSTALLED_TEXT = (
+    "the sandbox is not installed. It is orch's test bed: Proxmox-like hosts on this machine "
+    "(a real OpenSSH server and real LXC containers, with emulated pct, pvesh and the Proxmox "
+    "API), used by orch's integration tests and for trying playbooks without a Proxmox host. "
+    "It is not part of the orch package; it ships as a separate distribution in orch's "
+    "source repository. To get it, clone the repository and, in the clone, run "
+    "`pip install -e . -e ./sandbox` (or, as root on Debian, `bash scripts/setup.sh`, which "
+    "also installs the system packages it needs: LXC, an OpenSSH server; see docs/sandbox.md).")
+
+
+def sandbox_package():
+    """The installed orch_sandbox package, or SandboxNotInstalled saying how to get it."""
+    try:
+        import orch_sandbox  # optional distribution, not in the orch wheel: only these commands need it
+    except ModuleNotFoundError as error:
+        if error.name != "orch_sandbox":
+            raise
+        raise SandboxNotInstalled(NOT_INSTALLED_TEXT) from None
+    return orch_sandbox
 
 
 def reports_errors(command):
@@ -39,6 +71,10 @@ def sandbox():
       orch -i /var/lib/orch-sandbox/inventory.yaml exec sb1-200 -- python3 -V
       ssh -F /var/lib/orch-sandbox/ssh_config sb1 "pct exec 200 -- hostname"
       sudo orch sandbox down
+
+    The sandbox is a separate distribution, installed from a clone of orch's repository:
+    `pip install -e . -e ./sandbox` (scripts/setup.sh does it). Without it every sandbox
+    command says so and exits with code 2.
     """
 
 
@@ -79,8 +115,7 @@ def up_command(hosts_count, containers_count, stopped, real_root, distribution, 
       sudo orch sandbox up --containers 4 --stopped 1 --real-root 202   # CT 202: Debian 12
       sudo orch sandbox up --cluster lab   # sb1 (CTs 200..), sb2 (CTs 300..) as one cluster
     """
-    from orchestrator import sandbox as sb
-
+    sb = sandbox_package()
     started = time.monotonic()
     handle = sb.up(hosts_count, containers_count, stopped, state_dir=state_dir,
                    real_root=real_root, distribution=distribution, cluster=cluster,
@@ -120,8 +155,7 @@ def build_root_command(distribution, as_json):
     Example:
       sudo orch sandbox build-root
     """
-    from orchestrator.sandbox import roots
-
+    roots = sandbox_package().roots
     started = time.monotonic()
     built_before = roots.tarball_path(distribution).is_file()
     tarball = roots.ensure_tarball(distribution,
@@ -153,8 +187,7 @@ def down_command(purge, state_dir):
       sudo orch sandbox down
       sudo orch sandbox down --purge
     """
-    from orchestrator import sandbox as sb
-
+    sb = sandbox_package()
     started = time.monotonic()
     removed = sb.down(purge=purge, state_dir=state_dir)
     elapsed = time.monotonic() - started
@@ -175,9 +208,7 @@ def status_command(state_dir, as_json):
       orch sandbox status
       orch sandbox status --json | jq '.hosts[].containers'
     """
-    from orchestrator import sandbox as sb
-
-    report = sb.status(state_dir)
+    report = sandbox_package().status(state_dir)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -2,7 +2,7 @@
 
     def test_something(sandbox):
         inventory = sandbox.inventory_path       # STATE/inventory.yaml
-        sandbox.link_down("sb1")                 # faults: see orchestrator/sandbox/handle.py
+        sandbox.link_down("sb1")                 # faults: see sandbox/orch_sandbox/handle.py
 
 The sandbox (2 hosts sb1, sb2; CTs 200, 201 running, 202 stopped) is brought up once per
 session (`up` is idempotent and repairs what earlier tests broke) and left up afterwards,
@@ -41,8 +41,10 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def sandbox():
-    from orchestrator import sandbox as sb
-
+    try:
+        import orch_sandbox as sb
+    except ModuleNotFoundError:
+        sandbox_unavailable("the sandbox distribution is not installed: pip install -e ./sandbox")
     missing = sb.missing_prerequisites()
     if missing:
         sandbox_unavailable(sb.describe(missing))

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.torch
 @pytest.fixture(scope="module")
 def wide(sandbox, tmp_path_factory):
     """`sandbox` first: it checks the machine can run one (else skip or, in CI, fail)."""
-    from orchestrator import sandbox as sb
+    import orch_sandbox as sb
 
     state = tmp_path_factory.mktemp("wide-sandbox")
     handle = sb.up(hosts_count=1, containers_count=COUNT, stopped=0, prefix="wide", state_dir=state)

@@ -308,7 +308,7 @@ def test_an_untrusted_certificate_is_refused_unless_pinned(sandbox, tmp_path, se
 def cluster(sandbox, tmp_path_factory):
     """Two hosts as one cluster "lab" (clu1: CTs 200, 201; clu2: CTs 300, 301), a sandbox
     of its own so the shared one stays standalone."""
-    from orchestrator import sandbox as sb
+    import orch_sandbox as sb
     state = tmp_path_factory.mktemp("cluster") / "state"
     try:
         yield sb.up(hosts_count=2, containers_count=2, stopped=0, prefix="clu",

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from orchestrator import sandbox as sb
+import orch_sandbox as sb
 from orchestrator.fleet import Fleet
 from orchestrator.runs.store import RunStore
 

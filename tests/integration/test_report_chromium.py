@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.runs.model import Finding
 from orchestrator.runs.report import write_reports
-from orchestrator.runs.synthetic import synthetic_run
+from tests.fixtures.synthetic import synthetic_run
 
 
 def chromium() -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import sandbox as sb
-from orchestrator.sandbox import hosts, layout, system
+import orch_sandbox as sb
+from orch_sandbox import hosts, layout, system
 
 pytestmark = pytest.mark.sandbox
 

@@ -1,7 +1,9 @@
 """orch as a user installs it: the built wheel, non-editable, in a fresh venv. The report and
 schedule templates must come from inside the installed package (the repository's templates/
 is mapped there by pyproject.toml), so `orch report`, `orch schedule install --dest` and
-`orch nightly` work with no checkout around.
+`orch nightly` work with no checkout around. The wheel carries no test bed and no test data:
+the sandbox is a distribution of its own (sandbox/), and without it `orch sandbox up` says
+how to get it.
 
 Costs: building the wheel and installing it into a fresh venv, a few seconds; no package index
 is needed (the dependencies are this environment's own)."""
@@ -9,6 +11,7 @@ is needed (the dependencies are this environment's own)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -17,6 +20,8 @@ import venv
 import zipfile
 
 import pytest
+
+from orchestrator.commands.sandbox import SANDBOX_NOT_INSTALLED_EXIT
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -31,17 +36,47 @@ TRAINER = ("import time\n"
            "print('summary status=ok drafters=2 ok=2 failed=0 total_tok_s=2000', flush=True)\n")
 
 
+# The sandbox (its package, the emulated Proxmox tools, the host set-up script) and test data.
+SANDBOX_FILES = {"pct", "pct.py", "pvesh", "pveproxy", "pvelib.py", "pvetasks.py", "pvefiles.py",
+                 "host-setup.sh"}
+
+
+def is_test_only(name: str) -> bool:
+    top, base = name.split("/")[0], name.rsplit("/", 1)[-1]
+    return (top in ("orch_sandbox", "tests") or top.startswith("orch_sandbox-")
+            or name.startswith("orchestrator/sandbox/") or base in SANDBOX_FILES
+            or "synthetic" in name)
+
+
+# What a build leaves in a checkout: setuptools puts whatever is in build/lib into the
+# wheel, so a wheel is built from a clean copy of the checkout, as on a fresh clone.
+BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__")
+# ... and what a developer's checkout holds at its top that a clone does not.
+LOCAL_ONLY = {".git", ".venv", ".pytest_cache", ".hypothesis", "runs", ".whl", ".gl"}
+
+
+def clean_copy(source: str, dest) -> str:
+    def leftovers(folder, names):
+        local = LOCAL_ONLY & set(names) if os.path.samefile(folder, REPO) else set()
+        return set(BUILD_LEFTOVERS(folder, names)) | local
+    shutil.copytree(source, dest, ignore=leftovers)
+    return str(dest)
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
+    source = clean_copy(REPO, work / "src")
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                            str(work / "dist"), REPO], capture_output=True, text=True, timeout=600)
+                            str(work / "dist"), source], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next((work / "dist").glob("orch-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert "orchestrator/templates/report.html.j2" in names
     assert "orchestrator/templates/orch-nightly.timer.j2" in names
+    test_only = [name for name in names if is_test_only(name)]
+    assert test_only == [], f"test bed or test data in the wheel: {test_only}"
 
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=True)
@@ -56,7 +91,7 @@ def installed(tmp_path_factory):
                              capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(purelib, "orch-test-deps.pth"), "w") as handle:
         handle.write(sysconfig.get_paths()["purelib"] + "\n")
-    return {"orch": str(env_dir / "bin" / "orch"), "work": work}
+    return {"orch": str(env_dir / "bin" / "orch"), "python": python, "work": work}
 
 
 def run_orch(installed, *args, cwd):
@@ -107,3 +142,34 @@ def test_installed_wheel_runs_nightly_report_and_schedule(installed, tmp_path):
     assert schedule.returncode == 0, schedule.stderr[-3000:]
     timer = next(units.glob("*.timer")).read_text()
     assert "OnCalendar=*-*-* 02:30:00" in timer
+
+
+def test_installed_wheel_without_the_sandbox_says_how_to_get_it(installed, tmp_path):
+    absent = subprocess.run([installed["python"], "-c", "import orch_sandbox"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert absent.returncode != 0 and "No module named 'orch_sandbox'" in absent.stderr
+
+    up = run_orch(installed, "sandbox", "up", cwd=tmp_path)
+    assert up.returncode == SANDBOX_NOT_INSTALLED_EXIT == 2, up.stdout + up.stderr
+    assert "Traceback" not in up.stdout + up.stderr
+    message = " ".join(up.stderr.split())
+    assert message.startswith("error: the sandbox is not installed.")
+    assert "pip install -e . -e ./sandbox" in message
+
+    listing = run_orch(installed, "--help", cwd=tmp_path)
+    assert listing.returncode == 0 and "sandbox" in listing.stdout
+
+
+def test_sandbox_wheel_carries_the_emulated_tools(tmp_path):
+    # The sandbox copies its bin/ into each host at `up`: a sandbox wheel without one of
+    # these files (package data, not a package) would build hosts with no pct or pvesh.
+    source = clean_copy(os.path.join(REPO, "sandbox"), tmp_path / "src")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                            str(tmp_path), source], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    wheel = next(tmp_path.glob("orch_sandbox-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    shipped = {name.rsplit("/", 1)[-1] for name in names if name.startswith("orch_sandbox/")}
+    assert SANDBOX_FILES | {"__init__.py", "core.py"} <= shipped, SANDBOX_FILES - shipped
+    assert not any(name.startswith("orchestrator/") for name in names)

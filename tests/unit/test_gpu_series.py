@@ -18,7 +18,7 @@ from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.runs import gpu
 from orchestrator.runs.report import render_html, render_markdown
-from orchestrator.runs.synthetic import synthetic_run
+from tests.fixtures.synthetic import synthetic_run
 
 FAKE_SMI = """#!/bin/sh
 # a counter so that each sample differs: utilisation 10, 20, 30, ...

@@ -12,7 +12,7 @@ from orchestrator.cli import main
 from orchestrator.runs.baseline import choose_baseline, run_shape
 from orchestrator.runs.nightly import nightly
 from orchestrator.runs.store import RunStore
-from orchestrator.runs.synthetic import synthetic_run
+from tests.fixtures.synthetic import synthetic_run
 
 PLAYBOOK = "playbooks/dflash.yaml"
 

@@ -13,7 +13,7 @@ from orchestrator import paths
 from orchestrator.cli import main
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo
 from orchestrator.runs.store import RunStore
-from orchestrator.runs.synthetic import FREEZE, synthetic_run
+from tests.fixtures.synthetic import FREEZE, synthetic_run
 
 A, B = "20261128-020000-aaaaaa", "20261129-020000-bbbbbb"
 

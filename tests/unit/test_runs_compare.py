@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.runs.compare import compare, package_diff, parse_freeze, throughput
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord
-from orchestrator.runs.synthetic import FREEZE, synthetic_run
+from tests.fixtures.synthetic import FREEZE, synthetic_run
 
 
 def kinds(comparison, severity="regression"):

@@ -22,7 +22,7 @@ from orchestrator.runs import nightly as nightly_mod
 from orchestrator.runs.nightly import (NightlyConfig, NightlyLock, NightlyLocked, NotifyConfig,
                                        load_config, nightly, parse_threshold, redact_url)
 from orchestrator.runs.store import RunStore
-from orchestrator.runs.synthetic import synthetic_run
+from tests.fixtures.synthetic import synthetic_run
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_locks_are_per_playbook(tmp_path, playbook):
 CONCURRENT = textwrap.dedent("""
     import sys, time
     from orchestrator.runs import nightly as n
-    from orchestrator.runs.synthetic import synthetic_run
+    from tests.fixtures.synthetic import synthetic_run
     from orchestrator.runs.store import RunStore
     def slow_run(playbook, *, targets, extra_vars, app, **options):
         time.sleep(3)

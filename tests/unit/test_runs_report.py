@@ -10,7 +10,7 @@ import pytest
 from orchestrator.runs.model import Finding, RunRecord
 from orchestrator.runs.report import render_html, render_markdown, write_reports
 from orchestrator.runs.svg import line_chart, nice_ticks, sparkline
-from orchestrator.runs.synthetic import synthetic_run
+from tests.fixtures.synthetic import synthetic_run
 
 
 class Tags(HTMLParser):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from orchestrator.sandbox import roots
-from orchestrator.sandbox.layout import ContainerSpec, Layout, LayoutError, build_layout
+from orch_sandbox import roots
+from orch_sandbox.layout import ContainerSpec, Layout, LayoutError, build_layout
 
 
 def test_real_root_containers_are_chosen_per_vmid_on_every_host():

@@ -95,7 +95,7 @@ def cmd_start(argv):
     if pvelib.is_running(vmid):
         raise PveError(f"CT {vmid} already running")
     pvelib.load_config(vmid)
-    import pvetasks
+    import pvetasks  # only here: `pct exec`, run for every orch command, imports as little as it can
 
     # pct start runs the start task in the foreground and dies with its error
     pvetasks.start_container(vmid, lambda text: sys.stdout.write(text.rstrip("\n") + "\n"))
@@ -137,7 +137,7 @@ def cmd_push(argv):
     if not pvelib.is_running(vmid):
         raise PveError("can only push files to a running CT")
     pvelib.load_config(vmid)
-    import pvefiles
+    import pvefiles  # only push/pull need it (see the note on pvetasks above)
 
     pvefiles.push(vmid, params["file"], params["destination"], params.get("perms"),
                   params.get("user"), params.get("group"))
@@ -148,7 +148,7 @@ def cmd_pull(argv):
     vmid = check_vmid(params["vmid"])
     if not pvelib.is_running(vmid):
         raise PveError(f"can only pull files from a running VM at {pvelib.PCT_SOURCE} line 590.")
-    import pvefiles
+    import pvefiles  # only push/pull need it (see the note on pvetasks above)
 
     pvefiles.pull(vmid, params["path"], params["destination"], params.get("perms"),
                   params.get("user"), params.get("group"))

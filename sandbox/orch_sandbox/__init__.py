@@ -2,10 +2,12 @@
 OpenSSH sshd and real LXC containers, plus emulated `pct` and `pvesh` on its PATH.
 
 It is the test bed of orch's integration tests, and a place to try playbooks before a real
-Proxmox host. docs/sandbox.md has the facts and measurements behind each choice, and
-paths.py for the state directory's layout.
+Proxmox host. It is a distribution of its own (sandbox/ in orch's repository, installed
+with `pip install -e ./sandbox`), never part of the orch wheel; `orch sandbox ...` uses it
+when it is installed. docs/sandbox.md has the facts and measurements behind each choice, and
+paths.py the state directory's layout.
 
-    from orchestrator import sandbox
+    import orch_sandbox as sandbox
     sb = sandbox.up()                  # 2 hosts (sb1, sb2), CTs 200, 201 running, 202 stopped
     sandbox.up(real_root=(201,))       # CT 201 on a real Debian 12 root of its own (roots.py)
     sb.inventory_path                  # /var/lib/orch-sandbox/inventory.yaml
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import roots  # `orch sandbox build-root` builds and caches real container roots
 from .core import down, install_tools, status, up, wait_until_reachable
 from .handle import Sandbox, current
 from .layout import ContainerSpec, HostSpec, Layout, LayoutError, build_layout
@@ -31,7 +34,7 @@ __all__ = [
     "Layout", "HostSpec", "ContainerSpec", "LayoutError", "build_layout", "StatePaths",
     "DEFAULT_STATE_DIR", "STATE_DIR_ENV", "install_tools", "wait_until_reachable",
     "link_down", "link_up", "run_on_host", "stop_container", "start_container",
-    "regenerate_host_key", "restore_host_key",
+    "regenerate_host_key", "restore_host_key", "roots",
 ]
 
 

@@ -25,7 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .hosts import remove_tree
 from .paths import StatePaths
+from .prereqs import find_command
 from .system import SandboxError, run
 
 HOST_ROOT = "host"               # a container sharing the machine's /usr and /etc
@@ -129,7 +131,6 @@ def ensure_tarball(distribution: str = DEFAULT_DISTRIBUTION, progress=None) -> P
 
 
 def _which(name: str) -> bool:
-    from .prereqs import find_command
     return find_command(name) is not None
 
 
@@ -158,8 +159,6 @@ def unpacked_root(paths: StatePaths, distribution: str) -> Path:
 
 def ensure_unpacked(paths: StatePaths, distribution: str, progress=None) -> Path:
     """Unpack the cached tarball into the state directory (once per `up` after a `down`)."""
-    from .hosts import remove_tree
-
     tarball = ensure_tarball(distribution, progress)
     root = unpacked_root(paths, distribution)
     mark = root.with_name(root.name + UNPACKED_MARK)
@@ -174,5 +173,4 @@ def ensure_unpacked(paths: StatePaths, distribution: str, progress=None) -> Path
 
 
 def remove_unpacked(paths: StatePaths) -> None:
-    from .hosts import remove_tree
     remove_tree(roots_dir(paths))

@@ -1,6 +1,6 @@
 """A running sandbox as tests see it: where its files are, and the faults they can cause.
 
-    sb = orchestrator.sandbox.up()            # or orchestrator.sandbox.current()
+    sb = orch_sandbox.up()                    # or orch_sandbox.current()
     sb.inventory_path                         # STATE/inventory.yaml
     sb.run_on_host("sb1", ["pct", "list"])    # a command on the host itself, no SSH
     sb.link_down("sb1"); ...; sb.link_up("sb1")

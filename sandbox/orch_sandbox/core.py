@@ -16,16 +16,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import access, api, containers, faults, hosts, roots
+from .handle import Sandbox
 from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
 from .paths import StatePaths
 from .prereqs import require
 from .system import SandboxError, cgroup_hierarchies, in_host, remove_empty_parents, run
-
-if TYPE_CHECKING:
-    from .handle import Sandbox
 
 TOOLS_DIR = Path(__file__).with_name("bin")
 TOOLS = {"pct": 0o755, "pct.py": 0o644, "pvesh": 0o755, "pvelib.py": 0o644,
@@ -51,12 +48,10 @@ def locked(paths: StatePaths):
 def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix: str = "sb",
        state_dir: Path | str | None = None, real_root: tuple[int, ...] = (),
        distribution: str = roots.DEFAULT_DISTRIBUTION, progress=None,
-       cluster: str | None = None) -> "Sandbox":
+       cluster: str | None = None) -> Sandbox:
     """Build (or converge to) the layout; the CTs in `real_root` get their own
     `distribution` root (roots.py) instead of the machine's /usr and /etc; `cluster` makes
     the hosts one Proxmox cluster."""
-    from .handle import Sandbox
-
     paths = StatePaths.at(state_dir)
     require(paths)
     layout = build_layout(hosts_count, containers_count, stopped, prefix, tuple(real_root),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import roots
+from .hosts import remove_tree
 from .layout import ContainerSpec, HostSpec
 from .paths import StatePaths
 from .system import SandboxError, in_host, run
@@ -71,8 +73,6 @@ def _write_real_root(paths: StatePaths, host: HostSpec, ct: ContainerSpec,
                      directory: Path) -> None:
     """A container on its own distribution root: the unpacked root (shared, read-only) as
     the lower layer of an overlay, the container's changes in its own delta/."""
-    from . import roots
-
     base = roots.unpacked_root(paths, ct.root)
     delta = directory / "delta"
     delta.mkdir(parents=True, exist_ok=True)
@@ -226,8 +226,6 @@ def configured_vmids(paths: StatePaths, host: HostSpec) -> set[int]:
 
 def remove(paths: StatePaths, host: HostSpec, holder_pid: int, vmid: int, running: bool) -> None:
     """Delete a container the layout no longer has (after `up` with fewer --containers)."""
-    from .hosts import remove_tree
-
     if running:
         stop(holder_pid, vmid)
     pve_config_file(paths, host, vmid).unlink(missing_ok=True)

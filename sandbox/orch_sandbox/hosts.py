@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import api
 from .layout import CGROUP_ROOT, HostSpec
 from .paths import StatePaths
 from .system import (SandboxError, alive, cmdline, descendants, in_host, kill_and_wait,
@@ -78,8 +79,6 @@ def prepare_host_dir(paths: StatePaths, spec: HostSpec, client_public_key: str,
 def prepare_pve_extras(paths: StatePaths, spec: HostSpec, pve_dir: Path) -> None:
     """What the HTTPS API and start tasks read: the node's certificate and the API token
     (api.py), and a `local` dir storage whose snippets/ holds hookscripts."""
-    from . import api
-
     (paths.host_dir(spec.name) / "vz" / "snippets").mkdir(parents=True, exist_ok=True)
     if not pve_dir.is_symlink():    # a cluster's shared storage.cfg cannot name per-host paths
         write_if_changed(pve_dir / "storage.cfg",
