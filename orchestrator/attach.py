@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from orchestrator.config.yamlsrc import Loc, OptionSource
-from orchestrator.engine import Engine, TargetRun, cli_prefix
+from orchestrator.engine import Engine, TargetRun
 from orchestrator.errors import ConnectionProblem, OrchError
 from orchestrator.fleet import Fleet, each_concurrently
 from orchestrator.monitor import MonitorSettings, RunUnreachable, stop_run
@@ -22,7 +22,7 @@ from orchestrator.runs.model import Finding, RunRecord, exit_code_for, now_iso
 from orchestrator.runs.recorder import RunRecorder, controller_entry, stamp, step_result, worst
 from orchestrator.remote.container import Target
 from orchestrator.runs.store import RunStore
-from orchestrator.steps.base import Reporter, RunInfo, StepOutcome
+from orchestrator.steps.base import Reporter, RunInfo, StepOutcome, cli_prefix
 from orchestrator.steps.monitor import follow_run
 
 

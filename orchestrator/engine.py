@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import copy
 import os
-import shlex
-import socket
 import time
 import traceback
-from typing import Any, Optional
+from typing import Optional
 
 from orchestrator.config.inventory import ContainerSpec, Inventory
 from orchestrator.config.schema import check_value
@@ -31,7 +29,8 @@ from orchestrator.runs.recorder import (RunRecorder, controller_entry, json_safe
                                         step_result, worst)
 from orchestrator.runs.store import RunStore
 from orchestrator.steps import STEP_KINDS
-from orchestrator.steps.base import Reporter, RunInfo, StepContext, StepFailed, StepOutcome
+from orchestrator.steps.base import (Reporter, RunInfo, StepContext, StepFailed, StepOutcome,
+                                     cli_prefix, rerun_options)
 
 
 def resolve_specs(book: Playbook, inventory: Inventory, target_names=()) -> list[ContainerSpec]:
@@ -349,22 +348,3 @@ def run_playbook(playbook: str, *, reporter: Reporter, inventory: Optional[str] 
             fleet.close()
         if own_store and store is not None:
             store.close()
-
-
-def rerun_options(targets, extra_vars) -> str:
-    """The -t and -e options of this run, quoted for a shell, for remediation hints."""
-    words: list[str] = []
-    for name in targets or ():
-        words += ["-t", name]
-    if isinstance(extra_vars, dict):
-        items = [f"{k}={v}" for k, v in extra_vars.items()]
-    else:
-        items = list(extra_vars or ())
-    for item in items:
-        words += ["-e", item]
-    return shlex.join(words)
-
-
-def cli_prefix(inventory_option: Optional[str]) -> str:
-    """How the user called orch, for remediation commands they can paste (`orch -i sandbox`)."""
-    return f"orch -i {inventory_option}" if inventory_option else "orch"

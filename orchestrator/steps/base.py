@@ -7,9 +7,10 @@ touched) and `run()` (does the work on one target and returns a StepOutcome).
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator.config.schema import Param
 from orchestrator.config.yamlsrc import Loc
@@ -69,6 +70,25 @@ class RunInfo:
     def rerun_hint(self) -> str:
         """The playbook and options a remediation's rerun command repeats."""
         return " ".join(part for part in (self.playbook_arg, self.rerun_args) if part)
+
+
+def rerun_options(targets, extra_vars) -> str:
+    """The -t and -e options of this run, quoted for a shell, for remediation hints."""
+    words: list[str] = []
+    for name in targets or ():
+        words += ["-t", name]
+    if isinstance(extra_vars, dict):
+        items = [f"{k}={v}" for k, v in extra_vars.items()]
+    else:
+        items = list(extra_vars or ())
+    for item in items:
+        words += ["-e", item]
+    return shlex.join(words)
+
+
+def cli_prefix(inventory_option: Optional[str]) -> str:
+    """How the user called orch, for remediation commands they can paste (`orch -i sandbox`)."""
+    return f"orch -i {inventory_option}" if inventory_option else "orch"
 
 
 class Reporter(MonitorReporter, Protocol):
