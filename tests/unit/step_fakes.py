@@ -240,3 +240,21 @@ def harness(tmp_path, playbook: str, *, dry_run: bool = False, extra_vars: Optio
                   dry_run=dry_run, cli="orch -i inv.yaml", inventory=fleet.inventory)
     engine = Engine(run, fleet, reporter, extra_vars=extra_vars, target_names=list(targets))
     return Harness(engine, host, reporter, recorder, run)
+
+
+def planned(tmp_path, playbook: str, index: int = 0, **options) -> list[str]:
+    """The --dry-run lines of step `index` (on the first target); asserts nothing ran."""
+    h = harness(tmp_path, playbook, dry_run=True, **options)
+    h.record()
+    assert h.host.calls == [], "a dry run touched the target"
+    return h.reporter.of("step_plan")[index][3]
+
+
+def payload_failure(tmp_path, playbook: str, payload: str, error: str):
+    """Run a playbook whose payload `payload` answers with an error; the harness and the
+    first step's recorded result (which must have failed)."""
+    h = harness(tmp_path, playbook)
+    h.host.on_payload(payload, error=error)
+    step = h.record().steps[0]
+    assert step.status == "failed"
+    return h, step

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.unit.step_fakes import harness
+from tests.unit.step_fakes import payload_failure, planned, harness
 
 
 def _book(step: str, register: str = "") -> str:
@@ -13,9 +13,8 @@ def _book(step: str, register: str = "") -> str:
 
 
 def test_grep_plan(tmp_path):
-    h = harness(tmp_path, _book("grep: {pattern: is_fx_tracing, mode: def, show: true}"), dry_run=True)
-    h.record()
-    assert h.reporter.of("step_plan")[0][3] == [
+    plan = planned(tmp_path, _book("grep: {pattern: is_fx_tracing, mode: def, show: true}"))
+    assert plan == [
         "orch grep-torch --def --show 'is_fx_tracing' (source_search payload with "
         "/opt/venv/bin/python; expect any)"]
 
@@ -41,17 +40,14 @@ def test_grep_hits_become_output_facts_and_a_finding(tmp_path):
 
 
 def test_grep_payload_error(tmp_path):
-    h = harness(tmp_path, _book("grep: {pattern: x}"))
-    h.host.on_payload("source_search", error="torch is not installed in /opt/venv")
-    record = h.record()
-    assert record.steps[0].status == "failed"
-    assert record.steps[0].message == "dev: torch is not installed in /opt/venv"
+    _, step = payload_failure(tmp_path, _book("grep: {pattern: x}"), "source_search",
+                              "torch is not installed in /opt/venv")
+    assert step.message == "dev: torch is not installed in /opt/venv"
 
 
 def test_patch_plan_and_status(tmp_path):
-    h = harness(tmp_path, _book("patch: {action: status}"), dry_run=True)
-    h.record()
-    assert h.reporter.of("step_plan")[0][3] == [
+    plan = planned(tmp_path, _book("patch: {action: status}"))
+    assert plan == [
         "orch patch fx-tls status -t dev (fx_patch payload with /opt/venv/bin/python)"]
     h = harness(tmp_path, _book("patch: {action: status}", register="fx") +
                 "  - shell: [echo, '{{ fx.state }}']\n    when: fx.state == 'vulnerable'\n")
@@ -77,9 +73,8 @@ def test_patch_apply_that_leaves_torch_unpatched_fails(tmp_path):
 
 
 def test_verify_plan_progress_and_expectation(tmp_path):
-    h = harness(tmp_path, _book("verify: {trials: 3, expect: fixed}"), dry_run=True)
-    h.record()
-    assert h.reporter.of("step_plan")[0][3] == [
+    plan = planned(tmp_path, _book("verify: {trials: 3, expect: fixed}"))
+    assert plan == [
         "orch verify fx-race -t dev --trials 3 (fx_race payload with /opt/venv/bin/python; "
         "expect fixed)"]
     h = harness(tmp_path, _book("verify: {trials: 3, expect: fixed}"))

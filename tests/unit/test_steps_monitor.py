@@ -11,7 +11,7 @@ from orchestrator.monitor_classify import Verdict
 from orchestrator.runs.model import Finding
 from orchestrator.steps import monitor as monitor_step
 from orchestrator.torchrun import RANK_LOGS
-from tests.unit.step_fakes import harness
+from tests.unit.step_fakes import planned, harness
 
 TORCHRUN = """\
     name: t
@@ -23,9 +23,8 @@ TORCHRUN = """\
 
 
 def test_plan_knows_an_earlier_torchrun_launch(tmp_path):
-    h = harness(tmp_path, TORCHRUN, dry_run=True)
-    h.record()
-    assert h.reporter.of("step_plan")[1][3] == [
+    plan = planned(tmp_path, TORCHRUN, index=1)
+    assert plan == [
         "follow <the last launch's run directory>/output.log and every rank's log by byte "
         "offset (tail payload), read as orch lines; hang after 60 s, degraded under 3,000 tok/s, "
         "watch 30 s, then leave it running"]

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.monitor import REMOTE_ROOT
 from orchestrator.steps.base import StepFailed
-from tests.unit.step_fakes import RUN_ID, Reply, harness
+from tests.unit.step_fakes import payload_failure, planned, RUN_ID, Reply, harness
 
 PUSH = """\
     name: t
@@ -26,11 +26,9 @@ def _puts(host) -> list:
 
 
 def test_push_plan(tmp_path):
-    h = harness(tmp_path, PUSH, dry_run=True, extra_vars={"file": "hello.j2"},
-                files={"hello.j2": "hello {{ greeting }}\n"})
-    h.record()
-    assert h.reporter.of("step_plan")[0][3] == ["put rendered hello.j2 -> /srv/app/hello.txt (mode 755)"]
-    assert h.host.calls == []
+    plan = planned(tmp_path, PUSH, extra_vars={"file": "hello.j2"},
+                   files={"hello.j2": "hello {{ greeting }}\n"})
+    assert plan == ["put rendered hello.j2 -> /srv/app/hello.txt (mode 755)"]
 
 
 def test_push_renders_and_writes_a_changed_file(tmp_path):
@@ -87,9 +85,8 @@ LAUNCH = """\
 
 
 def test_launch_plan_hides_secrets(tmp_path):
-    h = harness(tmp_path, LAUNCH, dry_run=True)
-    h.record()
-    assert h.reporter.of("step_plan")[0][3] == [
+    plan = planned(tmp_path, LAUNCH)
+    assert plan == [
         f"detached in {REMOTE_ROOT}/{RUN_ID}/drafters (setsid; log output.log, pid.json, "
         "exit.json), venv /opt/venv",
         "HF_HOME=/data/hf CUDA_VISIBLE_DEVICES=0,1 HF_TOKEN=*** MODE=fast python train.py 200"]
@@ -114,13 +111,11 @@ def test_launch_notes_the_launch_and_keeps_secrets_off_argv(tmp_path):
 
 
 def test_launch_failure_is_recorded_as_starting_only(tmp_path):
-    h = harness(tmp_path, LAUNCH)
-    h.host.on_payload("launcher", error="cannot create /var/tmp/orch/runs: read-only file system")
-    record = h.record()
-    assert record.steps[0].status == "failed"
-    assert record.steps[0].message == "dev: cannot create /var/tmp/orch/runs: read-only file system"
+    h, step = payload_failure(tmp_path, LAUNCH, "launcher",
+                              "cannot create /var/tmp/orch/runs: read-only file system")
+    assert step.message == "dev: cannot create /var/tmp/orch/runs: read-only file system"
     assert "note_launch_starting" in h.recorder.names() and "note_launch" not in h.recorder.names()
-    assert record.launch["targets"] == {}
+    assert h.recorder.record.launch["targets"] == {}
 
 
 def test_launch_empty_command_fails_in_plan_and_run(tmp_path):

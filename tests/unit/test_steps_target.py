@@ -7,16 +7,15 @@ import json
 import os
 
 from orchestrator import paths
-from tests.unit.step_fakes import RUN_ID, harness
+from tests.unit.step_fakes import payload_failure, planned, RUN_ID, harness
 
 ENSURE = "name: t\ntargets: [dev]\nsteps:\n  - ensure: {}\n"
 VERSION_ARGV = ["python3", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]
 
 
 def test_ensure_plan_and_run(tmp_path):
-    h = harness(tmp_path, ENSURE, dry_run=True)
-    h.record()
-    assert h.reporter.of("step_plan")[0][3] == ["run: python3 -c 'import sys; print(sys.version)'"]
+    plan = planned(tmp_path, ENSURE)
+    assert plan == ["run: python3 -c 'import sys; print(sys.version)'"]
     h = harness(tmp_path, ENSURE)
     h.host.on_argv(VERSION_ARGV, stdout=b"3.11.2\n")
     record = h.record()
@@ -41,9 +40,8 @@ BOOTSTRAP = """\
 
 
 def test_bootstrap_plan(tmp_path):
-    h = harness(tmp_path, BOOTSTRAP, dry_run=True)
-    h.record()
-    assert h.reporter.of("step_plan")[0][3] == [
+    plan = planned(tmp_path, BOOTSTRAP)
+    assert plan == [
         "python3 -m venv /opt/venv (unless the marker matches; without ensurepip: "
         "--without-pip, then pip from its own pushed wheel)",
         "/opt/venv/bin/python -m pip install torch==2.13.0 numpy<2",
@@ -64,11 +62,9 @@ def test_bootstrap_up_to_date_records_the_freeze(tmp_path):
 
 
 def test_bootstrap_failures(tmp_path):
-    h = harness(tmp_path, BOOTSTRAP)
-    h.host.on_payload("bootstrap", error="pip: no matching distribution for torch==2.13.0")
-    record = h.record()
-    assert record.steps[0].status == "failed"
-    assert record.steps[0].message == "dev: pip: no matching distribution for torch==2.13.0"
+    _, step = payload_failure(tmp_path, BOOTSTRAP, "bootstrap",
+                              "pip: no matching distribution for torch==2.13.0")
+    assert step.message == "dev: pip: no matching distribution for torch==2.13.0"
     h = harness(tmp_path, BOOTSTRAP.replace("[dev]", "[other]"))
     record = h.record()
     assert record.steps[0].message == ("no venv for other: set venv: in the bootstrap step or "
@@ -80,10 +76,9 @@ COLLECT = "name: t\ntargets: [dev]\nsteps:\n  - collect: {files: [/etc/os-releas
 
 
 def test_collect_plan(tmp_path):
-    h = harness(tmp_path, COLLECT, dry_run=True)
-    h.record()
+    plan = planned(tmp_path, COLLECT)
     dest = os.path.join(paths.run_dir(RUN_ID), "dev")
-    assert h.reporter.of("step_plan")[0][3] == [
+    assert plan == [
         f"into {dest}: output.log, pip-freeze.txt, nvidia-smi.txt, summary.json, os-release"]
 
 
