@@ -71,6 +71,8 @@ class TargetRun:
 
 
 class Engine:
+    """Runs one playbook's steps on its targets; run() returns the finished record."""
+
     def __init__(self, run: RunInfo, fleet: Fleet, reporter: Reporter, *,
                  extra_vars: Optional[dict] = None, target_names=()):
         self.run_info = run
