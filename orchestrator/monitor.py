@@ -10,6 +10,8 @@ Pieces:
   left half-open) and starts again.
 - Monitor: feeds the lines to a LogClassifier, batches metric points into the run store,
   stops a hung process, and turns the end into a verdict.
+- monitor_run(): one launched run watched to its end for a run's record (the monitor step
+  and `orch attach` both call it).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
+from orchestrator import paths
 from orchestrator.errors import ExitCode, OrchError, PayloadError
 from orchestrator.logformats import DerivedThroughput, LogParser, make_format
 from orchestrator.monitor_classify import EndState, LogClassifier, Verdict
@@ -29,6 +32,9 @@ from orchestrator.payloads import payload_source, run_payload
 from orchestrator.remote.container import Target
 from orchestrator.runs.gpu import append_sample, gpu_sample, gpu_stats
 from orchestrator.runs.model import MetricPoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.runs.recorder import RunRecorder
 
 LAUNCHER_PYTHON = "python3"        # stdlib only: the container's own python is enough
 REMOTE_ROOT = "/var/tmp/orch/runs"
@@ -530,3 +536,74 @@ def worker_of(name: Optional[str]) -> Optional[int]:
 def stream_copy_path(local_dir: str) -> str:
     os.makedirs(local_dir, exist_ok=True)
     return os.path.join(local_dir, "stream.log")
+
+
+# ------------------------------------------------------------ a run's monitor
+class MonitorReporter(Protocol):
+    """What a monitor tells the console (the run's Reporter has these and more)."""
+
+    def monitor_started(self, target: str, run_dir: str, settings: MonitorSettings) -> None: ...
+    def monitor_ended(self, target: str) -> None: ...
+    def monitor_progress(self, target: str, classifier: LogClassifier, status: dict) -> None: ...
+    def log_line(self, target: str, line: str) -> None: ...
+    def note(self, target: str, text: str, level: str = "info") -> None: ...
+
+
+class ReportingSink(MonitorSink):
+    """A monitor's reports: lines and progress to the console, metric points to the record."""
+
+    def __init__(self, reporter: MonitorReporter, recorder: "RunRecorder"):
+        self.reporter = reporter
+        self.recorder = recorder
+
+    def log_line(self, target: str, line: str) -> None:
+        self.reporter.log_line(target, line)
+
+    def progress(self, target: str, classifier: LogClassifier, status: dict) -> None:
+        self.reporter.monitor_progress(target, classifier, status)
+
+    def note(self, target: str, text: str, level: str = "info") -> None:
+        self.reporter.note(target, text, level)
+
+    def metrics(self, target: str, points: list[MetricPoint]) -> None:
+        self.recorder.add_metrics(points)
+
+
+def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
+                recorder: "RunRecorder", reporter: MonitorReporter, cli: str = "orch",
+                rerun: str = "", fresh_facts: Optional[Callable[[Target], dict]] = None,
+                follower_id: Optional[str] = None) -> tuple[Verdict, dict]:
+    """Watch one run to its end; its metrics, target facts and summary go to the recorder.
+    fresh_facts(target) asks the target again (torch version, fx-tls state) once an FX race
+    is seen; cli and rerun make the remediation commands. Returns the verdict and the data
+    a step records."""
+    local = os.path.join(paths.run_dir(recorder.run_id), target.name)
+    monitor = Monitor(target, run_dir, settings, ReportingSink(reporter, recorder),
+                      stream_copy=stream_copy_path(local), follower_id=follower_id)
+    reporter.monitor_started(target.name, run_dir, settings)
+    try:
+        end, _final = monitor.run()
+    finally:
+        reporter.monitor_ended(target.name)
+    facts = {}
+    info = recorder.target_info(target.name)
+    if info is not None:
+        facts = {"torch_version": info.torch_version, "fx_tls_state": info.fx_tls_state}
+    if "fx-race" in monitor.classifier.seen and fresh_facts is not None:
+        facts.update(fresh_facts(target))
+        if info is not None and facts.get("fx_tls_state"):
+            info.fx_tls_state = facts["fx_tls_state"]
+            info.torch_version = facts.get("torch_version") or info.torch_version
+            recorder.save_targets()
+    if not facts.get("torch_version"):
+        facts.pop("torch_version", None)
+    result = monitor.verdict(end, facts, cli=cli, playbook=rerun)
+    result.summary["run_dir"] = run_dir
+    result.summary["stream_log"] = os.path.join(local, "stream.log")
+    recorder.note_monitor_result(target.name, result.summary)
+    data = {"verdict": result.verdict, "message": result.message, "summary": result.summary,
+            "exit_code": end.exit_code, "total_tok_s": result.summary.get("total_tok_s"),
+            "drafters_ok": result.summary.get("drafters_ok"), "run_dir": run_dir,
+            "signatures": sorted({f.signature for f in result.findings}),
+            "running": end.state == "running"}
+    return result, data

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from orchestrator import console
+from orchestrator.attach import attach_run, stop_recorded_run
+from orchestrator.config.inventory import inventory_path, load_inventory
+from orchestrator.engine import resolve_specs, run_playbook
 from orchestrator.errors import ExitCode, OrchError
+from orchestrator.playbook.loader import load_playbook, normalize_extra_vars
+from orchestrator.console.run import ConsoleReporter
 
 pass_app = click.pass_obj
 ECHO_CHOICE = click.Choice(["auto", "all", "events", "none"])
 
 
 def _reporter(as_json: bool, echo: str):
-    from orchestrator.console.run import ConsoleReporter
     return ConsoleReporter(json_mode=as_json, echo=echo)
 
 
@@ -59,8 +64,8 @@ def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo):
       orch run playbooks/dflash.yaml -t drafters -e steps=500 -e hang_after=300
       orch run playbooks/dflash.yaml --dry-run
     """
-    from orchestrator.runner import run_playbook
-    record = run_playbook(playbook, targets=list(targets), extra_vars=list(extra_vars), app=app,
+    record = run_playbook(playbook, targets=list(targets), extra_vars=list(extra_vars),
+                          inventory=app.inventory_option, trust_on_first_use=app.trust_on_first_use,
                           reporter=_reporter(as_json, echo), dry_run=dry_run)
     if as_json:
         console.print_json(_record_json(record) if not dry_run else {"dry_run": True, "run_id": record.run_id})
@@ -83,8 +88,6 @@ def validate_command(app, playbook, extra_vars, as_json):
       orch validate playbooks/dflash.yaml
       orch validate playbooks/dflash.yaml -e race=true --json
     """
-    from orchestrator.playbook.loader import load_playbook
-    from orchestrator.runner import normalize_extra_vars
     try:
         book = load_playbook(playbook, normalize_extra_vars(list(extra_vars)))
         warnings = _check_targets(app, book)
@@ -108,24 +111,13 @@ def validate_command(app, playbook, extra_vars, as_json):
 
 
 def _check_targets(app, book) -> list[str]:
-    """Playbook targets against the inventory, when there is one to check against."""
-    import os
-    from orchestrator.config.inventory import inventory_path, load_inventory
-    from orchestrator.errors import ConfigError
+    """Playbook targets against the inventory, when there is one to check against (the
+    engine's own resolution: an unknown name is an error at its file:line:col)."""
+    if not book.targets:
+        return ["the playbook names no targets: `orch run` will need -t TARGET"]
     path = inventory_path(app.inventory_option)
-    if not os.path.exists(path) or not book.targets:
-        return [] if book.targets else ["the playbook names no targets: `orch run` will need -t TARGET"]
-    inventory = load_inventory(path)
-    for index, name in enumerate(book.targets):
-        try:
-            inventory.resolve([name])
-        except ConfigError as error:
-            loc = book.targets_loc
-            raw = loc.source.data.get("targets") if loc is not None else None
-            where = loc.child(index) if isinstance(raw, list) else loc
-            if where is None:
-                raise
-            raise where.error(error.message, hint=error.hint) from None
+    if os.path.exists(path):
+        resolve_specs(book, load_inventory(path))
     return []
 
 
@@ -148,8 +140,8 @@ def attach_command(app, run, as_json, echo):
       orch attach last
       orch attach 20261129-0915
     """
-    from orchestrator.runner import attach_run
-    record = attach_run(run, app=app, reporter=_reporter(as_json, echo))
+    record = attach_run(run, inventory=app.inventory_option,
+                        trust_on_first_use=app.trust_on_first_use, reporter=_reporter(as_json, echo))
     if as_json:
         console.print_json(_record_json(record))
     sys.exit(record.exit_code if record.exit_code is not None else ExitCode.FAILED)
@@ -171,8 +163,9 @@ def stop_command(app, run, targets, grace, as_json):
       orch stop last
       orch stop 20261129-0915 --grace 30
     """
-    from orchestrator.runner import stop_recorded_run
-    record, results = stop_recorded_run(run, app=app, grace=grace, target_names=list(targets))
+    record, results = stop_recorded_run(run, grace=grace, target_names=list(targets),
+                                        inventory=app.inventory_option,
+                                        trust_on_first_use=app.trust_on_first_use)
     if as_json:
         console.print_json({"run_id": record.run_id, "verdict": record.verdict, "targets": results})
     else:

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from orchestrator import console, paths
+from orchestrator import nightly as nightly_mod
+from orchestrator import schedule as sched
 from orchestrator.errors import ConfigError, ExitCode, OrchError
 from orchestrator.playbook.loader import parse_extra_vars
+from orchestrator.console.run import ConsoleReporter
+from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
+from orchestrator.runs.report import render_html, render_markdown, write_reports
+from orchestrator.runs.store import RunStore
 
 pass_app = click.pass_obj
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -21,14 +30,12 @@ THRESHOLD_OPTION = click.option(
 
 
 def _store():
-    from orchestrator.runs.store import RunStore
     return RunStore()
 
 
 def _threshold(value) -> float:
     """--threshold, else nightly.yaml's, else 10 %: compare and report judge like nightly."""
-    from orchestrator.runs.nightly import load_config, parse_threshold
-    return load_config().threshold if value is None else parse_threshold(value)
+    return nightly_mod.load_config().threshold if value is None else nightly_mod.parse_threshold(value)
 
 
 def _wide():
@@ -36,7 +43,6 @@ def _wide():
     squeeze a table into 80 columns and cut the run ids."""
     if console.out.is_terminal:
         return console.out
-    from rich.console import Console
     return Console(width=200, highlight=False, soft_wrap=True)
 
 
@@ -96,7 +102,6 @@ def runs_list(playbook, last, as_json):
         console.info("no runs recorded yet" + (f" for {playbook}" if playbook else "")
                      + f" (store {paths.store_path()})")
         return
-    from rich.table import Table
     grid = Table(show_edge=False, header_style="bold")
     grid.add_column("RUN", no_wrap=True)
     for column in ("PLAYBOOK", "STARTED", "VERDICT", "TOK/S", "TORCH", "FX-TLS", "FINDINGS"):
@@ -285,8 +290,6 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
       orch report 20261129-0215 --md - | xclip
       orch report last --baseline last~3
     """
-    from orchestrator.runs.baseline import choose_baseline
-    from orchestrator.runs.report import render_html, render_markdown, write_reports
     with _store() as store:
         record = store.get(run)
         baseline, reason = None, None
@@ -356,9 +359,6 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
       orch nightly playbooks/dflash.yaml -t drafters -e slow_ms=0 --threshold 5%
       orch nightly playbooks/dflash.yaml --notify-command 'notify-send orch'
     """
-    import shlex
-
-    from orchestrator.runs import nightly as nightly_mod
     config = nightly_mod.load_config(config_file)
     if threshold is not None:
         config.threshold = nightly_mod.parse_threshold(threshold)
@@ -374,8 +374,12 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
     if not os.path.isfile(playbook):
         raise ConfigError(f"no playbook {playbook}")
     outcome = nightly_mod.nightly(playbook, targets=list(targets),
-                                  extra_vars=parse_extra_vars(extra_vars), app=app, config=config,
-                                  json_mode=as_json)
+                                  extra_vars=parse_extra_vars(extra_vars),
+                                  inventory=app.inventory_option,
+                                  trust_on_first_use=app.trust_on_first_use, config=config,
+                                  # With --json, stdout carries only the summary: the run's
+                                  # progress goes to stderr.
+                                  reporter=ConsoleReporter(json_mode=as_json))
     summary = outcome.summary()
     if as_json:
         console.print_json({**summary, "notified": outcome.notified})
@@ -448,7 +452,6 @@ def schedule_install(app, playbook, at, targets, extra_vars, timeout, no_enable,
       orch schedule install playbooks/dflash.yaml --at 02:30 --system
       orch schedule install playbooks/dflash.yaml --at 02:30 --dest /tmp/units
     """
-    from orchestrator.runs import schedule as sched
     parse_extra_vars(extra_vars)      # fail now, not at 02:30
     kind = sched.choose_kind(cron=cron or bool(crontab_file), system=scope == "system", dest=dest)
     entry = sched.make_entry(playbook, at, kind=kind, targets=list(targets),
@@ -478,7 +481,6 @@ def schedule_list(dest, crontab_file, as_json):
       orch schedule list
       orch schedule list --json
     """
-    from orchestrator.runs import schedule as sched
     entries = sched.list_entries(dest=dest, crontab_file=crontab_file)
     if as_json:
         console.print_json(entries)
@@ -502,7 +504,6 @@ def schedule_remove(playbook, dest, crontab_file):
     Example:
       orch schedule remove playbooks/dflash.yaml
     """
-    from orchestrator.runs import schedule as sched
     removed = sched.remove(playbook, dest=dest, crontab_file=crontab_file)
     if not removed:
         raise OrchError(f"no schedule of {playbook} found", hint="`orch schedule list` shows them")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
 
-from orchestrator.config.yamlsrc import Path, Source, describe_path
+from orchestrator.config.jinja import is_template
+from orchestrator.config.yamlsrc import Loc, Path, Source, describe_path
 
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
               list: "a list", dict: "a mapping"}
@@ -45,4 +47,42 @@ def expect_list_of(source: Source, path: Path, value: Any, types, what: str | No
     expect(source, path, value, list, what)
     for index, item in enumerate(value):
         expect(source, path + (index,), item, types)
+    return value
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a step kind: its types, default, choices and what it is for."""
+
+    types: tuple
+    required: bool = False
+    default: Any = None
+    choices: tuple = ()
+    items: Optional[tuple] = None      # for lists: the type of each item
+    doc: str = ""
+
+
+def check_value(name: str, param: Param, value: Any, loc: Loc) -> Any:
+    """Type-check one parameter value (a literal at load time, a rendered one at run time)."""
+    if value is None and not param.required:
+        return value
+    types = param.types
+    if float in types and int not in types:
+        types = types + (int,)
+    wrong_bool = isinstance(value, bool) and bool not in types
+    if wrong_bool or not isinstance(value, types):
+        shown = "null" if value is None else repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        raise loc.error(f"{name} must be {type_name(param.types)}, not {shown}")
+    if param.choices and value not in param.choices:
+        raise loc.error(f"{name} must be one of {', '.join(map(str, param.choices))}, "
+                        f"not {value!r}")
+    if isinstance(value, list) and param.items:
+        for index, item in enumerate(value):
+            if is_template(item):
+                continue
+            if isinstance(item, bool) and bool not in param.items or not isinstance(item, param.items):
+                raise loc.child(index).error(
+                    f"each item of {name} must be {type_name(param.items)}, not {item!r}")
     return value

@@ -7,7 +7,7 @@ load_yaml() returns plain dicts and lists (easy to use) plus a table from each v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import yaml
 
@@ -35,6 +35,38 @@ class Source:
 
     def error(self, path: Path, message: str, key: bool = False, hint: str | None = None) -> ConfigError:
         return ConfigError(f"{self.where(path, key)}: {message}", hint=hint)
+
+
+@dataclass(frozen=True)
+class Loc:
+    """Where a value came from: a loaded YAML source and the value's path in it."""
+
+    source: Any                          # a Source, or an OptionSource for -e values
+    path: tuple
+
+    def where(self, key: bool = False) -> str:
+        return self.source.where(self.path, key=key)
+
+    def error(self, message: str, hint: Optional[str] = None, key: bool = False) -> ConfigError:
+        return ConfigError(f"{self.where(key)}: {message}", hint=hint)
+
+    def child(self, part) -> "Loc":
+        return Loc(self.source, self.path + (part,))
+
+
+class OptionSource:
+    """Stands in for a YAML source for a value given on the command line (-e NAME=...):
+    its errors name the option, not a file:line:col."""
+
+    def __init__(self, name: str, value: Any):
+        self.filename = name
+        self.data = value
+
+    def where(self, path, key=False) -> str:
+        return self.filename
+
+    def error(self, path, message, key=False, hint=None):
+        return ConfigError(f"{self.filename}: {message}", hint=hint)
 
 
 def describe_path(path: Iterable) -> str:

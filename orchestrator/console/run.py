@@ -41,12 +41,12 @@ class ConsoleReporter:
         self._total_steps = 0
 
     # ------------------------------------------------------------------- run
-    def run_started(self, runner, targets) -> None:
-        self._total_steps = len(runner.playbook.steps)
-        mode = " (dry run: nothing is touched)" if runner.dry_run else ""
-        self._print(f"[bold]orch run[/] {escape(runner.playbook.name)} "
-                    f"({escape(runner.playbook_arg)}){mode}\n"
-                    f"  run {runner.run_id}  targets: "
+    def run_started(self, info, targets) -> None:
+        self._total_steps = len(info.playbook.steps)
+        mode = " (dry run: nothing is touched)" if info.dry_run else ""
+        self._print(f"[bold]orch run[/] {escape(info.playbook.name)} "
+                    f"({escape(info.playbook_arg)}){mode}\n"
+                    f"  run {info.run_id}  targets: "
                     + ", ".join(escape(t.describe()) for t in targets))
 
     def _where(self, target: str, spec) -> str:
@@ -93,26 +93,26 @@ class ConsoleReporter:
                     self._print(f"    [bold]{escape(finding.signature)}[/]: {escape(finding.message)}")
                 self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
 
-    def interrupted(self, runner, launched: Optional[dict] = None) -> None:
+    def interrupted(self, info, launched: Optional[dict] = None) -> None:
         self._stop_live()
         if not launched:
             self._print(f"[yellow]interrupted[/] before anything was launched: nothing runs on "
-                        f"the targets; run {runner.run_id} is recorded as interrupted.")
+                        f"the targets; run {info.run_id} is recorded as interrupted.")
             return
         where = ", ".join(f"{name} ({run_dir})" for name, run_dir in sorted(launched.items()))
         self._print(f"[yellow]interrupted.[/] The launched run goes on: {escape(where)}; "
-                    f"`{runner.cli} attach {runner.run_id}` follows it again, "
-                    f"`{runner.cli} stop {runner.run_id}` stops it.")
+                    f"`{info.cli} attach {info.run_id}` follows it again, "
+                    f"`{info.cli} stop {info.run_id}` stops it.")
 
-    def run_finished(self, runner, record, runs) -> None:
+    def run_finished(self, info, record, runs) -> None:
         self._stop_live()
-        if runner.dry_run:
+        if info.dry_run:
             self._print("[dim]dry run: nothing was run, nothing recorded[/]")
             return
         style = VERDICT_STYLE.get(record.verdict, "bold red")
         self._print(f"\nverdict: [{style}]{record.verdict}[/] (exit {record.exit_code})")
         for run in runs:
-            monitor = runner.monitor_result(run.target.name) or {}
+            monitor = info.monitor_result(run.target.name) or {}
             line = f"  {escape(run.target.name)}: {run.final_verdict()}"
             if run.failed_step:
                 line += f" (failed step: {escape(run.failed_step)})"
@@ -135,7 +135,7 @@ class ConsoleReporter:
             for line in finding.evidence[:3]:
                 self._print(f"    [dim]| {escape(line)}[/]")
             self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
-        self._print(f"record: `{runner.cli} runs show {record.run_id}`"
+        self._print(f"record: `{info.cli} runs show {record.run_id}`"
                     + (f"; files: {escape(record.artifacts_dir)}" if record.artifacts_dir else ""))
 
     # --------------------------------------------------------------- monitor

@@ -4,8 +4,8 @@ Each tool resolves its target through the server's one Fleet (one SSH connection
 for the server's life) and runs in the container through a warm command session
 (orchestrator.remote.session.ExecSession): after the first call to a container, a tool call
 costs one JSON line each way on an open channel, not a handshake, a `pct exec` and a new
-interpreter. Everything else is the function the CLI calls: forensics.*, runner.run_playbook,
-runner.stop_recorded_run, RunStore, runs.compare, the inventory check's probe.
+interpreter. Everything else is the function the CLI calls: forensics.*, engine.run_playbook,
+attach.stop_recorded_run, RunStore, runs.compare, the inventory check's probe.
 """
 
 from __future__ import annotations
@@ -239,15 +239,15 @@ class Tools:
 
     def run_start(self, playbook: str, variables: dict, targets: list[str]) -> dict:
         """Start the playbook in a server thread; return once the run has its id."""
-        from orchestrator.runner import run_playbook
+        from orchestrator.engine import run_playbook
         reporter = LiveReporter()
         live = LiveRun(reporter, threading.Thread())
 
         def work():
             try:
                 live.record = run_playbook(playbook, targets=list(targets), extra_vars=dict(variables),
-                                           app=self.app, reporter=reporter, store=self.store,
-                                           fleet=self.fleet)
+                                           inventory=self.app.inventory_option, reporter=reporter,
+                                           store=self.store, fleet=self.fleet)
             except BaseException as error:  # noqa: BLE001 - reported to the caller or by run_status
                 live.error = error
             finally:
@@ -318,12 +318,12 @@ class Tools:
 
     def run_stop(self, run_id: str, grace_s: float) -> dict:
         from orchestrator.monitor import stop_run
-        from orchestrator.runner import stop_recorded_run
+        from orchestrator.attach import stop_recorded_run
         run_id = self.store.resolve(run_id)
         live = self.runs.get(run_id)
         if live is None or not live.thread.is_alive():
-            record, results = stop_recorded_run(run_id, app=self.app, grace=grace_s,
-                                                store=self.store, fleet=self.fleet)
+            record, results = stop_recorded_run(run_id, grace=grace_s, store=self.store,
+                                                fleet=self.fleet)
             return {"run_id": record.run_id, "targets": results,
                     "ok": not any("error" in r for r in results)}
         # This server's own thread watches the run: stop the processes and let the watching

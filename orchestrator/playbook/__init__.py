@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
+from orchestrator.playbook.loader import load_playbook, parse_extra_vars
 
-def load_playbook(path, extra_vars=None):
-    from orchestrator.playbook.loader import load_playbook as load
-    return load(path, extra_vars)
-
-
-def parse_extra_vars(items):
-    from orchestrator.playbook.loader import parse_extra_vars as parse
-    return parse(items)
+__all__ = ["load_playbook", "parse_extra_vars"]

@@ -20,6 +20,7 @@ monitor, collect, shell); the others are the common options below.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -28,12 +29,14 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from orchestrator.config.schema import check_keys, expect, expect_list_of
-from orchestrator.config.yamlsrc import Source, describe_path, load_yaml
+from orchestrator.config.jinja import is_template
+from orchestrator.config.schema import check_keys, check_value, expect, expect_list_of, type_name
+from orchestrator.config.yamlsrc import Loc, Source, describe_path, load_yaml
 from orchestrator.errors import ConfigError
-from orchestrator.playbook.render import Loc, check_names, is_template
+from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, check_names, contains_unknown,
+                                          referenced_names, render)
 from orchestrator.steps import STEP_KINDS
-from orchestrator.steps.base import check_value
+from orchestrator.steps.push import check_sources
 
 TOP_KEYS = ("name", "description", "extends", "targets", "vars", "steps")
 COMMON_KEYS = ("name", "when", "register", "retries", "retry_delay", "timeout",
@@ -244,7 +247,6 @@ def _check_params(source: Source, path: tuple, kind: str, step_class, params: di
 
 
 def type_text(param) -> str:
-    from orchestrator.config.schema import type_name
     return type_name(param.types)
 
 
@@ -261,7 +263,6 @@ def check_playbook(playbook: Playbook, extra_vars: dict) -> None:
         if spec.register:
             known.add(spec.register)
         if spec.kind == "push":
-            from orchestrator.steps.push import check_sources
             check_sources(playbook.directory, spec.params, spec.params_loc)
     check_rendered_types(playbook, extra_vars)
 
@@ -270,7 +271,6 @@ def check_rendered_types(playbook: Playbook, extra_vars: dict) -> None:
     """Templates that only use vars are rendered now and type-checked: `-e hang_after=soon`
     fails at validate time, at the value's position. What needs the target or a registered
     result stays for run time."""
-    from orchestrator.playbook.render import Unknown, UnknownAtPlanTime, render
     context: dict = {name: Unknown(name) for name in BUILTIN_NAMES}
     merged = {**playbook.vars, **extra_vars}
     for name in order_vars(playbook.vars, playbook.var_locs, extra_vars):
@@ -289,7 +289,7 @@ def check_rendered_types(playbook: Playbook, extra_vars: dict) -> None:
                 rendered = render(value, context, where)
             except (UnknownAtPlanTime, ConfigError):
                 continue  # needs run-time values; checked once rendered, at the same position
-            if not _has_unknown(rendered):
+            if not contains_unknown(rendered, BUILTIN_NAMES):
                 check_value(key, schema[key], rendered, where)
         if spec.register:
             context[spec.register] = Unknown(spec.register)
@@ -303,21 +303,8 @@ def _has_template(value) -> bool:
     return is_template(value)
 
 
-def _has_unknown(value) -> bool:
-    from orchestrator.playbook.render import Unknown
-    if isinstance(value, Unknown):
-        return True
-    if isinstance(value, dict):
-        return any(_has_unknown(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_unknown(v) for v in value)
-    return isinstance(value, str) and "<" in value and ">" in value and "{" not in value and \
-        any(f"<{name}" in value for name in BUILTIN_NAMES)
-
-
 def order_vars(variables: dict, locs: dict, extra_vars: dict) -> list[str]:
     """Vars may use each other; return an order that renders each after what it uses."""
-    from orchestrator.playbook.render import referenced_names
     merged = {**variables, **extra_vars}
     uses: dict[str, set] = {}
     for name, value in merged.items():
@@ -327,7 +314,6 @@ def order_vars(variables: dict, locs: dict, extra_vars: dict) -> list[str]:
         names = {n for n, _, _ in referenced_names(value, loc)}
         unknown = sorted(n for n in names if n not in merged and n not in BUILTIN_NAMES)
         if unknown:
-            import difflib
             close = difflib.get_close_matches(unknown[0], sorted(merged), n=1)
             raise loc.error(f"variable {name!r} uses {unknown[0]!r}, which is not defined",
                             hint=f"did you mean {close[0]!r}?" if close else None)
@@ -377,6 +363,15 @@ def parse_extra_vars(items: Iterable[str]) -> dict:
         accidental = isinstance(parsed, dict) and not value.lstrip().startswith("{")
         result[key] = value if accidental or parsed is None and value else parsed
     return result
+
+
+def normalize_extra_vars(extra_vars) -> dict:
+    """-e values: a list of "k=v" as typed (values read as YAML), or a dict already parsed."""
+    if extra_vars is None:
+        return {}
+    if isinstance(extra_vars, dict):
+        return dict(extra_vars)
+    return parse_extra_vars(list(extra_vars))
 
 
 def describe_step(spec: StepSpec) -> str:

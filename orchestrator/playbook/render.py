@@ -13,50 +13,16 @@ from __future__ import annotations
 
 import difflib
 import re
-import shlex
-from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 import jinja2
 import jinja2.meta
-from jinja2.nativetypes import NativeEnvironment
 
-from orchestrator.config.yamlsrc import Source
+from orchestrator.config.jinja import ENV, NATIVE_ENV, is_template
+from orchestrator.config.yamlsrc import Loc
 from orchestrator.errors import ConfigError
 
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
-
-
-def _make_env(cls) -> jinja2.Environment:
-    env = cls(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
-    env.filters["quote"] = lambda value: shlex.quote(str(value))
-    env.filters["join_argv"] = lambda value: shlex.join(str(v) for v in value)
-    return env
-
-
-ENV = _make_env(jinja2.Environment)
-NATIVE_ENV = _make_env(NativeEnvironment)
-
-
-@dataclass(frozen=True)
-class Loc:
-    """Where a value came from: a loaded YAML source and the value's path in it."""
-
-    source: Source
-    path: tuple
-
-    def where(self, key: bool = False) -> str:
-        return self.source.where(self.path, key=key)
-
-    def error(self, message: str, hint: Optional[str] = None, key: bool = False) -> ConfigError:
-        return ConfigError(f"{self.where(key)}: {message}", hint=hint)
-
-    def child(self, part) -> "Loc":
-        return Loc(self.source, self.path + (part,))
-
-
-def is_template(value: Any) -> bool:
-    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 class Unknown:
@@ -88,6 +54,19 @@ class Unknown:
         raise UnknownAtPlanTime(self._name)
 
     __hash__ = object.__hash__
+
+
+def contains_unknown(value: Any, names: Iterable[str] = ()) -> bool:
+    """Does a rendered value still hold something only known at run time: an Unknown, or
+    (for the given names) the text an Unknown renders to inside a string, like "<run_id>"."""
+    if isinstance(value, Unknown):
+        return True
+    if isinstance(value, dict):
+        return any(contains_unknown(v, names) for v in value.values())
+    if isinstance(value, list):
+        return any(contains_unknown(v, names) for v in value)
+    return isinstance(value, str) and "<" in value and ">" in value and "{" not in value and \
+        any(f"<{name}" in value for name in names)
 
 
 class UnknownAtPlanTime(Exception):

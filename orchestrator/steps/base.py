@@ -7,53 +7,22 @@ touched) and `run()` (does the work on one target and returns a StepOutcome).
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from orchestrator.config.schema import type_name
-from orchestrator.playbook.render import Loc, is_template
-from orchestrator.runs.model import Finding
+from orchestrator.config.schema import Param
+from orchestrator.config.yamlsrc import Loc
+from orchestrator.monitor import MonitorReporter
+from orchestrator.remote.base import LineSplitter
+from orchestrator.runs.model import Finding, RunRecord
+from orchestrator.runs.recorder import RunRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.config.inventory import Inventory
+    from orchestrator.playbook.loader import Playbook, StepSpec
     from orchestrator.remote.container import Target
-    from orchestrator.runner import Runner
-
-
-@dataclass(frozen=True)
-class Param:
-    types: tuple
-    required: bool = False
-    default: Any = None
-    choices: tuple = ()
-    items: Optional[tuple] = None      # for lists: the type of each item
-    doc: str = ""
-
-
-def check_value(name: str, param: Param, value: Any, loc: Loc) -> Any:
-    """Type-check one parameter value (a literal at load time, a rendered one at run time)."""
-    if value is None and not param.required:
-        return value
-    types = param.types
-    if float in types and int not in types:
-        types = types + (int,)
-    wrong_bool = isinstance(value, bool) and bool not in types
-    if wrong_bool or not isinstance(value, types):
-        shown = "null" if value is None else repr(value)
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        raise loc.error(f"{name} must be {type_name(param.types)}, not {shown}")
-    if param.choices and value not in param.choices:
-        raise loc.error(f"{name} must be one of {', '.join(map(str, param.choices))}, "
-                        f"not {value!r}")
-    if isinstance(value, list) and param.items:
-        for index, item in enumerate(value):
-            if is_template(item):
-                continue
-            if isinstance(item, bool) and bool not in param.items or not isinstance(item, param.items):
-                raise loc.child(index).error(
-                    f"each item of {name} must be {type_name(param.items)}, not {item!r}")
-    return value
 
 
 @dataclass
@@ -82,27 +51,87 @@ class StepFailed(Exception):
 
 
 @dataclass
+class RunInfo:
+    """What a run is, for its steps and its console: id, playbook, mode, how to name orch in
+    hints, the recorder that keeps what it learns, and the inventory (hosts' API settings)."""
+
+    run_id: str
+    playbook: "Playbook"
+    recorder: RunRecorder
+    playbook_arg: str = ""               # the playbook as the user typed it
+    dry_run: bool = False
+    cli: str = "orch"                    # `orch -i sandbox`: the prefix of commands in hints
+    rerun_args: str = ""                 # the -t/-e options as typed, for "rerun with" hints
+    inventory: Optional["Inventory"] = None
+
+    def monitor_result(self, target: str) -> Optional[dict]:
+        return self.recorder.monitor_result(target)
+
+    def rerun_hint(self) -> str:
+        """The playbook and options a remediation's rerun command repeats."""
+        return " ".join(part for part in (self.playbook_arg, self.rerun_args) if part)
+
+
+def rerun_options(targets, extra_vars) -> str:
+    """The -t and -e options of this run, quoted for a shell, for remediation hints."""
+    words: list[str] = []
+    for name in targets or ():
+        words += ["-t", name]
+    if isinstance(extra_vars, dict):
+        items = [f"{k}={v}" for k, v in extra_vars.items()]
+    else:
+        items = list(extra_vars or ())
+    for item in items:
+        words += ["-e", item]
+    return shlex.join(words)
+
+
+def cli_prefix(inventory_option: Optional[str]) -> str:
+    """How the user called orch, for remediation commands they can paste (`orch -i sandbox`)."""
+    return f"orch -i {inventory_option}" if inventory_option else "orch"
+
+
+class Reporter(MonitorReporter, Protocol):
+    """Everything the engine, the steps and the monitor tell the console about a run."""
+
+    def run_started(self, run: RunInfo, targets: list) -> None: ...
+    def step_started(self, target: str, spec: "StepSpec") -> None: ...
+    def step_plan(self, target: str, spec: "StepSpec", lines: list[str]) -> None: ...
+    def step_progress(self, target: str, spec: "StepSpec", text: str) -> None: ...
+    def step_output(self, target: str, spec: "StepSpec", line: str, stream: str) -> None: ...
+    def step_skipped(self, target: str, spec: "StepSpec", why: str) -> None: ...
+    def step_finished(self, target: str, spec: "StepSpec", result, outcome: "StepOutcome") -> None: ...
+    def interrupted(self, run: RunInfo, launched: Optional[dict] = None) -> None: ...
+    def run_finished(self, run: RunInfo, record: RunRecord, runs: list) -> None: ...
+
+
+@dataclass
 class StepContext:
     """Everything a step may use on one target."""
 
-    runner: "Runner"
+    run: RunInfo
+    reporter: Reporter
     target: "Target"
-    spec: Any                            # playbook.model.StepSpec
+    spec: "StepSpec"
     variables: dict                      # the template context for this target
     timeout: Optional[float] = None      # the step's own `timeout:`, if any
     started: float = field(default_factory=time.monotonic)
 
     @property
-    def record(self):
-        return self.runner.record
+    def recorder(self) -> RunRecorder:
+        return self.run.recorder
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
 
     @property
     def dry_run(self) -> bool:
-        return self.runner.dry_run
+        return self.run.dry_run
 
     @property
     def info(self):
-        return self.runner.target_info(self.target.name)
+        return self.recorder.target_info(self.target.name)
 
     def remaining(self, default: Optional[float]) -> Optional[float]:
         """The timeout for one remote call: the step's limit minus what it has used."""
@@ -112,10 +141,10 @@ class StepContext:
         return left if default is None else min(default, left)
 
     def progress(self, text: str) -> None:
-        self.runner.reporter.step_progress(self.target.name, self.spec, text)
+        self.reporter.step_progress(self.target.name, self.spec, text)
 
     def output(self, line: str, stream: str = "stdout") -> None:
-        self.runner.reporter.step_output(self.target.name, self.spec, line, stream)
+        self.reporter.step_output(self.target.name, self.spec, line, stream)
 
     def python(self) -> str:
         """The target's venv python, with ~ left alone in dry runs (expanding asks the target)."""
@@ -143,6 +172,5 @@ class Step:
 
 def line_callback(ctx: StepContext, stream: str = "stdout") -> Callable[[bytes], None]:
     """Bytes from a remote command -> whole lines on the console, live."""
-    from orchestrator.remote.base import LineSplitter
     splitter = LineSplitter(lambda line: ctx.output(line, stream))
     return splitter.feed

@@ -108,7 +108,7 @@ class BootstrapStep(Step):
         info = ctx.info
         if info is not None:
             info.pip_freeze = freeze
-            ctx.runner.save_targets()
+            ctx.recorder.save_targets()
         torch = next((line.split("==", 1)[1] for line in freeze if line.lower().startswith("torch==")), None)
         did = result.get("did") or []
         if changed and did:
@@ -211,7 +211,7 @@ class BootstrapStep(Step):
     def _local_wheelhouse(self, ctx: StepContext, params: dict) -> str:
         folder = os.path.expanduser(params["wheelhouse"])
         if not os.path.isabs(folder):
-            folder = os.path.join(ctx.runner.playbook.directory, folder)
+            folder = os.path.join(ctx.run.playbook.directory, folder)
         os.makedirs(folder, exist_ok=True)
         asked = json.dumps({"packages": params["packages"], "index_url": params["index_url"],
                             "extra_index_urls": params["extra_index_urls"]}, sort_keys=True)

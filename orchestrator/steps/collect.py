@@ -27,7 +27,7 @@ class CollectStep(Step):
     }
 
     def _dest(self, ctx: StepContext) -> str:
-        return os.path.join(paths.run_dir(ctx.runner.run_id), ctx.target.name)
+        return os.path.join(paths.run_dir(ctx.run_id), ctx.target.name)
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
         items = [name for name, on in (("output.log", params["log"]), ("pip-freeze.txt", params["freeze"]),
@@ -40,7 +40,7 @@ class CollectStep(Step):
         dest = self._dest(ctx)
         os.makedirs(dest, exist_ok=True)
         saved, problems = [], []
-        launch = ctx.runner.launch_info(target.name) or {}
+        launch = ctx.recorder.launch_info(target.name) or {}
         run_dir = launch.get("run_dir")
 
         def save(name: str, data: bytes) -> None:
@@ -69,7 +69,7 @@ class CollectStep(Step):
                     save("pip-freeze.txt", result.stdout)
                     if ctx.info is not None:
                         ctx.info.pip_freeze = result.text.splitlines()
-                        ctx.runner.save_targets()
+                        ctx.recorder.save_targets()
                 else:
                     problems.append(f"pip freeze: {' '.join(result.stderr_tail(1))}")
             except OrchError as error:
@@ -86,12 +86,12 @@ class CollectStep(Step):
             else:
                 problems.append(f"{path}: {' '.join(result.stderr_tail(1))}")
         if params["summary"]:
-            summary = {"run_id": ctx.runner.run_id, "target": target.name,
-                       "monitor": ctx.runner.monitor_result(target.name), "launch": launch,
+            summary = {"run_id": ctx.run_id, "target": target.name,
+                       "monitor": ctx.recorder.monitor_result(target.name), "launch": launch,
                        "torch_version": getattr(ctx.info, "torch_version", None),
                        "fx_tls_state": getattr(ctx.info, "fx_tls_state", None)}
             save("summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str).encode())
-        ctx.runner.note_artifacts(paths.run_dir(ctx.runner.run_id))
+        ctx.recorder.note_artifacts(paths.run_dir(ctx.run_id))
         message = f"{len(saved)} file(s) in {dest}" + (f"; missing: {'; '.join(problems)}" if problems else "")
         return StepOutcome(status="changed" if saved else "ok", message=message,
                            data={"dir": dest, "files": saved, "problems": problems})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from orchestrator.errors import ContainerNotRunning, OrchError
+from orchestrator.proxmox import ProxmoxClient
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
 
@@ -44,9 +45,8 @@ class EnsureStep(Step):
                            data={"running": True, "started": started, "python_version": version})
 
     def _ensure_running(self, ctx: StepContext, params: dict) -> bool:
-        from orchestrator.proxmox import ProxmoxClient
         target = ctx.target
-        spec = ctx.runner.fleet.inventory.hosts.get(target.host.name)
+        spec = ctx.run.inventory.hosts.get(target.host.name) if ctx.run.inventory else None
         if spec is None or spec.transport == "local":
             return False
         client = ProxmoxClient(spec, target.host)

@@ -61,7 +61,7 @@ class GrepStep(Step):
                              if m.get(k) is not None} for m in matches[:SHOWN]]}
         if version and params["package"] == "torch" and ctx.info is not None:
             ctx.info.torch_version = version
-            ctx.runner.save_targets()
+            ctx.recorder.save_targets()
         message = (f"{len(matches)} match{'es' if len(matches) != 1 else ''} for "
                    f"{params['pattern']!r} in {params['package']} {version or ''}").strip()
         if engine:

@@ -14,14 +14,11 @@ import re
 import shlex
 
 from orchestrator import torchrun
+from orchestrator.config.yamlsrc import Loc
 from orchestrator.monitor import REMOTE_ROOT, launcher
-from orchestrator.playbook.render import Loc
+from orchestrator.runs.recorder import SECRET_NAME
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 from orchestrator.steps.shell import flatten
-
-# Environment values are printed in plans, except those whose names say they are secrets.
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CRED|AUTH", re.IGNORECASE)
-
 
 class LaunchStep(Step):
     kind = "launch"
@@ -68,7 +65,7 @@ class LaunchStep(Step):
         elif venv is False:
             venv = None
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", ctx.spec.name or f"launch{ctx.spec.index + 1}").strip("-.")
-        run_dir = params["run_dir"] or f"{REMOTE_ROOT}/{ctx.runner.run_id}/{slug or 'launch'}"
+        run_dir = params["run_dir"] or f"{REMOTE_ROOT}/{ctx.run_id}/{slug or 'launch'}"
         prepared = {"argv": argv, "env": env, "venv": venv, "cwd": params["cwd"], "run_dir": run_dir}
         if params["torchrun"] is not None:
             try:
@@ -95,7 +92,7 @@ class LaunchStep(Step):
         # A leading ~ as a shell would expand it (there is no shell in between).
         p["argv"] = [target.expand(arg) if arg == "~" or arg.startswith("~/") else arg
                      for arg in p["argv"]]
-        ctx.runner.note_launch_starting(target, p["run_dir"])   # a Ctrl-C from here on asks
+        ctx.recorder.note_launch_starting(target, p["run_dir"])   # a Ctrl-C from here on asks
         result = launcher(target, "start", p["run_dir"], timeout=ctx.remaining(120),
                           argv=p["argv"], env=p["env"], venv=venv, cwd=p["cwd"])
         launch = {"run_dir": result.get("run_dir", p["run_dir"]), "pid": result.get("pid"),
@@ -107,7 +104,7 @@ class LaunchStep(Step):
         if "ranks" in p:
             # the monitor step follows every rank's log, and calls its workers ranks
             launch.update(ranks=p["ranks"], logs=list(torchrun.RANK_LOGS), workers="rank")
-        ctx.runner.note_launch(target.name, launch)
+        ctx.recorder.note_launch(target.name, launch)
         gpus = p["env"].get("CUDA_VISIBLE_DEVICES")
         return StepOutcome(status="changed",
                            message=f"pid {launch['pid']} in {launch['run_dir']}"

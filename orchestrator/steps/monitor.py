@@ -9,17 +9,19 @@ seconds while the process lives) stops it too, unless stop_on_hang: false."""
 
 from __future__ import annotations
 
-import os
 import re
 
-from orchestrator import forensics, paths
+from orchestrator import forensics
+from orchestrator.config.yamlsrc import Loc
 from orchestrator.errors import OrchError
 from orchestrator.fx_states import patch_state
 from orchestrator.logformats import FORMATS, make_format
-from orchestrator.monitor import Monitor, MonitorSettings, stream_copy_path
+from orchestrator.monitor import MonitorSettings, monitor_run
 from orchestrator.monitor_classify import compile_metric_regex
-from orchestrator.playbook.render import Loc
-from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
+from orchestrator.remote.container import Target
+from orchestrator.steps.base import (Param, Reporter, RunInfo, Step, StepContext, StepFailed,
+                                     StepOutcome)
+from orchestrator.steps.patch import patch_state
 
 
 class MonitorStep(Step):
@@ -72,7 +74,7 @@ class MonitorStep(Step):
             parts.append(f"watch {params['watch_for']} s, then leave it running")
         if params["tokens_per_step"]:
             parts.append(f"tok/s derived from {params['tokens_per_step']:,} tokens per step")
-        launch = ctx.runner.launch_info(ctx.target.name) or {}
+        launch = ctx.recorder.launch_info(ctx.target.name) or {}
         ranks = " and every rank's log" if launch.get("logs") or self._torchrun_before(ctx) else ""
         return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), read as "
                 f"{params['format']} lines; " + ", ".join(parts)]
@@ -80,13 +82,12 @@ class MonitorStep(Step):
     @staticmethod
     def _torchrun_before(ctx: StepContext) -> bool:
         """In a dry run nothing was launched: did an earlier launch step ask for torchrun?"""
-        steps = getattr(getattr(ctx.runner, "playbook", None), "steps", []) or []
         return any(s.kind == "launch" and isinstance(s.params, dict) and s.params.get("torchrun")
-                   for s in steps if s.index < ctx.spec.index)
+                   for s in ctx.run.playbook.steps if s.index < ctx.spec.index)
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
         target = ctx.target
-        launch = ctx.runner.launch_info(target.name)
+        launch = ctx.recorder.launch_info(target.name)
         run_dir = params["run_dir"] or (launch or {}).get("run_dir")
         if not run_dir:
             raise StepFailed("monitor: nothing to follow: no launch step ran on "
@@ -100,42 +101,17 @@ class MonitorStep(Step):
             make_format(settings.format, settings.metric_regex)
         except (ValueError, re.error) as error:
             raise StepFailed(f"monitor: {error}") from None
-        ctx.runner.note_monitor(target.name, ctx.spec.index, settings.to_dict())
-        return monitor_run(ctx.runner, target, run_dir, settings)
+        ctx.recorder.note_monitor(target.name, ctx.spec.index, settings.to_dict())
+        return follow_run(ctx.run, ctx.reporter, target, run_dir, settings)
 
 
-def monitor_run(runner, target, run_dir: str, settings: MonitorSettings, follower_id=None) -> StepOutcome:
-    """Watch one run to its end; shared by the monitor step and `orch attach`."""
-    local = os.path.join(paths.run_dir(runner.run_id), target.name)
-    sink = runner.monitor_sink()
-    monitor = Monitor(target, run_dir, settings, sink, stream_copy=stream_copy_path(local),
-                      follower_id=follower_id)
-    runner.reporter.monitor_started(target.name, run_dir, settings)
-    try:
-        end, final = monitor.run()
-    finally:
-        runner.reporter.monitor_ended(target.name)
-    facts = {}
-    info = runner.target_info(target.name)
-    if info is not None:
-        facts = {"torch_version": info.torch_version, "fx_tls_state": info.fx_tls_state}
-    if "fx-race" in monitor.classifier.seen:
-        facts.update(_fresh_patch_facts(target))
-        if info is not None and facts.get("fx_tls_state"):
-            info.fx_tls_state = facts["fx_tls_state"]
-            info.torch_version = facts.get("torch_version") or info.torch_version
-            runner.save_targets()
-    if not facts.get("torch_version"):
-        facts.pop("torch_version", None)
-    rerun = " ".join(part for part in (runner.playbook_arg, getattr(runner, "rerun_args", "")) if part)
-    result = monitor.verdict(end, facts, cli=runner.cli, playbook=rerun)
-    result.summary["run_dir"] = run_dir
-    result.summary["stream_log"] = os.path.join(local, "stream.log")
-    runner.note_monitor_result(target.name, result.summary)
-    data = {"verdict": result.verdict, "message": result.message, "summary": result.summary,
-            "exit_code": end.exit_code, "total_tok_s": result.summary.get("total_tok_s"),
-            "drafters_ok": result.summary.get("drafters_ok"), "run_dir": run_dir,
-            "signatures": sorted({f.signature for f in result.findings}), "running": end.state == "running"}
+def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
+               settings: MonitorSettings) -> StepOutcome:
+    """Watch one run to its end, as a step's outcome; shared by the monitor step and
+    `orch attach`."""
+    result, data = monitor_run(target, run_dir, settings, recorder=run.recorder,
+                               reporter=reporter, cli=run.cli, rerun=run.rerun_hint(),
+                               fresh_facts=_fresh_patch_facts)
     status = "ok" if result.verdict == "ok" else "failed"
     return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
                        findings=result.findings)

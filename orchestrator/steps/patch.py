@@ -31,7 +31,7 @@ class PatchStep(Step):
         if info is not None:
             info.torch_version = version or info.torch_version
             info.fx_tls_state = state
-            ctx.runner.save_targets()
+            ctx.recorder.save_targets()
         if action == "diff" and result.get("diff"):
             for line in str(result["diff"]).splitlines()[:200]:
                 ctx.output(line)

@@ -9,7 +9,8 @@ from typing import Optional
 
 import jinja2
 
-from orchestrator.playbook.render import Loc, is_template
+from orchestrator.config.jinja import ENV, is_template
+from orchestrator.config.yamlsrc import Loc
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
 FILE_KEYS = ("src", "dest", "mode", "template")
@@ -78,7 +79,7 @@ class PushStep(Step):
 
     @staticmethod
     def _find(ctx: StepContext, src: str) -> str:
-        path, candidates = find_source(ctx.runner.playbook.directory, src)
+        path, candidates = find_source(ctx.run.playbook.directory, src)
         if path is None:
             raise StepFailed(f"push: {src} not found (looked in {', '.join(candidates)})")
         return path
@@ -89,7 +90,6 @@ class PushStep(Step):
             data = handle.read()
         if not template:
             return data
-        from orchestrator.playbook.render import ENV
         try:
             return ENV.from_string(data.decode("utf-8")).render(ctx.variables).encode("utf-8")
         except jinja2.TemplateError as error:

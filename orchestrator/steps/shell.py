@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome, line_callback
 
 KEEP = 64 * 1024  # bytes of stdout/stderr kept for `register`
@@ -29,7 +31,6 @@ class ShellStep(Step):
         return argv
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
-        import shlex
         env = " ".join(f"{k}=..." for k in params["env"])
         return [(env + " " if env else "") + shlex.join(self._argv(ctx, params))]
 

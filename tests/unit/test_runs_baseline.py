@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from orchestrator.cli import main
 from orchestrator.runs.baseline import choose_baseline, run_shape
-from orchestrator.runs.nightly import nightly
+from orchestrator.nightly import nightly
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import synthetic_run
 

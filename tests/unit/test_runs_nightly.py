@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from orchestrator import paths
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError, ExitCode
-from orchestrator.runs import nightly as nightly_mod
-from orchestrator.runs.nightly import (NightlyConfig, NightlyLock, NightlyLocked, NotifyConfig,
+from orchestrator import nightly as nightly_mod
+from orchestrator.nightly import (NightlyConfig, NightlyLock, NightlyLocked, NotifyConfig,
                                        load_config, nightly, parse_threshold, redact_url)
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import synthetic_run
@@ -36,10 +36,10 @@ RUNS = iter(range(1, 10_000))
 
 
 def fake_runner(**kw):
-    """A stand-in for orchestrator.runner.run_playbook that records one synthetic run."""
+    """A stand-in for orchestrator.nightly.run_playbook that records one synthetic run."""
     calls = []
 
-    def run(playbook, *, targets, extra_vars, app, **options):
+    def run(playbook, *, targets, extra_vars, **options):
         calls.append({"targets": targets, "extra_vars": extra_vars})
         n = next(RUNS)
         record = synthetic_run(f"20261129-{n:06d}-fake00", playbook=playbook, seed=n,
@@ -124,10 +124,10 @@ def test_locks_are_per_playbook(tmp_path, playbook):
 
 CONCURRENT = textwrap.dedent("""
     import sys, time
-    from orchestrator.runs import nightly as n
+    from orchestrator import nightly as n
     from tests.fixtures.synthetic import synthetic_run
     from orchestrator.runs.store import RunStore
-    def slow_run(playbook, *, targets, extra_vars, app, **options):
+    def slow_run(playbook, *, targets, extra_vars, **options):
         time.sleep(3)
         record = synthetic_run(sys.argv[2], playbook=playbook)
         with RunStore() as s:
@@ -158,7 +158,7 @@ def test_two_nightly_processes_at_once_exactly_one_runs(playbook):
 def test_lock_is_released_when_the_holder_is_killed(playbook):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from orchestrator.runs.nightly import NightlyLock
+        from orchestrator.nightly import NightlyLock
         lock = NightlyLock({playbook!r}).acquire()
         print("locked", flush=True)
         time.sleep(60)

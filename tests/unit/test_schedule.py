@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
-from orchestrator.runs import schedule as sched
+from orchestrator import schedule as sched
 
 HOSTILE = ["50%", "$HOME", "a b", 'q"uote', "back\\slash", "semi;colon", "'single'", "$(id)",
            "`id`", "%n%%", "tab\there", "*", "~", "-e", "é ü"]

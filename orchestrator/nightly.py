@@ -1,7 +1,7 @@
 """`orch nightly`: one unattended rerun of a playbook, for schedulers and scripts.
 
     lock (one nightly per playbook at a time)
-      -> run the playbook (orchestrator.runner), recorded in the run store
+      -> run the playbook (the step engine, orchestrator/engine.py), recorded in the run store
       -> baseline = the pinned run, else the last ok run, of the same shape as tonight's
          (targets, workers, devices, throughput variables: runs/baseline.py)
       -> compare with the baseline, write report.html + report.md into the run's folder
@@ -30,12 +30,14 @@ from typing import Callable, Optional
 import yaml
 
 from orchestrator import console, paths
+from orchestrator.engine import run_playbook as run_with_engine
 from orchestrator.errors import ConfigError, ExitCode, OrchError
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, Comparison, compare, throughput
 from orchestrator.runs.model import RunRecord, exit_code_for, now_iso
 from orchestrator.runs.report import write_reports
 from orchestrator.runs.store import RunStore
+from orchestrator.steps.base import Reporter
 
 NOTIFY_TIMEOUT_S = 15.0
 NOTIFY_WHEN = ("always", "problems", "never")
@@ -281,7 +283,7 @@ class NightlyOutcome:
 
 def outcome_code(record: RunRecord, comparison: Comparison) -> int:
     if record.exit_code == ExitCode.USAGE:
-        return ExitCode.USAGE          # the runner found a mistake in the playbook's steps
+        return ExitCode.USAGE          # the engine found a mistake in the playbook's steps
     if record.verdict != "ok":
         return exit_code_for(record.verdict)
     return ExitCode.REGRESSION if comparison.regressed else ExitCode.OK
@@ -291,39 +293,41 @@ def outcome_code(record: RunRecord, comparison: Comparison) -> int:
 RunFunction = Callable[..., RunRecord]
 
 
-def run_playbook(playbook: str, *, targets: list[str], extra_vars: dict[str, str], app,
-                 json_mode: bool = False) -> RunRecord:
-    """The one place that calls the playbook runner (orchestrator.runner, issue 4)."""
-    from orchestrator import runner   # imported late: the runner pulls in the step kinds
-    from orchestrator.console.run import ConsoleReporter
-    # With --json, stdout carries only the summary: the run's progress goes to stderr.
-    return runner.run_playbook(playbook, targets=targets, extra_vars=extra_vars, app=app,
-                               reporter=ConsoleReporter(json_mode=json_mode))
+def run_playbook(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
+                 reporter: Reporter, inventory: Optional[str] = None,
+                 trust_on_first_use: bool = False) -> RunRecord:
+    """The one place that runs the playbook (the step engine), on the inventory given with
+    -i (None: the default one)."""
+    return run_with_engine(playbook, targets=targets, extra_vars=extra_vars, reporter=reporter,
+                           inventory=inventory, trust_on_first_use=trust_on_first_use)
 
 
-def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str], app=None,
-            config: Optional[NightlyConfig] = None, store: Optional[RunStore] = None,
-            run: Optional[RunFunction] = None, json_mode: bool = False) -> NightlyOutcome:
-    """Run PLAYBOOK once under the lock; compare, report, notify. Raises NightlyLocked."""
+def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
+            reporter: Optional[Reporter] = None, inventory: Optional[str] = None,
+            trust_on_first_use: bool = False, config: Optional[NightlyConfig] = None,
+            store: Optional[RunStore] = None, run: Optional[RunFunction] = None) -> NightlyOutcome:
+    """Run PLAYBOOK once under the lock; compare, report, notify. Raises NightlyLocked.
+    run(playbook, targets=, extra_vars=) runs it (default: the engine, reporting to reporter)."""
     config = config or NightlyConfig()
     if run is None:
-        run = functools.partial(run_playbook, json_mode=json_mode)
+        run = functools.partial(run_playbook, reporter=reporter, inventory=inventory,
+                                trust_on_first_use=trust_on_first_use)
     with NightlyLock(playbook):
         own_store = store is None
         store = store or RunStore()
         try:
             try:
-                record = run(playbook, targets=targets, extra_vars=extra_vars, app=app)
+                record = run(playbook, targets=targets, extra_vars=extra_vars)
             except OrchError as error:
                 # No run at all (bad playbook, unknown target, ...): the scheduler's user
                 # still hears about it, then the error exits with its own code.
                 notify_error(playbook, error, config.notify)
                 raise
-            # Reload: the store has everything the runner saved (its record may be partial).
+            # Reload: the store has everything the engine saved (its record may be partial).
             try:
                 record = store.get(record.run_id)
             except OrchError:
-                store.begin(record)   # a runner that did not record it: keep it anyway
+                store.begin(record)   # a run function that did not record it: keep it anyway
             # Chosen once the run is known: the baseline must have its shape (runs/baseline.py).
             choice = choose_baseline(store, record)
             baseline = choice.record

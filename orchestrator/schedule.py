@@ -25,7 +25,7 @@ import jinja2
 
 from orchestrator import paths
 from orchestrator.errors import ConfigError, OrchError
-from orchestrator.runs.nightly import playbook_key
+from orchestrator.nightly import playbook_key
 from orchestrator.runs.report import templates_dir
 
 UNIT_PREFIX = "orch-nightly-"

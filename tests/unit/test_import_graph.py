@@ -1,0 +1,167 @@
+"""orch's rooms (its subpackages and top-level modules) import each other one way only.
+
+The graph is built from the source's AST: every `import` counts, those inside functions too,
+except the ones under `if TYPE_CHECKING:` (type hints only, never run).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+import orchestrator
+
+PACKAGE_DIR = os.path.dirname(orchestrator.__file__)
+
+# A cycle another change cuts (the payload runner moves out of payloads/); nothing else.
+KNOWN_CYCLES: set[frozenset] = {frozenset({"payloads", "remote"})}
+
+
+def room_of(module: str) -> str | None:
+    """orchestrator.steps.base -> steps; orchestrator.engine -> engine; others -> None."""
+    parts = module.split(".")
+    if parts[0] != "orchestrator" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imported_modules(tree: ast.AST, package: str) -> list[str]:
+    """Every module a file imports (absolute names), leaving out TYPE_CHECKING blocks."""
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found.append(base)
+            # `from orchestrator import steps` names a room too
+            found.extend(f"{base}.{alias.name}" for alias in node.names if base == "orchestrator")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def rooms_in(root: str) -> set[str]:
+    """The package's subpackages and top-level modules (not names like __version__)."""
+    return {name[:-3] if name.endswith(".py") else name for name in os.listdir(root)
+            if (name.endswith(".py") and name != "__init__.py")
+            or os.path.isfile(os.path.join(root, name, "__init__.py"))}
+
+
+def room_graph(root: str = PACKAGE_DIR) -> dict[str, set[str]]:
+    rooms = rooms_in(root)
+    graph: dict[str, set[str]] = {}
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, os.path.dirname(root))[:-3].replace(os.sep, ".")
+            module = relative[: -len(".__init__")] if relative.endswith(".__init__") else relative
+            package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
+            room = room_of(module)
+            if room is None:
+                continue
+            with open(path, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read(), path)
+            for target in imported_modules(tree, package):
+                other = room_of(target)
+                if other in rooms and other != room:
+                    graph.setdefault(room, set()).add(other)
+            graph.setdefault(room, set())
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one room (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_import_cycle_between_rooms():
+    graph = room_graph()
+    assert {"engine", "steps", "playbook", "runs", "monitor", "config"} <= set(graph)
+    left = [c for c in cycles(graph) if frozenset(c) not in KNOWN_CYCLES]
+    assert left == [], "import cycles between rooms: " + "; ".join(" <-> ".join(c) for c in left)
+
+
+def test_the_layers_point_down():
+    """The edges the architecture forbids (docs/architecture.md): steps never reach the
+    playbook loader or the engine, runs/ (history) never reaches what runs playbooks."""
+    graph = room_graph()
+    assert not graph["steps"] & {"playbook", "engine", "attach", "nightly", "commands"}
+    assert not graph["runs"] & {"steps", "playbook", "engine", "monitor", "nightly", "schedule"}
+    assert not graph["config"] & {"remote", "steps", "playbook", "runs", "monitor"}
+    assert "engine" not in graph["monitor"] and "steps" not in graph["monitor"]
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import orchestrator.steps.base\n", {"steps"}),
+    ("def f():\n    from orchestrator.engine import run_playbook\n", {"engine"}),
+    ("from orchestrator import runs, paths, __version__\n", {"runs", "paths"}),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orchestrator.engine import Engine\n", set()),
+    ("from ..steps import base\n", {"steps"}),
+])
+def test_graph_counts_function_imports_not_type_checking(tmp_path, source, expected):
+    root = tmp_path / "orchestrator"
+    (root / "sub").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "sub" / "__init__.py").write_text("")
+    (root / "sub" / "mod.py").write_text(source)
+    for room in ("steps", "engine.py", "runs", "paths.py"):
+        (root / room).mkdir() if "." not in room else (root / room).write_text("")
+        if "." not in room:
+            (root / room / "__init__.py").write_text("")
+    assert room_graph(str(root)).get("sub", set()) == expected
+
+
+def test_a_cycle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

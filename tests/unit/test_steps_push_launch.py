@@ -1,0 +1,126 @@
+"""The push and launch steps on a fake host: plans, what reaches the target, the recorder's
+calls, failures."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.monitor import REMOTE_ROOT
+from orchestrator.steps.base import StepFailed
+from tests.unit.step_fakes import payload_failure, planned, RUN_ID, Reply, harness
+
+PUSH = """\
+    name: t
+    targets: [dev]
+    vars: {greeting: world}
+    steps:
+      - push: {src: "{{ file }}", dest: /srv/app/hello.txt, mode: "0755", template: true}
+"""
+
+
+def _puts(host) -> list:
+    return [c for c in host.calls if c.argv[:2] == ["sh", "-c"] and "orch-put" in c.argv]
+
+
+def test_push_plan(tmp_path):
+    plan = planned(tmp_path, PUSH, extra_vars={"file": "hello.j2"},
+                   files={"hello.j2": "hello {{ greeting }}\n"})
+    assert plan == ["put rendered hello.j2 -> /srv/app/hello.txt (mode 755)"]
+
+
+def test_push_renders_and_writes_a_changed_file(tmp_path):
+    h = harness(tmp_path, PUSH, extra_vars={"file": "hello.j2"},
+                files={"hello.j2": "hello {{ greeting }} on {{ target.name }}\n"})
+    h.host.on(lambda argv, stdin: "orch-sha" in argv, Reply(stdout=b""))
+    h.host.on_argv(["mkdir", "-p", "/srv/app"])
+    h.host.on(lambda argv, stdin: "orch-put" in argv, Reply())
+    record = h.record()
+    (put,) = _puts(h.host)
+    assert put.stdin == b"hello world on dev\n"
+    assert put.argv[-3:] == ["/srv/app/hello.txt", "755", str(len(put.stdin))]
+    assert record.steps[0].status == "changed"
+    assert record.steps[0].data["changed"] == ["/srv/app/hello.txt"]
+
+
+def test_push_leaves_an_identical_file_alone(tmp_path):
+    h = harness(tmp_path, PUSH, extra_vars={"file": "hello.j2"}, files={"hello.j2": "hi\n"})
+    digest = hashlib.sha256(b"hi\n").hexdigest()
+    h.host.on(lambda argv, stdin: "orch-sha" in argv,
+              Reply(stdout=f"{digest}  /srv/app/hello.txt\n".encode()))
+    record = h.record()
+    assert _puts(h.host) == []
+    assert (record.steps[0].status, record.steps[0].message) == ("ok", "1 file(s) already up to date")
+
+
+def test_push_template_error_and_missing_rendered_src_fail_the_step(tmp_path):
+    h = harness(tmp_path, PUSH, extra_vars={"file": "bad.j2"}, files={"bad.j2": "{{ nope }}"})
+    record = h.record()
+    assert record.steps[0].status == "failed"
+    assert record.steps[0].message.startswith(f"{tmp_path}/bad.j2")
+    assert "template error: 'nope' is undefined" in record.steps[0].message
+    h = harness(tmp_path, PUSH, extra_vars={"file": "missing.j2"})
+    record = h.record()
+    assert record.steps[0].message.startswith("push: missing.j2 not found (looked in ")
+
+
+def test_push_literal_src_missing_is_a_load_error_at_its_line(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        harness(tmp_path, "name: t\nsteps:\n  - push: {src: gone.txt, dest: /x}\n")
+    assert str(error.value).startswith(f"{tmp_path}/playbook.yaml:3:17: push: gone.txt not found")
+
+
+LAUNCH = """\
+    name: t
+    targets: [dev]
+    vars: {steps: 200}
+    steps:
+      - name: drafters
+        launch:
+          command: [python, train.py, "{{ steps }}"]
+          env: {HF_TOKEN: s3cret, MODE: fast}
+"""
+
+
+def test_launch_plan_hides_secrets(tmp_path):
+    plan = planned(tmp_path, LAUNCH)
+    assert plan == [
+        f"detached in {REMOTE_ROOT}/{RUN_ID}/drafters (setsid; log output.log, pid.json, "
+        "exit.json), venv /opt/venv",
+        "HF_HOME=/data/hf CUDA_VISIBLE_DEVICES=0,1 HF_TOKEN=*** MODE=fast python train.py 200"]
+
+
+def test_launch_notes_the_launch_and_keeps_secrets_off_argv(tmp_path):
+    h = harness(tmp_path, LAUNCH)
+    run_dir = f"{REMOTE_ROOT}/{RUN_ID}/drafters"
+    h.host.on_payload("launcher", {"run_dir": run_dir, "pid": 4242, "log": f"{run_dir}/output.log",
+                                   "started_at": 1700000000.0})
+    record = h.record()
+    (call,) = h.host.payload_calls("launcher")
+    assert "s3cret" not in " ".join(call.argv) and b"s3cret" in call.stdin
+    assert call.argv == ["python3", "-"]
+    assert [c[0] for c in h.recorder.calls[:2]] == ["note_launch_starting", "note_launch"]
+    launch = record.launch["targets"]["dev"]
+    assert (launch["pid"], launch["run_dir"], launch["cuda_visible_devices"]) == (4242, run_dir, "0,1")
+    assert launch["argv"] == ["python", "train.py", "200"]
+    assert record.steps[0].message == f"pid 4242 in {run_dir} (CUDA_VISIBLE_DEVICES=0,1)"
+    assert h.recorder.launch_info("dev")["env_keys"] == ["CUDA_VISIBLE_DEVICES", "HF_HOME",
+                                                         "HF_TOKEN", "MODE"]
+
+
+def test_launch_failure_is_recorded_as_starting_only(tmp_path):
+    h, step = payload_failure(tmp_path, LAUNCH, "launcher",
+                              "cannot create /var/tmp/orch/runs: read-only file system")
+    assert step.message == "dev: cannot create /var/tmp/orch/runs: read-only file system"
+    assert "note_launch_starting" in h.recorder.names() and "note_launch" not in h.recorder.names()
+    assert h.recorder.record.launch["targets"] == {}
+
+
+def test_launch_empty_command_fails_in_plan_and_run(tmp_path):
+    h = harness(tmp_path, "name: t\ntargets: [dev]\nsteps:\n  - launch: {command: []}\n")
+    params = {"command": [], "env": {}, "cwd": None, "gpus": None, "venv": None,
+              "run_dir": None, "torchrun": None}
+    with pytest.raises(StepFailed, match="launch: the command is empty"):
+        h.step().plan(h.context(), params)
