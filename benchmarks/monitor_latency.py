@@ -27,7 +27,8 @@ import uuid
 
 from orchestrator.config.inventory import inventory_path
 from orchestrator.fleet import Fleet
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher, stop_run
+from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink
+from orchestrator.payload_api import launcher, stop_run
 
 WRITER = r"""
 import random, sys, time

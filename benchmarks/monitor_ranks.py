@@ -30,7 +30,8 @@ import uuid
 from orchestrator.config.inventory import inventory_path
 from orchestrator.fleet import Fleet
 from orchestrator.logformats import log_time
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, launcher
+from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink
+from orchestrator.payload_api import launcher
 from orchestrator.torchrun import RANK_LOGS
 
 WRITER = r"""

@@ -23,7 +23,8 @@ from orchestrator.playbook.loader import (BUILTIN_NAMES, Playbook, StepSpec, loa
                                           order_vars, parse_extra_vars)
 from orchestrator.playbook.render import (Loc, Unknown, UnknownAtPlanTime, evaluate_condition,
                                           render)
-from orchestrator.monitor import REMOTE_ROOT, RunUnreachable, launcher
+from orchestrator.monitor import RunUnreachable
+from orchestrator.payload_api import REMOTE_ROOT, launcher, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import (VERDICTS, exit_code_for, Finding, MetricPoint, RunRecord, StepResult,
                                      TargetInfo, new_run_id, now_iso)
@@ -730,7 +731,6 @@ def stop_recorded_run(ref: str, *, app, grace: float = 10.0, target_names=(), st
                       fleet: Optional[Fleet] = None) -> tuple[RunRecord, list[dict]]:
     """SIGTERM the run's process groups (SIGKILL after grace); record it when no live orch
     is watching it (a watching orch records the verdict itself)."""
-    from orchestrator.monitor import stop_run
     from orchestrator.runs.store import RunStore
     own_store = store is None
     store = store or RunStore()

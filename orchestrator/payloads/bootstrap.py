@@ -22,18 +22,9 @@ import subprocess
 import sys
 import time
 
+from _protocol import *  # orch: inlined when shipped
+
 MARKER = ".orch-bootstrap.json"
-
-
-def emit(event, **fields):
-    fields["event"] = event
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
-
-
-def fail(message, **fields):
-    emit("error", message=message, **fields)
-    sys.exit(1)
 
 
 def venv_python(venv):

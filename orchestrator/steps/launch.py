@@ -14,7 +14,7 @@ import re
 import shlex
 
 from orchestrator import torchrun
-from orchestrator.monitor import REMOTE_ROOT, launcher
+from orchestrator.payload_api import REMOTE_ROOT, launcher
 from orchestrator.playbook.render import Loc
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 from orchestrator.steps.shell import flatten

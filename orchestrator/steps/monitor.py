@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from orchestrator import forensics, paths
+from orchestrator import paths, payload_api
 from orchestrator.errors import OrchError
 from orchestrator.logformats import FORMATS, make_format
 from orchestrator.monitor import Monitor, MonitorSettings, stream_copy_path
@@ -145,7 +145,7 @@ def _fresh_patch_facts(target) -> dict:
     vulnerable. Best effort: the verdict stands without it."""
     try:
         from orchestrator.steps.patch import patch_state
-        result = forensics.fx_patch(target, "status")
+        result = payload_api.fx_patch(target, "status")
         return {"torch_version": result.get("torch_version"), "fx_tls_state": patch_state(result)}
     except OrchError:
         return {}
