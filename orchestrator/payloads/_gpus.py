@@ -13,10 +13,14 @@ GPU_QUERY = "index,name,utilization.gpu,memory.used,memory.total,power.draw"
 GPU_KEYS = ("index", "name", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w")
 
 
+def nvidia_smi_present():
+    return shutil.which("nvidia-smi") is not None
+
+
 def query_gpus(only=(), timeout=20):
     """The GPUs as nvidia-smi sees them (only these indexes when `only` is given): a list of
     rows; None when the container has no nvidia-smi; {"error": text} when it fails."""
-    if not shutil.which("nvidia-smi"):
+    if not nvidia_smi_present():
         return None
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=" + GPU_QUERY,

@@ -30,7 +30,6 @@ costs far under 1 % of a core and keeps the latency well under the 250 ms goal.
 import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -397,7 +396,7 @@ def tail(args):
     max_seconds = float(args.get("max_seconds", 3600.0))
     gpu_every = float(args.get("gpu_every", 0) or 0)
     gpus = args.get("gpus") or []
-    has_smi = gpu_every > 0 and shutil.which("nvidia-smi") is not None
+    has_smi = gpu_every > 0 and nvidia_smi_present()
     log_path = os.path.join(run_dir, LOG)
 
     # One tail per follower: a newer tail of the same follower (after a reconnect) makes an
