@@ -106,19 +106,23 @@ def test_reports_without_gpu_samples_say_nothing_about_gpus():
     assert "chart-gpu" not in render_html(record)
 
 
-# How orch stored a run's GPU series before the payloads shared one GPU query (its rows named
-# util_pct, mem_used_mib and mem_total_mib; the stats beside them were named after those).
-OLD_SERIES = [
-    {"t": 0.0, "running": True, "gpus": [{"index": 0, "util_pct": 50.0, "mem_used_mib": 1000.0,
-                                          "mem_total_mib": 143771.0, "power_w": 300.0}]},
-    {"t": 5.0, "running": True, "gpus": [{"index": 0, "util_pct": 100.0, "mem_used_mib": 3000.0,
-                                          "mem_total_mib": 143771.0, "power_w": 500.0}]},
-    {"t": 10.0, "running": False, "gpus": [{"index": 0, "util_pct": 0.0, "mem_used_mib": 0.0,
-                                            "mem_total_mib": 143771.0, "power_w": 80.0}]},
-]
-OLD_STATS = [{"index": 0, "samples": 2, "util_pct_mean": 75.0, "util_pct_peak": 100.0,
-              "mem_used_mib_mean": 2000.0, "mem_used_mib_peak": 3000.0, "power_w_mean": 400.0,
-              "power_w_peak": 500.0, "mem_total_mib": 143771.0}]
+# How orch stored a run's GPU series before the payloads shared one GPU query: its rows named
+# util_pct, mem_used_mib and mem_total_mib, and the stats beside them were named after those.
+OLD_NAMES = (("utilization_pct", "util_pct"), ("memory_used_mib", "mem_used_mib"),
+             ("memory_total_mib", "mem_total_mib"))
+
+
+def with_old_names(row: dict) -> dict:
+    renamed = {}
+    for key, value in row.items():
+        for new, old in OLD_NAMES:
+            key = key.replace(new, old)
+        renamed[key] = value
+    return renamed
+
+
+OLD_SERIES = [{**sample, "gpus": [with_old_names(row) for row in sample["gpus"]]} for sample in SERIES]
+OLD_STATS = [with_old_names(row) for row in gpu.gpu_stats(SERIES)]
 
 
 def test_a_record_stored_with_the_old_key_names_still_loads_and_renders(tmp_path):
@@ -130,6 +134,7 @@ def test_a_record_stored_with_the_old_key_names_still_loads_and_renders(tmp_path
     with RunStore(str(tmp_path / "runs.sqlite")) as store:   # a later orch reads it back
         loaded = store.get(record.run_id)
     series = gpu.series_by_target(loaded)["dev"]
+    assert series[0]["gpus"][0]["util_pct"] == 50.0              # stored as it was
     assert gpu.gpu_stats(series) == gpu.gpu_stats(SERIES)      # read as if stored today
     md = render_markdown(loaded)
     assert "| `dev` | 0 | 2 | 75 % / 100 % | 2,000 / 3,000 of 143,771 MiB | 400 / 500 W |" in md
