@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import print_table, samples_ms, summary  # noqa: E402
 import orch_sandbox as sandboxes  # noqa: E402
-from orchestrator import forensics  # noqa: E402
+from orchestrator import payload_api  # noqa: E402
 from orchestrator.fleet import Fleet, each_concurrently  # noqa: E402
 from tests.integration.torch_seed import container_root, seed_torch_venv  # noqa: E402
 
@@ -40,7 +40,7 @@ def median_ms(call, count: int) -> tuple[float, float]:
 
 
 def search(target, engine="auto", expected="rg"):
-    result = forensics.search_source(target, PATTERN, fixed=True, engine=engine)
+    result = payload_api.search(target, PATTERN, fixed=True, engine=engine)
     assert result["matches"], f"no hit in {target.name}"
     assert result["engine"] == expected, result["engine"]
     return result

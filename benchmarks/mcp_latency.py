@@ -6,7 +6,7 @@ Ways, per question:
   manual        a new `ssh HOST "pct exec VMID -- ..."` process per call (what a user types)
   orch CLI      `orch -i INV exec ...` / `orch -i INV grep-torch --def ...` from a shell: a
                 new orch process per call (Python start-up + SSH handshake every time)
-  orch API      in-process: the warm ExecSession (exec) or forensics.search_source (grep)
+  orch API      in-process: the warm ExecSession (exec) or payload_api.search (grep)
   MCP           the `mcp` SDK's stdio client calling `orch mcp`'s tool (one server, warm)
 
 It brings up the sandbox (`orch sandbox up`, idempotent) and gives sb1-201 a real torch
@@ -38,7 +38,7 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 
 from benchmarks.timing import asamples_ms, print_table, samples_ms, summary  # noqa: E402
 import orch_sandbox as sandboxes  # noqa: E402
-from orchestrator import forensics  # noqa: E402
+from orchestrator import payload_api  # noqa: E402
 from orchestrator.fleet import Fleet  # noqa: E402
 from orchestrator.remote.session import ExecSession  # noqa: E402
 from tests.integration.torch_seed import remove_venv, seed_torch_venv  # noqa: E402
@@ -112,7 +112,7 @@ def main() -> int:
             target = fleet.targets([TARGET])[0]
             session = ExecSession(target)
             api_exec = timed(lambda: session.run(["true"], check=True), args.count)
-            api_grep = timed(lambda: forensics.search_source(target, NAME, mode="def"), args.count)
+            api_grep = timed(lambda: payload_api.search(target, NAME, mode="def"), args.count)
             session.close()
         mcp = asyncio.run(through_mcp(inventory, os.path.join(work, "runs.sqlite"), args.count))
         cli_exec = timed(process([*ORCH, "-i", inventory, "exec", TARGET, "--", "true"]), args.slow_count)
@@ -129,7 +129,7 @@ def main() -> int:
                 (f"grep_source def {NAME}", [
                 ("manual: ssh + pct exec grep -rn", manual_grep),
                 ("orch CLI: `orch grep-torch --def` from a shell", cli_grep),
-                ("orch API: forensics.search_source (a channel per call)", api_grep),
+                ("orch API: payload_api.search (a channel per call)", api_grep),
                 ("MCP: `grep_source` tool call (warm session)", mcp["grep"])])):
             base = ways[0][1]["median_ms"]
             for way, row in ways:

@@ -16,7 +16,8 @@ from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.engine import Engine, TargetRun
 from orchestrator.errors import ConnectionProblem, OrchError
 from orchestrator.fleet import Fleet, each_concurrently, fan_out
-from orchestrator.monitor import MonitorSettings, RunUnreachable, stop_run
+from orchestrator.monitor import MonitorSettings, RunUnreachable
+from orchestrator.payload_api import stop_run
 from orchestrator.playbook.loader import Playbook, StepSpec, load_playbook
 from orchestrator.runs.model import Finding, RunRecord, exit_code_for, now_iso
 from orchestrator.runs.recorder import RunRecorder, controller_entry, stamp, step_result, worst

@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchError
+from orchestrator.remote.base import LineSplitter
 from orchestrator.remote.container import Target
 
 NOT_FOUND_CODES = (126, 127)   # exec failed: no such file, or not executable
@@ -132,5 +133,4 @@ def require_python(target: Target, python: str, install: bool = False, output=No
 def _lines(output):
     if output is None:
         return None
-    from orchestrator.remote.base import LineSplitter
     return LineSplitter(output).feed

@@ -18,7 +18,8 @@ from orchestrator.config.schema import check_value
 from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.errors import ConfigError, ConnectionProblem, ExitCode, OrchError
 from orchestrator.fleet import Fleet, fan_out
-from orchestrator.monitor import REMOTE_ROOT, RunUnreachable, launcher
+from orchestrator.monitor import RunUnreachable
+from orchestrator.payload_api import REMOTE_ROOT, launcher
 from orchestrator.playbook.loader import (BUILTIN_NAMES, Playbook, StepSpec, load_playbook,
                                           normalize_extra_vars, order_vars)
 from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, contains_unknown,

@@ -119,4 +119,17 @@ class CommandFailed(OrchError):
 
 
 class PayloadError(OrchError):
-    """A payload ran in the container but reported an error it found (JSON 'error' line)."""
+    """A payload ran in the container but reported an error it found (JSON 'error' line);
+    kind is the payload's word for it ("bad-args", "not-installed", ...), when it gave one."""
+
+    def __init__(self, message: str, *, kind: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.kind = kind
+
+
+class PayloadNoResult(PayloadError):
+    """A payload ended (crashed, was killed) without its result or error line."""
+
+
+class PythonUnavailable(OrchError):
+    """The interpreter a payload needs cannot run in the container (missing venv, no python3)."""

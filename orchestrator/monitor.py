@@ -1,8 +1,7 @@
 """Watching a detached run: follow its log by byte offset, survive link drops, classify.
 
-Pieces:
-- launcher(): the controller's calls of the launcher payload (start, status, stop).
-- LogFollower: one long-lived `tail` payload in the container over one channel. Its JSON
+Pieces (the launcher payload's calls themselves are in payload_api):
+- LogFollower: one long-lived launcher `tail` in the container over one channel. Its JSON
   events carry the byte offset each chunk starts at, so after a reconnect the follower
   asks for exactly the bytes after the last one it has: no line lost, none repeated.
   Heartbeats every second tell a live link from a dead one: after `stall_after` seconds of
@@ -16,7 +15,6 @@ Pieces:
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -25,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator import paths
-from orchestrator.errors import ExitCode, OrchError, PayloadError
+from orchestrator.errors import ExitCode, OrchError
 from orchestrator.logformats import DerivedThroughput, LogParser, make_format
 from orchestrator.monitor_classify import EndState, LogClassifier, Verdict
-from orchestrator.payloads import payload_source, run_payload
+from orchestrator.payload_api import error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.runs.gpu import append_sample, gpu_sample, gpu_stats
 from orchestrator.runs.model import MetricPoint
@@ -36,24 +34,9 @@ from orchestrator.runs.model import MetricPoint
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.recorder import RunRecorder
 
-LAUNCHER_PYTHON = "python3"        # stdlib only: the container's own python is enough
-REMOTE_ROOT = "/var/tmp/orch/runs"
-
 
 class RunUnreachable(OrchError):
     exit_code = ExitCode.RUN_UNREACHABLE
-
-
-# ---------------------------------------------------------------------- launcher calls
-def launcher(target: Target, action: str, run_dir: str, timeout: float = 60.0, **args) -> dict:
-    # The arguments travel on stdin: a start's env holds secrets (HF_TOKEN, ...), and the
-    # supervisor it forks keeps this argv for the whole run.
-    return run_payload(target, "launcher", {"action": action, "run_dir": run_dir, **args},
-                       python=LAUNCHER_PYTHON, timeout=timeout, args_on_stdin=True)
-
-
-def stop_run(target: Target, run_dir: str, grace: float = 10.0, reason: str = "orch stop") -> dict:
-    return launcher(target, "stop", run_dir, timeout=grace + 30.0, grace=grace, reason=reason)
 
 
 # ------------------------------------------------------------------------ the follower
@@ -95,7 +78,6 @@ class LogFollower:
         self.reconnects = 0
         self.last_beat: dict = {}
         self._last_event = clock()
-        self._source = payload_source("launcher").decode()
 
     def follow(self, handler: FollowHandler) -> Optional[dict]:
         """Until the process ended and its whole log was read: returns the final event.
@@ -160,14 +142,12 @@ class LogFollower:
             backoff = min(backoff * 2, 4.0)
 
     def _spawn(self):
-        args = {"action": "tail", "run_dir": self.run_dir, "offset": self.offset,
-                "follower": self.follower_id, "max_seconds": self.rotate_after,
-                "gpu_every": self.gpu_every, "gpus": self.gpus,
+        args = {"offset": self.offset, "follower": self.follower_id,
+                "max_seconds": self.rotate_after, "gpu_every": self.gpu_every, "gpus": self.gpus,
                 "min_interval": self.min_interval, "max_interval": self.max_interval}
         if self.extra_logs:
             args.update(follow=self.extra_logs, offsets=self.offsets)
-        # -c SOURCE instead of `-`: the payload must start without waiting for stdin's end.
-        return self.target.spawn([LAUNCHER_PYTHON, "-u", "-c", self._source, json.dumps(args)])
+        return start_tail(self.target, self.run_dir, **args)
 
     def _pump(self, process, handler: FollowHandler, down_since: Optional[float]):
         last_event = self.clock()
@@ -189,7 +169,7 @@ class LogFollower:
                 return ("connected-lost" if connected else "lost"), str(error)
             if not line:
                 return ("connected-lost" if connected else "lost"), "the monitor's channel closed"
-            event = _parse(line)
+            event = parse_event(line)
             if event is None:
                 continue
             last_event = self._last_event = self.clock()
@@ -216,7 +196,7 @@ class LogFollower:
                     return "connected-rotate", event
                 return "ended", event
             elif kind == "error":
-                raise PayloadError(f"{self.target.name}: {event.get('message')}")
+                raise error_event(self.target, event)
             handler.tick()
             if handler.should_stop():
                 return "stop", None
@@ -237,17 +217,6 @@ class LogFollower:
         else:
             self.offsets[str(name)] = end
             handler.on_file_data(str(name), raw)
-
-
-def _parse(line: bytes) -> Optional[dict]:
-    text = line.decode("utf-8", "replace").strip()
-    if not text.startswith("{"):
-        return None
-    try:
-        event = json.loads(text)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
 
 
 def _close_quietly(process) -> None:

@@ -10,10 +10,10 @@ import threading
 
 import click
 
-from orchestrator import console, distro
-from orchestrator.errors import ConfigError, ExitCode, OrchError, PayloadError
-from orchestrator.fleet import GroupResult, each_concurrently, fan_out
-from orchestrator.payloads import run_payload
+from orchestrator import console
+from orchestrator.errors import ConfigError, ExitCode
+from orchestrator.fleet import GroupResult, fan_out
+from orchestrator.inventory_check import check_targets, row_texts
 from orchestrator.remote.base import LineSplitter, stdin_bytes
 from orchestrator.remote.container import require_vmid
 
@@ -284,16 +284,8 @@ def inventory_check(app, targets, as_json):
       orch inventory check -t drafters
     """
     fleet = app.fleet
-    names = list(targets) or list(fleet.inventory.containers)
-    chosen = fleet.targets(names)
-    reports = each_concurrently(chosen, _check_one)
-    rows = []
-    for target, report in zip(chosen, reports):
-        if isinstance(report, OrchError):
-            rows.append({"target": target.name, "where": target.describe(), "ok": False,
-                         "reachable": _reachable(report), "running": False, "error": str(report)})
-        else:
-            rows.append({"target": target.name, "where": target.describe(), **report})
+    chosen = fleet.targets(list(targets) or list(fleet.inventory.containers))
+    rows = check_targets(chosen)
     if as_json:
         console.print_json(rows)
     else:
@@ -302,54 +294,10 @@ def inventory_check(app, targets, as_json):
     sys.exit(ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED)
 
 
-def _check_one(target) -> dict:
-    try:
-        probe = run_payload(target, "probe", {"venv": target.venv}, python="python3", timeout=60)
-    except OrchError as error:
-        if isinstance(error, PayloadError) or not distro.python_missing(target, "python3"):
-            raise
-        return _python_missing_report(target)
-    venv = probe.get("venv")
-    problems = []
-    if venv is not None and not venv["present"]:
-        problems.append(f"venv {venv['path']} missing")
-    gpus = probe.get("gpus")
-    if target.gpus and isinstance(gpus, list):
-        seen = {gpu["index"] for gpu in gpus}
-        missing = [g for g in target.gpus if g not in seen]
-        if missing:
-            problems.append(f"GPUs {missing} not seen by nvidia-smi")
-    elif target.gpus and gpus is None:
-        problems.append("no nvidia-smi in the container")
-    return {"ok": not problems, "reachable": True, "running": True,
-            "python_version": probe.get("python_version"), "venv": venv, "gpus": gpus,
-            "ripgrep": probe.get("ripgrep"), "problems": problems}
-
-
-def _python_missing_report(target) -> dict:
-    """A container without python3: nothing of orch's runs there; say how to install it."""
-    missing = distro.PythonMissing(target, "python3", distro.os_release(target))
-    fix = "; ".join(missing.fix) or "install python3 (3.8 or newer) with its package manager"
-    return {"ok": False, "reachable": True, "running": True, "python_version": None,
-            "venv": None, "gpus": None, "ripgrep": None, "os": missing.release.pretty_name,
-            "fix": missing.fix,
-            "problems": [f"python3 is not installed ({missing.release.pretty_name}): {fix}"]}
-
-
-def _reachable(error: OrchError) -> bool:
-    from orchestrator.errors import ConnectionProblem
-    return not isinstance(error, ConnectionProblem)
-
-
 def _check_row(row: dict) -> list:
-    venv = row.get("venv") or {}
-    gpus = row.get("gpus")
-    gpu_text = ("-" if gpus is None else
-                gpus.get("error") if isinstance(gpus, dict) else ",".join(str(g["index"]) for g in gpus))
-    problem = row.get("error") or "; ".join(row.get("problems", []))
-    venv_text = (f"{venv.get('path')} ({'ok' if venv.get('present') else 'missing'})" if venv else "-")
+    texts = row_texts(row)
     return [row["target"], row["where"], "yes" if row["ok"] else "NO",
-            row.get("python_version") or "-", venv_text, gpu_text, problem]
+            texts["python"], texts["venv"], texts["gpus"], texts["problem"]]
 
 
 COMMANDS = [exec_command, ct, inventory]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import threading
 
 import click
 
-from orchestrator import console, forensics, fx_states
+from orchestrator import console, fx_states, payload_api
 from orchestrator.errors import ExitCode
 from orchestrator.fleet import GroupResult, fan_out
 
@@ -83,7 +84,7 @@ def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context
     if show and not definition:
         raise click.UsageError("--show goes with --def (it prints a definition's body)")
     chosen = app.fleet.targets(targets)
-    results = fan_out(chosen, lambda target: forensics.search_source(
+    results = fan_out(chosen, lambda target: payload_api.search(
         target, pattern, package=package, fixed=fixed, word=word, ignore_case=ignore_case,
         context=context, mode="def" if definition else "grep", show=show, engine=engine,
         max_hits=max_hits))
@@ -157,8 +158,35 @@ def patch():
     """
 
 
+@contextlib.contextmanager
+def finish_before_interrupt(action: str):
+    """While a patch apply/revert runs, the first Ctrl-C lets it finish instead of leaving it
+    behind: the payload goes on in the target anyway (a channel closing does not stop it), so
+    leaving at once would report "interrupted" for a change that then completes. Yields a
+    list that is non-empty once Ctrl-C was pressed; a second Ctrl-C raises KeyboardInterrupt
+    (the caller says the outcome is not known)."""
+    pressed: list[float] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed          # signal handlers belong to the main thread
+        return
+
+    def on_interrupt(number, frame):
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(1.0)
+        console.warn(f"interrupted: letting the {action} in progress finish (it takes seconds "
+                     "and leaves no half-patched file); Ctrl-C again to leave without knowing "
+                     "its outcome")
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @patch.command("fx-tls")
-@click.argument("action", type=click.Choice(list(forensics.PATCH_ACTIONS)))
+@click.argument("action", type=click.Choice(list(payload_api.PATCH_ACTIONS)))
 @TARGET_OPTION
 @JSON_OPTION
 @pass_app
@@ -182,9 +210,9 @@ def fx_tls(app, action, targets, as_json):
     """
     chosen = app.fleet.targets(targets)
     changes = action in ("apply", "revert")
-    with (forensics.finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
+    with (finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
         try:
-            results = fan_out(chosen, lambda target: forensics.fx_patch(target, action))
+            results = fan_out(chosen, lambda target: payload_api.fx_patch(target, action))
         except KeyboardInterrupt:
             # The second Ctrl-C: the payload goes on without us; say what is known.
             names = " ".join(f"-t {t.name}" for t in chosen)
@@ -267,7 +295,7 @@ def fx_race(app, targets, trials, as_json):
                                  f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}")
         return on_event
 
-    results = fan_out(chosen, lambda target: forensics.verify_fx_race(
+    results = fan_out(chosen, lambda target: payload_api.fx_race(
         target, trials, on_event=progress(target.name)))
     _print_each(results, as_json, _print_race)
     if not results.ok:

@@ -232,7 +232,7 @@ class ConsoleReporter:
                 bits.append(f"no progress for {silent:.0f} s (hang at {settings.hang_after:g} s)")
             gpus = status.get("gpus")
             if gpus:
-                bits.append("GPU " + " ".join(f"{g['index']}:{g.get('util_pct') or 0:.0f}%" for g in gpus))
+                bits.append("GPU " + " ".join(f"{g['index']}:{g.get('utilization_pct') or 0:.0f}%" for g in gpus))
             footer.append(" | ".join(bits))
         return Group(table, Text("\n".join(footer), style="dim"))
 

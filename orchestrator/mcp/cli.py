@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from orchestrator import console
 from orchestrator.errors import OrchError
+from orchestrator.mcp.audit import AuditLog, audit_rows, new_session_id
+from orchestrator.mcp.policy import build_policy
+from orchestrator.mcp.tools import Tools
+from orchestrator.mcp.wire import serve_stdio
+from orchestrator.runs.store import RunStore
 
 
 @click.command("mcp")
@@ -34,17 +41,14 @@ def mcp_command(app, allow, allow_targets, policy_file):
       orch -i sandbox mcp --policy mcp-policy.yaml
     """
     try:
+        # server.py is built on the MCP SDK, an optional extra (orch[mcp]): imported here so
+        # that a missing SDK is a clear error, and `orch --help` works without it.
         from orchestrator.mcp.server import build_server
     except ModuleNotFoundError as error:
         if error.name and error.name.split(".")[0] in ("mcp", "pydantic"):
             raise OrchError("`orch mcp` needs the MCP SDK, which is not installed",
                             hint="pip install 'orch[mcp]' (or: pip install 'mcp>=2.3,<3')") from None
         raise
-    from orchestrator.mcp.audit import AuditLog, new_session_id
-    from orchestrator.mcp.policy import build_policy
-    from orchestrator.mcp.tools import Tools
-    from orchestrator.runs.store import RunStore
-
     fleet = app.fleet
     policy = build_policy(allow, allow_targets, policy_file, fleet.inventory)
     store = RunStore()
@@ -53,7 +57,6 @@ def mcp_command(app, allow, allow_targets, policy_file):
     console.info(f"orch mcp: serving on stdio; inventory {fleet.inventory.path}; allowed: "
                  f"{policy.describe()}; audit session {audit.session}")
     try:
-        from orchestrator.mcp.wire import serve_stdio
         serve_stdio(build_server(tools, policy, audit))
     finally:
         tools.close()
@@ -75,8 +78,6 @@ def audit_command(last, tool, session, as_json):
       orch runs audit
       orch runs audit --tool exec --last 20 --json
     """
-    from orchestrator.mcp.audit import audit_rows
-    from orchestrator.runs.store import RunStore
     with RunStore() as store:
         rows = audit_rows(store, last=last, tool=tool, session=session)
     if as_json:
@@ -92,6 +93,5 @@ def audit_command(last, tool, session, as_json):
 
 
 def _short(arguments: dict, width: int = 80) -> str:
-    import json
     text = json.dumps({k: v for k, v in arguments.items() if k != "target"}, sort_keys=True)
     return text if len(text) <= width else text[: width - 3] + "..."

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from orchestrator.config.yamlsrc import load_yaml
 from orchestrator.errors import ConfigError, OrchError
 
 READ_TOOLS = ("list_targets", "inventory_check", "grep_source", "read_source", "fx_tls_status",
@@ -79,7 +80,6 @@ def build_policy(allow: Iterable[str] = (), targets: Iterable[str] = (),
 
 
 def _read_policy_file(path: str) -> dict:
-    from orchestrator.config.yamlsrc import load_yaml
     source = load_yaml(path)
     data = source.data
     if not isinstance(data, dict):

@@ -4,8 +4,8 @@ Each tool resolves its target through the server's one Fleet (one SSH connection
 for the server's life) and runs in the container through a warm command session
 (orchestrator.remote.session.ExecSession): after the first call to a container, a tool call
 costs one JSON line each way on an open channel, not a handshake, a `pct exec` and a new
-interpreter. Everything else is the function the CLI calls: forensics.*, engine.run_playbook,
-attach.stop_recorded_run, RunStore, runs.compare, the inventory check's probe.
+interpreter. Everything else is the function the CLI calls: payload_api.*, engine.run_playbook,
+attach.stop_recorded_run, RunStore, runs.compare, inventory_check.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from orchestrator import forensics
+from orchestrator import payload_api
+from orchestrator.attach import stop_recorded_run
+from orchestrator.engine import run_playbook
 from orchestrator.errors import CommandTimeout, ConfigError, OrchError
-from orchestrator.fleet import Fleet, each_concurrently, fan_out
-from orchestrator.payloads import run_payload
+from orchestrator.fleet import Fleet, fan_out
+from orchestrator.inventory_check import check_targets
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.base import RunOptions, Transport
 from orchestrator.remote.container import Target
@@ -184,15 +186,8 @@ class Tools:
         }
 
     def inventory_check(self, targets: list[str]) -> dict:
-        from orchestrator.commands.core import _check_one, _reachable  # the CLI's own check
         chosen = self.fleet.targets(list(targets) or list(self.fleet.inventory.containers))
-        rows = []
-        for target, report in zip(chosen, each_concurrently(chosen, _check_one)):
-            if isinstance(report, OrchError):
-                rows.append({"target": target.name, "where": target.describe(), "ok": False,
-                             "reachable": _reachable(report), "running": False, "error": str(report)})
-            else:
-                rows.append({"target": target.name, "where": target.describe(), **report})
+        rows = check_targets(chosen)   # the CLI's own check
         return {"ok": all(r["ok"] for r in rows), "rows": rows}
 
     def exec(self, target: str, argv: list[str], timeout_s: float, stdin: Optional[str],
@@ -206,25 +201,24 @@ class Tools:
 
     def grep_source(self, target: str, pattern: str, **options) -> dict:
         warm = self.warm(target)
-        found = forensics.search_source(warm, pattern, **options)
+        found = payload_api.search(warm, pattern, **options)
         return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
 
     def read_source(self, target: str, package: str, path: str, start_line: int,
                     end_line: Optional[int], max_bytes: int) -> dict:
         warm = self.warm(target)
-        found = run_payload(warm, "source_read", {
-            "package": package, "path": path, "start_line": start_line, "end_line": end_line,
-            "max_bytes": max(1, min(max_bytes, MAX_OUTPUT_BYTES))}, timeout=60)
+        found = payload_api.source_read(warm, package, path, start_line, end_line,
+                                        max_bytes=max(1, min(max_bytes, MAX_OUTPUT_BYTES)))
         return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
 
     def fx_tls(self, target: str, action: str) -> dict:
         warm = self.warm(target)
-        found = forensics.fx_patch(warm, action)
+        found = payload_api.fx_patch(warm, action)
         return {"target": warm.name, "action": action, **{k: v for k, v in found.items() if k != "event"}}
 
     def verify_fx_race(self, target: str, trials: int) -> dict:
         warm = self.warm(target)
-        found = forensics.verify_fx_race(warm, trials)
+        found = payload_api.fx_race(warm, trials)
         return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
 
     # --------------------------------------------------------------------- runs
@@ -239,7 +233,6 @@ class Tools:
 
     def run_start(self, playbook: str, variables: dict, targets: list[str]) -> dict:
         """Start the playbook in a server thread; return once the run has its id."""
-        from orchestrator.engine import run_playbook
         reporter = LiveReporter()
         live = LiveRun(reporter, threading.Thread())
 
@@ -317,8 +310,6 @@ class Tools:
                 "eof": offset + len(data) >= size}
 
     def run_stop(self, run_id: str, grace_s: float) -> dict:
-        from orchestrator.monitor import stop_run
-        from orchestrator.attach import stop_recorded_run
         run_id = self.store.resolve(run_id)
         live = self.runs.get(run_id)
         if live is None or not live.thread.is_alive():
@@ -335,7 +326,7 @@ class Tools:
             raise OrchError(f"run {run_id} has not launched its process yet",
                             hint="run_status shows its steps; stop it once the launch step is done")
         targets = self.fleet.targets(list(launches))
-        results = fan_out(targets, lambda t: stop_run(t, launches[t.name]["run_dir"], grace_s)).rows()
+        results = fan_out(targets, lambda t: payload_api.stop_run(t, launches[t.name]["run_dir"], grace_s)).rows()
         return {"run_id": run_id, "targets": results, "ok": not any("error" in r for r in results)}
 
     def run_containers(self, run_id: str) -> list[str]:

@@ -88,6 +88,7 @@ def claimed_stdio():
 
 def serve_stdio(server) -> None:
     """Run an MCPServer on this process's stdin/stdout (as server.run() does, minus the threads)."""
+    # The MCP SDK is an optional extra (orch[mcp]): imported when the server starts.
     from mcp.server.stdio import stdio_server
 
     lowlevel = getattr(server, "_lowlevel_server", None)

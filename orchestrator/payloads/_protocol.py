@@ -7,9 +7,11 @@ runs in the container is one self-contained file.
 """
 
 import json
+import os
 import sys
 
 REQUIRED = object()
+_HANGUP = {"leave": False}
 
 
 class PayloadError(Exception):
@@ -23,8 +25,27 @@ class PayloadError(Exception):
 def emit(event, **fields):
     line = dict(event=event)
     line.update(fields)
-    sys.stdout.write(json.dumps(line) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        if not _HANGUP["leave"]:
+            raise
+        os._exit(0)  # nobody listens any more (the SSH channel closed): leave quietly
+
+
+def leave_quietly_on_hangup():
+    """For a payload that outlives its listener's interest (the launcher's log tail): once
+    the controller's channel is gone, the next emit exits instead of failing. Payloads that
+    change files (fx_patch) keep the default and finish their work."""
+    _HANGUP["leave"] = True
+
+
+def fail(message, kind="failed", **fields):
+    """Report an expected failure as the last line and exit 1 (for payloads with their own
+    action dispatch; run_main does the same for PayloadError)."""
+    emit("error", message=message, kind=kind, **fields)
+    sys.exit(1)
 
 
 def _type_ok(value, expected):

@@ -16,24 +16,16 @@ install  creates the venv when missing, runs pip (each output line a "pip" event
 list     the files of a wheelhouse directory with their sizes (what needs no upload).
 """
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 
+from _protocol import *  # orch: inlined when shipped
+
 MARKER = ".orch-bootstrap.json"
-
-
-def emit(event, **fields):
-    fields["event"] = event
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
-
-
-def fail(message, **fields):
-    emit("error", message=message, **fields)
-    sys.exit(1)
 
 
 def venv_python(venv):
@@ -59,7 +51,6 @@ def has_ensurepip():
     """Whether `python -m venv` can put pip into a venv (Debian ships ensurepip in
     python3-venv; a minimal root has python3 without it)."""
     try:
-        import importlib.util
         return importlib.util.find_spec("ensurepip") is not None
     except (ImportError, ValueError):
         return False

@@ -75,6 +75,7 @@ OTHER_FX_LEAK_NOTE = ("the FX tracing flag did not leak, but FX's process-wide p
 
 def import_torch():
     try:
+        # Imported here, not at the top: a broken torch install is this payload's finding.
         import torch
         import torch.fx
     except Exception as exc:  # a broken install raises anything, not only ImportError

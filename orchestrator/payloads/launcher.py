@@ -30,11 +30,13 @@ costs far under 1 % of a core and keeps the latency well under the 250 ms goal.
 import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
+
+from _protocol import *  # orch: inlined when shipped
+from _gpus import *  # orch: inlined when shipped
 
 LOG = "output.log"
 PID = "pid.json"
@@ -45,21 +47,6 @@ CMD = "cmd.json"
 READ_CHUNK = 1 << 20          # the most bytes one data event carries
 BEAT_EVERY = 1.0              # seconds between heartbeats (the controller's dead-link detector)
 VANISHED_GRACE = 2.0          # a dead pid without exit.json for this long: the supervisor died
-
-
-def emit(event, **fields):
-    fields["event"] = event
-    try:
-        sys.stdout.write(json.dumps(fields) + "\n")
-        sys.stdout.flush()
-    except (BrokenPipeError, OSError):
-        # The controller went away (SSH channel closed): nobody is listening, leave quietly.
-        os._exit(0)
-
-
-def fail(message):
-    emit("error", message=message)
-    sys.exit(1)
 
 
 def write_json(path, data):
@@ -345,38 +332,6 @@ def _wait_ended(run_dir, seconds):
 
 
 # -------------------------------------------------------------------------- tail
-def gpu_sample(gpus):
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total,power.draw",
-             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    rows = []
-    for line in out.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 5:
-            continue
-        try:
-            index = int(parts[0])
-        except ValueError:
-            continue
-        if gpus and index not in gpus:
-            continue
-        rows.append({"index": index, "util_pct": _num(parts[1]), "mem_used_mib": _num(parts[2]),
-                     "mem_total_mib": _num(parts[3]),
-                     # "[N/A]" or "[Not Supported]" on some boards: None, not an error
-                     "power_w": _num(parts[4])})
-    return rows
-
-
-def _num(text):
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 class Followed(object):
     """One more log file (a rank's), read like output.log from its own offset."""
 
@@ -441,7 +396,7 @@ def tail(args):
     max_seconds = float(args.get("max_seconds", 3600.0))
     gpu_every = float(args.get("gpu_every", 0) or 0)
     gpus = args.get("gpus") or []
-    has_smi = gpu_every > 0 and shutil.which("nvidia-smi") is not None
+    has_smi = gpu_every > 0 and nvidia_smi_present()
     log_path = os.path.join(run_dir, LOG)
 
     # One tail per follower: a newer tail of the same follower (after a reconnect) makes an
@@ -500,8 +455,8 @@ def tail(args):
             emit("beat", **_beat_fields(state, offset))
             if has_smi and now >= next_gpu:
                 next_gpu = now + gpu_every
-                sample = gpu_sample(gpus)
-                if sample is not None:
+                sample = query_gpus(gpus, timeout=10)
+                if isinstance(sample, list):
                     # The process state with each sample: the controller summarises the
                     # samples taken while the workers ran, not those after they ended.
                     emit("gpu", gpus=sample, t=round(now, 3), state=state["state"])
@@ -549,6 +504,7 @@ ACTIONS = {"start": start, "status": status, "stop": stop, "tail": tail}
 
 
 def main():
+    leave_quietly_on_hangup()   # a tail whose controller went away just ends
     try:
         args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     except ValueError as error:

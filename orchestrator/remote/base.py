@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
@@ -272,7 +273,6 @@ class BufferedLines:
         self._buffer = b""
 
     def readline(self, timeout: Optional[float]) -> bytes:
-        import time
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buffer:
             left = None if deadline is None else deadline - time.monotonic()

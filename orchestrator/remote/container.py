@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
+from orchestrator.payloads import payload_source
 from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv, with_env
 
 # pct's own failures before the command runs: one of these sentences ends stderr (perl's
@@ -169,7 +170,6 @@ def reaped(argv: Sequence[str]) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _reaper_source() -> str:
     """The reaper without its docstring and comments: shorter in the container's `ps`."""
-    from orchestrator.payloads import payload_source  # payloads import this module
     tree = ast.parse(payload_source("reaper").decode())
     if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
         tree.body.pop(0)

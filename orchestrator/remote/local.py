@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -60,7 +61,6 @@ class _LocalProcess(Process):
         self._lines = BufferedLines(self._read_some)
 
     def _read_some(self, timeout):
-        import select
         ready, _, _ = select.select([self._process.stdout], [], [], timeout)
         return os.read(self._process.stdout.fileno(), 65536) if ready else None
 

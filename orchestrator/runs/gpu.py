@@ -2,8 +2,11 @@
 what reports make of them (a chart per quantity, mean and peak while the workers ran).
 
 A sample is {"t": seconds since the monitor started, "running": the trained process was
-alive, "gpus": [{"index", "util_pct", "mem_used_mib", "mem_total_mib", "power_w"}, ...]};
-the monitor stores the series in the run's summary (summary["monitor"][TARGET]["gpu_series"]).
+alive, "gpus": [{"index", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w"},
+...]}, the key names of the payloads' GPU query (orchestrator/payloads/_gpus.py); the monitor
+stores the series in the run's summary (summary["monitor"][TARGET]["gpu_series"]). Records
+stored by earlier orch versions named them util_pct, mem_used_mib and mem_total_mib: a series is
+read with either names (gpu_row).
 Only samples taken while the process ran count for the means and peaks: a sample after the
 workers ended reads 0 % and says nothing about the run.
 """
@@ -16,15 +19,22 @@ from orchestrator.runs.model import RunRecord
 
 MAX_SAMPLES = 2000        # a long run keeps every other sample once this many are kept
 
-QUANTITIES = (("util_pct", "utilisation", "%"), ("mem_used_mib", "memory used", "MiB"),
+QUANTITIES = (("utilization_pct", "utilisation", "%"), ("memory_used_mib", "memory used", "MiB"),
               ("power_w", "power", "W"))
+SAMPLE_KEYS = ("index", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w")
+OLD_KEYS = {"util_pct": "utilization_pct", "mem_used_mib": "memory_used_mib",
+            "mem_total_mib": "memory_total_mib"}
+
+
+def gpu_row(row: dict) -> dict:
+    """One GPU of a sample with today's key names, whichever names it was stored with."""
+    renamed = {OLD_KEYS.get(key, key): value for key, value in row.items()}
+    return {key: renamed.get(key) for key in SAMPLE_KEYS}
 
 
 def gpu_sample(event: dict, elapsed_s: float) -> dict:
     """One monitor gpu event as a series sample."""
-    rows = [{key: row.get(key) for key in ("index", "util_pct", "mem_used_mib", "mem_total_mib",
-                                           "power_w")}
-            for row in event.get("gpus") or [] if isinstance(row, dict)]
+    rows = [gpu_row(row) for row in event.get("gpus") or [] if isinstance(row, dict)]
     return {"t": round(elapsed_s, 1), "running": event.get("state", "running") == "running",
             "gpus": rows}
 
@@ -44,7 +54,7 @@ def gpu_stats(series: list) -> list[dict]:
     for sample in series or []:
         if not sample.get("running"):
             continue
-        for row in sample.get("gpus") or []:
+        for row in map(gpu_row, sample.get("gpus") or []):
             if row.get("index") is not None:
                 per_gpu.setdefault(int(row["index"]), []).append(row)
     stats = []
@@ -54,8 +64,8 @@ def gpu_stats(series: list) -> list[dict]:
             values = [float(r[key]) for r in rows if r.get(key) is not None]
             entry[f"{key}_mean"] = round(sum(values) / len(values), 1) if values else None
             entry[f"{key}_peak"] = max(values) if values else None
-        totals = [r["mem_total_mib"] for r in rows if r.get("mem_total_mib") is not None]
-        entry["mem_total_mib"] = max(totals) if totals else None
+        totals = [r["memory_total_mib"] for r in rows if r.get("memory_total_mib") is not None]
+        entry["memory_total_mib"] = max(totals) if totals else None
         stats.append(entry)
     return stats
 
@@ -74,7 +84,7 @@ def chart_series(by_target: dict[str, list], key: str) -> dict[str, list[tuple[f
     lines: dict[str, list] = {}
     for target, series in by_target.items():
         for sample in series:
-            for row in sample.get("gpus") or []:
+            for row in map(gpu_row, sample.get("gpus") or []):
                 label = f"GPU {row.get('index')}" if len(by_target) == 1 else \
                     f"{target} GPU {row.get('index')}"
                 lines.setdefault(label, []).append((sample.get("t"), row.get(key)))

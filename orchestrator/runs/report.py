@@ -172,7 +172,7 @@ def gpu_context(record: RunRecord) -> dict:
     for key, what, unit in gpu.QUANTITIES:
         lines = gpu.chart_series(by_target, key)
         if any(value is not None for points in lines.values() for _, value in points):
-            css = {"util_pct": "util", "mem_used_mib": "mem", "power_w": "power"}[key]
+            css = {"utilization_pct": "util", "memory_used_mib": "mem", "power_w": "power"}[key]
             charts[f"gpu_{css}"] = line_chart(
                 lines, title=f"GPU {what} ({unit})", x_label="seconds since the monitor started",
                 y_label=unit, y_from_zero=True, css_class=f"chart chart-gpu-{css}")

@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, Optional
 
 from orchestrator import paths
 from orchestrator.errors import OrchError
-from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo
+from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo, now_iso
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 15_000
@@ -243,7 +243,6 @@ class RunStore:
     def pin(self, run_id: str) -> RunRecord:
         """Make this run the baseline of its playbook (replaces an earlier pin)."""
         record = self.get(run_id)
-        from orchestrator.runs.model import now_iso
         with self._write() as db:
             db.execute("INSERT INTO pins (playbook, run_id, pinned_at) VALUES (?,?,?)"
                        " ON CONFLICT(playbook) DO UPDATE SET run_id=excluded.run_id,"

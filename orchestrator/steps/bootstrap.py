@@ -21,9 +21,8 @@ import os
 import subprocess
 import sys
 
-from orchestrator import distro
+from orchestrator import distro, payload_api
 from orchestrator.errors import OrchError, PayloadError
-from orchestrator.payloads import run_payload
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
 REMOTE_WHEELHOUSE = "/var/tmp/orch/wheelhouse"
@@ -84,7 +83,7 @@ class BootstrapStep(Step):
         checked = self._check(ctx, params, base)
         if checked.get("up_to_date"):
             return self._done(ctx, venv, checked, changed=False, digest=digest)
-        args = {**base, "action": "install", "index_url": params["index_url"],
+        args = {**base, "index_url": params["index_url"],
                 "extra_index_urls": params["extra_index_urls"], "pip_args": params["pip_args"]}
         if local_dir:
             self._push_wheels(ctx, local_dir, wheels, params["remote_wheelhouse"])
@@ -98,8 +97,8 @@ class BootstrapStep(Step):
             if event.get("event") == "pip":
                 ctx.output(event.get("line", ""))
 
-        result = run_payload(target, "bootstrap", args, python=params["python"],
-                             timeout=ctx.remaining(3600), on_event=on_event)
+        result = payload_api.bootstrap(target, "install", python=params["python"],
+                                       timeout=ctx.remaining(3600), on_event=on_event, **args)
         return self._done(ctx, venv, result, changed=bool(result.get("changed")), digest=digest)
 
     def _done(self, ctx: StepContext, venv: str, result: dict, changed: bool, digest: str) -> StepOutcome:
@@ -127,8 +126,8 @@ class BootstrapStep(Step):
         target, python = ctx.target, params["python"]
 
         def check() -> dict:
-            return run_payload(target, "bootstrap", {**base, "action": "check"},
-                               python=python, timeout=ctx.remaining(300))
+            return payload_api.bootstrap(target, "check", python=python,
+                                         timeout=ctx.remaining(300), **base)
         try:
             return check()
         except PayloadError:
@@ -243,8 +242,7 @@ class BootstrapStep(Step):
 
     def _push_wheels(self, ctx: StepContext, local_dir: str, wheels: dict, remote_dir: str) -> None:
         target = ctx.target
-        present = run_payload(target, "bootstrap", {"action": "list", "dir": remote_dir},
-                              python="python3", timeout=60).get("files", {})
+        present = payload_api.bootstrap(target, "list", timeout=60, dir=remote_dir).get("files", {})
         missing = [name for name, size in wheels.items() if present.get(name) != size]
         if not missing:
             ctx.progress(f"all {len(wheels)} wheels already in {remote_dir}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator import forensics
+from orchestrator import payload_api
 from orchestrator.runs.model import Finding
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
@@ -39,7 +39,7 @@ class GrepStep(Step):
                 f"(source_search payload with {ctx.python()}; expect {params['expect']})"]
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
-        result = forensics.search_source(
+        result = payload_api.search(
             ctx.target, params["pattern"], package=params["package"], fixed=params["fixed"],
             word=params["word"], ignore_case=params["ignore_case"], context=params["context"],
             mode=params["mode"], show=params["show"], max_hits=params["max_hits"])

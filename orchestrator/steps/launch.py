@@ -15,7 +15,7 @@ import shlex
 
 from orchestrator import torchrun
 from orchestrator.config.yamlsrc import Loc
-from orchestrator.monitor import REMOTE_ROOT, launcher
+from orchestrator.payload_api import REMOTE_ROOT, launcher
 from orchestrator.runs.recorder import SECRET_NAME
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 from orchestrator.steps.shell import flatten

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator import forensics
+from orchestrator import payload_api
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.errors import OrchError
 from orchestrator.fx_states import patch_state
@@ -21,7 +21,6 @@ from orchestrator.monitor_classify import compile_metric_regex
 from orchestrator.remote.container import Target
 from orchestrator.steps.base import (Param, Reporter, RunInfo, Step, StepContext, StepFailed,
                                      StepOutcome)
-from orchestrator.steps.patch import patch_state
 
 
 class MonitorStep(Step):
@@ -121,7 +120,7 @@ def _fresh_patch_facts(target) -> dict:
     """The fx-tls state now: the remediation names the torch version and whether it is
     vulnerable. Best effort: the verdict stands without it."""
     try:
-        result = forensics.fx_patch(target, "status")
+        result = payload_api.fx_patch(target, "status")
         return {"torch_version": result.get("torch_version"), "fx_tls_state": patch_state(result)}
     except OrchError:
         return {}

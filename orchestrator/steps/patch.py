@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator import forensics, fx_states
+from orchestrator import fx_states, payload_api
 from orchestrator.fx_states import patch_state
 from orchestrator.runs.model import Finding
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
@@ -13,7 +13,7 @@ class PatchStep(Step):
     summary = "make torch's FX tracing flag thread-local (orch patch fx-tls as a step)"
     params = {
         "name": Param((str,), default="fx-tls", choices=("fx-tls",)),
-        "action": Param((str,), default="status", choices=forensics.PATCH_ACTIONS),
+        "action": Param((str,), default="status", choices=payload_api.PATCH_ACTIONS),
         "require": Param((list,), default=[], items=(str,),
                          doc="fail unless the state after the action is one of these"),
     }
@@ -24,7 +24,7 @@ class PatchStep(Step):
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
         action = params["action"]
-        result = forensics.fx_patch(ctx.target, action)
+        result = payload_api.fx_patch(ctx.target, action)
         state = patch_state(result)
         version = result.get("torch_version")
         info = ctx.info

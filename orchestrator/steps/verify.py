@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator import forensics
+from orchestrator import payload_api
 from orchestrator.runs.model import Finding
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
@@ -28,7 +28,7 @@ class VerifyStep(Step):
                 ctx.progress(f"trial {event.get('index')}/{event.get('trials')}: cross-thread "
                              f"{'raised' if event.get('cross_thread_raised') else 'no error'}")
 
-        result = forensics.verify_fx_race(ctx.target, params["trials"], on_event=on_event)
+        result = payload_api.fx_race(ctx.target, params["trials"], on_event=on_event)
         verdict = result.get("verdict", "inconclusive")
         data = {k: result.get(k) for k in ("verdict", "torch_version", "cross_thread_raised", "trials",
                                            "same_thread_raised", "same_thread_trials", "problems")}

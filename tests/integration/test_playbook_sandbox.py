@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from orchestrator import forensics
+from orchestrator import payload_api
 from orchestrator.fleet import Fleet
-from orchestrator.monitor import launcher
+from orchestrator.payload_api import launcher
 from orchestrator.runs.store import RunStore
 
 TARGET = "sb2-201"
@@ -104,7 +104,7 @@ def test_bootstrap_twice_the_second_does_nothing(sandbox, tmp_path):
 
 def test_race_is_diagnosed_then_the_patch_makes_it_train(sandbox, torch_in_container):
     target = torch_in_container
-    forensics.fx_patch(target, "revert")  # start from the pristine torch
+    payload_api.fx_patch(target, "revert")  # start from the pristine torch
     code, output = run_playbook(sandbox, "-e", "race=true", "-e", "patch=false")
     assert code == 10, output[-6000:]
     assert "verdict: fx-race (exit 10)" in output

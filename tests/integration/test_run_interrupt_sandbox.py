@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from orchestrator.fleet import Fleet
-from orchestrator.monitor import launcher, stop_run
+from orchestrator.payload_api import launcher, stop_run
 from orchestrator.runs.store import RunStore
 from tests.unit.test_run_interrupt import GOES_ON, NOTHING, interrupt_when
 

@@ -15,10 +15,6 @@ import orchestrator
 
 PACKAGE_DIR = os.path.dirname(orchestrator.__file__)
 
-# A cycle another change cuts (the payload runner moves out of payloads/); nothing else.
-KNOWN_CYCLES: set[frozenset] = {frozenset({"payloads", "remote"})}
-
-
 def room_of(module: str) -> str | None:
     """orchestrator.steps.base -> steps; orchestrator.engine -> engine; others -> None."""
     parts = module.split(".")
@@ -127,7 +123,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle_between_rooms():
     graph = room_graph()
     assert {"engine", "steps", "playbook", "runs", "monitor", "config"} <= set(graph)
-    left = [c for c in cycles(graph) if frozenset(c) not in KNOWN_CYCLES]
+    left = cycles(graph)
     assert left == [], "import cycles between rooms: " + "; ".join(" <-> ".join(c) for c in left)
 
 
@@ -139,6 +135,10 @@ def test_the_layers_point_down():
     assert not graph["runs"] & {"steps", "playbook", "engine", "monitor", "nightly", "schedule"}
     assert not graph["config"] & {"remote", "steps", "playbook", "runs", "monitor"}
     assert "engine" not in graph["monitor"] and "steps" not in graph["monitor"]
+    # payloads/ is the scripts and their loader: it imports nothing of orch's; remote/ may use
+    # that loader, and otherwise only the rooms below it.
+    assert graph["payloads"] == set()
+    assert graph["remote"] <= {"errors", "paths", "config", "payloads"}
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -165,3 +165,65 @@ def test_a_cycle_is_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def function_level_imports(root: str = PACKAGE_DIR) -> list[tuple[str, int, str, str]]:
+    """(file, line, imported module, the line with the comment/import lines above it) of every
+    import made inside a function body, TYPE_CHECKING blocks left out."""
+    found = []
+    for folder, _dirs, files in os.walk(root):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+            lines = text.splitlines()
+            for function in ast.walk(ast.parse(text, path)):
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for statement in function.body:
+                    for node in ast.walk(statement):
+                        if isinstance(node, (ast.Import, ast.ImportFrom)):
+                            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                            context = _with_comment_above(lines, node.lineno - 1)
+                            found.append((os.path.relpath(path, os.path.dirname(root)), node.lineno,
+                                          module or "", "\n".join(context)))
+    return found
+
+
+# orch's own modules that need an optional extra: imported where that extra is first needed.
+NEEDS_AN_EXTRA = {"orchestrator.mcp.server"}   # the MCP SDK (orch[mcp])
+
+
+def _with_comment_above(lines: list[str], index: int) -> list[str]:
+    """The import's line and the comment/import lines right above it (a reason written once
+    above two imports covers both)."""
+    start = index
+    while start > 0 and lines[start - 1].strip().startswith(("#", "import ", "from ")):
+        start -= 1
+    return lines[start:index + 1]
+
+
+def test_orch_imports_its_own_modules_at_the_top():
+    """An import inside a function hides a dependency (and, before, a cycle)."""
+    late = [f"{file}:{line}: {module}" for file, line, module, _ in function_level_imports()
+            if module.startswith("orchestrator") and module not in NEEDS_AN_EXTRA]
+    assert late == []
+
+
+def test_a_late_third_party_import_says_why():
+    """Only an optional or heavy dependency is imported inside a function, with a comment
+    (on its line or the line above) saying why."""
+    unexplained = [f"{file}:{line}: {module}" for file, line, module, context
+                   in function_level_imports() if "#" not in context]
+    assert unexplained == []
+
+
+def test_late_imports_are_found(tmp_path):
+    root = tmp_path / "orchestrator"
+    root.mkdir()
+    (root / "mod.py").write_text("import os\ndef f():\n    import json\n"
+                                 "def g():\n    # rich is slow to import\n    import rich\n"
+                                 "    import rich.table\n    x = 1\n    import yaml\n")
+    found = [(line, module, "#" in context) for _file, line, module, context
+             in function_level_imports(str(root))]
+    assert found == [(3, "json", False), (6, "rich", True), (7, "rich.table", True), (9, "yaml", False)]

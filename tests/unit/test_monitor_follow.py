@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from orchestrator.monitor import FollowHandler, LogFollower, launcher, stop_run
+from orchestrator.monitor import FollowHandler, LogFollower
+from orchestrator.payload_api import launcher, stop_run
 from orchestrator.payloads import payload_source
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport

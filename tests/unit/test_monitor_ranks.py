@@ -11,8 +11,9 @@ import time
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.monitor import (LogFollower, Monitor, MonitorSettings, MonitorSink, launcher,
+from orchestrator.monitor import (LogFollower, Monitor, MonitorSettings, MonitorSink,
                                   stream_copy_path, worker_of)
+from orchestrator.payload_api import launcher
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.payloads import INLINE_MARK, payload_source
 from tests.fixtures.payloads import PAYLOADS, run_payload
 
-NAMES = ["torch_locate", "source_search", "fx_patch", "fx_race"]
+NAMES = ["torch_locate", "source_search", "fx_patch", "fx_race", "probe"]
 STDLIB = set(sys.stdlib_module_names)
 
 

@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.monitor import REMOTE_ROOT
+from orchestrator.payload_api import REMOTE_ROOT
 from orchestrator.steps.base import StepFailed
 from tests.unit.step_fakes import payload_failure, planned, RUN_ID, Reply, harness
 
