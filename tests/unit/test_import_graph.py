@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
 import orchestrator
 
 PACKAGE_DIR = os.path.dirname(orchestrator.__file__)
+DOTTED_MODULE = re.compile(r"orchestrator(\.[a-z_]+)+")
 
 def room_of(module: str) -> str | None:
     """orchestrator.steps.base -> steps; orchestrator.engine -> engine; others -> None."""
@@ -29,7 +31,10 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def imported_modules(tree: ast.AST, package: str) -> list[str]:
-    """Every module a file imports (absolute names), leaving out TYPE_CHECKING blocks."""
+    """Every module a file imports (absolute names), leaving out TYPE_CHECKING blocks. A string
+    that is exactly a module's dotted name ("orchestrator.fleet") counts too: that is how the
+    CLI names the modules it imports on first use (importlib), and such a dependency must not
+    hide from this graph."""
     found: list[str] = []
 
     def visit(node: ast.AST) -> None:
@@ -37,7 +42,10 @@ def imported_modules(tree: ast.AST, package: str) -> list[str]:
             for child in node.orelse:
                 visit(child)
             return
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and DOTTED_MODULE.fullmatch(node.value):
+            found.append(node.value)
+        elif isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -147,6 +155,8 @@ def test_the_layers_point_down():
     ("from orchestrator import runs, paths, __version__\n", {"runs", "paths"}),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orchestrator.engine import Engine\n", set()),
     ("from ..steps import base\n", {"steps"}),
+    ('import importlib\nFLEET = "orchestrator.engine"\nimportlib.import_module(FLEET)\n', {"engine"}),
+    ('"""A docstring naming orchestrator.engine is not an import."""\n', set()),
 ])
 def test_graph_counts_function_imports_not_type_checking(tmp_path, source, expected):
     root = tmp_path / "orchestrator"
