@@ -66,7 +66,8 @@ def exec_command(app, target, command, timeout, as_json):
         _exec_many(app, targets, command, timeout, as_json)
     except _OutputClosed:
         # like ssh under `| head`: the reader left, the remote command is stopped with us
-        sys.stdout = open(os.devnull, "w")
+        if threading.current_thread() is threading.main_thread():  # not in the agent
+            sys.stdout = open(os.devnull, "w")
         sys.exit(128 + signal.SIGPIPE)
 
 
