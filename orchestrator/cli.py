@@ -8,7 +8,6 @@ import sys
 from typing import Optional
 
 import click
-from click.utils import make_default_short_help
 
 from orchestrator import __version__, console
 from orchestrator.errors import ExitCode, OrchError
@@ -156,9 +155,9 @@ class LazyGroup(OrchGroup):
         rows = []
         for name in names:
             loaded = self.commands.get(name)
-            text = (loaded.get_short_help_str(limit) if loaded is not None
-                    else make_default_short_help(LAZY_COMMANDS[name][2], limit))
-            rows.append((name, text))
+            # a stand-in with the same first paragraph shortens it exactly as the command would
+            shown = loaded or click.Command(name, help=LAZY_COMMANDS[name][2])
+            rows.append((name, shown.get_short_help_str(limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

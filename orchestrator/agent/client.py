@@ -116,7 +116,7 @@ def run_in_agent(args: list[str]) -> int | None:
 
 
 def _run_message(args: list[str]) -> dict:
-    return {"type": "run", "argv": args, "prog_name": os.path.basename(sys.argv[0]) or "orch",
+    return {"type": "run", "argv": args, "prog_name": "orch",
             "cwd": os.getcwd(), "env": dict(os.environ), "term_size": _terminal_size(),
             "stdio": [_stream_info(stream) for stream in (sys.stdin, sys.stdout, sys.stderr)]}
 

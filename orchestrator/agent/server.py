@@ -551,10 +551,7 @@ class Agent:
     def _handle(self, conn: socket.socket) -> None:
         with conn:
             if not _same_user(conn):
-                try:
-                    protocol.send(conn, {"type": "refused", "reason": "another user"})
-                except OSError:
-                    pass
+                self._refuse(conn)
                 return
             reader = protocol.Reader(conn)
             try:
@@ -580,6 +577,24 @@ class Agent:
                 if kind != "run":
                     for fd in fds:
                         os.close(fd)
+
+    @staticmethod
+    def _refuse(conn: socket.socket) -> None:
+        """Another user: its message is read (so that our answer is not lost to a reset)
+        and dropped unparsed, fds closed at once; nothing runs, nothing is shown."""
+        conn.settimeout(2.0)
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+            for fd in fds:
+                os.close(fd)
+            protocol.send(conn, {"type": "refused", "reason": "another user"})
+            conn.shutdown(socket.SHUT_WR)
+            left = protocol.MAX_MESSAGE
+            while data and left > 0:  # the rest of its message, until it closes
+                data = conn.recv(65536)
+                left -= len(data)
+        except OSError:
+            pass
 
     def _run(self, conn, reader, message: dict, fds: list[int]) -> None:
         if len(fds) != 3 or self._stopping.is_set():
@@ -669,7 +684,7 @@ def main() -> None:
     """Run the agent in this process until it idles out or is stopped. One per socket: a
     second one started at the same time finds the lock taken and leaves."""
     directory = protocol.private_dir(protocol.agent_dir())
-    lock = open(os.path.join(directory, f"agent-{protocol.install_tag()}.lock"), "w")
+    lock = open(os.path.join(directory, f"agent-{protocol.install_tag()}.lock"), "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -683,7 +698,9 @@ def main() -> None:
     cli.App.fleet_lender = agent.pool
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     signal.signal(signal.SIGINT, lambda *_: agent.stop())
-    lock.write(json.dumps({"pid": os.getpid()}))
+    lock.seek(0)
+    lock.truncate()
+    lock.write(json.dumps({"pid": os.getpid()}))  # for tests and `kill`; status says it too
     lock.flush()
     _log(directory, f"agent {os.getpid()} started (orch {__version__}, idle exit {agent.idle_s:g} s)")
     agent.serve()

@@ -13,13 +13,16 @@ import click
 
 from orchestrator import console, distro
 from orchestrator.errors import ConfigError, ExitCode, OrchError, PayloadError
-from orchestrator.fleet import each_concurrently
+from orchestrator.lazy import lazy
 from orchestrator.payloads import run_payload
-from orchestrator.proxmox import ProxmoxClient, api_backend
 from orchestrator.remote.base import LineSplitter, stdin_bytes
 from orchestrator.remote.container import require_vmid
 
 pass_app = click.pass_obj
+# imported when first called: `orch exec --help` needs no SSH or Proxmox API code
+each_concurrently = lazy("orchestrator.fleet", "each_concurrently")
+ProxmoxClient = lazy("orchestrator.proxmox", "ProxmoxClient")
+api_backend = lazy("orchestrator.proxmox", "api_backend")
 
 
 # ---------------------------------------------------------------- orch exec
@@ -221,7 +224,7 @@ def _containers_of(app, name: str) -> list[dict]:
     return [{**item, "node": node, "host": name} for item in client.containers()]
 
 
-def _client(app, host_name: str) -> ProxmoxClient:
+def _client(app, host_name: str) -> "ProxmoxClient":
     spec = app.fleet.inventory.hosts[host_name]
     if spec.transport == "local":
         raise OrchError(f"host {host_name} is local: it has no Proxmox API")

@@ -9,8 +9,10 @@ import click
 
 from orchestrator import console, paths
 from orchestrator.errors import ConfigError, ExitCode, OrchError
-from orchestrator.playbook.loader import parse_extra_vars
+from orchestrator.lazy import lazy
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
+
+parse_extra_vars = lazy("orchestrator.playbook.loader", "parse_extra_vars")  # no jinja2 for --help
 
 pass_app = click.pass_obj
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")

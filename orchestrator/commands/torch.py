@@ -10,9 +10,10 @@ import click
 
 from orchestrator import console, forensics
 from orchestrator.errors import ExitCode, OrchError
-from orchestrator.fleet import each_concurrently
+from orchestrator.lazy import lazy
 
 pass_app = click.pass_obj
+each_concurrently = lazy("orchestrator.fleet", "each_concurrently")  # no SSH code for --help
 TARGET_OPTION = click.option(
     "-t", "--target", "targets", multiple=True, metavar="TARGET",
     help="Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
