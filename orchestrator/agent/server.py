@@ -83,11 +83,14 @@ class Request:
         """orch's rich console for this request, made as console.py makes its own but for
         the client's stream, environment and terminal size."""
         if which not in self._consoles:
+            # rich reads the size from fds 0-2, the agent's own: pass the client's (a new
+            # pseudo-terminal says 0 x 0, which rich takes as unknown: so do we)
+            columns, lines = self.term_size or (0, 0)
             options = {}
-            if self.term_size and "COLUMNS" not in self.env:
-                options["width"] = self.term_size[0]
-            if self.term_size and "LINES" not in self.env:
-                options["height"] = self.term_size[1]
+            if columns > 0 and "COLUMNS" not in self.env:
+                options["width"] = columns
+            if lines > 0 and "LINES" not in self.env:
+                options["height"] = lines
             self._consoles[which] = Console(
                 file=self.stdout if which == "out" else self.stderr, stderr=which == "err",
                 highlight=False, soft_wrap=True, _environ=self.env, **options)
