@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import io
+import itertools
 import json
 import os
 import signal
@@ -75,7 +76,6 @@ class Request:
         self.channels: "weakref.WeakSet" = weakref.WeakSet()
         self.lent = []
         self.thread_id: Optional[int] = None
-        self.fds = fds
         self.stdin, self.stdout, self.stderr = _streams(fds, message.get("stdio") or [{}, {}, {}])
         self._consoles: dict[str, Console] = {}
 
@@ -435,6 +435,11 @@ class FleetPool:
 
     def give_back(self, request: Request) -> None:
         for pooled in request.lent:
+            if request.interrupted is not None:
+                # the interrupt was raised asynchronously in the command's thread: in a rare
+                # race it lands inside paramiko between a lock's acquire and its try. Open
+                # new connections rather than risk a stuck one.
+                self._retire(pooled)
             with self._lock:
                 pooled.leases -= 1
                 pooled.last_used = time.time()
@@ -486,6 +491,7 @@ class Agent:
         self.last_active = time.monotonic()
         self.active: dict[int, Request] = {}
         self.served = 0
+        self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self._listener: Optional[socket.socket] = None
         self._stopping = threading.Event()
@@ -605,9 +611,15 @@ class Agent:
                 os.close(fd)
             protocol.send(conn, {"type": "refused", "reason": "stopping" if len(fds) == 3 else "no fds"})
             return
+        try:
+            request = Request(next(self._numbers), message, fds)
+        except Exception:  # a malformed request: nothing runs
+            for fd in fds:
+                os.close(fd)
+            protocol.send(conn, {"type": "refused", "reason": "malformed request"})
+            return
         with self._lock:
             self.served += 1
-            request = Request(self.served, message, fds)
             self.active[request.number] = request
         try:
             protocol.send(conn, {"type": "accepted", "pid": os.getpid()})
