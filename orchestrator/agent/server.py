@@ -606,10 +606,15 @@ class Agent:
             pass
 
     def _run(self, conn, reader, message: dict, fds: list[int]) -> None:
-        if len(fds) != 3 or self._stopping.is_set():
+        reason = ("no fds" if len(fds) != 3 else "stopping" if self._stopping.is_set()
+                  else "orch's code changed since the agent started" if _code_changed() else None)
+        if reason:
             for fd in fds:
                 os.close(fd)
-            protocol.send(conn, {"type": "refused", "reason": "stopping" if len(fds) == 3 else "no fds"})
+            protocol.send(conn, {"type": "refused", "reason": reason})
+            if reason.startswith("orch's code"):
+                _log(self.directory, f"agent {os.getpid()}: {reason}: exiting")
+                self.stop()
             return
         try:
             request = Request(next(self._numbers), message, fds)
@@ -668,6 +673,32 @@ class Agent:
                 "running": running, "fleets": self.pool.describe()}
 
 
+_CODE_STAMPS: dict[str, int] = {}
+
+
+def _remember_code() -> None:
+    """The files of orch's own modules as loaded now (an upgrade or an edit in place keeps
+    the socket name: the agent must not go on serving the old code)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and os.path.abspath(path).startswith(package + os.sep):
+            try:
+                _CODE_STAMPS[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                pass
+
+
+def _code_changed() -> bool:
+    for path, stamp in _CODE_STAMPS.items():
+        try:
+            if os.stat(path).st_mtime_ns != stamp:
+                return True
+        except OSError:
+            return True
+    return False
+
+
 def _same_user(conn: socket.socket) -> bool:
     """SO_PEERCRED: only our own uid may use the agent (the 0700 folder is the first wall)."""
     credentials = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -708,7 +739,7 @@ def main() -> None:
     for name in FAST_COMMANDS:   # import them now: the first command is as quick as the next
         cli.load_command(name)
     _install_process_hooks()
-    cli.App.fleet_lender = None
+    _remember_code()
     agent = Agent(directory, idle_seconds())
     cli.App.fleet_lender = agent.pool
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -125,3 +126,25 @@ def test_concurrent_requests_never_mix_their_output(env, inventory):
         out, err = process.communicate(timeout=120)
         assert out == "".join(f"{n}-{i}\n" for i in range(1, 201))
         assert err == "".join(f"{n}-err-{i}\n" for i in range(1, 201))
+
+
+def test_an_agent_whose_code_changed_steps_aside(env, inventory):
+    """An edit or upgrade in place keeps the socket's name: the old agent must not serve
+    the new orch. It refuses (the command runs here instead) and exits."""
+    import orchestrator.lazy
+    assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
+                          timeout=60).returncode == 0
+    (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
+    source = orchestrator.lazy.__file__
+    before = os.stat(source)
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    try:
+        out = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "here"],
+                             env={**env, "ORCH_AGENT": "on"}, capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stdout) == (0, "here\n"), out.stderr
+        deadline = time.monotonic() + 10
+        while pid in agent_pids(env["ORCH_AGENT_DIR"]):
+            assert time.monotonic() < deadline, "the stale agent did not exit"
+            time.sleep(0.05)
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
