@@ -9,8 +9,10 @@ and p95 in milliseconds.
     manual:   ssh HOST 'pct exec VMID -- true' and ... -- rg -n 'def ...' TREE, each with a new
               SSH connection and through an OpenSSH ControlMaster kept open (ControlPersist)
 
-It runs against the sandbox (`orch sandbox up` first) and gives CT 200 of sb1 a real torch
-2.13 venv at /root/venv (tests/integration/torch_seed.py) for the search rows.
+It runs against the sandbox (`orch sandbox up` first). For the search rows it gives CT 200
+of sb1 a real torch 2.13 venv at /root/cli-bench-venv (tests/integration/torch_seed.py),
+named in an inventory of its own, and removes both at the end: the sandbox's own
+inventory and containers stay as the tests expect them.
 
     python benchmarks/cli_latency.py [-n 25] [--json]
 """
@@ -28,23 +30,26 @@ import sys
 import tempfile
 import time
 
+import yaml
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from orchestrator import sandbox as sandboxes  # noqa: E402
-from tests.integration.torch_seed import seed_torch_venv  # noqa: E402
+from tests.integration.torch_seed import remove_venv, seed_torch_venv  # noqa: E402
 
 HOST, VMID, TARGET = "sb1", 200, "sb1-200"
 NAME = "is_fx_symbolic_tracing"
-TREE = "/root/venv/lib/python3.11/site-packages/torch"
+VENV = "cli-bench-venv"
+TREE = f"/root/{VENV}/lib/python3.11/site-packages/torch"
 
 
-def rows(bed, orch: str, control_dir: str) -> dict[str, list[str]]:
+def rows(bed, orch: str, control_dir: str, inventory_file: str) -> dict[str, list[str]]:
     ssh = ["ssh", "-F", str(bed.ssh_config), HOST]
     master = ["ssh", "-F", str(bed.ssh_config), "-o", "ControlMaster=auto", "-o",
               f"ControlPath={control_dir}/%C", "-o", "ControlPersist=120", HOST]
     true = shlex.join(["pct", "exec", str(VMID), "--", "true"])
     rg = shlex.join(["pct", "exec", str(VMID), "--", "rg", "-n", f"def {NAME}", TREE])
-    inventory = ["-i", str(bed.inventory_path)]
+    inventory = ["-i", inventory_file]
     return {
         "ssh HOST 'pct exec VMID -- true' (manual)": [*ssh, true],
         "  the same through a ControlMaster (ControlPersist)": [*master, true],
@@ -88,14 +93,18 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     bed = sandboxes.up()
-    seed_torch_venv(bed, HOST, VMID, "venv")
     orch = os.path.join(os.path.dirname(sys.executable), "orch")
     scratch = tempfile.mkdtemp(prefix="orch-cli-bench-")
     env = {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent")}
-    commands = rows(bed, orch, scratch)
     try:
-        table = summary(measure(commands, args.count, env))
+        inventory = yaml.safe_load(bed.inventory_path.read_text())
+        inventory["containers"][TARGET]["venv"] = seed_torch_venv(bed, HOST, VMID, VENV)
+        inventory_file = os.path.join(scratch, "inventory.yaml")
+        with open(inventory_file, "w") as out:
+            yaml.safe_dump(inventory, out)
+        table = summary(measure(rows(bed, orch, scratch, inventory_file), args.count, env))
     finally:
+        remove_venv(bed, HOST, VMID, VENV)
         subprocess.run([orch, "agent", "stop"], env=env, capture_output=True)
         subprocess.run(["ssh", "-F", str(bed.ssh_config), "-o", f"ControlPath={scratch}/%C",
                         "-O", "exit", HOST], capture_output=True)
