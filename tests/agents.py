@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import signal
 import time
 
 
 def agent_pids(directory: str) -> list[int]:
-    """Pids of the agents alive in directory (each writes its pid into its lock file)."""
+    """Pids of the agent processes alive for directory (their ORCH_AGENT_DIR), found in /proc:
+    also one still starting, or one that won the lock after the first agent was stopped
+    (several clients that found no agent each start one; all but one leave)."""
     pids = []
-    for lock in glob.glob(os.path.join(directory, "agent-*.lock")):
-        try:
-            pid = json.loads(open(lock).read() or "{}").get("pid")
-        except (OSError, ValueError):
+    wanted = f"ORCH_AGENT_DIR={os.path.abspath(directory)}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
-        if pid and alive(pid):
-            pids.append(pid)
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if b"orchestrator.agent.server" not in cmdline.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted not in environ.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        if alive(int(entry)):
+            pids.append(int(entry))
     return pids
 
 
