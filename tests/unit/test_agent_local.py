@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import orchestrator.lazy
 from orchestrator.agent import protocol
 from tests.agents import agent_pids, stop_agents
 
@@ -131,7 +132,6 @@ def test_concurrent_requests_never_mix_their_output(env, inventory):
 def test_an_agent_whose_code_changed_steps_aside(env, inventory):
     """An edit or upgrade in place keeps the socket's name: the old agent must not serve
     the new orch. It refuses (the command runs here instead) and exits."""
-    import orchestrator.lazy
     assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
                           timeout=60).returncode == 0
     (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
