@@ -43,8 +43,10 @@ def clients(inventory_path: str, target: str, ssh_config: str, size_mb: int) -> 
     spec = inventory.containers[target]
     remote = ["head", "-c", str(size_mb * 1024 * 1024), "/dev/zero"]
     return {
-        "orch exec": [sys.executable, "-m", "orchestrator", "-i", inventory_path, "exec", target,
-                      "--", *remote],
+        # in-process: the memory of orch streaming the output itself, not of the thin client
+        # that hands the command to the warm agent (docs/agent.md)
+        "orch exec": [sys.executable, "-m", "orchestrator", "--no-agent", "-i", inventory_path,
+                      "exec", target, "--", *remote],
         "ssh + pct exec (manual)": ["ssh", "-F", ssh_config, spec.host,
                                     shlex.join(["pct", "exec", str(spec.vmid), "--", *remote])],
     }

@@ -1,3 +1,3 @@
-from orchestrator.cli import main
+from orchestrator.main import main
 
-main(prog_name="orch")
+main()  # `python -m orchestrator` is `orch`: the quick commands go to the agent (docs/agent.md)

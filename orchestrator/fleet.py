@@ -139,6 +139,18 @@ class Fleet:
         return self.ssh_settings(HostSpec(name=jump, address=address, user=user or None,
                                           port=int(port) if port else None), seen)
 
+    def forget_clusters(self) -> None:
+        """Ask clusters again where their containers are (a warm fleet, between commands)."""
+        with self._lock:
+            self._clusters.clear()
+
+    def open_hosts(self) -> dict:
+        """What each host opened so far holds (`orch agent status`)."""
+        with self._lock:
+            hosts = dict(self._hosts)
+        return {name: host.usage() if hasattr(host, "usage") else {"transport": "local"}
+                for name, host in hosts.items()}
+
     def close(self) -> None:
         for host in self._hosts.values():
             host.close()

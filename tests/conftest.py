@@ -6,7 +6,10 @@ import tempfile
 
 import pytest
 
+from tests.agents import stop_agents
+
 _SESSION_DATA_DIR = tempfile.mkdtemp(prefix="orch-test-data-")
+_SESSION_AGENT_DIR = tempfile.mkdtemp(prefix="orch-test-agent-")
 
 
 def pytest_configure(config):
@@ -14,10 +17,17 @@ def pytest_configure(config):
     # give the whole session a data directory of its own too, never the user's store.
     os.environ["ORCH_DATA_DIR"] = _SESSION_DATA_DIR
     os.environ.pop("ORCH_STORE", None)
+    # The warm agent (docs/agent.md): the session's own socket folder, never the user's agent;
+    # stopped at the end. Commands run on the direct path unless a test asks for the agent
+    # (the cli_path fixture runs the exec and forensics tests both ways).
+    os.environ["ORCH_AGENT_DIR"] = _SESSION_AGENT_DIR
+    os.environ["ORCH_AGENT"] = "off"
 
 
 def pytest_unconfigure(config):
     shutil.rmtree(_SESSION_DATA_DIR, ignore_errors=True)
+    stop_agents(_SESSION_AGENT_DIR)
+    shutil.rmtree(_SESSION_AGENT_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

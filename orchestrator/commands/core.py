@@ -7,17 +7,24 @@ import signal
 import stat
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator import console
 from orchestrator.errors import ConfigError, ExitCode
-from orchestrator.fleet import GroupResult, fan_out
-from orchestrator.inventory_check import check_targets, row_texts
+from orchestrator.lazy import lazy
 from orchestrator.remote.base import LineSplitter, stdin_bytes
 from orchestrator.remote.container import require_vmid
 
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.fleet import GroupResult
+
 pass_app = click.pass_obj
+# imported when first called: `orch exec --help` needs no SSH code
+fan_out = lazy("orchestrator.fleet", "fan_out")
+check_targets = lazy("orchestrator.inventory_check", "check_targets")
+row_texts = lazy("orchestrator.inventory_check", "row_texts")
 
 
 # ---------------------------------------------------------------- orch exec
@@ -64,7 +71,8 @@ def exec_command(app, target, command, timeout, as_json):
         _exec_many(app, targets, command, timeout, as_json)
     except _OutputClosed:
         # like ssh under `| head`: the reader left, the remote command is stopped with us
-        sys.stdout = open(os.devnull, "w")
+        if threading.current_thread() is threading.main_thread():  # not in the agent
+            sys.stdout = open(os.devnull, "w")
         sys.exit(128 + signal.SIGPIPE)
 
 
@@ -298,6 +306,3 @@ def _check_row(row: dict) -> list:
     texts = row_texts(row)
     return [row["target"], row["where"], "yes" if row["ok"] else "NO",
             texts["python"], texts["venv"], texts["gpus"], texts["problem"]]
-
-
-COMMANDS = [exec_command, ct, inventory]

@@ -8,14 +8,20 @@ import sys
 import click
 
 from orchestrator import console
-from orchestrator.attach import attach_run, stop_recorded_run
-from orchestrator.config.inventory import inventory_path, load_inventory
-from orchestrator.engine import resolve_specs, run_playbook
-from orchestrator.errors import ExitCode, OrchError
-from orchestrator.playbook.loader import load_playbook, normalize_extra_vars
 from orchestrator.console.run import ConsoleReporter
+from orchestrator.errors import ExitCode, OrchError
+from orchestrator.lazy import lazy
 
 pass_app = click.pass_obj
+# imported when first called: `orch run --help` needs no SSH, jinja2 or engine code
+inventory_path = lazy("orchestrator.config.inventory", "inventory_path")
+load_inventory = lazy("orchestrator.config.inventory", "load_inventory")
+attach_run = lazy("orchestrator.attach", "attach_run")
+stop_recorded_run = lazy("orchestrator.attach", "stop_recorded_run")
+resolve_specs = lazy("orchestrator.engine", "resolve_specs")
+run_playbook = lazy("orchestrator.engine", "run_playbook")
+load_playbook = lazy("orchestrator.playbook.loader", "load_playbook")
+normalize_extra_vars = lazy("orchestrator.playbook.loader", "normalize_extra_vars")
 ECHO_CHOICE = click.Choice(["auto", "all", "events", "none"])
 
 
@@ -180,6 +186,3 @@ def stop_command(app, run, targets, grace, as_json):
                 console.out.print(f"{item['target']}: stopped with {item.get('sent')} "
                                   f"(exit {item.get('exit_code')}, signal {item.get('signal')})")
     sys.exit(ExitCode.FAILED if any("error" in r for r in results) else ExitCode.OK)
-
-
-COMMANDS = [run_command, validate_command, attach_command, stop_command]

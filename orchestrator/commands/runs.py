@@ -11,15 +11,20 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator import console, paths
-from orchestrator import nightly as nightly_mod
-from orchestrator import schedule as sched
-from orchestrator.errors import ConfigError, ExitCode, OrchError
-from orchestrator.playbook.loader import parse_extra_vars
 from orchestrator.console.run import ConsoleReporter
+from orchestrator.errors import ConfigError, ExitCode, OrchError
+from orchestrator.lazy import LazyModule, lazy
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
-from orchestrator.runs.report import render_html, render_markdown, write_reports
 from orchestrator.runs.store import RunStore
+
+# imported when first used: `orch runs --help` needs no engine, SSH or jinja2
+nightly_mod = LazyModule("orchestrator.nightly")
+sched = LazyModule("orchestrator.schedule")
+parse_extra_vars = lazy("orchestrator.playbook.loader", "parse_extra_vars")
+render_html = lazy("orchestrator.runs.report", "render_html")
+render_markdown = lazy("orchestrator.runs.report", "render_markdown")
+write_reports = lazy("orchestrator.runs.report", "write_reports")
 
 pass_app = click.pass_obj
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -509,6 +514,3 @@ def schedule_remove(playbook, dest, crontab_file):
         raise OrchError(f"no schedule of {playbook} found", hint="`orch schedule list` shows them")
     for path in removed:
         console.info(f"removed {path}")
-
-
-COMMANDS = [runs, report, nightly_command, schedule]

@@ -6,14 +6,19 @@ import contextlib
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator import console, fx_states, payload_api
 from orchestrator.errors import ExitCode
-from orchestrator.fleet import GroupResult, fan_out
+from orchestrator.lazy import lazy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.fleet import GroupResult
 
 pass_app = click.pass_obj
+fan_out = lazy("orchestrator.fleet", "fan_out")  # no SSH code for --help
 TARGET_OPTION = click.option(
     "-t", "--target", "targets", multiple=True, metavar="TARGET",
     help="Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
@@ -314,6 +319,3 @@ def _print_race(target, outcome) -> None:
         console.out.print(f"  {outcome['cross_thread_other_fx_leak']} cross-thread call(s) failed with "
                           "FX's other process-wide leak (its patched torch.nn.Module.__call__: "
                           "'module is not installed as a submodule'), not the flag")
-
-
-COMMANDS = [grep_torch, grep_pkg, patch, verify]

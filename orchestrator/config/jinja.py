@@ -4,7 +4,6 @@ undefined names are errors (StrictUndefined), plus the `quote` and `join_argv` f
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 import jinja2
 from jinja2.nativetypes import NativeEnvironment
@@ -20,6 +19,3 @@ def _make_env(cls) -> jinja2.Environment:
 ENV = _make_env(jinja2.Environment)
 NATIVE_ENV = _make_env(NativeEnvironment)
 
-
-def is_template(value: Any) -> bool:
-    return isinstance(value, str) and ("{{" in value or "{%" in value)

@@ -6,8 +6,14 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from orchestrator.config.jinja import is_template
 from orchestrator.config.yamlsrc import Loc, Path, Source, describe_path
+
+
+def is_template(value: Any) -> bool:
+    """Whether a YAML value is a jinja2 template (rendered when the run knows its variables).
+    A plain check, so that reading a config never imports jinja2."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
 
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
               list: "a list", dict: "a mapping"}

@@ -8,11 +8,14 @@ import click
 
 from orchestrator import console
 from orchestrator.errors import OrchError
+from orchestrator.lazy import lazy
 from orchestrator.mcp.audit import AuditLog, audit_rows, new_session_id
-from orchestrator.mcp.policy import build_policy
-from orchestrator.mcp.tools import Tools
-from orchestrator.mcp.wire import serve_stdio
 from orchestrator.runs.store import RunStore
+
+# imported when the server starts: `orch mcp --help` and `orch runs audit` need no SSH or engine
+build_policy = lazy("orchestrator.mcp.policy", "build_policy")
+Tools = lazy("orchestrator.mcp.tools", "Tools")
+serve_stdio = lazy("orchestrator.mcp.wire", "serve_stdio")
 
 
 @click.command("mcp")

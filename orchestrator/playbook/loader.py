@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from orchestrator.config.jinja import is_template
+from orchestrator.config.schema import is_template
 from orchestrator.config.schema import check_keys, check_value, expect, expect_list_of, type_name
 from orchestrator.config.yamlsrc import Loc, Source, describe_path, load_yaml
 from orchestrator.errors import ConfigError

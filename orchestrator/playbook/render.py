@@ -18,7 +18,8 @@ from typing import Any, Iterable
 import jinja2
 import jinja2.meta
 
-from orchestrator.config.jinja import ENV, NATIVE_ENV, is_template
+from orchestrator.config.jinja import ENV, NATIVE_ENV
+from orchestrator.config.schema import is_template
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.errors import ConfigError
 

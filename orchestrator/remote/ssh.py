@@ -258,6 +258,14 @@ class SshHost(Transport):
             self._jump_host.close()
 
     # -- channels ---------------------------------------------------------------------
+    def usage(self) -> dict:
+        """Connections open now and the session channels in use on them."""
+        with self._changed:
+            live = [c for c in self._connections if c.alive()]
+            return {"transport": "ssh", "address": f"{self.settings.user}@{self.settings.address}:"
+                                                   f"{self.settings.port}",
+                    "connections": len(live), "channels_in_use": sum(c.open for c in live)}
+
     def _open_channel(self, timeout: float, wait_until: Optional[float] = None):
         """A session channel and its connection, honouring the server's channel limit:
         waits for a free slot until wait_until (None: as long as it takes), then gives the

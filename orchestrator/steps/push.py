@@ -9,7 +9,8 @@ from typing import Optional
 
 import jinja2
 
-from orchestrator.config.jinja import ENV, is_template
+from orchestrator.config.jinja import ENV
+from orchestrator.config.schema import is_template
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 

@@ -68,3 +68,13 @@ def fleet(sandbox):
 def ct(fleet):
     """CT 200 of host sb1, the container most transport tests use."""
     return fleet.targets(["sb1-200"])[0]
+
+
+@pytest.fixture(params=["direct", "agent"])
+def cli_path(request, monkeypatch):
+    """Runs a test's `orch` commands (`python -m orchestrator`, as `orch` itself) once on the
+    direct path and once through the warm agent. ORCH_AGENT=require: a quick command the
+    agent does not take fails instead of falling back, so the agent leg cannot pass by
+    running in-process."""
+    monkeypatch.setenv("ORCH_AGENT", "off" if request.param == "direct" else "require")
+    return request.param

@@ -18,7 +18,7 @@ from tests.integration.torch_seed import seed_torch_venv
 
 VENV = "torch-venv"
 TARGETS = [("sb1", 201), ("sb2", 201)]
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("cli_path")]  # agent and direct
 
 
 @pytest.fixture(scope="module")

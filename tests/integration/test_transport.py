@@ -34,7 +34,7 @@ def no_pwned(ct):
     assert ct.run(["test", "-e", "/tmp/pwned"]).exit_code == 1, "a hostile string was executed"
 
 
-def test_hostile_argv_round_trips_api_session_and_cli(sandbox, ct):
+def test_hostile_argv_round_trips_api_session_and_cli(cli_path, sandbox, ct):
     assert json.loads(ct.run(ECHO + HOSTILE, check=True).text) == HOSTILE
     session = ExecSession(ct)
     assert json.loads(session.run(ECHO + HOSTILE, check=True).text) == HOSTILE
@@ -53,13 +53,13 @@ def test_any_argv_round_trips_through_the_api(ct, args):
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=st.lists(ARG, min_size=1, max_size=4))
-def test_any_argv_round_trips_through_the_cli(sandbox, args):
+def test_any_argv_round_trips_through_the_cli(cli_path, sandbox, args):
     out = orch(sandbox, "exec", "sb2-201", "--", *ECHO, *args)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == args
 
 
-def test_every_exit_code_propagates(sandbox, ct):
+def test_every_exit_code_propagates(cli_path, sandbox, ct):
     codes = {code: ct.run(["sh", "-c", f"exit {code}"]).exit_code for code in range(256)}
     assert codes == {code: code for code in range(256)}
     for code in (0, 3, 254):
@@ -118,7 +118,7 @@ def _inventory_with_known_hosts(sandbox, tmp_path, known_hosts_text: str) -> str
     return str(path)
 
 
-def test_unknown_host_key_is_refused_unless_trusted_explicitly(sandbox, tmp_path):
+def test_unknown_host_key_is_refused_unless_trusted_explicitly(cli_path, sandbox, tmp_path):
     inventory = _inventory_with_known_hosts(sandbox, tmp_path, "")
     with Fleet.from_path(inventory) as fleet:
         with pytest.raises(HostKeyUnknown, match="not in .*known_hosts"):
@@ -162,7 +162,7 @@ def test_link_down_gives_a_timeout_then_recovers(sandbox):
         assert ct.run(["echo", "back"], timeout=30).text == "back\n"
 
 
-def test_proxmox_api_over_ssh(sandbox):
+def test_proxmox_api_over_ssh(cli_path, sandbox):
     listing = json.loads(orch(sandbox, "ct", "list", "--json").stdout)
     states = {(row["host"], row["vmid"]): row["status"] for row in listing}
     assert states[("sb1", 200)] == "running" and states[("sb2", 202)] == "stopped"
@@ -175,7 +175,7 @@ def test_proxmox_api_over_ssh(sandbox):
         sandbox.stop_container("sb2", 202)
 
 
-def test_inventory_check_runs_all_hosts(sandbox):
+def test_inventory_check_runs_all_hosts(cli_path, sandbox):
     out = orch(sandbox, "inventory", "check", "--json")
     rows = {row["target"]: row for row in json.loads(out.stdout)}
     assert out.returncode == 1  # the stopped containers are reported

@@ -26,6 +26,7 @@ import yaml
 
 from orchestrator.errors import BadArgument, ConnectionLost
 from orchestrator.fleet import Fleet
+from tests.agents import agent_pids
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 # every process's command line in the container, without needing procps there
@@ -127,7 +128,7 @@ def many_aliases_inventory(sandbox, tmp_path, count=14) -> str:
     return str(path)
 
 
-def test_exec_on_a_group_larger_than_max_sessions(sandbox, tmp_path):
+def test_exec_on_a_group_larger_than_max_sessions(cli_path, sandbox, tmp_path):
     inventory = many_aliases_inventory(sandbox, tmp_path, count=30)
     out = subprocess.run([*ORCH, "-i", inventory, "exec", "wide", "--", "sh", "-c",
                           "sleep 0.5; echo done"], capture_output=True, text=True, timeout=120)
@@ -213,13 +214,17 @@ def test_killed_connection_raises_a_typed_error(sandbox):
         assert ct.run(["echo", "back"]).text == "back\n"   # a new connection next time
 
 
-def test_killed_connection_in_orch_exec_is_reported(sandbox):
+def test_killed_connection_in_orch_exec_is_reported(cli_path, sandbox):
     process = subprocess.Popen([*ORCH, "-i", str(sandbox.inventory_path), "exec", "sb2-201",
                                 "--", "sh", "-c", "echo started; sleep 20"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout.readline() == b"started\n"
-    (port,) = client_ports(process.pid)
-    kill_connection(sandbox, "sb2", port)
+    # through the agent, the connection is the agent's (with others, warm, beside it)
+    pid = process.pid if cli_path == "direct" else agent_pids(os.environ["ORCH_AGENT_DIR"])[0]
+    ports = [port for port in client_ports(pid) if sshd_pids_serving(sandbox, "sb2", port)]
+    assert len(ports) == 1 if cli_path == "direct" else ports
+    for port in ports:
+        kill_connection(sandbox, "sb2", port)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 255
     assert b"connection to host sb2 broke" in stderr and b"Traceback" not in stderr
@@ -227,7 +232,7 @@ def test_killed_connection_in_orch_exec_is_reported(sandbox):
 
 # --- 5. streaming ----------------------------------------------------------------------------------
 
-def test_stdin_streams_to_the_command(sandbox):
+def test_stdin_streams_to_the_command(cli_path, sandbox):
     process = subprocess.Popen(
         ["bash", "-c", 'printf "x\\n" | (cat; sleep 8) | "$@"', "stream",
          *ORCH, "-i", str(sandbox.inventory_path), "exec", "sb1-200", "--", "head", "-n1"],
@@ -239,7 +244,7 @@ def test_stdin_streams_to_the_command(sandbox):
     assert line == b"x\n" and elapsed < 5, f"x arrived after {elapsed:.1f} s"
 
 
-def test_large_output_streams_to_a_file_byte_exact(sandbox, tmp_path):
+def test_large_output_streams_to_a_file_byte_exact(cli_path, sandbox, tmp_path):
     size = 30 * 1024 * 1024
     out_path = tmp_path / "out.bin"
     with open(out_path, "wb") as sink:
@@ -266,14 +271,14 @@ def wait_until_gone(ct, marker: str, seconds: float = 8.0) -> list[str]:
     return remote_sleeps(ct, marker)
 
 
-def test_timeout_kills_the_remote_command(sandbox, ct):
+def test_timeout_kills_the_remote_command(cli_path, sandbox, ct):
     out = orch(sandbox, "exec", "--timeout", "2", "sb1-200", "--", "sleep", "301", text=True)
     assert out.returncode == 255 and "sleep 301 in sb1-200" in out.stderr
     assert wait_until_gone(ct, "301") == []
 
 
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_kills_the_remote_command(sandbox, ct, number):
+def test_interrupt_kills_the_remote_command(cli_path, sandbox, ct, number):
     marker = str(310 + int(number))
     process = subprocess.Popen([*ORCH, "-i", str(sandbox.inventory_path), "exec", "sb1-200",
                                 "sh", "-c", f"echo started; sleep {marker}"],
@@ -286,7 +291,7 @@ def test_interrupt_kills_the_remote_command(sandbox, ct, number):
     assert wait_until_gone(ct, marker) == []
 
 
-def test_interrupt_of_a_group_exec_kills_every_command(sandbox, tmp_path, fleet):
+def test_interrupt_of_a_group_exec_kills_every_command(cli_path, sandbox, tmp_path, fleet):
     inventory = many_aliases_inventory(sandbox, tmp_path, count=4)
     process = subprocess.Popen([*ORCH, "-i", inventory, "exec", "wide", "--", "sleep", "333"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -301,7 +306,7 @@ def test_interrupt_of_a_group_exec_kills_every_command(sandbox, tmp_path, fleet)
     assert wait_until_gone(one, "333") == [] and wait_until_gone(two, "333") == []
 
 
-def test_a_command_under_the_reaper_keeps_its_exit_code(sandbox):
+def test_a_command_under_the_reaper_keeps_its_exit_code(cli_path, sandbox):
     out = orch(sandbox, "exec", "sb1-200", "sh", "-c", "exit 7")
     assert out.returncode == 7
     out = orch(sandbox, "exec", "sb1-200", "sh", "-c", "kill -9 $$")
@@ -310,7 +315,7 @@ def test_a_command_under_the_reaper_keeps_its_exit_code(sandbox):
 
 # --- 7. argument parsing and hostile arguments ----------------------------------------------------
 
-def test_everything_after_the_target_belongs_to_the_command(sandbox):
+def test_everything_after_the_target_belongs_to_the_command(cli_path, sandbox):
     script = "import sys; print(sys.argv[1:])"
     out = orch(sandbox, "exec", "sb1-200", "python3", "-c", script, "--timeout", "1", "--json",
                text=True)
@@ -320,7 +325,7 @@ def test_everything_after_the_target_belongs_to_the_command(sandbox):
     assert out.returncode == 2 and "options go before TARGET" in out.stderr
 
 
-def test_long_arguments_beyond_what_sshd_takes(sandbox, ct):
+def test_long_arguments_beyond_what_sshd_takes(cli_path, sandbox, ct):
     # two 100 KiB arguments: the command string (200 KiB) exceeds what `$SHELL -c` can take
     big = ["a" * 100_000, "b'\"$x\n" * 20_000]
     script = "import sys, hashlib; print([hashlib.sha256(a.encode()).hexdigest() for a in sys.argv[1:]]); print(sys.stdin.read())"
@@ -336,7 +341,7 @@ def test_long_arguments_beyond_what_sshd_takes(sandbox, ct):
         ct.run(["echo", "c" * 200_000])
 
 
-def test_non_utf8_argument_arrives_byte_exact(sandbox):
+def test_non_utf8_argument_arrives_byte_exact(cli_path, sandbox):
     out = subprocess.run([os.fsencode(sys.executable), b"-m", b"orchestrator", b"-i",
                           os.fsencode(str(sandbox.inventory_path)), b"exec", b"sb1-200", b"--",
                           b"python3", b"-c", b"import os, sys; print(os.fsencode(sys.argv[1]).hex())",
@@ -373,7 +378,7 @@ def test_peer_closing_after_accept_gives_one_clean_line(tmp_path):
 
 # --- 11. errors of a group name the container ----------------------------------------------------
 
-def test_group_errors_name_the_container(sandbox, tmp_path):
+def test_group_errors_name_the_container(cli_path, sandbox, tmp_path):
     data = yaml.safe_load(sandbox.inventory_path.read_text())
     data["hosts"]["nowhere"] = {"address": "127.0.0.1", "port": 1, "connect_timeout": 2}
     data["containers"]["lost-ct"] = {"host": "nowhere", "vmid": 200}

@@ -1,0 +1,188 @@
+"""The thin client of the warm agent: which commands it takes, handing one over (argv,
+environment, the caller's fds), starting the agent on first use.
+
+This module imports neither click nor paramiko: handing a command to the agent costs a
+Python start and a few stdlib imports. The rules (docs/agent.md):
+- before the agent says "accepted", any trouble (no agent, one that will not start in
+  time, a refused request, a dead socket) means: run the command here instead;
+- after "accepted", the command belongs to the agent: if the agent is lost, orch says so
+  and exits EXIT_AGENT_LOST (255). It never runs the command a second time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+from orchestrator.agent import protocol  # stdlib only: no click, no paramiko, no typing
+
+# The commands the agent runs, and for groups which subcommands (None: the whole command).
+FAST_COMMANDS = {"exec": None, "grep-torch": None, "grep-pkg": None, "verify": None,
+                 "inventory": {"check"}, "ct": {"list", "status"}, "patch": {"fx-tls"}}
+PATCH_ACTIONS_IN_AGENT = {"status", "diff"}   # apply/revert change files: they stay here
+START_WAIT_S = 10.0
+OFF_VALUES = {"off", "0", "no", "false"}
+ENV_SWITCH = "ORCH_AGENT"                   # on (default) | off | require (tests: no fallback)
+
+
+def is_fast_command(args: list[str]) -> bool:
+    """Whether the agent runs this command line (orch's own options come first)."""
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word in ("-i", "--inventory"):
+            index += 2
+        elif word.startswith("--inventory=") or (word.startswith("-i") and len(word) > 2
+                                                 and not word.startswith("--")):
+            index += 1
+        elif word.startswith("-"):
+            # --no-agent, --version, --help; and --trust-new-host-keys, which writes
+            # known_hosts: a one-off that needs no warm connection
+            return False
+        else:
+            break
+    if index >= len(args):
+        return False
+    name, rest = args[index], args[index + 1:]
+    if name not in FAST_COMMANDS:
+        return False
+    subcommands = FAST_COMMANDS[name]
+    if subcommands is None:
+        return True
+    if not rest or rest[0] not in subcommands:
+        return False
+    if name == "patch":
+        return _first_positional(rest[1:]) in PATCH_ACTIONS_IN_AGENT
+    return True
+
+
+def _first_positional(args: list[str]) -> str | None:
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word in ("-t", "--target"):
+            index += 2
+        elif word.startswith("-"):
+            index += 1
+        else:
+            return word
+    return None
+
+
+# ------------------------------------------------------------------ talking to the agent
+def run_in_agent(args: list[str]) -> int | None:
+    """The command's exit code from the agent; None when it did not accept the command."""
+    try:
+        sock = connect() or (start_agent() and wait_for_agent())
+        if not sock:
+            return None
+    except OSError:
+        return None
+    with sock:
+        reader = protocol.Reader(sock)
+        try:
+            socket.send_fds(sock, [protocol.encode(_run_message(args))], [0, 1, 2])
+            reply, _ = reader.receive()
+        except (OSError, ValueError):
+            return None
+        if not reply or reply.get("type") != "accepted":
+            return None
+        return _wait_for_exit(sock, reader)
+
+
+def _run_message(args: list[str]) -> dict:
+    return {"type": "run", "argv": args, "prog_name": "orch",
+            "cwd": os.getcwd(), "env": dict(os.environ), "term_size": _terminal_size(),
+            "stdio": [_stream_info(stream) for stream in (sys.stdin, sys.stdout, sys.stderr)]}
+
+
+def _stream_info(stream) -> dict:
+    """How Python here would have set up this stream: the agent makes its copy alike."""
+    if stream is None:
+        return {"encoding": "utf-8", "errors": "strict"}
+    return {"encoding": stream.encoding, "errors": stream.errors}
+
+
+def _terminal_size() -> list[int] | None:
+    """The size rich would find from fds 0, 1, 2 (the agent has no terminal of its own)."""
+    for fd in (0, 1, 2):
+        try:
+            size = os.get_terminal_size(fd)
+            return [size.columns, size.lines]
+        except OSError:
+            continue
+    return None
+
+
+def _wait_for_exit(sock: socket.socket, reader: protocol.Reader) -> int:
+    def forward(number, frame):
+        try:
+            protocol.send(sock, {"type": "signal", "signum": number})
+        except OSError:
+            pass  # the agent is gone: the read below says so
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, forward)
+    try:
+        message, _ = reader.receive()
+    except (OSError, ValueError):
+        message = None
+    if message and message.get("type") == "exit":
+        return int(message["code"])
+    sys.stderr.write("orch: error: the orch agent ended while it ran this command: its outcome "
+                     "is unknown (orch does not run it again). `orch agent status` shows the "
+                     "agent; `--no-agent` runs commands without it.\n")
+    return protocol.EXIT_AGENT_LOST
+
+
+def connect(path: str | None = None) -> socket.socket | None:
+    """A connection to this installation's agent; None when none listens (no socket file,
+    or a stale one left by an agent that died)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path or protocol.socket_path())
+        return sock
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    except OSError:
+        sock.close()
+        raise
+
+
+def start_agent(extra_env: dict | None = None) -> bool:
+    """Start an agent in the background, detached from this terminal. Several clients may
+    start one at once: the agents agree through a lock file, the losers exit."""
+    directory = protocol.private_dir(protocol.agent_dir())
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
+            "from orchestrator.agentd.server import main; main()")
+    env = {**os.environ, **(extra_env or {}), "ORCH_AGENT_DIR": directory}
+    pid = os.fork()
+    if pid == 0:  # the child: a new session, then a grandchild that is nobody's child
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                os.chdir("/")
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, 256)
+                os.execve(sys.executable, [sys.executable, "-c", code], env)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return True
+
+
+def wait_for_agent(timeout: float = START_WAIT_S) -> socket.socket | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock = connect()
+        if sock:
+            return sock
+        time.sleep(0.01)
+    return None
+

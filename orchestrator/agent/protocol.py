@@ -1,0 +1,100 @@
+"""What the client and the agent share: the socket's place, the messages, their framing.
+
+Stdlib only, and small: the client imports it on every quick command.
+
+A message is a 4-byte big-endian length and that many bytes of JSON (one object with a
+"type"). The client's first message ("run") travels with its fds 0, 1 and 2 (SCM_RIGHTS).
+  client -> agent: run {argv, cwd, env, stdio, term_size} | signal {signum} | status | stop
+  agent -> client: accepted | exit {code} | refused {reason} | status {...} | stopping
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import zlib
+
+from orchestrator import __version__
+
+# The agent ended after it accepted a command: its outcome is unknown (as ssh's 255 when
+# its ControlMaster dies). Never a rerun: the command may have run.
+EXIT_AGENT_LOST = 255
+IDLE_DEFAULT_S = 600.0
+MAX_MESSAGE = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+def agent_dir() -> str:
+    """$ORCH_AGENT_DIR, else $XDG_RUNTIME_DIR/orch, else ~/.local/state/orch (made 0700)."""
+    explicit = os.environ.get("ORCH_AGENT_DIR")
+    if explicit:
+        return os.path.expanduser(explicit)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "orch")
+    return os.path.expanduser("~/.local/state/orch")
+
+
+def install_tag() -> str:
+    """Each installation of orch (version and place) has an agent of its own: an agent never
+    runs another installation's code."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return format(zlib.crc32(f"{__version__}\0{here}".encode()), "08x")  # hashlib: +4 ms
+
+
+def socket_path(directory: str | None = None) -> str:
+    return os.path.join(directory or agent_dir(), f"agent-{install_tag()}.sock")
+
+
+def private_dir(directory: str) -> str:
+    """Make directory (mode 0700) and check that it is ours and nobody else can enter it."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to us")
+    if info.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+    return directory
+
+
+def encode(message: dict) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    return _HEADER.pack(len(body)) + body
+
+
+def send(sock: socket.socket, message: dict) -> None:
+    sock.sendall(encode(message))
+
+
+class Reader:
+    """Reads framed messages from a stream socket (the first may carry fds)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buffer = b""
+
+    def receive(self, want_fds: int = 0):
+        """(message or None at EOF, fds): fds only with want_fds and only on the first read."""
+        fds: list[int] = []
+        while len(self.buffer) < _HEADER.size or len(self.buffer) < _HEADER.size + self._length():
+            if want_fds and not fds:
+                data, fds, _, _ = socket.recv_fds(self.sock, 65536, want_fds)
+            else:
+                data = self.sock.recv(65536)
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                return None, []
+            self.buffer += data
+        length = self._length()
+        body = self.buffer[_HEADER.size:_HEADER.size + length]
+        self.buffer = self.buffer[_HEADER.size + length:]
+        return json.loads(body), fds
+
+    def _length(self) -> int:
+        length = _HEADER.unpack(self.buffer[:_HEADER.size])[0]
+        if length > MAX_MESSAGE:
+            raise ValueError(f"message of {length} bytes is too long")
+        return length

@@ -1,0 +1,153 @@
+"""Warm fleets: the inventory and its open SSH connections, lent to one command at a time
+and kept between commands while nothing they rest on changes (docs/agent.md)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Optional
+
+from orchestrator.agentd.requests import Request, current
+from orchestrator.config.inventory import inventory_path
+from orchestrator.errors import OrchError
+from orchestrator.fleet import SSH_CONFIG, Fleet
+
+def _file_stamp(path: str):
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_mtime_ns, info.st_size, info.st_ino)
+
+
+class _Pooled:
+    def __init__(self, key, fleet: Fleet, stamp):
+        self.key, self.fleet, self.stamp = key, fleet, stamp
+        self.leases = 0
+        self.retired = False
+        self.last_used = time.time()
+
+
+class LentFleet:
+    """A warm fleet as one command sees it: closing it closes only that command's channels
+    (each_concurrently closes the fleet on Ctrl-C; others share the connections)."""
+
+    def __init__(self, pooled: _Pooled, request: Request):
+        self._pooled = pooled
+        self._request = request
+
+    def close(self) -> None:
+        self._request.close_channels()
+
+    def __getattr__(self, name):
+        return getattr(self._pooled.fleet, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class FleetPool:
+    """Fleets kept open between commands, one per (inventory file, trust flag, HOME,
+    SSH_AUTH_SOCK); one whose inventory, ssh_config, known_hosts or identity files changed
+    is retired (closed once no command uses it) and the next command opens a new one."""
+
+    def __init__(self):
+        self._pooled: dict[tuple, _Pooled] = {}
+        self._lock = threading.Lock()
+        self._cwd_lock = threading.Lock()
+
+    def lend(self, inventory_option: Optional[str], trust_on_first_use: bool) -> LentFleet:
+        request = current()
+        # the inventory's path is relative to the client's directory: resolve and read it
+        # there, one request at a time (the working directory is the process's)
+        with self._cwd_lock:
+            os.chdir(request.cwd)
+            try:
+                path = os.path.abspath(inventory_path(inventory_option))
+                key = (path, trust_on_first_use, os.environ.get("HOME"),
+                       os.environ.get("SSH_AUTH_SOCK"))
+                pooled = self._usable(key)
+                if pooled is None:
+                    fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use)
+                    pooled = _Pooled(key, fleet, _stamp(fleet, path))
+                    with self._lock:
+                        self._pooled[key] = pooled
+                with self._lock:
+                    pooled.leases += 1
+                    pooled.last_used = time.time()
+            finally:
+                os.chdir("/")
+        request.lent.append(pooled)
+        # the cluster cache lives for one command, as on the direct path (a container may
+        # have moved to another node since the last command)
+        pooled.fleet.forget_clusters()
+        return LentFleet(pooled, request)
+
+    def _usable(self, key) -> Optional[_Pooled]:
+        with self._lock:
+            pooled = self._pooled.get(key)
+        if pooled is None:
+            return None
+        if _stamp(pooled.fleet, key[0]) == pooled.stamp:
+            return pooled
+        self._retire(pooled)
+        return None
+
+    def _retire(self, pooled: _Pooled) -> None:
+        with self._lock:
+            if self._pooled.get(pooled.key) is pooled:
+                del self._pooled[pooled.key]
+            pooled.retired = True
+            close = pooled.leases == 0
+        if close:
+            pooled.fleet.close()
+
+    def give_back(self, request: Request) -> None:
+        for pooled in request.lent:
+            if request.interrupted is not None:
+                # the interrupt was raised asynchronously in the command's thread: in a rare
+                # race it lands inside paramiko between a lock's acquire and its try. Open
+                # new connections rather than risk a stuck one.
+                self._retire(pooled)
+            with self._lock:
+                pooled.leases -= 1
+                pooled.last_used = time.time()
+                close = pooled.retired and pooled.leases == 0
+            if close:
+                pooled.fleet.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            pooled = list(self._pooled.values())
+            self._pooled.clear()
+        for entry in pooled:
+            entry.fleet.close()
+
+    def describe(self) -> list[dict]:
+        with self._lock:
+            pooled = list(self._pooled.values())
+        return [{"inventory": p.key[0], "trust_new_host_keys": p.key[1], "commands_running": p.leases,
+                 "idle_s": round(time.time() - p.last_used, 1), "hosts": p.fleet.open_hosts()}
+                for p in pooled]
+
+
+def _stamp(fleet: Fleet, inventory_file: str) -> tuple:
+    """What the direct path reads to open the fleet's connections, as (file, mtime, size,
+    inode): the inventory, ~/.ssh/config, each host's known_hosts and identity files."""
+    files = [inventory_file, os.path.expanduser(SSH_CONFIG)]
+    for spec in fleet.inventory.hosts.values():
+        if spec.transport != "ssh":
+            continue
+        try:
+            settings = fleet.ssh_settings(spec)
+        except OrchError:
+            continue
+        while settings is not None:
+            files.append(os.path.expanduser(settings.known_hosts))
+            files.extend(os.path.expanduser(p) for p in settings.identity)
+            settings = settings.jump
+    return tuple((f, _file_stamp(f)) for f in files)

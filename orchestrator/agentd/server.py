@@ -1,0 +1,301 @@
+"""The agent: one background process per user and installation that runs orch's quick
+commands with warm SSH connections (docs/agent.md).
+
+It listens on a Unix socket in a folder only its user can enter, checks every peer's uid,
+and runs each accepted command in a thread of its own (requests.py) with a fleet lent from
+its pool (pool.py). It exits when idle, when stopped, or when orch's code changed on disk.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Optional
+
+from orchestrator import __version__, cli
+from orchestrator.agent import protocol
+from orchestrator.agent.client import FAST_COMMANDS
+from orchestrator.agentd.pool import FleetPool
+from orchestrator.agentd.requests import Request, install_process_hooks
+
+class Agent:
+    def __init__(self, directory: str, idle_s: float):
+        self.directory = directory
+        self.path = protocol.socket_path(directory)
+        self.idle_s = idle_s
+        self.pool = FleetPool()
+        self.started = time.time()
+        self.last_active = time.monotonic()
+        self.active: dict[int, Request] = {}
+        self.served = 0
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()
+        self._listener: Optional[socket.socket] = None
+        self._stopping = threading.Event()
+
+    # -- life ------------------------------------------------------------------------
+    def serve(self) -> None:
+        self._listener = self._bind()
+        threading.Thread(target=self._watch_idle, name="idle", daemon=True).start()
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                break
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        self._shutdown()
+
+    def _bind(self) -> socket.socket:
+        # a socket file left by an agent that died refuses connections: replace it
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            listener.bind(self.path)
+        finally:
+            os.umask(old_umask)
+        listener.listen(128)
+        self._inode = os.stat(self.path).st_ino
+        return listener
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+
+    def _shutdown(self) -> None:
+        while True:  # commands already accepted run to their end
+            with self._lock:
+                if not self.active:
+                    break
+            time.sleep(0.05)
+        try:
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        self.pool.close_all()
+        _log(self.directory, f"agent {os.getpid()} stopped after {self.served} command(s)")
+        os._exit(0)
+
+    def _watch_idle(self) -> None:
+        while not self._stopping.wait(min(1.0, max(self.idle_s / 4, 0.05))):
+            with self._lock:
+                idle = not self.active and time.monotonic() - self.last_active >= self.idle_s
+            if idle:
+                _log(self.directory, f"agent {os.getpid()} idle for {self.idle_s:g} s: exiting")
+                self.stop()
+
+    # -- one connection ----------------------------------------------------------------
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            if not _same_user(conn):
+                self._refuse(conn)
+                return
+            reader = protocol.Reader(conn)
+            try:
+                message, fds = reader.receive(want_fds=3)
+            except (OSError, ValueError):
+                return
+            if message is None:
+                return
+            kind = message.get("type")
+            try:
+                if kind == "run":
+                    self._run(conn, reader, message, fds)
+                elif kind == "status":
+                    protocol.send(conn, {"type": "status", **self.status()})
+                elif kind == "stop":
+                    protocol.send(conn, {"type": "stopping", "pid": os.getpid()})
+                    self.stop()
+                else:
+                    protocol.send(conn, {"type": "refused", "reason": f"unknown message {kind!r}"})
+            except OSError:
+                pass
+            finally:
+                if kind != "run":
+                    for fd in fds:
+                        os.close(fd)
+
+    @staticmethod
+    def _refuse(conn: socket.socket) -> None:
+        """Another user: its message is read (so that our answer is not lost to a reset)
+        and dropped unparsed, fds closed at once; nothing runs, nothing is shown."""
+        conn.settimeout(2.0)
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+            for fd in fds:
+                os.close(fd)
+            protocol.send(conn, {"type": "refused", "reason": "another user"})
+            conn.shutdown(socket.SHUT_WR)
+            left = protocol.MAX_MESSAGE
+            while data and left > 0:  # the rest of its message, until it closes
+                data = conn.recv(65536)
+                left -= len(data)
+        except OSError:
+            pass
+
+    def _run(self, conn, reader, message: dict, fds: list[int]) -> None:
+        reason = ("no fds" if len(fds) != 3 else "stopping" if self._stopping.is_set()
+                  else "orch's code changed since the agent started" if _code_changed() else None)
+        if reason:
+            for fd in fds:
+                os.close(fd)
+            protocol.send(conn, {"type": "refused", "reason": reason})
+            if reason.startswith("orch's code"):
+                _log(self.directory, f"agent {os.getpid()}: {reason}: exiting")
+                self.stop()
+            return
+        try:
+            request = Request(next(self._numbers), message, fds)
+        except Exception:  # a malformed request: nothing runs
+            for fd in fds:
+                os.close(fd)
+            protocol.send(conn, {"type": "refused", "reason": "malformed request"})
+            return
+        with self._lock:
+            self.served += 1
+            self.active[request.number] = request
+        try:
+            protocol.send(conn, {"type": "accepted", "pid": os.getpid()})
+        except OSError:  # the client left before it knew: the command never starts
+            self._done(request)
+            request._finish()
+            return
+        threading.Thread(target=self._follow_client, args=(reader, request), daemon=True).start()
+        code = 1
+        try:
+            code = request.run()
+        finally:
+            self._done(request)
+        try:
+            protocol.send(conn, {"type": "exit", "code": code})
+        except OSError:
+            pass
+
+    def _done(self, request: Request) -> None:
+        self.pool.give_back(request)
+        with self._lock:
+            self.active.pop(request.number, None)
+            self.last_active = time.monotonic()
+
+    def _follow_client(self, reader: protocol.Reader, request: Request) -> None:
+        """Signals the client forwards; a client that vanished counts as SIGHUP."""
+        while not request.finished:
+            try:
+                message, _ = reader.receive()
+            except (OSError, ValueError):
+                message = None
+            if message is None:
+                request.interrupt(signal.SIGHUP)
+                return
+            if message.get("type") == "signal":
+                request.interrupt(int(message["signum"]))
+
+    def status(self) -> dict:
+        with self._lock:
+            running = [{"argv": r.argv, "running_s": round(time.time() - r.started, 1)}
+                       for r in self.active.values()]
+            idle = 0.0 if self.active else time.monotonic() - self.last_active
+        return {"pid": os.getpid(), "version": __version__, "socket": self.path,
+                "uptime_s": round(time.time() - self.started, 1), "idle_s": round(idle, 1),
+                "idle_exit_s": self.idle_s, "commands_served": self.served,
+                "running": running, "fleets": self.pool.describe()}
+
+
+_CODE_STAMPS: dict[str, int] = {}
+
+
+def _remember_code() -> None:
+    """The files of orch's own modules as loaded now (an upgrade or an edit in place keeps
+    the socket name: the agent must not go on serving the old code)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and os.path.abspath(path).startswith(package + os.sep):
+            try:
+                _CODE_STAMPS[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                pass
+
+
+def _code_changed() -> bool:
+    for path, stamp in _CODE_STAMPS.items():
+        try:
+            if os.stat(path).st_mtime_ns != stamp:
+                return True
+        except OSError:
+            return True
+    return False
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """SO_PEERCRED: only our own uid may use the agent (the 0700 folder is the first wall)."""
+    credentials = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    return uid == os.getuid()
+
+
+def _log(directory: str, line: str) -> None:
+    """The agent's own log: starts, stops, its own failures. Never a command's environment."""
+    try:
+        with open(os.path.join(directory, f"agent-{protocol.install_tag()}.log"), "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+    except OSError:
+        pass
+
+
+def idle_seconds() -> float:
+    value = os.environ.get("ORCH_AGENT_IDLE")
+    if not value:
+        return protocol.IDLE_DEFAULT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        return protocol.IDLE_DEFAULT_S
+    return seconds if seconds > 0 else protocol.IDLE_DEFAULT_S
+
+
+def main() -> None:
+    """Run the agent in this process until it idles out or is stopped. One per socket: a
+    second one started at the same time finds the lock taken and leaves."""
+    directory = protocol.private_dir(protocol.agent_dir())
+    lock = open(os.path.join(directory, f"agent-{protocol.install_tag()}.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return
+    os.chdir("/")
+    for name in FAST_COMMANDS:   # import them now: the first command is as quick as the next
+        cli.load_command(name)
+    install_process_hooks()
+    _remember_code()
+    agent = Agent(directory, idle_seconds())
+    cli.App.fleet_lender = agent.pool
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop())
+    lock.seek(0)
+    lock.truncate()
+    lock.write(json.dumps({"pid": os.getpid()}))  # for tests and `kill`; status says it too
+    lock.flush()
+    _log(directory, f"agent {os.getpid()} started (orch {__version__}, idle exit {agent.idle_s:g} s)")
+    agent.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The warm agent against the sandbox (docs/agent.md): the same output and exit codes as the
+direct path, a command never run twice, a dead or stale agent handled, idle exit, other users
+refused, many clients at once, changed inventory and known_hosts picked up.
+
+The exec and forensics tests themselves run through the agent too (the cli_path fixture);
+Ctrl-C killing the remote command and streaming stdin are proven there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+import yaml
+
+from orchestrator.agent import protocol
+from tests.agents import agent_pids, alive, stop_agents
+
+ORCH = [sys.executable, "-m", "orchestrator"]
+# every process's command line in the container (it has no procps)
+COMMAND_LINES = ["python3", "-c", "import os\nfor p in filter(str.isdigit, os.listdir('/proc')):\n"
+                 "    try: print(open('/proc/%s/cmdline' % p).read().replace('\\0', ' ').strip())\n"
+                 "    except OSError: pass"]
+
+
+@pytest.fixture()
+def agent_env(tmp_path):
+    """An agent folder of the test's own; its agents are stopped at the end."""
+    directory = tmp_path / "agent"
+    env = {**os.environ, "ORCH_AGENT_DIR": str(directory), "ORCH_AGENT": "require"}
+    yield env
+    stop_agents(str(directory))
+    assert agent_pids(str(directory)) == []
+
+
+def orch(env, inventory, *args, timeout=120, **kwargs):
+    return subprocess.run([*ORCH, "-i", str(inventory), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+
+
+def the_agent(env) -> int:
+    (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
+    return pid
+
+
+def status(env) -> dict:
+    out = subprocess.run([*ORCH, "agent", "status", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def wait_for(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_same_output_and_exit_codes_as_the_direct_path(sandbox, agent_env, tmp_path):
+    direct = {**agent_env, "ORCH_AGENT": "off"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts:\n  x: {adress: 1}\n")
+    cases = [(sandbox.inventory_path, ["exec", "sb1-200", "--", "sh", "-c", "echo out; echo err >&2; exit 3"]),
+             (sandbox.inventory_path, ["exec", "sb1-202", "--", "true"]),
+             (sandbox.inventory_path, ["exec", "nowhere", "--", "true"]),
+             (sandbox.inventory_path, ["inventory", "check"]),
+             (sandbox.inventory_path, ["ct", "list"]),
+             (sandbox.inventory_path, ["ct", "status", "sb2-202"]),  # stopped: no uptime
+             (sandbox.inventory_path, ["exec", "--bogus-option", "sb1-200", "true"]),
+             (bad, ["exec", "x", "--", "true"])]
+    for inventory, args in cases:
+        expected = orch(direct, inventory, *args)
+        got = orch(agent_env, inventory, *args)
+        assert (got.returncode, got.stdout, got.stderr) == \
+               (expected.returncode, expected.stdout, expected.stderr), args
+    served = status(agent_env)
+    assert served["commands_served"] == len(cases)
+    hosts = served["fleets"][0]["hosts"]
+    assert hosts["sb1"]["connections"] >= 1 and hosts["sb1"]["channels_in_use"] == 0
+
+
+def test_connections_stay_warm_between_commands(sandbox, agent_env):
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    pid = the_agent(agent_env)
+    before = status(agent_env)["fleets"][0]["hosts"]["sb1"]["connections"]
+    for _ in range(5):
+        assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    after = status(agent_env)
+    assert the_agent(agent_env) == pid and after["commands_served"] == 6
+    assert after["fleets"][0]["hosts"]["sb1"]["connections"] == before  # no new handshakes
+
+
+def test_agent_killed_mid_command_is_an_error_and_never_a_rerun(sandbox, agent_env, fleet):
+    ct = fleet.targets(["sb1-200"])[0]
+    mark = f"/tmp/agent-once-{uuid.uuid4().hex}"
+    process = subprocess.Popen(
+        [*ORCH, "-i", str(sandbox.inventory_path), "exec", "sb1-200", "--", "sh", "-c",
+         f"echo ran >> {mark}; echo started; exec sleep 407"],
+        env=agent_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == b"started\n"
+    os.kill(the_agent(agent_env), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == protocol.EXIT_AGENT_LOST == 255
+    assert b"the orch agent ended while it ran this command" in stderr
+    assert b"Traceback" not in stderr
+    time.sleep(2)  # a rerun, if there were one, would have written its line by now
+    assert ct.run(["cat", mark]).text == "ran\n"
+    # its channel closed with the agent: the reaper killed the remote command
+    wait_for(lambda: "sleep 407" not in ct.run(COMMAND_LINES).text.splitlines(), 10,
+             "the remote command outlived the agent")
+    ct.run(["rm", "-f", mark])
+
+
+def test_agent_killed_between_commands_is_replaced(sandbox, agent_env):
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    first = the_agent(agent_env)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: not alive(first), 10, "the agent did not die")
+    assert os.path.exists(protocol.socket_path(agent_env["ORCH_AGENT_DIR"]))  # stale now
+    out = orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "echo", "again")
+    assert (out.returncode, out.stdout) == (0, "again\n"), out.stderr
+    assert the_agent(agent_env) != first
+
+
+def test_a_stale_socket_file_is_replaced(sandbox, agent_env):
+    directory = agent_env["ORCH_AGENT_DIR"]
+    protocol.private_dir(directory)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(protocol.socket_path(directory))
+    stale.close()  # the file stays, nobody listens: what a crashed agent leaves
+    out = orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "echo", "fresh")
+    assert (out.returncode, out.stdout) == (0, "fresh\n"), out.stderr
+    assert status(agent_env)["commands_served"] == 1
+
+
+def test_the_agent_exits_when_idle(sandbox, agent_env):
+    env = {**agent_env, "ORCH_AGENT_IDLE": "1.5"}
+    assert orch(env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    pid = the_agent(env)
+    assert status(env)["idle_exit_s"] == 1.5
+    wait_for(lambda: not alive(pid), 15, "the agent did not exit when idle")
+    assert not os.path.exists(protocol.socket_path(env["ORCH_AGENT_DIR"]))
+
+
+@pytest.fixture()
+def agent_env_in_tmp():
+    """An agent folder directly under /tmp: the nobody user must be able to reach it once
+    its mode is opened up (pytest's own tmp folders are 0700)."""
+    parent = tempfile.mkdtemp(prefix="orch-agent-test-")
+    os.chmod(parent, 0o711)
+    directory = os.path.join(parent, "agent")
+    yield {**os.environ, "ORCH_AGENT_DIR": directory, "ORCH_AGENT": "require"}
+    stop_agents(directory)
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_other_users_are_refused(sandbox, agent_env_in_tmp):
+    agent_env = agent_env_in_tmp
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    directory = agent_env["ORCH_AGENT_DIR"]
+    path = protocol.socket_path(directory)
+    assert os.stat(directory).st_mode & 0o777 == 0o700
+    probe = """
+import json, socket, struct, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    sock.connect(sys.argv[1])
+except OSError as error:
+    print(json.dumps({"connect": type(error).__name__})); sys.exit()
+body = json.dumps({"type": sys.argv[2], "argv": ["exec", "sb1-200", "--", "touch", "/tmp/nobody-was-here"],
+                   "cwd": "/", "env": {}, "stdio": []}).encode()
+socket.send_fds(sock, [struct.pack(">I", len(body)) + body], [0, 1, 2])
+data = b""
+while True:
+    piece = sock.recv(65536)
+    if not piece:
+        break
+    data += piece
+print(json.dumps({"reply": json.loads(data[4:]) if data else None}))
+"""
+
+    def as_nobody(kind):
+        # the system's python: a user's pyenv or venv under /root is not for nobody
+        out = subprocess.run(["/usr/bin/python3", "-I", "-c", probe, path, kind], user="nobody",
+                             cwd="/", capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+    # the first wall: nobody else can enter the folder
+    assert as_nobody("status") == {"connect": "PermissionError"}
+    # the second: with the folder and socket opened up, the agent checks the peer's uid
+    os.chmod(directory, 0o711)
+    os.chmod(path, 0o666)
+    try:
+        for kind in ("status", "run"):
+            assert as_nobody(kind) == {"reply": {"type": "refused", "reason": "another user"}}
+    finally:
+        os.chmod(directory, 0o700)
+        os.chmod(path, 0o600)
+    assert status(agent_env)["commands_served"] == 1
+    out = orch({**agent_env, "ORCH_AGENT": "off"}, sandbox.inventory_path, "exec", "sb1-200",
+               "--", "test", "-e", "/tmp/nobody-was-here")
+    assert out.returncode == 1
+
+
+def test_fifty_concurrent_commands_keep_their_output_apart(sandbox, agent_env):
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    script = 'for i in 1 2 3 4 5; do echo "$1-out-$i"; echo "$1-err-$i" >&2; done; exit $(($1 % 7))'
+    processes = [subprocess.Popen([*ORCH, "-i", str(sandbox.inventory_path), "exec",
+                                   f"sb{1 + n % 2}-20{n % 2}", "--", "sh", "-c", script, "sh", str(n)],
+                                  env=agent_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for n in range(50)]
+    for n, process in enumerate(processes):
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == n % 7, stderr
+        assert stdout == "".join(f"{n}-out-{i}\n" for i in range(1, 6))
+        assert stderr == "".join(f"{n}-err-{i}\n" for i in range(1, 6))
+    assert status(agent_env)["commands_served"] == 51
+
+
+def _own_known_hosts(sandbox, tmp_path) -> tuple[str, object]:
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    known = tmp_path / "known_hosts"
+    known.write_text(sandbox.known_hosts.read_text())
+    for host in data["hosts"].values():
+        host["known_hosts"] = str(known)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path), known
+
+
+def test_changed_inventory_and_known_hosts_are_picked_up(sandbox, agent_env, tmp_path):
+    inventory, known = _own_known_hosts(sandbox, tmp_path)
+    assert orch(agent_env, inventory, "exec", "sb1-200", "--", "true").returncode == 0
+    # a new name in the inventory works at once
+    data = yaml.safe_load(open(inventory))
+    data["containers"]["renamed"] = {"host": "sb1", "vmid": 200}
+    open(inventory, "w").write(yaml.safe_dump(data))
+    out = orch(agent_env, inventory, "exec", "renamed", "--", "echo", "seen")
+    assert (out.returncode, out.stdout) == (0, "seen\n"), out.stderr
+    # a host key taken out of known_hosts: refused through the warm agent as on the direct path
+    known.write_text("")
+    got = orch(agent_env, inventory, "exec", "sb1-200", "--", "true")
+    expected = orch({**agent_env, "ORCH_AGENT": "off"}, inventory, "exec", "sb1-200", "--", "true")
+    assert (got.returncode, got.stderr) == (expected.returncode, expected.stderr)
+    assert got.returncode == 255 and "--trust-new-host-keys" in got.stderr
+
+
+def test_agent_stop_and_status(sandbox, agent_env):
+    none = subprocess.run([*ORCH, "agent", "status"], env=agent_env, capture_output=True, text=True)
+    assert none.returncode == 1 and "no agent runs" in none.stdout
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    shown = subprocess.run([*ORCH, "agent", "status"], env=agent_env, capture_output=True, text=True)
+    assert shown.returncode == 0 and "sb1: root@" in shown.stdout and "1 connection(s)" in shown.stdout
+    pid = the_agent(agent_env)
+    stopped = subprocess.run([*ORCH, "agent", "stop"], env=agent_env, capture_output=True, text=True)
+    assert stopped.returncode == 0
+    wait_for(lambda: not alive(pid), 10, "the agent did not stop")
