@@ -232,4 +232,3 @@ def format_status(report: dict) -> str:
             root = "" if ct.get("root", "host") == "host" else f"  ({ct['root']} root)"
             lines.append(f"      CT {ct['vmid']}  {ct['state']}{note}{root}")
     return "\n".join(lines)
-COMMANDS = [sandbox]
