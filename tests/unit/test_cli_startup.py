@@ -17,8 +17,8 @@ from orchestrator.agent.client import is_fast_command
 # Never for start-up or help: these are what made every command cost 0.3-0.6 s.
 HEAVY = ("paramiko", "invoke", "fabric", "jinja2", "proxmoxer", "requests", "yaml", "mcp",
          "orchestrator.fleet", "orchestrator.remote.ssh", "orchestrator.proxmox",
-         "orchestrator.monitor", "orchestrator.playbook", "orchestrator.runner",
-         "orchestrator.engine", "orchestrator.steps")
+         "orchestrator.monitor", "orchestrator.playbook", "orchestrator.engine",
+         "orchestrator.attach", "orchestrator.nightly", "orchestrator.steps", "orchestrator.agentd")
 # Everything outside the standard library `orch --version` and `orch --help` may import.
 STARTUP_THIRD_PARTY = {"__main__", "click", "rich", "pygments", "markdown_it", "mdurl", "orchestrator",
                        "_distutils_hack"}
