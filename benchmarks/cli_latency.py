@@ -34,7 +34,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator import sandbox as sandboxes  # noqa: E402
+import orch_sandbox as sandboxes  # noqa: E402
 from tests.integration.torch_seed import remove_venv, seed_torch_venv  # noqa: E402
 
 HOST, VMID, TARGET = "sb1", 200, "sb1-200"

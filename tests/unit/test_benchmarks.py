@@ -1,6 +1,8 @@
 """The benchmarks clean up after themselves; their shared timing is what it says."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -24,3 +26,18 @@ def test_timing_warms_up_once_then_times_each_call():
     row = timing.summary([5.0, 1.0, 3.0, 2.0, 4.0])
     assert row == {"median_ms": 3.0, "p95_ms": 4.0, "n": 5}
     assert timing.latency_row([0.1, 0.3, 0.2]) == {"median_ms": 200.0, "p95_ms": 300.0, "max_ms": 300.0}
+
+
+BENCHMARKS = sorted(name for name in os.listdir(os.path.dirname(timing.__file__))
+                    if name.endswith(".py") and name not in ("__init__.py", "timing.py"))
+
+
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_every_benchmark_still_starts(script):
+    """A benchmark is run by hand, rarely: its imports must follow orch's moves (`--help`
+    imports everything the script needs, then exits before touching a host)."""
+    path = os.path.join(os.path.dirname(timing.__file__), script)
+    done = subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
