@@ -96,7 +96,7 @@ class Request:
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
         except BaseException:  # it came between the command's end and the line above
             code = 130 if self.interrupted == signal.SIGINT else 128 + (self.interrupted or 0)
-        self._finish()
+        self.finish()
         _local.request = None
         return code
 
@@ -115,7 +115,9 @@ class Request:
                 pass
             return 1
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """Flush and close the streams passed by the client (it sees EOF once the agent is done
+        with them): at the end of the command, or when the client left before it started."""
         for stream in (self.stdout, self.stderr):
             try:
                 stream.flush()

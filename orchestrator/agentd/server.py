@@ -175,7 +175,7 @@ class Agent:
             protocol.send(conn, {"type": "accepted", "pid": os.getpid()})
         except OSError:  # the client left before it knew: the command never starts
             self._done(request)
-            request._finish()
+            request.finish()
             return
         threading.Thread(target=self._follow_client, args=(reader, request), daemon=True).start()
         code = 1

@@ -64,13 +64,13 @@ class AuditLog:
     def __init__(self, store: RunStore, session: str):
         self.store = store
         self.session = session
-        with store._write() as db:
+        with store.transaction() as db:
             db.execute(TABLE)
 
     def record(self, tool: str, arguments: dict, target: str, outcome: str,
                error: str = "", duration_s: float = 0.0) -> None:
         stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-        with self.store._write() as db:
+        with self.store.transaction() as db:
             db.execute("INSERT INTO mcp_audit (at, session, tool, target, arguments, outcome, "
                        "error, duration_ms) VALUES (?,?,?,?,?,?,?,?)",
                        (stamp, self.session, tool, target,
@@ -81,7 +81,7 @@ class AuditLog:
 def audit_rows(store: RunStore, last: Optional[int] = 50, tool: Optional[str] = None,
                session: Optional[str] = None) -> list[dict]:
     """The newest calls first (all of them when last is None)."""
-    with store._write() as db:
+    with store.transaction() as db:
         db.execute(TABLE)
     where, params = [], []
     if tool:

@@ -150,7 +150,7 @@ class RunStore:
         self.close()
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write transaction: all of it lands, or none of it."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -170,7 +170,7 @@ class RunStore:
         # Fast path without the write lock: a reader (orch runs list) never waits on a writer.
         if self._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
             return
-        with self._write() as db:
+        with self.transaction() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise OrchError(f"the run store {self.path} has schema version {version}, "
@@ -186,7 +186,7 @@ class RunStore:
     # ------------------------------------------------------------------ writing
     def begin(self, record: RunRecord) -> None:
         """Record a new run (normally verdict "running"), with whatever the record holds already."""
-        with self._write() as db:
+        with self.transaction() as db:
             if db.execute("SELECT 1 FROM runs WHERE run_id=?", (record.run_id,)).fetchone():
                 raise OrchError(f"run {record.run_id} is already in the run store",
                                 hint="use update() or finish() for a run that was begun")
@@ -206,7 +206,7 @@ class RunStore:
 
     def save_step(self, run_id: str, step: StepResult) -> None:
         """Save a step's result; saving the same step again (same name, target, start) updates it."""
-        with self._write() as db:
+        with self.transaction() as db:
             self._require(db, run_id)
             self._put_step(db, run_id, step)
 
@@ -215,26 +215,26 @@ class RunStore:
         e.g. after `orch attach` re-read a log) replaces the old one instead of doubling it."""
         if not points:
             return
-        with self._write() as db:
+        with self.transaction() as db:
             self._require(db, run_id)
             self._put_metrics(db, run_id, points)
 
     def add_findings(self, run_id: str, findings: list[Finding]) -> None:
         if not findings:
             return
-        with self._write() as db:
+        with self.transaction() as db:
             self._require(db, run_id)
             self._put_findings(db, run_id, findings)
 
     def update(self, record: RunRecord) -> None:
         """Save what the runner learned since begin(): targets, summary, launch, vars, artifacts."""
-        with self._write() as db:
+        with self.transaction() as db:
             self._require(db, record.run_id)
             self._put_header(db, record)
 
     def finish(self, record: RunRecord) -> None:
         """Save the outcome (verdict, exit code, end time, summary) and everything update() saves."""
-        with self._write() as db:
+        with self.transaction() as db:
             self._require(db, record.run_id)
             self._put_header(db, record)
             db.execute("UPDATE runs SET verdict=?, exit_code=?, ended_at=? WHERE run_id=?",
@@ -243,7 +243,7 @@ class RunStore:
     def pin(self, run_id: str) -> RunRecord:
         """Make this run the baseline of its playbook (replaces an earlier pin)."""
         record = self.get(run_id)
-        with self._write() as db:
+        with self.transaction() as db:
             db.execute("INSERT INTO pins (playbook, run_id, pinned_at) VALUES (?,?,?)"
                        " ON CONFLICT(playbook) DO UPDATE SET run_id=excluded.run_id,"
                        " pinned_at=excluded.pinned_at",
@@ -253,12 +253,12 @@ class RunStore:
     def unpin(self, playbook: str) -> bool:
         """Forget the pinned baseline of a playbook; True when there was one."""
         keys = self._playbook_keys(playbook)
-        with self._write() as db:
+        with self.transaction() as db:
             cursor = db.execute(f"DELETE FROM pins WHERE playbook IN ({_marks(keys)})", keys)
             return cursor.rowcount > 0
 
     def delete(self, run_id: str) -> None:
-        with self._write() as db:
+        with self.transaction() as db:
             db.execute("DELETE FROM runs WHERE run_id=?", (run_id,))
 
     # helpers that run inside a write transaction
