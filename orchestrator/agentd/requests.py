@@ -78,9 +78,9 @@ class Request:
                 options["width"] = columns
             if lines > 0 and "LINES" not in self.env:
                 options["height"] = lines
-            self._consoles[which] = Console(
+            self._consoles[which] = console.make_console(
                 file=self.stdout if which == "out" else self.stderr, stderr=which == "err",
-                highlight=False, soft_wrap=True, _environ=self.env, **options)
+                _environ=self.env, **options)
         return self._consoles[which]
 
     def run(self) -> int:

@@ -14,8 +14,16 @@ from rich.console import Console
 from rich.markup import escape as rich_escape
 from rich.table import Table
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def make_console(**options) -> Console:
+    """A console as orch prints: no highlighting, no wrapping, and no emoji codes (a SHA-256
+    fingerprint's ":CD:" would otherwise print as a disc)."""
+    return Console(highlight=False, soft_wrap=True, emoji=False, **options)
+
+
+out = make_console()
+err = make_console(stderr=True)
 
 
 def print_json(data: Any) -> None:

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.console import escape
+from orchestrator.console import escape, make_console
 
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
@@ -28,7 +28,7 @@ class ConsoleReporter:
     def __init__(self, console: Optional[Console] = None, *, json_mode: bool = False,
                  live: Optional[bool] = None, echo: str = "auto"):
         self.json_mode = json_mode
-        self.out = console or Console(stderr=json_mode, highlight=False, soft_wrap=True, emoji=False)
+        self.out = console or make_console(stderr=json_mode)
         self.live_enabled = self.out.is_terminal if live is None else live
         self.echo = echo
         # Two small locks, never held while calling into rich: rich's Live refreshes from its
