@@ -183,6 +183,17 @@ def cut(text: str, data) -> list[str]:
     return [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
 
 
+def feed_in_pieces(parser: LogParser, pieces: list[str]) -> tuple[list, list]:
+    """(lines, points) of the pieces fed one by one, then the end of the stream."""
+    lines, points = [], []
+    for piece in pieces:
+        got_lines, got = parser.feed(piece)
+        lines += got_lines
+        points += got
+    end_lines, end_points = parser.finish()
+    return lines + end_lines, points + end_points
+
+
 @settings(max_examples=150, deadline=None)
 @given(logs=worker_logs, data=st.data())
 def test_any_interleaving_of_redraws_partial_lines_and_workers_gives_the_same_points(logs, data):
@@ -198,15 +209,7 @@ def test_any_interleaving_of_redraws_partial_lines_and_workers_gives_the_same_po
         newline_after_bar = data.draw(st.booleans())
         text += f"[default{worker}]:{redraws}{chr(10) if newline_after_bar and redraws else ''}"
         text += f"[default{worker}]:{specforge_line(worker, step, loss)}\n"
-    parser = LogParser(make_format("specforge"))
-    points, lines = [], []
-    for chunk in cut(text, data):
-        got_lines, got = parser.feed(chunk)
-        points += got
-        lines += got_lines
-    end_lines, end_points = parser.finish()
-    points += end_points
-    lines += end_lines
+    lines, points = feed_in_pieces(LogParser(make_format("specforge")), cut(text, data))
     got = {w: [(p.step, p.loss) for p in points if p.worker == w and not p.progress] for w in logs}
     assert got == expected
     assert not any("%|" in line for line in lines)       # no redraw stored as a line
@@ -222,15 +225,9 @@ def test_chunking_never_changes_what_comes_out(text, data):
         fmt_args = (r"(?P<step>\d+)",) if name == "regex" else ()
         whole = LogParser(make_format(name, *fmt_args))
         expected = [whole.feed(text), whole.finish()]
-        pieces = LogParser(make_format(name, *fmt_args))
-        lines, points = [], []
-        for chunk in cut(text, data):
-            got_lines, got = pieces.feed(chunk)
-            lines += got_lines
-            points += got
-        end_lines, end_points = pieces.finish()
-        assert lines + end_lines == expected[0][0] + expected[1][0]
-        assert points + end_points == expected[0][1] + expected[1][1]
+        lines, points = feed_in_pieces(LogParser(make_format(name, *fmt_args)), cut(text, data))
+        assert lines == expected[0][0] + expected[1][0]
+        assert points == expected[0][1] + expected[1][1]
 
 
 @settings(max_examples=200, deadline=None)
