@@ -16,13 +16,13 @@ from typing import Any, Optional
 from orchestrator import payload_api
 from orchestrator.attach import stop_recorded_run
 from orchestrator.engine import run_playbook
-from orchestrator.errors import CommandTimeout, ConfigError, OrchError
+from orchestrator.errors import ConfigError, OrchError
 from orchestrator.fleet import Fleet, fan_out
 from orchestrator.inventory_check import check_targets
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.base import RunOptions, Transport
 from orchestrator.remote.container import Target
-from orchestrator.remote.session import ExecSession
+from orchestrator.remote.session import ExecSession, SessionUnavailable
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 from orchestrator.runs.store import RunStore
 
@@ -54,10 +54,7 @@ class WarmTarget(Transport):
         try:
             result = self.session._run(argv, options)
             self.via = "session"
-        except CommandTimeout:
-            raise
-        except (OrchError, OSError, EOFError, ValueError):
-            self.session.close()
+        except SessionUnavailable:  # nothing ran: the plain path runs it, once
             self.via = "channel"
             result = self.target._run(argv, options)
         result.target = self.name

@@ -84,8 +84,10 @@ def test_same_output_and_exit_codes_as_the_direct_path(sandbox, agent_env, tmp_p
                (expected.returncode, expected.stdout, expected.stderr), args
     served = status(agent_env)
     assert served["commands_served"] == len(cases)
-    hosts = served["fleets"][0]["hosts"]
-    assert hosts["sb1"]["connections"] >= 1 and hosts["sb1"]["channels_in_use"] == 0
+    hosts, sessions = served["fleets"][0]["hosts"], served["fleets"][0]["sessions"]
+    # the only channels still open are the warm sessions', none of them busy
+    assert hosts["sb1"]["connections"] >= 1 and not any(s["busy"] for s in sessions)
+    assert hosts["sb1"]["channels_in_use"] == sum(s["idle"] for s in sessions if s["host"] == "sb1") > 0
 
 
 def test_connections_stay_warm_between_commands(sandbox, agent_env):
