@@ -25,7 +25,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager, Optional
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import ConnectionProblem, OrchError
 from orchestrator.payloads import compact_source
 from orchestrator.remote.base import (OutputKeeper, Process, Result, RunOptions, Transport,
                                       command_timeout, connection_lost, display_argv,
@@ -74,6 +74,8 @@ class ExecSession(Transport):
         try:
             # -I -S: the server needs nothing but the stdlib; site costs ~10 ms a start
             process = self.target.spawn([self.python, "-I", "-S", "-c", source])
+        except ConnectionProblem:
+            raise  # the host itself (unreachable, a key refused): the plain path would fail alike
         except OrchError as error:
             raise SessionUnavailable(f"{self.target.describe()}: cannot start a command "
                                      f"session with {self.python}: {error}") from None
@@ -267,7 +269,9 @@ class SessionPool:
 
     def borrow(self, target: Target) -> Optional[ExecSession]:
         """A started session for target; None when all of its sessions are busy, or a new
-        one cannot start (the plain path then says why, with its typed errors)."""
+        one cannot start in the container (the plain path then says why, with its typed
+        errors). A host that cannot be reached raises its error here: trying again on the
+        plain path would only wait for the same timeout twice."""
         key = self.key(target)
         with self._lock:
             if self._closed:
@@ -288,6 +292,9 @@ class SessionPool:
         except SessionUnavailable:
             self._release(key)
             return None
+        except BaseException:
+            self._release(key)
+            raise
         return session
 
     def give_back(self, target: Target, session: ExecSession) -> None:
@@ -329,9 +336,11 @@ class SessionTarget(Target):
     def __init__(self, *args, sessions: SessionPool, **kwargs):
         super().__init__(*args, **kwargs)
         self.sessions = sessions
+        self.via = "channel"   # how the last command went: "session" or "channel"
 
     def _run(self, argv, options: RunOptions) -> Result:
         session = self.sessions.borrow(self) if self.vmid else None
+        self.via = "channel"
         if session is None:
             return super()._run(argv, options)
         try:
@@ -341,5 +350,6 @@ class SessionTarget(Target):
             return super()._run(argv, options)   # nothing ran: the plain path runs it once
         finally:
             self.sessions.give_back(self, session)
+        self.via = "session"
         result.target = self.name
         return result

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator.errors import CommandTimeout, OrchError
+from orchestrator.errors import CommandTimeout, HostUnreachable, OrchError
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.session import ExecSession, SessionPool, SessionUnavailable
@@ -189,3 +189,19 @@ def _wait(predicate, what, seconds=10.0):
     while not predicate():
         assert time.monotonic() < deadline, what
         time.sleep(0.02)
+
+
+def test_a_host_that_cannot_be_reached_is_its_own_error_not_a_second_try():
+    class Unreachable(LocalTransport):
+        def spawn(self, argv):
+            raise HostUnreachable("cannot reach host pve")
+
+    class NoPython(LocalTransport):
+        def spawn(self, argv):
+            raise OrchError("python3: No such file or directory on pve")
+
+    pool = SessionPool()
+    with pytest.raises(HostUnreachable):
+        pool.borrow(Target("dev", Unreachable("pve")))
+    assert pool.borrow(Target("dev", NoPython("pve"))) is None  # the plain path says why
+    assert pool.describe() == []
