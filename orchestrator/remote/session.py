@@ -55,7 +55,6 @@ class ExecSession(Transport):
         self.target = target
         self.name = target.name
         self.python = python
-        self.last_used = time.monotonic()
         self._process: Optional[Process] = None
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -131,7 +130,6 @@ class ExecSession(Transport):
             raise
         finally:
             self._current = 0
-            self.last_used = time.monotonic()
 
     def _collect(self, argv, ident, options: RunOptions, started: float, stream) -> Result:
         out, err = OutputKeeper(options.capture), OutputKeeper(options.capture)
