@@ -293,33 +293,30 @@ class BufferedLines:
         self._buffer = b""
 
     def readline(self, timeout: Optional[float]) -> bytes:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError("no answer in time")
-            chunk = self._read_some(left)
-            if chunk is None:
-                continue
-            if chunk == b"":
-                line, self._buffer = self._buffer, b""
-                return line
-            self._buffer += chunk
+        if not self._fill(lambda: b"\n" in self._buffer, timeout):
+            line, self._buffer = self._buffer, b""
+            return line
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line + b"\n"
 
     def read(self, size: int, timeout: Optional[float]) -> bytes:
+        if not self._fill(lambda: len(self._buffer) >= size, timeout):
+            data, self._buffer = self._buffer, b""
+            return data
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def _fill(self, enough, timeout: Optional[float]) -> bool:
+        """Read until enough() holds (True) or the output ends (False); TimeoutError at the
+        deadline, with what was read kept for the next call."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while len(self._buffer) < size:
+        while not enough():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError("no answer in time")
             chunk = self._read_some(left)
-            if chunk is None:
-                continue
             if chunk == b"":
-                data, self._buffer = self._buffer, b""
-                return data
-            self._buffer += chunk
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
+                return False
+            if chunk is not None:
+                self._buffer += chunk
+        return True
