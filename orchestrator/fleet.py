@@ -15,6 +15,7 @@ from orchestrator.proxmox import ProxmoxClient, api_backend
 from orchestrator.remote.base import Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
+from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.remote.ssh import (DEFAULT_CONNECTIONS, DEFAULT_KNOWN_HOSTS,
                                      DEFAULT_MAX_SESSIONS, SshHost, SshSettings)
 
@@ -26,8 +27,11 @@ class Fleet:
     """Opens each host at most once, lazily, and closes them all at the end."""
 
     def __init__(self, inventory: Inventory, trust_on_first_use: bool = False,
-                 ssh_config_path: str = SSH_CONFIG):
+                 ssh_config_path: str = SSH_CONFIG, sessions: Optional[SessionPool] = None):
         self.inventory = inventory
+        # warm in-container sessions for the containers' commands (the agent, MCP); None:
+        # every command on a channel of its own
+        self.sessions = sessions
         self.trust_on_first_use = trust_on_first_use
         self._ssh_config = _read_ssh_config(ssh_config_path)
         self._hosts: dict[str, Transport] = {}
@@ -48,6 +52,9 @@ class Fleet:
 
     def target(self, spec: ContainerSpec) -> Target:
         host = self.locate(spec.cluster, spec.vmid) if spec.cluster else spec.host
+        if self.sessions is not None and spec.vmid:
+            return SessionTarget(spec.name, self.host(host), spec.vmid, spec.venv, spec.gpus,
+                                 spec.env, sessions=self.sessions)
         return Target(spec.name, self.host(host), spec.vmid, spec.venv, spec.gpus, spec.env)
 
     def locate(self, cluster: str, vmid: int) -> str:
@@ -152,6 +159,8 @@ class Fleet:
                 for name, host in hosts.items()}
 
     def close(self) -> None:
+        if self.sessions is not None:
+            self.sessions.close()
         for host in self._hosts.values():
             host.close()
 

@@ -8,10 +8,11 @@ import threading
 import time
 from typing import Optional
 
-from orchestrator.agentd.requests import Request, current
+from orchestrator.agentd.requests import Request, current, detached, holding
 from orchestrator.config.inventory import inventory_path
 from orchestrator.errors import OrchError
 from orchestrator.fleet import SSH_CONFIG, Fleet
+from orchestrator.remote.session import SessionPool
 
 def _file_stamp(path: str):
     try:
@@ -72,7 +73,8 @@ class FleetPool:
                        os.environ.get("SSH_AUTH_SOCK"))
                 pooled = self._usable(key)
                 if pooled is None:
-                    fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use)
+                    fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use,
+                                            sessions=SessionPool(detached=detached, holding=holding))
                     pooled = _Pooled(key, fleet, _stamp(fleet, path))
                     with self._lock:
                         self._pooled[key] = pooled
@@ -131,7 +133,8 @@ class FleetPool:
         with self._lock:
             pooled = list(self._pooled.values())
         return [{"inventory": p.key[0], "trust_new_host_keys": p.key[1], "commands_running": p.leases,
-                 "idle_s": round(time.time() - p.last_used, 1), "hosts": p.fleet.open_hosts()}
+                 "idle_s": round(time.time() - p.last_used, 1), "hosts": p.fleet.open_hosts(),
+                 "sessions": p.fleet.sessions.describe()}
                 for p in pooled]
 
 

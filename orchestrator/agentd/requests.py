@@ -20,6 +20,7 @@ import time
 import traceback
 import weakref
 from collections.abc import MutableMapping
+from contextlib import contextmanager
 from typing import Optional
 
 import paramiko
@@ -33,6 +34,34 @@ _local = threading.local()
 def current() -> Optional["Request"]:
     """The request the running thread works for (None: the agent's own threads)."""
     return getattr(_local, "request", None)
+
+
+@contextmanager
+def detached():
+    """What opens here outlives the request (a warm session's channel): it is not filed
+    under the request, so the request's end or interrupt does not close it."""
+    request, _local.request = current(), None
+    try:
+        yield
+    finally:
+        _local.request = request
+
+
+@contextmanager
+def holding(closable):
+    """While a command of this request runs in closable (a warm session), an interrupt of
+    the request closes it, as it closes the request's own channels."""
+    request = current()
+    if request is None:
+        yield
+        return
+    request.channels.add(closable)
+    if request.interrupted is not None:
+        closable.close()
+    try:
+        yield
+    finally:
+        request.channels.discard(closable)
 
 
 class _Exited(SystemExit):

@@ -74,7 +74,8 @@ def agent_stop():
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def agent_status(as_json):
     """Show the agent: pid, idle time, commands running, and per inventory the hosts it
-    holds connections to (connections, channels in use).
+    holds connections to (connections, channels in use) and the warm command sessions in
+    containers (idle, busy).
 
     Exit code: 0 when an agent runs, 1 when none does.
 
@@ -109,6 +110,9 @@ def _print_status(reply: dict) -> None:
                            f"{host['channels_in_use']} channel(s) in use")
             else:
                 click.echo(f"    {name}: local")
+        for held in fleet.get("sessions", []):
+            click.echo(f"    CT {held['vmid']} on {held['host']}: {held['idle']} idle, "
+                       f"{held['busy']} busy command session(s)")
 
 
 def _ask(message: dict, timeout: float = 30.0):

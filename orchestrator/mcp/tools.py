@@ -2,9 +2,8 @@
 
 Each tool resolves its target through the server's one Fleet (one SSH connection per host
 for the server's life) and runs in the container through a warm command session
-(orchestrator.remote.session.ExecSession): after the first call to a container, a tool call
-costs one JSON line each way on an open channel, not a handshake, a `pct exec` and a new
-interpreter. Everything else is the function the CLI calls: payload_api.*, engine.run_playbook,
+(orchestrator.remote.session): after the first call to a container, a tool call costs a
+frame each way on an open channel, not a handshake, a `pct exec` and a new interpreter. Everything else is the function the CLI calls: payload_api.*, engine.run_playbook,
 attach.stop_recorded_run, RunStore, runs.compare, inventory_check.
 """
 
@@ -16,13 +15,12 @@ from typing import Any, Optional
 from orchestrator import payload_api
 from orchestrator.attach import stop_recorded_run
 from orchestrator.engine import run_playbook
-from orchestrator.errors import CommandTimeout, ConfigError, OrchError
+from orchestrator.errors import ConfigError, OrchError
 from orchestrator.fleet import Fleet, fan_out
 from orchestrator.inventory_check import check_targets
 from orchestrator.playbook.loader import load_playbook
-from orchestrator.remote.base import RunOptions, Transport
 from orchestrator.remote.container import Target
-from orchestrator.remote.session import ExecSession
+from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 from orchestrator.runs.store import RunStore
 
@@ -31,37 +29,6 @@ DEFAULT_OUTPUT_BYTES = 64 << 10
 RUN_START_WAIT_S = 120.0
 # pct's own path: a constant program; the log's path and offsets arrive as "$1".."$3".
 _LOG_SCRIPT = 'wc -c < "$1" && tail -c +"$2" -- "$1" | head -c "$3"'
-
-
-class WarmTarget(Transport):
-    """A Target whose commands go through its warm session; a plain channel when the session
-    cannot serve (the container stopped, no python3): that path raises orch's typed errors
-    (not running, no such container) with their hints."""
-
-    def __init__(self, target: Target, session: ExecSession):
-        self.target = target
-        self.session = session
-        self.name = target.name
-        self.via = "session"
-
-    def python(self) -> str:
-        return self.target.python()
-
-    def describe(self) -> str:
-        return self.target.describe()
-
-    def _run(self, argv, options: RunOptions):
-        try:
-            result = self.session._run(argv, options)
-            self.via = "session"
-        except CommandTimeout:
-            raise
-        except (OrchError, OSError, EOFError, ValueError):
-            self.session.close()
-            self.via = "channel"
-            result = self.target._run(argv, options)
-        result.target = self.name
-        return result
 
 
 class LiveReporter:
@@ -142,13 +109,11 @@ class Tools:
         self.fleet = fleet
         self.store = store
         self.app = _AppView(inventory_option, fleet)
-        self._sessions: dict[str, ExecSession] = {}
-        self._sessions_lock = threading.Lock()
+        self.sessions = SessionPool()
         self.runs: dict[str, LiveRun] = {}
 
     def close(self) -> None:
-        for session in list(self._sessions.values()):
-            session.close()
+        self.sessions.close()
         self.fleet.close()
 
     # ------------------------------------------------------------------ targets
@@ -160,13 +125,11 @@ class Tools:
                               hint="list_targets shows the containers and groups")
         return self.fleet.target(specs[0])
 
-    def warm(self, name: str) -> WarmTarget:
+    def warm(self, name: str) -> SessionTarget:
+        """The container, its commands run through a warm session of the server's pool."""
         target = self.container(name)
-        with self._sessions_lock:
-            session = self._sessions.get(target.name)
-            if session is None:
-                session = self._sessions[target.name] = ExecSession(self.container(name))
-        return WarmTarget(target, session)
+        return SessionTarget(target.name, target.host, target.vmid, target.venv, target.gpus,
+                             target.env, sessions=self.sessions)
 
     def container_names(self, names) -> list[str]:
         return [spec.name for spec in self.fleet.inventory.resolve(list(names))]

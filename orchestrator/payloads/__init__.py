@@ -12,6 +12,7 @@ It imports nothing of orch's, so the transports (remote/) may use it for their o
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import re
@@ -24,6 +25,19 @@ INLINE_MARK = re.compile(r"^from (_\w+) import \*  # orch: inlined when shipped$
 def payload_source(name: str) -> bytes:
     """The payload as one script: each marked shared-module import replaced by its text."""
     return _inline(_read(name), set()).encode()
+
+
+@functools.lru_cache(maxsize=None)
+def compact_source(name: str) -> str:
+    """The payload without docstrings and comments, for `python3 -c SOURCE`: what runs as
+    an argv shows in the container's `ps`, the shorter the better."""
+    tree = ast.parse(payload_source(name).decode())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
 
 
 def _read(name: str) -> str:

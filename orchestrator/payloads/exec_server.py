@@ -1,57 +1,237 @@
-"""Payload: a persistent command server inside the container (stdlib only).
+"""Payload: a persistent command server inside the container (stdlib only, Python 3.8+).
 
-Started once as `PYTHON -u -c SOURCE` over one `pct exec` channel, it reads one JSON
-request per line on stdin and answers one JSON line per request on stdout:
-  request  {"id": 1, "argv": [...], "stdin": base64 | null, "timeout": seconds | null, "env": {}}
-  response {"id": 1, "exit_code": 0, "stdout": base64, "stderr": base64, "duration": s}
-           {"id": 1, "error": "...", "kind": "not-found" | "timeout" | "bad-request"}
-Commands are argv lists run without a shell. The server saves a new SSH channel, a new
-`pct exec` and a new interpreter per command: about 1-3 ms instead of 10-20 ms.
+Started once as `python3 -I -S -c SOURCE` over one `pct exec` channel, it runs one command
+at a time, streaming: the command's output goes back as it is written, its input arrives
+as it is typed, and a kill message stops it. Per command it saves a new SSH channel, a new
+`pct exec` and a new interpreter: about 2 ms instead of 25 ms.
+
+Frames, both ways: kind (1 byte), command id (4 bytes), length (4 bytes), then the body.
+  to the server    r run {"argv": [...], "env": {...}}   i input bytes   c end of input
+                   k kill (SIGTERM to the group, SIGKILL 2 s later)
+  from the server  s started   o stdout bytes   e stderr bytes   x exit {"code": N}
+                   n not started {"errno": N, "error": "..."}: nothing ran; the caller
+                     may run the command another way (the message it would get differs)
+The first frame is ready {"pid": N} (kind "R", id 0).
+A command runs without a shell, as the leader of its own process group, with the
+environment this server was started with (read back from /proc/self/environ: Python may
+have changed its own, e.g. the C-locale coercion of PEP 538) plus the run's env. When the
+channel closes (orch went away, a timeout, Ctrl-C), the running command's group is killed,
+as orch's reaper does for a command on a channel of its own. Exit code: the command's, or
+128+N when signal N ended it.
 """
 
-import base64
 import json
 import os
+import signal
+import struct
 import subprocess
 import sys
+import threading
 import time
 
+from _environ import *  # orch: inlined when shipped
 
-def handle(request):
-    argv = request["argv"]
-    stdin = request.get("stdin")
-    env = dict(os.environ)
-    env.update(request.get("env") or {})
-    started = time.time()
+HEADER = struct.Struct(">cII")
+KILL_GRACE_S = 2.0
+CHUNK = 65536
+
+
+class Output:
+    """Frames to orch on fd 1, written whole by one thread at a time."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.gone = False  # orch's end of the channel closed
+
+    def send(self, kind, ident, body=b""):
+        data = HEADER.pack(kind, ident, len(body)) + body
+        with self.lock:
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(1, view):]
+            except OSError:
+                self.gone = True
+
+
+def read_frame(stream):
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    kind, ident, length = HEADER.unpack(header)
+    body = stream.read(length) if length else b""
+    if len(body) < length:
+        return None
+    return kind, ident, body
+
+
+def new_group_options():
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"start_new_session": True}  # setsid: also a new group, made in C (thread-safe)
+
+
+class Command:
+    def __init__(self, ident, request, base_env, output):
+        self.ident = ident
+        self.output = output
+        self.killed_at = None
+        env = dict(base_env)
+        env.update((os.fsencode(k), os.fsencode(v)) for k, v in (request.get("env") or {}).items())
+        self.process = subprocess.Popen(
+            [os.fsencode(arg) for arg in request["argv"]], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, **new_group_options())
+        self.input = Input(self.process.stdin)
+
+    def begin(self):
+        """Stream the output, then say how the command ended (after its last output)."""
+        self.pumps = [threading.Thread(target=self.pump, args=(pipe, kind), daemon=True)
+                      for pipe, kind in ((self.process.stdout, b"o"), (self.process.stderr, b"e"))]
+        threading.Thread(target=self.finish, daemon=True).start()
+
+    def pump(self, pipe, kind):
+        fd = pipe.fileno()
+        while True:
+            try:
+                data = os.read(fd, CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                return
+            self.output.send(kind, self.ident, data)
+            if self.output.gone:
+                self.kill()
+
+    def finish(self):
+        for pump in self.pumps:
+            pump.start()
+        for pump in self.pumps:
+            pump.join()
+        code = self.process.wait()
+        self.input.close()
+        code = 128 - code if code < 0 else code
+        self.output.send(b"x", self.ident, json.dumps({"code": code}).encode())
+
+    def kill(self):
+        """SIGTERM to the command's group; SIGKILL if it is still there after the grace."""
+        if self.killed_at is None:
+            self.killed_at = time.monotonic()
+            signal_group(self.process.pid, signal.SIGTERM)
+            timer = threading.Timer(KILL_GRACE_S, self.kill_hard)
+            timer.daemon = True
+            timer.start()
+
+    def kill_hard(self):
+        if self.process.poll() is None:
+            signal_group(self.process.pid, signal.SIGKILL)
+
+    def running(self):
+        return self.process.poll() is None
+
+
+def signal_group(pid, number):
     try:
-        done = subprocess.run(argv, input=base64.b64decode(stdin) if stdin is not None else None,
-                              stdin=None if stdin is not None else subprocess.DEVNULL,
-                              capture_output=True, timeout=request.get("timeout"), env=env)
-    except FileNotFoundError:
-        return {"error": "%s: command not found" % argv[0], "kind": "not-found"}
-    except PermissionError:
-        return {"error": "%s: permission denied" % argv[0], "kind": "not-found"}
-    except subprocess.TimeoutExpired as expired:
-        return {"error": "timed out after %s s" % expired.timeout, "kind": "timeout"}
-    code = done.returncode if done.returncode >= 0 else 128 - done.returncode
-    return {"exit_code": code, "duration": time.time() - started,
-            "stdout": base64.b64encode(done.stdout).decode("ascii"),
-            "stderr": base64.b64encode(done.stderr).decode("ascii")}
+        os.killpg(pid, number)
+    except OSError:
+        pass
+
+
+class Input(threading.Thread):
+    """Writes the command's input from a thread of its own: a command that does not read
+    must not stop the server from reading a kill."""
+
+    def __init__(self, pipe):
+        super().__init__(daemon=True)
+        self.pipe = pipe
+        self.pieces = []
+        self.ready = threading.Condition()
+        self.start()
+
+    def put(self, data):
+        with self.ready:
+            self.pieces.append(data)
+            self.ready.notify()
+
+    def close(self):
+        self.put(None)
+
+    def run(self):
+        while True:
+            with self.ready:
+                while not self.pieces:
+                    self.ready.wait()
+                data = self.pieces.pop(0)
+            if data is None:
+                break
+            try:
+                self.pipe.write(data)
+            except OSError:
+                break  # the command closed its input: the rest is dropped, as a pipe would
+        try:
+            self.pipe.close()
+        except OSError:
+            pass
+
+
+def start(ident, body, base_env, output):
+    try:
+        request = json.loads(body.decode("utf-8", "surrogateescape"))
+        command = Command(ident, request, base_env, output)
+    except OSError as error:
+        reply = {"errno": error.errno, "error": error.strerror or str(error)}
+        output.send(b"n", ident, json.dumps(reply).encode())
+        return None
+    except (ValueError, KeyError, TypeError) as error:
+        output.send(b"n", ident, json.dumps({"errno": 0, "error": "bad request: %s" % error}).encode())
+        return None
+    output.send(b"s", ident)
+    command.begin()
+    return command
 
 
 def main():
-    out = sys.stdout
-    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
-    out.flush()
-    for line in sys.stdin:
-        try:
-            request = json.loads(line)
-            reply = handle(request)
-        except (ValueError, KeyError, TypeError) as error:
-            request, reply = {}, {"error": "bad request: %s" % error, "kind": "bad-request"}
-        reply["id"] = request.get("id") if isinstance(request, dict) else None
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+    base_env = start_environment()
+    output = Output()
+    running = []   # the command now running, if any
+
+    def stop(number, frame):
+        raise SystemExit(128 + number)
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(number, stop)
+    output.send(b"R", 0, json.dumps({"pid": os.getpid()}).encode())
+    try:
+        serve(sys.stdin.buffer, base_env, output, running)
+    finally:
+        # orch went away (the channel closed, or we were told to stop): take the running
+        # command with us, as the reaper does for a command on a channel of its own
+        if running and running[0].running():
+            running[0].kill()
+            deadline = time.monotonic() + KILL_GRACE_S + 0.5
+            while running[0].running() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            running[0].kill_hard()
+
+
+def serve(stream, base_env, output, running):
+    while True:
+        frame = read_frame(stream)
+        if frame is None:
+            return
+        kind, ident, body = frame
+        current = running[0] if running else None
+        if kind == b"r":
+            if current is not None and current.running():
+                output.send(b"n", ident, b'{"errno": 16, "error": "busy"}')
+                continue
+            running[:] = [command for command in [start(ident, body, base_env, output)] if command]
+        elif current is None or ident != current.ident:
+            continue  # input or a kill for a command that already ended
+        elif kind == b"i":
+            current.input.put(body)
+        elif kind == b"c":
+            current.input.close()
+        elif kind == b"k":
+            current.kill()
 
 
 if __name__ == "__main__":

@@ -17,10 +17,13 @@ import stat
 import sys
 import time
 
+from _environ import *  # orch: inlined when shipped
+
 HANG_UP = select.POLLERR | select.POLLHUP
 
 
 def start(argv):
+    env = start_environment()
     pid = os.fork()
     if pid == 0:
         signal.set_wakeup_fd(-1)
@@ -28,7 +31,7 @@ def start(argv):
             signal.signal(number, signal.SIG_DFL)
         os.setpgid(0, 0)
         try:
-            os.execvp(argv[0], argv)
+            os.execvpe(argv[0], argv, env)
         except OSError as error:
             sys.stderr.write("%s: %s\n" % (argv[0], error.strerror))
             os._exit(127 if isinstance(error, FileNotFoundError) else 126)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
-from orchestrator.errors import BadArgument, CommandFailed
+from orchestrator.errors import BadArgument, CommandFailed, CommandTimeout, ConnectionLost
 
 # Called with each chunk of bytes as it arrives (stdout or stderr).
 OutputCallback = Callable[[bytes], None]
@@ -251,6 +251,21 @@ class LineSplitter:
             self._on_line(line.decode("utf-8", "replace"))
 
 
+def command_timeout(shown: str, where: str, timeout: float, result: Optional[Result]) -> CommandTimeout:
+    """The error for a command that outlived its timeout; `where`: "on host H", "in T"."""
+    return CommandTimeout(
+        f"command {shown} {where} did not finish within {timeout:g} s", result=result,
+        hint="the host may be unreachable or the command slow; raise --timeout if it is slow")
+
+
+def connection_lost(host: str, shown: str, duration: float, where: str = "") -> ConnectionLost:
+    """The error for a command whose connection broke while it ran: its outcome is unknown."""
+    return ConnectionLost(
+        f"the connection to host {host} broke while {shown} ran{where} "
+        f"(after {duration:.1f} s): its outcome is unknown",
+        hint="the command may still be running there; check before running it again")
+
+
 class Process:
     """A long-lived command with its stdin and stdout kept open (see remote/session.py)."""
 
@@ -259,6 +274,11 @@ class Process:
 
     def readline(self, timeout: Optional[float]) -> bytes:
         """One line including its newline; b"" at end of output; raises TimeoutError."""
+        raise NotImplementedError  # pragma: no cover
+
+    def read(self, size: int, timeout: Optional[float]) -> bytes:
+        """Exactly size bytes; fewer only at end of output; raises TimeoutError (and then
+        keeps what it got for the next call)."""
         raise NotImplementedError  # pragma: no cover
 
     def close(self) -> None:  # pragma: no cover
@@ -273,17 +293,30 @@ class BufferedLines:
         self._buffer = b""
 
     def readline(self, timeout: Optional[float]) -> bytes:
+        if not self._fill(lambda: b"\n" in self._buffer, timeout):
+            line, self._buffer = self._buffer, b""
+            return line
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line + b"\n"
+
+    def read(self, size: int, timeout: Optional[float]) -> bytes:
+        if not self._fill(lambda: len(self._buffer) >= size, timeout):
+            data, self._buffer = self._buffer, b""
+            return data
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def _fill(self, enough, timeout: Optional[float]) -> bool:
+        """Read until enough() holds (True) or the output ends (False); TimeoutError at the
+        deadline, with what was read kept for the next call."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self._buffer:
+        while not enough():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError("no answer in time")
             chunk = self._read_some(left)
-            if chunk is None:
-                continue
             if chunk == b"":
-                line, self._buffer = self._buffer, b""
-                return line
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line + b"\n"
+                return False
+            if chunk is not None:
+                self._buffer += chunk
+        return True

@@ -4,14 +4,12 @@ itself. Commands stay argv lists; the host's transport does the only quoting.
 
 from __future__ import annotations
 
-import ast
-import functools
 import re
 from typing import Optional, Sequence
 
 from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
-from orchestrator.payloads import payload_source
+from orchestrator.payloads import compact_source
 from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv, with_env
 
 # pct's own failures before the command runs: one of these sentences ends stderr (perl's
@@ -164,16 +162,7 @@ def pct_error_text(result: Result, vmid: Optional[int]) -> Optional[str]:
 def reaped(argv: Sequence[str]) -> list[str]:
     """argv run under the reaper payload: its own process group, killed when the channel
     closes (pct exec gives no signal to a command whose caller went away)."""
-    return ["sh", "-c", _REAP_IF_PYTHON, _reaper_source(), *argv]
-
-
-@functools.lru_cache(maxsize=1)
-def _reaper_source() -> str:
-    """The reaper without its docstring and comments: shorter in the container's `ps`."""
-    tree = ast.parse(payload_source("reaper").decode())
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
-        tree.body.pop(0)
-    return ast.unparse(tree)
+    return ["sh", "-c", _REAP_IF_PYTHON, compact_source("reaper"), *argv]
 
 
 def require_vmid(target: Target) -> int:

@@ -74,9 +74,18 @@ class _LocalProcess(Process):
     def readline(self, timeout):
         return self._lines.readline(timeout)
 
+    def read(self, size, timeout):
+        return self._lines.read(size, timeout)
+
     def close(self) -> None:
-        _kill_group(self._process)
-        self._process.wait()
+        # SIGTERM first: a command server stops the command it runs (in a group of its own)
+        # before it exits, as it does when its SSH channel closes
+        _kill_group(self._process, signal.SIGTERM)
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill_group(self._process)
+            self._process.wait()
         for pipe in (self._process.stdin, self._process.stdout):
             pipe.close()
 
@@ -117,9 +126,9 @@ def _feed_stdin(pipe, stdin) -> None:
         pass
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def _kill_group(process: subprocess.Popen, number: int = signal.SIGKILL) -> None:
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(process.pid, number)
     except ProcessLookupError:
         pass
 

@@ -29,11 +29,11 @@ from typing import Callable, Optional
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
-from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout, ConnectionLost,
+from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout,
                                  HostKeyChanged, HostKeyUnknown, HostUnreachable, OrchError)
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
-                                      Transport, encode_arg, stdin_pieces, validate_argv,
-                                      with_env)
+                                      Transport, command_timeout, connection_lost, encode_arg,
+                                      stdin_pieces, validate_argv, with_env)
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_MAX_SESSIONS = 10     # OpenSSH's MaxSessions default, a stock Proxmox node's
@@ -339,15 +339,9 @@ class SshHost(Transport):
         result = Result(argv, 124 if timer.fired else (status if status is not None else -1),
                         stdout, stderr, time.monotonic() - started, self.name)
         if timer.fired:
-            raise CommandTimeout(
-                f"command {result.display()} on host {self.name} did not finish within "
-                f"{options.timeout:g} s", result=result,
-                hint="the host may be unreachable or the command slow; raise --timeout if it is slow")
+            raise command_timeout(result.display(), f"on host {self.name}", options.timeout, result)
         if status is None:
-            raise ConnectionLost(
-                f"the connection to host {self.name} broke while {result.display()} ran "
-                f"(after {result.duration:.1f} s): its outcome is unknown",
-                hint="the command may still be running there; check before running it again")
+            raise connection_lost(self.name, result.display(), result.duration)
         return result
 
     def spawn(self, argv) -> Process:
@@ -455,6 +449,9 @@ class _ChannelProcess(Process):
 
     def readline(self, timeout):
         return self._lines.readline(timeout)
+
+    def read(self, size, timeout):
+        return self._lines.read(size, timeout)
 
     def close(self) -> None:
         self._channel.close()

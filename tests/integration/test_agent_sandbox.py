@@ -84,8 +84,10 @@ def test_same_output_and_exit_codes_as_the_direct_path(sandbox, agent_env, tmp_p
                (expected.returncode, expected.stdout, expected.stderr), args
     served = status(agent_env)
     assert served["commands_served"] == len(cases)
-    hosts = served["fleets"][0]["hosts"]
-    assert hosts["sb1"]["connections"] >= 1 and hosts["sb1"]["channels_in_use"] == 0
+    hosts, sessions = served["fleets"][0]["hosts"], served["fleets"][0]["sessions"]
+    # the only channels still open are the warm sessions', none of them busy
+    assert hosts["sb1"]["connections"] >= 1 and not any(s["busy"] for s in sessions)
+    assert hosts["sb1"]["channels_in_use"] == sum(s["idle"] for s in sessions if s["host"] == "sb1") > 0
 
 
 def test_connections_stay_warm_between_commands(sandbox, agent_env):
@@ -264,3 +266,45 @@ def test_agent_stop_and_status(sandbox, agent_env):
     stopped = subprocess.run([*ORCH, "agent", "stop"], env=agent_env, capture_output=True, text=True)
     assert stopped.returncode == 0
     wait_for(lambda: not alive(pid), 10, "the agent did not stop")
+
+
+def _environment(text: str) -> dict:
+    """env's output without what differs per connection (the client's port)."""
+    pairs = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {k: v for k, v in pairs.items() if k not in ("SSH_CLIENT", "SSH_CONNECTION")}
+
+
+def test_commands_run_in_one_warm_session_with_the_environment_pct_exec_gives(sandbox, agent_env):
+    manual = subprocess.run(["ssh", "-F", str(sandbox.ssh_config), "sb1", "pct exec 200 -- env"],
+                            capture_output=True, text=True, timeout=60)
+    assert manual.returncode == 0, manual.stderr
+    expected = _environment(manual.stdout)
+    expected["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # orch's
+    direct = orch({**agent_env, "ORCH_AGENT": "off"}, sandbox.inventory_path, "exec", "sb1-200", "--", "env")
+    warm = [orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "env") for _ in range(2)]
+    # nothing added on the way: no LC_CTYPE from a Python helper's locale coercion (PEP 538)
+    assert _environment(direct.stdout) == expected
+    assert [_environment(out.stdout) for out in warm] == [expected, expected]
+    # the commands ran in one session: their parent is the same server process each time
+    parents = {orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "sh", "-c",
+                    "echo $PPID").stdout for _ in range(3)}
+    assert len(parents) == 1
+    assert {"host": "sb1", "vmid": 200, "idle": 1, "busy": 0} in status(agent_env)["fleets"][0]["sessions"]
+
+
+def test_a_container_stopped_under_its_warm_session_is_reported_as_stopped(sandbox, agent_env):
+    direct = {**agent_env, "ORCH_AGENT": "off"}
+    assert sandbox.run_on_host("sb2", ["pct", "start", "202"], timeout=30).returncode == 0
+    try:
+        out = orch(agent_env, sandbox.inventory_path, "exec", "sb2-202", "--", "echo", "up")
+        assert (out.returncode, out.stdout) == (0, "up\n"), out.stderr
+        assert any(s["vmid"] == 202 for s in status(agent_env)["fleets"][0]["sessions"])
+    finally:
+        assert sandbox.run_on_host("sb2", ["pct", "stop", "202"], timeout=30).returncode == 0
+    # the warm session died with the container: the command goes the direct path's way,
+    # with its message and exit code, and runs nowhere
+    got = orch(agent_env, sandbox.inventory_path, "exec", "sb2-202", "--", "true")
+    expected = orch(direct, sandbox.inventory_path, "exec", "sb2-202", "--", "true")
+    assert (got.returncode, got.stdout, got.stderr) == (expected.returncode, expected.stdout, expected.stderr)
+    assert got.returncode == 4 and "is not running" in got.stderr
+    assert not any(s["vmid"] == 202 for s in status(agent_env)["fleets"][0]["sessions"])

@@ -52,7 +52,7 @@ def test_grep_torch_and_patch_on_every_container_of_one_host(wide):
     assert out.returncode == 0, out.stderr
     assert len(reports) == COUNT and all(r.get("hits", 0) > 0 for r in reports), reports
     out = orch(wide, "patch", "fx-tls", "status", "-t", "wide1", "--json")
-    assert [r.get("status") for r in json.loads(out.stdout)] == ["vulnerable"] * COUNT, out.stderr
+    assert [r.get("status") for r in json.loads(out.stdout)] == ["vulnerable"] * COUNT, out.stdout
     out = orch(wide, "patch", "fx-tls", "apply", "-t", "wide1", "--json")
     assert out.returncode == 0, out.stderr
     assert [r.get("status") for r in json.loads(out.stdout)] == ["patched"] * COUNT
