@@ -1,6 +1,8 @@
 """orch starts quickly: `--version`, `--help` and every `CMD --help` import no SSH, no jinja2,
 no playbook or monitor code, and the thin client that hands commands to the agent imports
-neither click nor paramiko (docs/agent.md). Measured with sys.modules in a fresh process."""
+neither click nor paramiko (docs/agent.md); the direct path (`--no-agent`) of the quick
+commands imports no requests, no invoke, and no Proxmox API where none is asked
+(docs/transport.md). Measured with sys.modules in a fresh process."""
 
 from __future__ import annotations
 
@@ -214,3 +216,13 @@ def test_paramiko_without_invoke_still_runs_match_exec_and_leaves_invoke_to_fabr
                     "paramiko_uses": True}
     # paramiko's lookup may run a `Match exec` more than once (its final pass)
     assert set((tmp_path / "invoke.log").read_text().splitlines()) == {"test -n x"}
+
+
+def test_a_quiet_exec_imports_no_rich(direct_env):
+    """The command's output is its own bytes: rich loads only when orch prints a message."""
+    env, inventory = direct_env
+    modules = modules_after("--no-agent", "-i", inventory, "exec", "dev", "--", "true", env=env)
+    assert "orchestrator.remote.container" in modules
+    assert loaded(modules, ["rich"]) == []
+    failed = modules_after("--no-agent", "-i", inventory, "exec", "nosuch", "--", "true", env=env)
+    assert "rich.console" in failed   # the error message went through it
