@@ -155,3 +155,16 @@ def test_reaped_command_runs_without_python_too():
     with_python = subprocess.run(argv, capture_output=True)
     without = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True, env={"PATH": "/nonexistent"})
     assert with_python.stdout == without.stdout == b"a b|$x|"
+
+
+def test_the_reaper_ignores_the_commands_python_settings_and_passes_them_on(tmp_path):
+    """The reaper runs as `python3 -I -S`: a PYTHONPATH (inventory `env:`) or a current
+    folder holding a module named like one of the reaper's own (select.py) cannot break it,
+    and the command still gets that environment."""
+    from orchestrator.remote.container import reaped
+    for name in ("select", "signal", "stat", "time", "sitecustomize"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('shadowed stdlib module imported')\n")
+    argv = reaped(["/bin/sh", "-c", 'printf "%s" "$PYTHONPATH"; exit 3'])
+    done = subprocess.run(argv, capture_output=True, cwd=tmp_path, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert (done.returncode, done.stdout, done.stderr) == (3, str(tmp_path).encode(), b"")
