@@ -9,8 +9,8 @@ invoke held off, and paramiko.config gets a stand-in that imports invoke when a 
 first runs. sys.modules is left as it was: a later `import invoke` in the same process
 (Fabric's, the benchmarks') gets the real module, and `Match exec` works as in paramiko.
 
-Every orch module takes paramiko from here; tests/unit/test_cli_startup.py checks that the
-direct `exec` imports no invoke.
+orch's modules take paramiko from here, never with `import paramiko` of their own (the first
+import decides); tests/unit/test_cli_startup.py checks that the direct `exec` imports no invoke.
 """
 
 from __future__ import annotations
