@@ -5,19 +5,26 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, TypeVar
-
-import paramiko
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, load_inventory
 from orchestrator.errors import ConfigError, NoSuchContainer, OrchError
-from orchestrator.proxmox import ProxmoxClient, api_backend
+from orchestrator.lazy import lazy
 from orchestrator.remote.base import Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
+from orchestrator.remote.paramiko_lib import paramiko
 from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.remote.ssh import (DEFAULT_CONNECTIONS, DEFAULT_KNOWN_HOSTS,
                                      DEFAULT_MAX_SESSIONS, SshHost, SshSettings)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.proxmox import ProxmoxClient
+
+# The Proxmox API (proxmoxer, http.client: ~20 ms) is imported when a command first asks for
+# it: `exec`, `grep-torch` and the patch commands reach containers without it.
+api_backend = lazy("orchestrator.proxmox", "api_backend")
+proxmox_client = lazy("orchestrator.proxmox", "ProxmoxClient")
 
 T = TypeVar("T")
 SSH_CONFIG = "~/.ssh/config"
@@ -105,7 +112,7 @@ class Fleet:
             raise OrchError(f"host {host_name} is local: it has no Proxmox API")
         # the https backend needs no SSH connection: open none
         ssh = self.host(host_name) if api_backend(spec) == "ssh" else None
-        return ProxmoxClient(spec, ssh, warn=warn)
+        return proxmox_client(spec, ssh, warn=warn)
 
     def containers_of(self, name: str, warn: Callable[[str], None] = lambda message: None) -> list[dict]:
         """A host's containers, or a whole cluster's, each with its node and inventory host."""

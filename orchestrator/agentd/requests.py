@@ -23,10 +23,10 @@ from collections.abc import MutableMapping
 from contextlib import contextmanager
 from typing import Optional
 
-import paramiko
 from rich.console import Console
 
 from orchestrator import cli, console
+from orchestrator.remote.paramiko_lib import paramiko
 
 _local = threading.local()
 

@@ -8,22 +8,34 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from rich.console import Console
-from rich.markup import escape as rich_escape
-from rich.table import Table
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
 
+# rich is imported when something is first printed through it (~20 ms): `orch exec`, whose
+# output is the command's own bytes, prints nothing through rich unless something fails.
+# `out` and `err`, the consoles every command prints to, are made on first use (module
+# __getattr__); whoever replaces them (the agent's per-request consoles) sets them as usual.
 
 
 def make_console(**options) -> Console:
     """A console as orch prints: no highlighting, no wrapping, and no emoji codes (a SHA-256
     fingerprint's ":CD:" would otherwise print as a disc)."""
+    from rich.console import Console  # rich on first print: see above
     return Console(highlight=False, soft_wrap=True, emoji=False, **options)
 
 
-out = make_console()
-err = make_console(stderr=True)
+def __getattr__(name: str):
+    """`console.out` (stdout) and `console.err` (stderr), made when first used."""
+    if name not in ("out", "err"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return globals().setdefault(name, make_console(stderr=name == "err"))  # one, if two race
+
+
+def _stream(name: str):
+    """out or err as the module holds it now (made on first use, or replaced)."""
+    return globals()[name] if name in globals() else __getattr__(name)
 
 
 def print_json(data: Any) -> None:
@@ -32,16 +44,17 @@ def print_json(data: Any) -> None:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    from rich.table import Table  # rich on first print: see above
     grid = Table(title=title, show_edge=False, header_style="bold")
     for column in columns:
         grid.add_column(column)
     for row in rows:
         grid.add_row(*["" if cell is None else str(cell) for cell in row])
-    out.print(grid)
+    _stream("out").print(grid)
 
 
 def error(message: str) -> None:
-    err.print(f"[bold red]orch: error:[/] {escape(message)}")
+    _stream("err").print(f"[bold red]orch: error:[/] {escape(message)}")
 
 
 def target_error(target: str, message) -> None:
@@ -51,12 +64,13 @@ def target_error(target: str, message) -> None:
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]orch: warning:[/] {escape(message)}")
+    _stream("err").print(f"[yellow]orch: warning:[/] {escape(message)}")
 
 
 def info(message: str) -> None:
-    err.print(escape(message))
+    _stream("err").print(escape(message))
 
 
 def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape  # rich on first print: see above
     return rich_escape(str(text))

@@ -26,14 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import paramiko
-from paramiko.common import MSG_CHANNEL_REQUEST
-
 from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout,
                                  HostKeyChanged, HostKeyUnknown, HostUnreachable, OrchError)
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
                                       Transport, command_timeout, connection_lost, encode_arg,
                                       stdin_pieces, validate_argv, with_env)
+from orchestrator.remote.paramiko_lib import paramiko
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_MAX_SESSIONS = 10     # OpenSSH's MaxSessions default, a stock Proxmox node's
@@ -422,7 +420,7 @@ class _SignalAwareTransport(paramiko.Transport):
         message.packet.seek(start)
         paramiko.Channel._handle_request(channel, message)
 
-    _channel_handler_table[MSG_CHANNEL_REQUEST] = _handle_channel_request
+    _channel_handler_table[paramiko.common.MSG_CHANNEL_REQUEST] = _handle_channel_request
 
 
 class _ChannelProcess(Process):

@@ -1,10 +1,13 @@
 """orch starts quickly: `--version`, `--help` and every `CMD --help` import no SSH, no jinja2,
 no playbook or monitor code, and the thin client that hands commands to the agent imports
-neither click nor paramiko (docs/agent.md). Measured with sys.modules in a fresh process."""
+neither click nor paramiko (docs/agent.md); the direct path (`--no-agent`) of the quick
+commands imports no requests, no invoke, and no Proxmox API where none is asked
+(docs/transport.md). Measured with sys.modules in a fresh process."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -124,3 +127,102 @@ def test_help_lists_every_command_without_loading_it():
 ])
 def test_which_commands_go_to_the_agent(args, fast):
     assert is_fast_command(args) is fast
+
+
+# ---------------------------------------------------------------- the direct path
+# What `orch --no-agent exec` and the other quick commands must not import: requests and
+# proxmoxer's https backend (no command here talks to the HTTPS API), proxmoxer itself where
+# no Proxmox API is asked, and invoke (paramiko.config's import, for ssh_config `Match exec`
+# only). Together they were ~100 ms of a 330 ms `orch --no-agent exec`.
+NOT_FOR_THE_DIRECT_PATH = ("requests", "urllib3", "invoke", "proxmoxer.backends.https")
+NOT_WITHOUT_THE_API = NOT_FOR_THE_DIRECT_PATH + ("proxmoxer", "orchestrator.proxmox")
+
+DIRECT_INVENTORY = """\
+hosts:
+  here: {transport: local}
+  far: {address: 127.0.0.1, port: 1, connect_timeout: 2}
+containers:
+  dev: {host: here}
+  ct: {host: far, vmid: 200}
+"""
+# A stand-in invoke on PYTHONPATH: the test holds whether or not the real one is installed.
+FAKE_INVOKE = '''\
+import os
+class _Ran:
+    ok = True
+def run(command, **kwargs):
+    with open(os.environ["FAKE_INVOKE_LOG"], "a") as log:
+        log.write(command + "\\n")
+    return _Ran()
+'''
+
+
+@pytest.fixture
+def direct_env(tmp_path):
+    (tmp_path / "invoke").mkdir()
+    (tmp_path / "invoke" / "__init__.py").write_text(FAKE_INVOKE)
+    (tmp_path / "inventory.yaml").write_text(DIRECT_INVENTORY)
+    (tmp_path / "home").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HOME": str(tmp_path / "home"),
+           "ORCH_AGENT": "off", "FAKE_INVOKE_LOG": str(tmp_path / "invoke.log")}
+    return env, str(tmp_path / "inventory.yaml")
+
+
+def loaded(modules: set[str], names) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+@pytest.mark.parametrize("args", [
+    ["exec", "dev", "--", "true"],                 # a local target: no SSH at all
+    ["exec", "ct", "--", "true"],                  # an SSH host (unreachable: connect refused)
+    ["grep-torch", "-t", "ct", "x"],
+    ["grep-pkg", "-t", "ct", "triton", "x"],
+    ["patch", "fx-tls", "status", "-t", "ct"],
+], ids=" ".join)
+def test_the_direct_path_imports_no_proxmox_api_and_no_invoke(direct_env, args):
+    env, inventory = direct_env
+    modules = modules_after("--no-agent", "-i", inventory, *args, env=env)
+    assert "orchestrator.fleet" in modules       # it did reach the hosts' code
+    assert loaded(modules, NOT_WITHOUT_THE_API) == []
+
+
+def test_ct_list_imports_the_api_but_not_requests_or_invoke(direct_env):
+    env, inventory = direct_env
+    modules = modules_after("--no-agent", "-i", inventory, "ct", "list", "far", env=env)
+    assert "orchestrator.proxmox" in modules
+    assert loaded(modules, NOT_FOR_THE_DIRECT_PATH) == []
+
+
+MATCH_EXEC_PROBE = """
+import json, sys
+from orchestrator.remote.paramiko_lib import paramiko
+before = "invoke" in sys.modules
+config = paramiko.SSHConfig.from_text('Match exec "test -n x"\\n  User bob\\n')
+user = config.lookup("somehost").get("user")
+import invoke   # as Fabric does, later in the same process
+print(json.dumps({"before": before, "user": user, "invoke": invoke.__file__,
+                  "paramiko_uses": paramiko.config.invoke.run is invoke.run}))
+"""
+
+
+def test_paramiko_without_invoke_still_runs_match_exec_and_leaves_invoke_to_fabric(direct_env,
+                                                                                   tmp_path):
+    env, _ = direct_env
+    out = subprocess.run([sys.executable, "-c", MATCH_EXEC_PROBE], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen == {"before": False, "user": "bob", "invoke": str(tmp_path / "invoke" / "__init__.py"),
+                    "paramiko_uses": True}
+    # paramiko's lookup may run a `Match exec` more than once (its final pass)
+    assert set((tmp_path / "invoke.log").read_text().splitlines()) == {"test -n x"}
+
+
+def test_a_quiet_exec_imports_no_rich(direct_env):
+    """The command's output is its own bytes: rich loads only when orch prints a message."""
+    env, inventory = direct_env
+    modules = modules_after("--no-agent", "-i", inventory, "exec", "dev", "--", "true", env=env)
+    assert "orchestrator.remote.container" in modules
+    assert loaded(modules, ["rich"]) == []
+    failed = modules_after("--no-agent", "-i", inventory, "exec", "nosuch", "--", "true", env=env)
+    assert "rich.console" in failed   # the error message went through it

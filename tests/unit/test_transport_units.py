@@ -155,3 +155,26 @@ def test_reaped_command_runs_without_python_too():
     with_python = subprocess.run(argv, capture_output=True)
     without = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True, env={"PATH": "/nonexistent"})
     assert with_python.stdout == without.stdout == b"a b|$x|"
+
+
+def test_the_reaper_ignores_the_commands_python_settings_and_passes_them_on(tmp_path):
+    """The reaper runs as `python3 -I -S`: a PYTHONPATH (inventory `env:`) or a current
+    folder holding a module named like one of the reaper's own (select.py) cannot break it,
+    and the command still gets that environment."""
+    from orchestrator.remote.container import reaped
+    for name in ("select", "signal", "stat", "time", "sitecustomize"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('shadowed stdlib module imported')\n")
+    argv = reaped(["/bin/sh", "-c", 'printf "%s" "$PYTHONPATH"; exit 3'])
+    done = subprocess.run(argv, capture_output=True, cwd=tmp_path, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert (done.returncode, done.stdout, done.stderr) == (3, str(tmp_path).encode(), b"")
+
+
+def test_the_reaper_starts_on_the_c_modules_only():
+    """No `signal` wrapper (it imports enum, ~3 ms of every reaped command) and no site."""
+    from orchestrator.remote.container import _reaper_source
+    done = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", "-c", _reaper_source(),
+                           "true"], capture_output=True, text=True, timeout=30)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert done.returncode == 0 and "_signal" in imported
+    assert not imported & {"signal", "enum", "site"}, imported & {"signal", "enum", "site"}
