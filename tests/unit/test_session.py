@@ -174,11 +174,14 @@ def _python_sessions(python=sys.executable):
 
 
 def _gone(pid, seconds=5.0):
+    """pid ended (a zombie not yet reaped by whoever inherited it counts as ended)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
             return True
         time.sleep(0.05)
     return False

@@ -15,7 +15,7 @@ import paramiko
 import pytest
 
 from orchestrator.errors import BadArgument, ChannelRefused
-from orchestrator.payloads import payload_source
+from orchestrator.payloads import compact_source, payload_source
 from orchestrator.remote.base import validate_env
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.ssh import (ARGV_FROM_STDIN, INLINE_COMMAND_LIMIT, SshHost, SshSettings,
@@ -172,8 +172,7 @@ def test_the_reaper_ignores_the_commands_python_settings_and_passes_them_on(tmp_
 
 def test_the_reaper_starts_on_the_c_modules_only():
     """No `signal` wrapper (it imports enum, ~3 ms of every reaped command) and no site."""
-    from orchestrator.remote.container import _reaper_source
-    done = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", "-c", _reaper_source(),
+    done = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", "-c", compact_source("reaper"),
                            "true"], capture_output=True, text=True, timeout=30)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert done.returncode == 0 and "_signal" in imported
