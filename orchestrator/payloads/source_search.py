@@ -482,6 +482,7 @@ def definition_event(relpath, lines, qualname, kind, node, show):
 # it part of a longer identifier or an attribute (x.NAME) rule that place out.
 KEYWORD_BEFORE = re.compile(rb"(?:def|class)(?:[ \t\f]|\\(?:\r\n|\r|\n))+\Z")
 KEYWORD_WINDOW = 256
+BLANK = b" \t\f\r\n\\"  # what may stand between def and its name, continuations included
 # "import NAME", "... as NAME" (import, with, except, match) bind it, but not as a
 # definition this mode reports.
 IMPORT_OR_AS_BEFORE = re.compile(rb"(?<![A-Za-z0-9_.])(?:import|as)[ \t\f]+\Z")
@@ -520,7 +521,7 @@ def binds_at(data, start, end):
         return False
     window = max(0, start - KEYWORD_WINDOW)
     before = KEYWORD_BEFORE.search(data, window, start)
-    if before is not None or (window and not data[window:start].strip()):
+    if before is not None or (window and not data[window:start].translate(None, BLANK)):
         return True  # after def/class (or after more blank space than the window shows)
     if IMPORT_OR_AS_BEFORE.search(data, window, start) is not None:
         return False
