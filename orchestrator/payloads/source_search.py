@@ -66,8 +66,13 @@ body), ``class``, and assignments ``NAME = ...`` / ``NAME: T = ...`` at module o
 level (also inside module-level if/try blocks); not imports, not function locals. A dotted
 NAME matches the end of the qualified name (``Tracer.trace``); nested functions are named
 like Python does (``outer.<locals>.inner``; "<locals>" is skipped when matching). Files
-are prefiltered by the literal last part of NAME (rg when available), then parsed with
-``ast``; files that do not parse with this python are listed in warnings.
+are prefiltered by the literal last part of NAME (rg when available); a file where every
+occurrence of it stands where Python cannot define it (a call, an import, an attribute, a
+string like "torch.fx.NAME") is not parsed either (see may_define). The rest are parsed
+with ``ast``; those that do not parse with this python are listed in warnings.
+
+``files_searched`` counts the regular ``*.py`` files under the package directory; with rg
+it is rg's own count (``--stats``), which equals a walk of the tree (docs/source-search.md).
 """
 
 import ast
