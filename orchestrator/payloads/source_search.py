@@ -66,20 +66,21 @@ body), ``class``, and assignments ``NAME = ...`` / ``NAME: T = ...`` at module o
 level (also inside module-level if/try blocks); not imports, not function locals. A dotted
 NAME matches the end of the qualified name (``Tracer.trace``); nested functions are named
 like Python does (``outer.<locals>.inner``; "<locals>" is skipped when matching). Files
-are prefiltered by the literal last part of NAME (rg when available), then parsed with
-``ast``; files that do not parse with this python are listed in warnings.
+are prefiltered by the literal last part of NAME (rg when available); a file where every
+occurrence of it stands where Python cannot define it (a call, an import, an attribute, a
+string like "torch.fx.NAME") is not parsed either (see may_define). The rest are parsed
+with ``ast``; those that do not parse with this python are listed in warnings.
+
+``files_searched`` counts the regular ``*.py`` files under the package directory; with rg
+it is rg's own count (``--stats``), which equals a walk of the tree (docs/source-search.md).
 """
 
 import ast
-import base64
 import json
 import os
-import platform
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 
 from _protocol import *  # orch: inlined when shipped
@@ -106,6 +107,8 @@ MAX_CONTEXT = 1000
 LINE_EDGE_CONSTRUCTS = re.compile(r"\\[AZ]|\(\?<?[=!]")
 # Python re features rg rejects outright; others it rejects are caught when it fails.
 RG_UNSUPPORTED = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?P=")
+# The line of rg --stats that counts the files it searched (ripgrep 0.8 and later).
+FILES_SEARCHED = re.compile(rb"^(\d+) files searched$", re.MULTILINE)
 
 
 def check_args(args):
@@ -274,6 +277,8 @@ def rg_grep_argv(rg, args, package_dir):
 def rg_data_text(value):
     if "text" in value:
         return value["text"]
+    import base64  # rarely needed: rg sends lines that are not UTF-8 this way
+
     return base64.b64decode(value["bytes"]).decode("utf-8", "replace")
 
 
@@ -288,6 +293,8 @@ class RgGrep:
         self.stderr = ""
 
     def files(self):
+        import tempfile  # grep mode only: a def search starts faster without it
+
         with tempfile.TemporaryFile() as err:  # a file, so a chatty rg can't fill a pipe
             proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=err)
             try:
@@ -340,9 +347,19 @@ def pattern_fits_rg(pattern, fixed):
     return fixed or not RG_UNSUPPORTED.search(pattern)
 
 
+def which(name):
+    """shutil.which(name) for a bare name, without importing shutil (and the compression
+    modules it imports: a millisecond or two at every start)."""
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory, name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
+
+
 def choose_engine(requested, pattern_fits_rg):
     """'rg' or 'python' for this search; raises when rg is demanded but cannot be used."""
-    rg = shutil.which("rg")
+    rg = which("rg")
     if requested == "python":
         return "python", None
     if requested == "rg":
@@ -464,6 +481,72 @@ def definition_event(relpath, lines, qualname, kind, node, show):
     return event
 
 
+# Where Python defines a name it is the word after def/class, or a target followed by "=",
+# ":" (annotation), or "," ")" "]" (inside a tuple or list target), or by a line end, a
+# comment or a line continuation where the target goes on. Bytes next to the name that make
+# it part of a longer identifier or an attribute (x.NAME) rule that place out.
+KEYWORD_BEFORE = re.compile(rb"(?:def|class)(?:[ \t\f]|\\(?:\r\n|\r|\n))+\Z")
+KEYWORD_WINDOW = 256
+BLANK = b" \t\f\r\n\\"  # what may stand between def and its name, continuations included
+# "import NAME", "... as NAME" (import, with, except, match) bind it, but not as a
+# definition this mode reports.
+IMPORT_OR_AS_BEFORE = re.compile(rb"(?<![A-Za-z0-9_.])(?:import|as)[ \t\f]+\Z")
+TARGET_AFTER = re.compile(rb"[ \t\f]*(?:=(?!=)|[:,)\]\\#\r\n]|\Z)")
+IDENTIFIER_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+# PEP 263: a coding declaration on line 1 or 2.
+CODING_LINE = re.compile(rb"(?:[^\r\n]*(?:\r\n|\r|\n))?[ \t\f]*#[^\r\n]*?coding[:=][ \t]*([-\w.]+)")
+ASCII_WORD = re.compile(r"[A-Za-z0-9_]")
+NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def declares_other_encoding(data):
+    declared = CODING_LINE.match(data)
+    if declared is None:
+        return False
+    name = declared.group(1).decode("ascii").lower().replace("_", "-")
+    return not (name in ("utf-8", "utf8") or name.startswith("utf-8-"))
+
+
+def has_chars_normalized_to_ascii(data):
+    """Whether the text has a character that Python's NFKC normalisation of identifiers
+    turns into ASCII letters or digits (U+FB01, the "fi" ligature, becomes "fi"): a name
+    spelled with one is NAME to Python but not NAME in bytes."""
+    if data.isascii():
+        return False
+    import unicodedata  # only for non-ASCII files
+    chars = set(NON_ASCII.findall(data.decode("utf-8", "replace")))
+    return any(ASCII_WORD.search(unicodedata.normalize("NFKC", c)) for c in chars)
+
+
+def binds_at(data, start, end):
+    """Whether the name at data[start:end] may be one Python binds (see KEYWORD_BEFORE)."""
+    if start and (data[start - 1] in IDENTIFIER_BYTES or data[start - 1] == ord(".")):
+        return False
+    if end < len(data) and data[end] in IDENTIFIER_BYTES:
+        return False
+    window = max(0, start - KEYWORD_WINDOW)
+    before = KEYWORD_BEFORE.search(data, window, start)
+    if before is not None or (window and not data[window:start].translate(None, BLANK)):
+        return True  # after def/class (or after more blank space than the window shows)
+    if IMPORT_OR_AS_BEFORE.search(data, window, start) is not None:
+        return False
+    return TARGET_AFTER.match(data, end) is not None
+
+
+def may_define(data, name):
+    """False only when no occurrence of name in data (a file's bytes) can be a def, class
+    or assignment of it: then the file is not parsed. A cautious yes is always allowed."""
+    if not name.isascii() or declares_other_encoding(data) or has_chars_normalized_to_ascii(data):
+        return True
+    needle = name.encode("ascii")
+    start = data.find(needle)
+    while start != -1:
+        if binds_at(data, start, start + len(needle)):
+            return True
+        start = data.find(needle, start + 1)
+    return False
+
+
 def definitions_in_file(path, relpath, wanted_parts, show, warnings):
     try:
         with open(path, "rb") as f:
@@ -472,12 +555,17 @@ def definitions_in_file(path, relpath, wanted_parts, show, warnings):
         warnings.append("%s: %s" % (relpath, exc.strerror or exc))
         return []
     # Parsing is the slow part: a file that lacks any part of "Tracer.trace" defines
-    # neither, so it is skipped unparsed.
+    # neither, and one where "trace" only appears where Python does not bind it (a call,
+    # an import, an attribute, a string like "torch.fx.trace") is skipped unparsed too.
     if not all(part.encode("utf-8") in data for part in wanted_parts):
+        return []
+    if not may_define(data, wanted_parts[-1]):
         return []
     try:
         tree = ast.parse(data, filename=relpath)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        import platform  # only for this warning
+
         warnings.append("%s: does not parse with Python %s (%s)"
                         % (relpath, platform.python_version(), type(exc).__name__))
         return []
@@ -489,14 +577,29 @@ def definitions_in_file(path, relpath, wanted_parts, show, warnings):
 
 
 def rg_files_containing(rg, literal, package_dir, site_packages):
-    """Relative paths of the files rg finds the literal in, or None if rg failed."""
-    argv = rg_base_argv(rg) + ["--files-with-matches", "--null", "--fixed-strings",
+    """(relative paths of the files rg finds the literal in, how many files it searched or
+    None when it cannot say for sure), or None if rg failed."""
+    # --stats adds "N files searched" after the NUL-ended paths; it counts every file
+    # searched, which makes a walk of the tree to count them unnecessary.
+    argv = rg_base_argv(rg) + ["--files-with-matches", "--null", "--stats", "--fixed-strings",
                                "--regexp", literal, "--", package_dir]
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if proc.returncode not in (0, 1):
         return None
-    paths = [os.fsdecode(p) for p in proc.stdout.split(b"\0") if p]
-    return sorted((relative(p, site_packages) for p in paths), key=path_order)
+    found = proc.stdout.split(b"\0")
+    paths, stats = [os.fsdecode(p) for p in found[:-1]], found[-1]
+    relpaths = sorted((relative(p, site_packages) for p in paths), key=path_order)
+    return relpaths, rg_files_searched(stats, proc.stderr, package_dir)
+
+
+def rg_files_searched(stats, stderr, package_dir):
+    """rg's count of files searched, when it is the python walk's count: a directory (a
+    module file given to rg is searched whatever its name) and no file rg could not read
+    (the walk counts those)."""
+    counted = FILES_SEARCHED.search(stats)
+    if counted is None or stderr.strip() or not os.path.isdir(package_dir):
+        return None
+    return int(counted.group(1))
 
 
 def python_files_containing(literal, files, site_packages):
@@ -518,13 +621,13 @@ def run_def(args, where, warnings):
     engine, rg = choose_engine(args["engine"], True)
     candidates = None
     if engine == "rg":
-        counter = BackgroundCount(package_dir)
-        counter.start()
-        candidates = rg_files_containing(rg, wanted[-1], package_dir, site_packages)
-        counter.join()
-        files_count = counter.count
-        if candidates is None:
+        listed = rg_files_containing(rg, wanted[-1], package_dir, site_packages)
+        if listed is None:
             warnings.append("rg failed to list candidate files; used the python engine")
+        else:
+            candidates, files_count = listed
+            if files_count is None:
+                files_count = count_python_files(package_dir)
     if candidates is None:
         engine = "python"
         files = python_files(package_dir, site_packages)
@@ -547,7 +650,7 @@ def engine_reason(requested, engine):
         return "asked for"
     if engine == "rg":
         return "ripgrep is on PATH"
-    if shutil.which("rg") is None:
+    if which("rg") is None:
         return "no ripgrep in the container"
     return "a pattern ripgrep cannot take"
 

@@ -139,3 +139,41 @@ def test_hostile_patterns_are_searched_literally(real_torch_venv, tmp_path, temp
 def test_a_quoted_pattern_is_found_where_it_is(real_torch_venv):
     run = search(real_torch_venv, '"data-dependent" in e.args[0]', fixed=True)
     assert [h["path"] for h in run.of("hit")] == [ST]
+
+
+def test_the_def_shortcut_keeps_every_definition_in_torch(real_torch_venv):
+    """Every name torch defines (def, class, assignment, as def mode sees them) passes the
+    shortcut that lets files go unparsed, in the file that defines it; and the shortcut does
+    let most files that merely mention a name go."""
+    import ast
+    import types
+
+    from orchestrator.payloads import payload_source
+    shipped = types.ModuleType("source_search_shipped")
+    exec(compile(payload_source("source_search"), "source_search.py", "exec"), shipped.__dict__)
+    checked, mentions, skipped = 0, 0, 0
+    for path in (real_torch_venv.site_packages / "torch").rglob("*.py"):
+        data = path.read_bytes()
+        try:
+            tree = ast.parse(data)
+        except SyntaxError:
+            continue
+        defined = {qualname[-1] for qualname, _, _ in shipped.iter_definitions(tree.body)}
+        lost = sorted(name for name in defined if not shipped.may_define(data, name))
+        assert not lost, f"{path}: {lost[:10]}"
+        checked += len(defined)
+        if b"is_fx_symbolic_tracing" in data and "is_fx_symbolic_tracing" not in defined:
+            mentions += 1
+            skipped += not shipped.may_define(data, "is_fx_symbolic_tracing")
+    assert checked > 50000
+    assert mentions >= 3 and skipped >= mentions - 1
+
+
+@pytest.mark.skipif(not HAVE_RG, reason="ripgrep (rg) is not on PATH")
+@pytest.mark.parametrize("name", ["is_fx_symbolic_tracing", "Tracer.trace", "_is_fx_tracing_flag"])
+def test_def_mode_engines_agree_on_torch_with_the_files_searched(real_torch_venv, name):
+    by_rg, by_python = (search(real_torch_venv, name, mode="def", engine=engine)
+                        for engine in ("rg", "python"))
+    assert by_rg.of("def") == by_python.of("def")
+    rg_result, python_result = by_rg.expect_result(), by_python.expect_result()
+    assert rg_result["files_searched"] == python_result["files_searched"] > 2000
