@@ -327,24 +327,28 @@ class ProxmoxClient:
 
 
 class _Json:
-    """The HTTPS API's {"data": ...} wrapper, read as proxmoxer's https JsonSerializer does.
-    Not that class itself: its module imports requests (~35 ms of every `orch ct` command),
-    which orch never uses (HttpsSession speaks http.client)."""
+    """What proxmoxer's ProxmoxResource asks of a serializer, for the HTTPS API's JSON bodies
+    ({"data": ...}, errors under "errors"). Not proxmoxer's own https serializer: its module
+    imports requests (~35 ms of every `orch ct` command), which orch never uses
+    (HttpsSession speaks http.client)."""
 
     def get_accept_types(self) -> str:
         return "application/json"
 
     def loads(self, response):
-        try:
-            return json.loads(response.content.decode("utf-8"))["data"]
-        except (UnicodeDecodeError, ValueError):
-            return {"errors": response.content}
+        return _body_field(response, "data")
 
     def loads_errors(self, response):
-        try:
-            return json.loads(response.text).get("errors")
-        except (UnicodeDecodeError, ValueError):
-            return {"errors": response.content}
+        return _body_field(response, "errors")
+
+
+def _body_field(response, key: str):
+    """One field of a JSON object body; a body that is no JSON object is the error itself."""
+    try:
+        body = json.loads(response.content)   # UTF-8 bytes; a bad byte is a ValueError
+    except ValueError:
+        body = None
+    return body.get(key) if isinstance(body, dict) else {"errors": response.content}
 
 
 def typed(item: dict) -> dict:

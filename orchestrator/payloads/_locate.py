@@ -84,12 +84,6 @@ def owning_dist_info(site_packages, import_name, requested):
     return None
 
 
-def python_version():
-    """platform.python_version() ("3.11.2"), the first word of sys.version, without
-    importing platform (a millisecond at every start of a search)."""
-    return sys.version.split()[0]
-
-
 def find_import_spec(import_name, paths):
     # PathFinder reads the file system only: unlike importlib.import_module it never runs
     # the package's __init__ and never consults meta-path hooks that could run code.
@@ -147,5 +141,5 @@ def locate(package):
         "package_dir": package_dir,
         "dist_info": dist_info,
         "python": sys.executable,
-        "python_version": python_version(),
+        "python_version": "%d.%d.%d" % sys.version_info[:3],
     }

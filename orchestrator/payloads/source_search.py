@@ -79,6 +79,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -347,19 +348,9 @@ def pattern_fits_rg(pattern, fixed):
     return fixed or not RG_UNSUPPORTED.search(pattern)
 
 
-def which(name):
-    """shutil.which(name) for a bare name, without importing shutil (and the compression
-    modules it imports: a millisecond or two at every start)."""
-    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(directory, name)
-        if os.access(path, os.X_OK) and not os.path.isdir(path):
-            return path
-    return None
-
-
 def choose_engine(requested, pattern_fits_rg):
     """'rg' or 'python' for this search; raises when rg is demanded but cannot be used."""
-    rg = which("rg")
+    rg = shutil.which("rg")
     if requested == "python":
         return "python", None
     if requested == "rg":
@@ -650,7 +641,7 @@ def engine_reason(requested, engine):
         return "asked for"
     if engine == "rg":
         return "ripgrep is on PATH"
-    if which("rg") is None:
+    if shutil.which("rg") is None:
         return "no ripgrep in the container"
     return "a pattern ripgrep cannot take"
 

@@ -207,26 +207,3 @@ def test_a_package_that_is_one_module_counts_one_file(tmp_path, engine):
                       env=env_with_path(site))
     assert [(e["path"], e["line"]) for e in run.of("def")] == [("single.py", 1)]
     assert run.expect_result()["files_searched"] == 1
-
-
-# --- what replaced imports that every search paid for ------------------------------------------
-
-
-def test_the_python_version_is_platform_s():
-    import platform
-    assert SEARCH.python_version() == platform.python_version()
-
-
-def test_which_finds_what_shutil_which_finds(tmp_path, monkeypatch):
-    tool = tmp_path / "bin" / "tool"
-    tool.parent.mkdir()
-    tool.write_text("#!/bin/sh\n")
-    tool.chmod(0o755)
-    (tmp_path / "dir" / "tool").mkdir(parents=True)   # a folder of that name: not a program
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "plain" / "tool").write_text("")      # not executable
-    path = os.pathsep.join(str(tmp_path / d) for d in ("dir", "plain", "bin"))
-    monkeypatch.setenv("PATH", path)
-    for name in ("tool", "sh", "no-such-tool"):
-        assert SEARCH.which(name) == shutil.which(name)
-    assert SEARCH.which("tool") == str(tool)
