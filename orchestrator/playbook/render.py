@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import jinja2
 import jinja2.meta
 
-from orchestrator.config.jinja import ENV, NATIVE_ENV
+from orchestrator.config.jinja import ENV, NATIVE_ENV, SANDBOX_HINT, is_security_error
 from orchestrator.config.schema import is_template
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.errors import ConfigError
@@ -122,7 +122,7 @@ def _evaluate(expression: str, context: dict, loc: Loc, original: str) -> Any:
     except Exception as error:  # noqa: BLE001
         raise _template_error(error, loc, original) from None
     if isinstance(result, jinja2.Undefined):
-        raise _template_error(jinja2.UndefinedError(result._undefined_message), loc, original)
+        raise _template_error(result._undefined_exception(result._undefined_message), loc, original)
     return result
 
 
@@ -132,6 +132,8 @@ def _template_error(error: Exception, loc: Loc, text: str) -> ConfigError:
         return loc.error(f"template syntax error{within}: {error.message}")
     if isinstance(error, jinja2.UndefinedError):
         return loc.error(f"in template {_short(text)}: {error.message}")
+    if is_security_error(error):
+        return loc.error(f"in template {_short(text)}: refused: {error}", hint=SANDBOX_HINT)
     return loc.error(f"in template {_short(text)}: {type(error).__name__}: {error}")
 
 
