@@ -44,12 +44,15 @@ def print_json(data: Any) -> None:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    """Cells are data, never rich markup: a step message or an MCP argument holding `[/]`
+    prints as typed (as markup it would raise MarkupError)."""
     from rich.table import Table  # rich on first print: see above
+    from rich.text import Text
     grid = Table(title=title, show_edge=False, header_style="bold")
     for column in columns:
         grid.add_column(column)
     for row in rows:
-        grid.add_row(*["" if cell is None else str(cell) for cell in row])
+        grid.add_row(*[Text("" if cell is None else str(cell)) for cell in row])
     _stream("out").print(grid)
 
 

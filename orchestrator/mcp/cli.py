@@ -24,15 +24,22 @@ serve_stdio = lazy("orchestrator.mcp.wire", "serve_stdio")
                    "(fx_tls_apply/revert, run_start, run_stop). Repeatable. Default: read-only.")
 @click.option("--allow-target", "allow_targets", multiple=True, metavar="TARGET",
               help="The allowance covers only these containers or groups (repeatable).")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST",
+              help="Let tools act on this Proxmox host itself, outside any container (as its "
+                   "SSH user, usually root). Repeatable. Default: containers only.")
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
-              help="A YAML policy: `allow: [exec, write]` and `targets: [NAME, ...]`.")
+              help="A YAML policy: `allow: [exec, write]`, `targets: [NAME, ...]`, "
+                   "`hosts: [HOST, ...]`.")
 @click.pass_obj
-def mcp_command(app, allow, allow_targets, policy_file):
+def mcp_command(app, allow, allow_targets, allow_hosts, policy_file):
     """Serve orch's tools to an AI agent over MCP (stdio): typed, capped, audited.
 
     An MCP host (Claude Desktop, VS Code, an agent framework) starts this command and talks
     JSON-RPC on its stdin/stdout. One SSH connection per host and one command session per
-    container stay open for the server's life. Every tool call is recorded: `orch runs audit`.
+    container stay open for the server's life. Every tool call is recorded before it acts
+    and after: `orch runs audit`. Tools act in containers only: a host's own name (or an
+    inventory entry without a vmid) is refused unless --allow-host names it. run_start's
+    vars are data: template syntax in them is refused.
 
     Exit codes: 0 when the client closes the connection; 1 when the MCP SDK is missing;
     2 for a bad option, inventory or policy file (FILE:LINE:COL).
@@ -42,6 +49,7 @@ def mcp_command(app, allow, allow_targets, policy_file):
       orch -i inventory.yaml mcp                       # read-only: search, read, status, runs
       orch -i inventory.yaml mcp --allow exec --allow write --allow-target drafters
       orch -i sandbox mcp --policy mcp-policy.yaml
+      orch -i inventory.yaml mcp --allow exec --allow-host pve   # pve itself too
     """
     try:
         # server.py is built on the MCP SDK, an optional extra (orch[mcp]): imported here so
@@ -53,7 +61,7 @@ def mcp_command(app, allow, allow_targets, policy_file):
                             hint="pip install 'orch[mcp]' (or: pip install 'mcp>=2.3,<3')") from None
         raise
     fleet = app.fleet
-    policy = build_policy(allow, allow_targets, policy_file, fleet.inventory)
+    policy = build_policy(allow, allow_targets, policy_file, fleet.inventory, hosts=allow_hosts)
     store = RunStore()
     tools = Tools(fleet, store, app.inventory_option)
     audit = AuditLog(store, new_session_id())
@@ -74,7 +82,9 @@ def mcp_command(app, allow, allow_targets, policy_file):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def audit_command(last, tool, session, as_json):
     """The audit trail of `orch mcp` tool calls, newest first: tool, target, arguments
-    (secrets masked, stdin as its size), outcome, duration.
+    (secret values masked, stdin as its size), outcome, duration. OUTCOME started: the call
+    was recorded before it acted and its end never was (the server was killed, or the
+    second write failed).
 
     \b
     Examples:

@@ -5,14 +5,23 @@
     orch mcp --allow write            # + fx_tls_apply/revert, run_start, run_stop
     orch mcp --allow exec --allow-target sb1-200   # changing tools on sb1-200 only
     orch mcp --policy mcp-policy.yaml # allow: [exec, write]; targets: [drafters]
+    orch mcp --allow-host pve         # tools may also act on the Proxmox host pve itself
 
 A tool that is not allowed is not even listed: an agent cannot call what it cannot see.
+
+Every tool acts in containers only. A target that is a host itself (a bare host name, or an
+inventory entry without a vmid: a command there runs on the hypervisor, as its SSH user,
+usually root) is refused, by read-only tools too, unless the allowance names that host
+(`--allow-host NAME`, or `hosts: [NAME]` in the policy file).
+
+run_start's vars are data: a value (or key) holding template syntax is refused before the
+playbook is read, so a client cannot smuggle a template into the controller's renderer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from orchestrator.config.yamlsrc import load_yaml
 from orchestrator.errors import ConfigError, OrchError
@@ -22,11 +31,18 @@ READ_TOOLS = ("list_targets", "inventory_check", "grep_source", "read_source", "
               "runs_compare")
 ALLOWANCES = {"exec": ("exec",),
               "write": ("fx_tls_apply", "fx_tls_revert", "run_start", "run_stop")}
-POLICY_KEYS = {"allow", "targets"}
+POLICY_KEYS = {"allow", "targets", "hosts"}
+TEMPLATE_MARKS = ("{{", "{%", "{#")
 
 
 class PolicyRefused(OrchError):
-    """A changing tool was called for a target the allowance does not name."""
+    """A call the allowance does not cover: a changing tool on a target it does not name,
+    a host itself, template syntax in run_start's vars. Audited as "refused"."""
+
+
+def on_host(spec) -> bool:
+    """Does this target run its commands on the host itself (no container)?"""
+    return spec.vmid is None and not getattr(spec, "cluster", None)
 
 
 @dataclass
@@ -34,6 +50,7 @@ class Policy:
     allow: frozenset = frozenset()            # names of ALLOWANCES
     targets: Optional[frozenset] = None       # container names; None: any target
     target_names: tuple = field(default=())   # as given (groups too), for messages
+    hosts: frozenset = frozenset()            # hosts tools may act on themselves
 
     def tools(self) -> list[str]:
         names = list(READ_TOOLS)
@@ -44,11 +61,26 @@ class Policy:
     def changes(self, tool: str) -> bool:
         return any(tool in tools for tools in ALLOWANCES.values())
 
-    def check(self, tool: str, containers: Iterable[str]) -> None:
-        """Refuse a changing tool on a container outside the allowance's targets."""
+    def permits_place(self, spec) -> bool:
+        return not on_host(spec) or spec.host in self.hosts
+
+    def check(self, tool: str, specs: Iterable) -> None:
+        """Refuse any tool on a host the allowance does not name, and a changing tool on a
+        container outside the allowance's targets. specs: what the call would act on
+        (ContainerSpec-like: name, host, vmid)."""
+        specs = list(specs)
+        for spec in specs:
+            if not self.permits_place(spec):
+                where = ("a host" if spec.name == spec.host
+                         else f"a target on the host {spec.host!r} itself, in no container")
+                raise PolicyRefused(
+                    f"{tool} is not allowed on {spec.name}: that is {where}; MCP tools act in "
+                    "containers only",
+                    hint=f"name a container (list_targets) or HOST:VMID; the server's owner can "
+                         f"allow the host itself with --allow-host {spec.host}")
         if not self.changes(tool) or self.targets is None:
             return
-        outside = sorted(set(containers) - self.targets)
+        outside = sorted({spec.name for spec in specs} - self.targets)
         if outside:
             raise PolicyRefused(
                 f"{tool} is not allowed on {', '.join(outside)}: this server's allowance names "
@@ -57,26 +89,62 @@ class Policy:
 
     def describe(self) -> str:
         allowed = ", ".join(sorted(self.allow)) or "read-only"
-        where = "any target" if self.targets is None else ", ".join(self.target_names)
-        return f"{allowed} ({where})"
+        where = "any container" if self.targets is None else ", ".join(self.target_names)
+        hosts = f"; hosts themselves: {', '.join(sorted(self.hosts))}" if self.hosts else ""
+        return f"{allowed} ({where}{hosts})"
+
+
+def refuse_templates(variables: Any, path: str = "vars") -> None:
+    """run_start's vars are data: no key or string value may hold template syntax (the
+    playbook renders its own templates with them; a template inside one would be rendered
+    on the controller)."""
+    if isinstance(variables, dict):
+        for key, value in variables.items():
+            refuse_templates(key, f"{path} key {key!r}")
+            refuse_templates(value, f"{path}.{key}")
+    elif isinstance(variables, list):
+        for index, value in enumerate(variables):
+            refuse_templates(value, f"{path}[{index}]")
+    elif isinstance(variables, str) and any(mark in variables for mark in TEMPLATE_MARKS):
+        raise PolicyRefused(f"run_start: {path} holds template syntax ({{{{, {{% or {{#}}); "
+                            "vars are data and are never rendered",
+                            hint="pass the plain value; templates belong in the playbook file")
 
 
 def build_policy(allow: Iterable[str] = (), targets: Iterable[str] = (),
-                 policy_file: Optional[str] = None, inventory=None) -> Policy:
-    """The allowance from --allow/--allow-target and an optional policy file (merged)."""
-    allow, targets = list(allow), list(targets)
+                 policy_file: Optional[str] = None, inventory=None,
+                 hosts: Iterable[str] = ()) -> Policy:
+    """The allowance from --allow/--allow-target/--allow-host and an optional policy file
+    (merged)."""
+    allow, targets, hosts = list(allow), list(targets), list(hosts)
     if policy_file:
         from_file = _read_policy_file(policy_file)
         allow += from_file.get("allow", [])
         targets += from_file.get("targets", [])
+        hosts += from_file.get("hosts", [])
     unknown = sorted(set(allow) - set(ALLOWANCES))
     if unknown:
         raise ConfigError(f"unknown allowance {', '.join(map(repr, unknown))}",
                           hint="allowances: " + ", ".join(ALLOWANCES))
+    if inventory is not None:
+        strange = sorted(set(hosts) - set(inventory.hosts))
+        if strange:
+            raise ConfigError(f"--allow-host {strange[0]!r}: no such host in {inventory.path}",
+                              hint="hosts: " + ", ".join(sorted(inventory.hosts)))
+    policy = Policy(allow=frozenset(allow), hosts=frozenset(hosts))
     if not targets:
-        return Policy(allow=frozenset(allow))
-    containers = {spec.name for spec in inventory.resolve(targets)} if inventory else set(targets)
-    return Policy(allow=frozenset(allow), targets=frozenset(containers), target_names=tuple(targets))
+        return policy
+    specs = inventory.resolve(targets) if inventory else []
+    for spec in specs:
+        if not policy.permits_place(spec):
+            where = "is the host" if spec.name == spec.host else "runs on the host"
+            raise ConfigError(f"--allow-target {spec.name!r} {where} {spec.host!r} itself, in no "
+                              "container: MCP tools act in containers only",
+                              hint=f"name containers, or add --allow-host {spec.host} to allow "
+                                   "that host too")
+    containers = {spec.name for spec in specs} if inventory else set(targets)
+    policy.targets, policy.target_names = frozenset(containers), tuple(targets)
+    return policy
 
 
 def _read_policy_file(path: str) -> dict:
@@ -86,7 +154,7 @@ def _read_policy_file(path: str) -> dict:
         raise source.error((), "a policy is a mapping with allow: and targets:")
     for key in data:
         if key not in POLICY_KEYS:
-            raise source.error((key,), f"unknown key {key!r} (known: allow, targets)", key=True)
+            raise source.error((key,), f"unknown key {key!r} (known: allow, targets, hosts)", key=True)
     for key in POLICY_KEYS & set(data):
         value = data[key]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

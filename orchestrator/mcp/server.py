@@ -3,7 +3,8 @@
 Each tool's input schema comes from the typed signature below; its result is JSON
 (structuredContent, with the same JSON as text beside it). An OrchError becomes a tool error
 (isError) carrying orch's message and hint. Tools that change something are registered only
-when the policy allows them; every call is recorded in the audit trail.
+when the policy allows them; every call is checked against the policy (containers only,
+unless hosts are allowed) and recorded in the audit trail before it acts and after.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from orchestrator import __version__
+from orchestrator import __version__, console
 from orchestrator.errors import ConfigError, OrchError
-from orchestrator.mcp.audit import AuditLog
-from orchestrator.mcp.policy import Policy
+from orchestrator.mcp.audit import AuditLog, AuditUnavailable
+from orchestrator.mcp.policy import Policy, PolicyRefused
 from orchestrator.mcp.tools import DEFAULT_OUTPUT_BYTES, Tools
 
 INSTRUCTIONS = """\
@@ -99,28 +100,39 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
 
     def call(tool: str, arguments: dict, work: Callable[[], Any],
              containers: Optional[Callable[[], list]] = None) -> Any:
-        """Run one tool call: policy, errors as tool errors, and the audit row."""
+        """Run one tool call: its intent audited, the policy (containers: what the call would
+        act on; by default its target), errors as tool errors, its outcome audited."""
         target = _target_of(arguments)
         started = time.monotonic()
         marker = _CALL.get(None)
         if marker is not None:
             marker["audited"] = True
         try:
-            if policy.changes(tool):
-                policy.check(tool, containers() if containers else tools.container_names([target]))
+            row = audit.begin(tool, arguments, target)   # before anything acts: or nothing does
+        except AuditUnavailable as error:
+            raise ToolError(str(error)) from None
+
+        def finish(outcome: str, error: str = "") -> None:
+            audit.finish(row, outcome, error, time.monotonic() - started)
+
+        try:
+            acts_on = containers() if containers else (tools.specs([target]) if target else [])
+            policy.check(tool, acts_on)
             result = work()
+        except PolicyRefused as error:
+            finish("refused", str(error))
+            raise ToolError(str(error)) from None
         except OrchError as error:
-            audit.record(tool, arguments, target, "error", str(error), time.monotonic() - started)
+            finish("error", str(error))
             raise ToolError(str(error)) from None
         except (ValueError, TypeError) as error:  # argv rules (validate_argv) and the like
-            audit.record(tool, arguments, target, "error", str(error), time.monotonic() - started)
+            finish("error", str(error))
             raise ToolError(f"bad argument: {error}") from None
         except Exception as error:
-            audit.record(tool, arguments, target, "crash", f"{type(error).__name__}: {error}",
-                         time.monotonic() - started)
+            finish("crash", f"{type(error).__name__}: {error}")
             raise ToolError(f"internal error in {tool}: {type(error).__name__}: {error} "
                             "(please report it)") from None
-        audit.record(tool, arguments, target, "ok", "", time.monotonic() - started)
+        finish("ok")
         return result
 
     def tool(name: str, annotations: ToolAnnotations = READ_ONLY):
@@ -141,7 +153,10 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             targets: Annotated[list[str], Field(description="Containers or groups; empty: all")] = [],
     ) -> dict[str, Any]:
         """The `orch inventory check` rows: reachable, running, python, venv, GPUs per container."""
-        return call("inventory_check", {"targets": targets}, lambda: tools.inventory_check(targets))
+        chosen = list(targets) or [name for name, spec in tools.fleet.inventory.containers.items()
+                                   if policy.permits_place(spec)]
+        return call("inventory_check", {"targets": targets}, lambda: tools.inventory_check(chosen),
+                    containers=lambda: tools.specs(chosen) if chosen else [])
 
     @tool("grep_source")
     def grep_source(
@@ -224,7 +239,8 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
     ) -> LogPage:
         """The training log by byte offsets: pass next_offset back to page on."""
         arguments = {"run_id": run_id, "target": target, "offset": offset, "max_bytes": max_bytes}
-        return call("run_log", arguments, lambda: tools.run_log(run_id, target, offset, max_bytes))
+        return call("run_log", arguments, lambda: tools.run_log(run_id, target, offset, max_bytes),
+                    containers=lambda: tools.run_containers(run_id, target))
 
     @tool("runs_list")
     def runs_list(last: Annotated[int, Field(ge=1, le=500)] = 10,
@@ -328,16 +344,22 @@ def _refusals_audited(audit: AuditLog):
             result = await call_next(ctx)
         except Exception as error:
             if not marker["audited"]:
-                audit.record(name, arguments, _target_of(arguments), "refused", str(error),
-                             time.monotonic() - started)
+                _record_refusal(audit, name, arguments, str(error), time.monotonic() - started)
             raise
         finally:
             _CALL.reset(token)
         if not marker["audited"]:
-            audit.record(name, arguments, _target_of(arguments), "refused", _error_text(result),
-                         time.monotonic() - started)
+            _record_refusal(audit, name, arguments, _error_text(result), time.monotonic() - started)
         return result
     return middleware
+
+
+def _record_refusal(audit: AuditLog, name: str, arguments: dict, error: str, duration_s: float) -> None:
+    """Nothing ran: a failed write is warned about and the client still gets the refusal."""
+    try:
+        audit.record(name, arguments, _target_of(arguments), "refused", error, duration_s)
+    except Exception as failure:  # noqa: BLE001 - sqlite, disk: the refusal stands either way
+        console.warn(f"audit: a refused call of {name} could not be recorded: {failure}")
 
 
 def _error_text(result) -> str:

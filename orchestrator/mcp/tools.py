@@ -14,10 +14,12 @@ from typing import Any, Optional
 
 from orchestrator import payload_api
 from orchestrator.attach import stop_recorded_run
+from orchestrator.config.inventory import ContainerSpec
 from orchestrator.engine import run_playbook
 from orchestrator.errors import ConfigError, OrchError
 from orchestrator.fleet import Fleet, fan_out
 from orchestrator.inventory_check import check_targets
+from orchestrator.mcp.policy import refuse_templates
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.session import SessionPool, SessionTarget
@@ -131,8 +133,12 @@ class Tools:
         return SessionTarget(target.name, target.host, target.vmid, target.venv, target.gpus,
                              target.env, sessions=self.sessions)
 
+    def specs(self, names) -> list[ContainerSpec]:
+        """What the names resolve to (for the policy: containers, or hosts themselves)."""
+        return self.fleet.inventory.resolve(list(names))
+
     def container_names(self, names) -> list[str]:
-        return [spec.name for spec in self.fleet.inventory.resolve(list(names))]
+        return [spec.name for spec in self.specs(names)]
 
     # -------------------------------------------------------------------- tools
     def list_targets(self) -> dict:
@@ -149,8 +155,9 @@ class Tools:
         }
 
     def inventory_check(self, targets: list[str]) -> dict:
-        chosen = self.fleet.targets(list(targets) or list(self.fleet.inventory.containers))
-        rows = check_targets(chosen)   # the CLI's own check
+        """The given targets only (server.py passes the inventory's containers the policy
+        allows when the client names none)."""
+        rows = check_targets(self.fleet.targets(list(targets))) if targets else []  # the CLI's own check
         return {"ok": all(r["ok"] for r in rows), "rows": rows}
 
     def exec(self, target: str, argv: list[str], timeout_s: float, stdin: Optional[str],
@@ -185,17 +192,20 @@ class Tools:
         return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
 
     # --------------------------------------------------------------------- runs
-    def run_targets(self, playbook: str, variables: dict, targets: list[str]) -> list[str]:
-        """The containers a run_start would touch (the policy checks them first)."""
+    def run_targets(self, playbook: str, variables: dict, targets: list[str]) -> list[ContainerSpec]:
+        """What a run_start would touch (the policy checks it first). The vars are data: one
+        holding template syntax is refused before the playbook is even read."""
+        refuse_templates(variables)
         if targets:
-            return self.container_names(targets)
+            return self.specs(targets)
         book = load_playbook(playbook, dict(variables))
         if not book.targets:
             raise ConfigError(f"{playbook}: the playbook names no targets; give targets")
-        return self.container_names(book.targets)
+        return self.specs(book.targets)
 
     def run_start(self, playbook: str, variables: dict, targets: list[str]) -> dict:
         """Start the playbook in a server thread; return once the run has its id."""
+        refuse_templates(variables)   # server.py checked already (run_targets): kept here too
         reporter = LiveReporter()
         live = LiveRun(reporter, threading.Thread())
 
@@ -292,9 +302,12 @@ class Tools:
         results = fan_out(targets, lambda t: payload_api.stop_run(t, launches[t.name]["run_dir"], grace_s)).rows()
         return {"run_id": run_id, "targets": results, "ok": not any("error" in r for r in results)}
 
-    def run_containers(self, run_id: str) -> list[str]:
+    def run_containers(self, run_id: str, name: Optional[str] = None) -> list[ContainerSpec]:
+        """Where a recorded run ran (all its targets, or the one named), as recorded: what
+        run_stop and run_log would act on."""
         record = self.store.get(run_id, metrics=False)
-        return [t.name for t in record.targets]
+        return [ContainerSpec(name=t.name, host=t.host, vmid=t.vmid) for t in record.targets
+                if name is None or t.name == name]
 
     def runs_list(self, last: int, playbook: Optional[str]) -> dict:
         records = self.store.list(playbook=playbook, last=last)

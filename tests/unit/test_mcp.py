@@ -22,11 +22,15 @@ from tests.fixtures.payloads import FAKE_TORCH, env_with_path, run_payload
 INVENTORY = """\
 hosts:
   here: {transport: local}
+  pve: {address: 192.0.2.1}
 containers:
   dev: {host: here}
   dev2: {host: here}
+  c1: {host: pve, vmid: 200}
+  c2: {host: pve, vmid: 201}
 groups:
   both: [dev, dev2]
+  cs: [c1, c2]
 default_target: dev
 """
 
@@ -52,21 +56,22 @@ def test_read_only_by_default_and_allowances_add_tools(inventory):
 
 def test_an_allowance_naming_targets_refuses_the_others(inventory):
     fleet = Fleet.from_path(inventory)
-    policy = build_policy(["exec"], ["dev"], inventory=fleet.inventory)
-    policy.check("exec", ["dev"])
-    policy.check("grep_source", ["dev2"])          # reading is not limited
-    with pytest.raises(PolicyRefused, match="exec is not allowed on dev2"):
-        policy.check("exec", ["dev2"])
-    grouped = build_policy(["write"], ["both"], inventory=fleet.inventory)
-    grouped.check("run_start", ["dev", "dev2"])    # a group names its containers
+    specs = fleet.inventory.resolve
+    policy = build_policy(["exec"], ["c1"], inventory=fleet.inventory)
+    policy.check("exec", specs(["c1"]))
+    policy.check("grep_source", specs(["c2"]))          # reading is not limited
+    with pytest.raises(PolicyRefused, match="exec is not allowed on c2"):
+        policy.check("exec", specs(["c2"]))
+    grouped = build_policy(["write"], ["cs"], inventory=fleet.inventory)
+    grouped.check("run_start", specs(["c1", "c2"]))    # a group names its containers
 
 
 def test_policy_file_merges_and_errors_name_the_line(inventory, tmp_path):
     fleet = Fleet.from_path(inventory)
     good = tmp_path / "policy.yaml"
-    good.write_text("allow: [write]\ntargets: [dev2]\n")
+    good.write_text("allow: [write]\ntargets: [c2]\nhosts: [pve]\n")
     policy = build_policy(["exec"], [], str(good), fleet.inventory)
-    assert policy.allow == {"exec", "write"} and policy.targets == {"dev2"}
+    assert policy.allow == {"exec", "write"} and policy.targets == {"c2"} and policy.hosts == {"pve"}
     bad = tmp_path / "bad.yaml"
     bad.write_text("allow: [exec]\ntarget: [dev]\n")
     with pytest.raises(ConfigError, match=r"bad.yaml:2:1: unknown key 'target'"):

