@@ -17,15 +17,18 @@ from typing import Annotated, Any, Callable, Optional
 from typing_extensions import TypedDict
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.types import CallToolResult, ResourceLink, TextContent, ToolAnnotations
 from pydantic import Field
 
 from orchestrator import __version__, console
 from orchestrator.errors import ConfigError, OrchError
 from orchestrator.mcp.audit import AuditLog, AuditUnavailable
+from orchestrator.mcp.outputs import URI_TEMPLATE as OUTPUT_URI_TEMPLATE, OutputGone
 from orchestrator.mcp.policy import Policy, PolicyRefused
 from orchestrator.mcp.tools import DEFAULT_OUTPUT_BYTES, Tools
+
+LOG_URI_TEMPLATE = "orch://runs/{run_id}/log/{target}{?offset,length}"
 
 INSTRUCTIONS = """\
 orch: debug and run GPU training in Proxmox LXC containers. Targets are inventory names
@@ -44,16 +47,20 @@ Target = Annotated[str, Field(description="An inventory container name (list_tar
 
 
 class ExecResult(TypedDict):
-    """exec's result: the output is capped at max_output_bytes; *_bytes are the full sizes."""
+    """exec's result: each stream's first max_output_bytes; *_bytes are the full sizes; a
+    larger stream is a resource (*_resource, also a resource link) to page through."""
     target: str
     argv: list[str]
     exit_code: int
     stdout: str
     stdout_bytes: int
     stdout_truncated: bool
+    stdout_resource: Optional[str]   # orch://outputs/ID/stdout: read it with ?offset=N&length=M
     stderr: str
     stderr_bytes: int
     stderr_truncated: bool
+    stderr_resource: Optional[str]
+    stderr_tail: str                 # stderr's last 8 KiB when truncated (where errors are)
     duration_s: float
     via: str            # session (the warm command server) or channel (a plain pct exec)
 
@@ -265,13 +272,14 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60,
             stdin: Annotated[Optional[str], Field(description="Text for standard input")] = None,
             max_output_bytes: Annotated[int, Field(ge=0, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
-    ) -> ExecResult:
+    ) -> ExecResult:  # returned as a CallToolResult (resource links), validated against this
         """Run argv in the container: exit code, stdout/stderr (capped: *_truncated and *_bytes
-        say so), duration."""
+        say so; a larger output is a resource link to page through, stderr's tail is
+        included), duration."""
         arguments = {"target": target, "argv": argv, "timeout_s": timeout_s, "stdin": stdin,
                      "max_output_bytes": max_output_bytes}
-        return call("exec", arguments, lambda: tools.exec(target, argv, timeout_s, stdin,
-                                                          max_output_bytes))
+        return _with_links(call("exec", arguments, lambda: tools.exec(target, argv, timeout_s, stdin,
+                                                                      max_output_bytes)))
 
     @tool("fx_tls_apply", CHANGES)
     def fx_tls_apply(target: Target) -> dict[str, Any]:
@@ -302,11 +310,36 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
                     lambda: tools.run_stop(run_id, grace_s),
                     containers=lambda: tools.run_containers(run_id))
 
-    # ------------------------------------------------------ a resource and a prompt
+    # ------------------------------------------------------ resources and a prompt
     @server.resource("orch://inventory", name="inventory", mime_type="application/json")
     def inventory_resource() -> str:
         """The inventory's containers, hosts and groups."""
         return json.dumps(tools.list_targets(), indent=2)
+
+    if "exec" in allowed:
+        @server.resource(OUTPUT_URI_TEMPLATE, name="exec_output", mime_type="text/plain")
+        def exec_output(output: str, stream: str, offset: int = 0,
+                        length: int = DEFAULT_OUTPUT_BYTES) -> str | bytes:
+            """A spooled exec output (stdout or stderr), from byte offset, up to length bytes
+            (1 MiB at most): text when it is UTF-8 (the next offset is this one plus the
+            text's UTF-8 length), else the bytes."""
+            try:
+                return tools.output_page(output, stream, offset, length)
+            except OutputGone as error:
+                raise ResourceNotFoundError(str(error)) from None
+
+    @server.resource(LOG_URI_TEMPLATE, name="run_log", mime_type="text/plain")
+    def run_log_resource(run_id: str, target: str, offset: int = 0,
+                         length: int = DEFAULT_OUTPUT_BYTES) -> str:
+        """A run's training log from byte offset, up to length bytes (the run_log tool's
+        pages, with its policy check and audit row)."""
+        arguments = {"run_id": run_id, "target": target, "offset": offset, "max_bytes": length}
+        try:
+            page = call("run_log", arguments, lambda: tools.run_log(run_id, target, offset, length),
+                        containers=lambda: tools.run_containers(run_id, target))
+        except ToolError as error:
+            raise ResourceError(str(error)) from None
+        return page["text"]
 
     @server.prompt("diagnose_fx_race")
     def diagnose_fx_race(target: str) -> str:
@@ -321,6 +354,17 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
                 "5. fx_tls_apply, verify_fx_race (expect verdict fixed), run_start again (expect ok).")
 
     return server
+
+
+def _with_links(result: dict) -> CallToolResult:
+    """The structured result, its JSON as text, and a resource link per spooled stream."""
+    links = [ResourceLink(uri=result[f"{stream}_resource"], name=f"{stream} of {result['target']}",
+                          mime_type="text/plain", size=result[f"{stream}_bytes"],
+                          description=f"all {result[f'{stream}_bytes']} bytes of {stream}; read "
+                                      "pages with ?offset=N&length=M")
+             for stream in ("stdout", "stderr") if result.get(f"{stream}_resource")]
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(result, indent=2)), *links],
+                          structured_content=result)
 
 
 def _target_of(arguments: dict) -> str:

@@ -9,6 +9,7 @@ attach.stop_recorded_run, RunStore, runs.compare, inventory_check.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Optional
 
@@ -19,6 +20,7 @@ from orchestrator.engine import run_playbook
 from orchestrator.errors import ConfigError, OrchError
 from orchestrator.fleet import Fleet, fan_out
 from orchestrator.inventory_check import check_targets
+from orchestrator.mcp.outputs import STREAMS, OutputGone, OutputSpool, StreamCapture, whole_utf8
 from orchestrator.mcp.policy import refuse_templates
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
@@ -113,10 +115,12 @@ class Tools:
         self.app = _AppView(inventory_option, fleet)
         self.sessions = SessionPool()
         self.runs: dict[str, LiveRun] = {}
+        self.outputs = OutputSpool(os.path.dirname(store.path))
 
     def close(self) -> None:
         self.sessions.close()
         self.fleet.close()
+        self.outputs.close()
 
     # ------------------------------------------------------------------ targets
     def container(self, name: str) -> Target:
@@ -162,12 +166,39 @@ class Tools:
 
     def exec(self, target: str, argv: list[str], timeout_s: float, stdin: Optional[str],
              max_output_bytes: int) -> dict:
+        """The output streams through bounded captures (never held whole): the answer has
+        each stream's head, size and stderr's tail; a larger output is spooled for the
+        client to page through (outputs.py)."""
         warm = self.warm(target)
         cap = max(0, min(max_output_bytes, MAX_OUTPUT_BYTES))
-        result = warm.run(argv, stdin=None if stdin is None else stdin.encode(), timeout=timeout_s)
+        output = self.outputs.new_id()
+        out, err = (StreamCapture(name, cap, self.outputs, output) for name in STREAMS)
+        try:
+            result = warm.run(argv, stdin=None if stdin is None else stdin.encode(), timeout=timeout_s,
+                              on_stdout=out, on_stderr=err, capture=False)
+        except BaseException:
+            self.outputs.discard(output)
+            raise
+        finally:
+            out.close()
+            err.close()
+        self.outputs.finished()
         return {"target": warm.name, "argv": list(argv), "exit_code": result.exit_code,
-                **_capped("stdout", result.stdout, cap), **_capped("stderr", result.stderr, cap),
+                **out.answer(), **err.answer(with_tail=True),
                 "duration_s": round(result.duration, 6), "via": warm.via}
+
+    def output_page(self, output: str, stream: str, offset: int, length: int) -> bytes | str:
+        """A page of a spooled exec output: text when it is UTF-8 (cut at a character's
+        start, so the next page's offset is this one's plus the text's UTF-8 length), else
+        the raw bytes (a blob)."""
+        if stream not in STREAMS:
+            raise OutputGone(f"no stream {stream!r} (stdout or stderr)")
+        data, size = self.outputs.read(output, stream, offset, length)
+        data = whole_utf8(data, at_end=offset + len(data) >= size)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data
 
     def grep_source(self, target: str, pattern: str, **options) -> dict:
         warm = self.warm(target)
@@ -326,25 +357,3 @@ class Tools:
         result = compare(self.store.get(base), self.store.get(new),
                          DEFAULT_THRESHOLD if threshold is None else threshold)
         return result.to_dict()
-
-
-def whole_utf8(data: bytes, at_end: bool) -> bytes:
-    """A page cut at max_bytes may end inside a UTF-8 character: leave that character's
-    first bytes for the next page (next_offset points at it), so no page decodes to U+FFFD
-    where the log has a real character."""
-    if at_end:
-        return data
-    for cut in range(0, min(3, len(data) - 1) + 1):
-        try:
-            (data[:len(data) - cut] if cut else data).decode("utf-8")
-            return data[:len(data) - cut] if cut else data
-        except UnicodeDecodeError as error:
-            if error.reason != "unexpected end of data":
-                return data  # not UTF-8 anyway: the bytes as they are
-    return data
-
-
-def _capped(name: str, data: bytes, cap: int) -> dict:
-    kept = data[:cap]
-    return {name: kept.decode("utf-8", "replace"), f"{name}_bytes": len(data),
-            f"{name}_truncated": len(data) > cap}

@@ -236,3 +236,74 @@ def test_runs_audit_prints_arguments_as_typed(tmp_path):
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert '"[/]"' in out.stdout and "[bold]x" in out.stdout and "bad [/] thing" in out.stdout
+
+
+# ------------------------------------------------------------- exec's bounded output
+BIG = ("import sys, hashlib\n"
+       "data = b''.join(b'%08d ' % i + 'é'.encode() * 20 + b'\\n' for i in range(60000))\n"
+       "sys.stdout.buffer.write(data)\n"
+       "sys.stderr.write('noise\\n' * 50000 + 'the real error\\n')\n")
+
+
+def test_a_large_output_is_capped_and_paged_through_as_a_resource(world):
+    server = serve(world, allow=["exec"], hosts=["here"])
+    expected = b"".join(b"%08d " % i + "é".encode() * 20 + b"\n" for i in range(60000))
+
+    async def scenario():
+        async with Client(server) as client:
+            result = await client.call_tool("exec", {"target": "dev", "argv": [sys.executable, "-c", BIG],
+                                                     "max_output_bytes": 1000})
+            data = result.structured_content
+            links = [c for c in result.content if c.type == "resource_link"]
+            pages, offset = [], 0
+            while offset < data["stdout_bytes"]:
+                page = await client.read_resource(f"{data['stdout_resource']}?offset={offset}&length=300000")
+                text = page.contents[0].text   # UTF-8 here: text, never cut inside a character
+                pages.append(text)
+                offset += len(text.encode())
+            templates = (await client.list_resource_templates()).resource_templates
+            return result, data, links, "".join(pages).encode(), templates
+    result, data, links, paged, templates = anyio.run(scenario)
+    assert not result.is_error
+    assert (data["stdout_bytes"], data["stdout_truncated"]) == (len(expected), True)
+    assert expected.startswith(data["stdout"].encode()) and len(data["stdout"].encode()) <= 1000
+    assert data["stderr_truncated"] and data["stderr_tail"].endswith("the real error\n")
+    assert [link.uri for link in links] == [data["stdout_resource"], data["stderr_resource"]]
+    assert links[0].size == len(expected)
+    assert paged == expected
+    assert "orch://outputs/{output}/{stream}{?offset,length}" in [t.uri_template for t in templates]
+
+
+def test_a_small_output_is_answered_whole_and_spools_nothing(world):
+    tools = world[3]
+    [(error, _, data)] = calls(serve(world, allow=["exec"], hosts=["here"]),
+                               ("exec", {"target": "dev", "argv": ["echo", "hi"]}))
+    assert not error and data["stdout"] == "hi\n" and data["stdout_resource"] is None
+    assert tools.outputs.root is None    # nothing on disk
+
+
+def test_an_unknown_output_is_a_clear_resource_error(world):
+    async def scenario():
+        async with Client(serve(world, allow=["exec"])) as client:
+            with pytest.raises(Exception, match="no output exec-9/stdout in this server session"):
+                await client.read_resource("orch://outputs/exec-9/stdout")
+            with pytest.raises(Exception, match="no stream 'x'"):
+                await client.read_resource("orch://outputs/exec-1/x")
+    anyio.run(scenario)
+
+
+def test_exec_memory_does_not_grow_with_the_output(world):
+    """64 MiB through exec in this process: its peak RSS grows by far less than the output
+    (the old capture held it whole, then copied it: twice its size)."""
+    tools = world[3]
+    before = _peak_rss_mb()
+    result = tools.exec("dev", ["head", "-c", str(64 << 20), "/dev/zero"], 120, None, 1000)
+    growth = _peak_rss_mb() - before
+    assert result["stdout_bytes"] == 64 << 20 and result["stdout_resource"]
+    assert growth < 24, f"peak RSS grew {growth:.0f} MB for 64 MiB of output"
+
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
