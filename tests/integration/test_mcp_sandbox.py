@@ -43,6 +43,17 @@ def inventory(sandbox, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def hosts_inventory(inventory, tmp_path_factory):
+    """The same, without the groups named like the hosts: there, a bare `sb1` is the host."""
+    data = yaml.safe_load(open(inventory).read())
+    for host in data["hosts"]:
+        data["groups"].pop(host, None)
+    path = tmp_path_factory.mktemp("mcp-hosts") / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
 def torch_venv_in_container(sandbox):
     seed_torch_venv(sandbox, TORCH_HOST, TORCH_VMID, VENV)
     yield f"/root/{VENV}"
@@ -217,6 +228,62 @@ def test_every_call_is_audited_with_secrets_masked(inventory, store):
     everything = json.dumps(rows)
     assert "s3cret-value" not in everything and "hunter2" not in everything
     assert len({r["session"] for r in rows}) == 1
+
+
+def test_hosts_themselves_and_template_vars_are_refused_and_audited(hosts_inventory, store, tmp_path):
+    """A Proxmox host's own name is no target for any tool (read-only ones too) unless
+    --allow-host names it; run_start vars holding a template are refused before anything is
+    rendered: no file on the controller, the refusal in the audit trail."""
+    mark = tmp_path / "escaped"
+    payload = "{{ lipsum.__globals__['os'].system('touch %s') }}" % mark
+
+    async def scenario():
+        async with serve(hosts_inventory, store, "--allow", "exec", "--allow", "write",
+                         "--allow-target", "sb1-200") as agent:
+            for tool, arguments in [("exec", {"target": "sb1", "argv": ["id"]}),
+                                    ("grep_source", {"target": "sb1", "pattern": "x"}),
+                                    ("fx_tls_status", {"target": "sb2"})]:
+                refused = await agent.error(tool, **arguments)
+                assert "MCP tools act in containers only" in refused and "--allow-host" in refused
+            refused = await agent.error("run_start", playbook="playbooks/dflash-sandbox.yaml",
+                                        vars={"drafters": payload}, targets=["sb1-200"])
+            assert "vars.drafters holds template syntax" in refused
+            assert (await agent.ok("exec", target="sb1-200", argv=["true"]))["exit_code"] == 0
+        async with serve(hosts_inventory, store, "--allow", "exec", "--allow-host", "sb1") as agent:
+            on_host = await agent.ok("exec", target="sb1", argv=["sh", "-c", "command -v pct"])
+            assert on_host["exit_code"] == 0            # the host itself: allowed by name
+            assert "--allow-host sb2" in await agent.error("exec", target="sb2", argv=["true"])
+    asyncio.run(scenario())
+    assert not mark.exists()
+    rows = list(reversed(audit(store)))
+    assert [(r["tool"], r["target"], r["outcome"]) for r in rows] == [
+        ("exec", "sb1", "refused"), ("grep_source", "sb1", "refused"),
+        ("fx_tls_status", "sb2", "refused"), ("run_start", "sb1-200", "refused"),
+        ("exec", "sb1-200", "ok"), ("exec", "sb1", "ok"), ("exec", "sb2", "refused")]
+    assert rows[3]["arguments"]["vars"]["drafters"] == payload   # recorded as sent
+
+
+def test_a_large_output_pages_through_its_resource_link(inventory, store):
+    script = ("import sys\nfor i in range(200000): sys.stdout.write(f'{i:08d} ' + 'x' * 40 + '\\n')\n"
+              "sys.stderr.write('warn\\n' * 100000 + 'the real error\\n')\n")
+
+    async def scenario():
+        async with serve(inventory, store, "--allow", "exec") as agent:
+            result = await agent.session.call_tool("exec", {"target": "sb1-200", "argv": ["python3", "-c", script],
+                                                            "max_output_bytes": 2000})
+            data = result.structured_content
+            [link, _] = [c for c in result.content if c.type == "resource_link"]
+            pages, offset = [], 0
+            while offset < data["stdout_bytes"]:
+                page = await agent.session.read_resource(f"{link.uri}?offset={offset}&length=1048576")
+                pages.append(page.contents[0].text)
+                offset += len(pages[-1].encode())
+            return data, link, "".join(pages)
+    data, link, text = asyncio.run(scenario())
+    lines = text.splitlines()
+    assert data["stdout_truncated"] and len(data["stdout"]) == 2000 and link.size == data["stdout_bytes"]
+    assert len(lines) == 200000 and lines[-1].startswith("00199999 ")
+    assert data["stderr_tail"].endswith("the real error\n")
 
 
 @pytest.mark.torch
