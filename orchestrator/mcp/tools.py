@@ -141,9 +141,6 @@ class Tools:
         """What the names resolve to (for the policy: containers, or hosts themselves)."""
         return self.fleet.inventory.resolve(list(names))
 
-    def container_names(self, names) -> list[str]:
-        return [spec.name for spec in self.specs(names)]
-
     # -------------------------------------------------------------------- tools
     def list_targets(self) -> dict:
         inventory = self.fleet.inventory

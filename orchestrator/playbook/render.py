@@ -29,8 +29,15 @@ _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
 class Unknown:
     """Stands for a value only known at run time (dry runs: registered results, facts)."""
 
+    # What jinja2's sandbox asks of anything called; found here, not through __getattr__.
+    unsafe_callable = False
+    alters_data = False
+
     def __init__(self, name: str):
         self._name = name
+
+    def __call__(self, *args, **kwargs) -> "Unknown":
+        return Unknown(f"{self._name}()")
 
     def __getattr__(self, attr: str) -> "Unknown":
         if attr.startswith("__"):

@@ -15,7 +15,7 @@ from orchestrator.cli import main
 from orchestrator.config.yamlsrc import load_yaml
 from orchestrator.errors import ConfigError
 from orchestrator.playbook.loader import load_playbook
-from orchestrator.playbook.render import Loc, render
+from orchestrator.playbook.render import Loc, Unknown, render
 from tests.unit.step_fakes import Reply, harness
 
 # Each writes the file named by {mark}; plain jinja2 runs every one of them.
@@ -101,3 +101,10 @@ def test_a_pushed_template_cannot_escape(tmp_path, mark, template):
     record = h.record()
     assert record.steps[0].status == "failed"
     assert "template error" in record.steps[0].message
+
+
+def test_a_method_of_a_value_known_only_at_run_time_renders_in_a_dry_run(tmp_path):
+    """The sandbox checks every call; a registered result's method (r.stdout.strip()) is an
+    Unknown it may call, so a dry run shows the plan instead of an error."""
+    context = {"r": Unknown("r")}
+    assert render("x {{ r.stdout.strip() }}", context, _loc(tmp_path)) == "x <r.stdout.strip()>"
