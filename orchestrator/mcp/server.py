@@ -43,7 +43,8 @@ CHANGES = ToolAnnotations(readOnlyHint=False, destructiveHint=True, openWorldHin
 # Set per tools/call by the audit middleware; call() marks it when it has recorded the call.
 _CALL: contextvars.ContextVar[dict] = contextvars.ContextVar("orch_mcp_call")
 
-Target = Annotated[str, Field(description="An inventory container name (list_targets), or HOST:VMID")]
+Target = Annotated[str, Field(description="An inventory container name (list_targets), or HOST:VMID "
+                                          "(a host itself only where the server allows it)")]
 
 
 class ExecResult(TypedDict):
@@ -294,7 +295,8 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
     @tool("run_start", CHANGES)
     def run_start(
             playbook: Annotated[str, Field(description="A playbook file on the server's machine")],
-            vars: Annotated[dict[str, Any], Field(description="Playbook variables (like -e)")] = {},
+            vars: Annotated[dict[str, Any], Field(description="Playbook variables (like -e), as data: "
+                                                             "template syntax in them is refused")] = {},
             targets: Annotated[list[str], Field(description="Instead of the playbook's targets")] = [],
     ) -> RunStarted:
         """Start a playbook run; returns its run_id at once (follow it with run_status/run_log)."""

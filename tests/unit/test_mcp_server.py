@@ -307,3 +307,32 @@ def _peak_rss_mb() -> float:
     with open("/proc/self/status") as status:
         line = next(line for line in status if line.startswith("VmHWM:"))
     return int(line.split()[1]) / 1024
+
+
+# ------------------------------------------------------------------ run logs as resources
+def _recorded_run_on(world, name: str, host: str, vmid) -> str:
+    from orchestrator.runs.model import RunRecord, TargetInfo
+    tmp_path, _, store, _ = world
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "output.log").write_text("".join(f"step {i} loss 0.{i}\n" for i in range(1000)))
+    store.begin(RunRecord(run_id="20261201-000000-abcdef", playbook="p.yaml", playbook_sha256="",
+                          name="p", targets=[TargetInfo(name, host, vmid)],
+                          launch={"targets": {name: {"run_dir": str(run_dir)}}}))
+    return "20261201-000000-abcdef"
+
+
+def test_a_run_log_pages_as_a_resource_through_the_policy(world):
+    run_id = _recorded_run_on(world, "dev", "here", None)
+    uri = f"orch://runs/{run_id}/log/dev?offset=7&length=12"
+
+    async def read(server):
+        async with Client(server) as client:
+            try:
+                return (await client.read_resource(uri)).contents[0].text
+            except Exception as error:   # the SDK's MCPError: the server's sentence
+                return f"error: {error}"
+    refused = anyio.run(read, serve(world))
+    assert refused.startswith("error: ") and "MCP tools act in containers only" in refused
+    assert anyio.run(read, serve(world, hosts=["here"])) == "loss 0.0\nste"
+    assert [(r["tool"], r["outcome"]) for r in rows(world)] == [("run_log", "refused"), ("run_log", "ok")]
