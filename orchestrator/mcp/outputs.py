@@ -10,13 +10,15 @@ reads page by page as an MCP resource:
 
 So the server's memory does not grow with a command's output (docs/mcp.md has the figures),
 and nothing of it lands on disk unless it is larger than the answer. The files live in a
-0700 directory under the run store's directory and are removed when the server stops.
+0700 directory under the run store's directory (its name holds the server's pid), removed
+when the server stops, or by the next server when the first was killed.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -29,6 +31,8 @@ PAGE_MAX_BYTES = 1 << 20
 STREAMS = ("stdout", "stderr")
 URI = "orch://outputs/{output}/{stream}"
 URI_TEMPLATE = URI + "{?offset,length}"
+PREFIX = "mcp-outputs-"
+_SESSION_DIR = re.compile(re.escape(PREFIX) + r"(?P<pid>\d+)-\w+$")
 
 
 class OutputGone(LookupError):
@@ -54,7 +58,8 @@ class OutputSpool:
         with self._lock:
             if self.root is None:
                 os.makedirs(self.parent, mode=0o700, exist_ok=True)
-                self.root = tempfile.mkdtemp(prefix="mcp-outputs-", dir=self.parent)  # 0700
+                _sweep_dead_sessions(self.parent)
+                self.root = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self.parent)  # 0700
             path = os.path.join(self.root, f"{output}.{stream}")
             self._files.setdefault(output, {})[stream] = path
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -157,6 +162,24 @@ def whole_utf8(data: bytes, at_end: bool) -> bytes:
             if error.reason != "unexpected end of data":
                 return data  # not UTF-8 anyway: the bytes as they are
     return data
+
+
+def _sweep_dead_sessions(parent: str) -> None:
+    """Spools of servers that were killed (no close()): their pid is in the name."""
+    for entry in os.listdir(parent):
+        match = _SESSION_DIR.match(entry)
+        if match and not _alive(int(match["pid"])):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _size(path: str) -> int:

@@ -336,3 +336,23 @@ def test_a_run_log_pages_as_a_resource_through_the_policy(world):
     assert refused.startswith("error: ") and "MCP tools act in containers only" in refused
     assert anyio.run(read, serve(world, hosts=["here"])) == "loss 0.0\nste"
     assert [(r["tool"], r["outcome"]) for r in rows(world)] == [("run_log", "refused"), ("run_log", "ok")]
+
+
+def test_the_spool_of_a_killed_server_is_swept_by_the_next(tmp_path):
+    from orchestrator.mcp.outputs import OutputSpool
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = tmp_path / f"mcp-outputs-{dead}-abc123"
+    stale.mkdir()
+    (stale / "exec-1.stdout").write_bytes(b"x" * 100)
+    mine = tmp_path / f"mcp-outputs-{os.getpid()}-def456"   # a live server's: kept
+    mine.mkdir()
+    spool = OutputSpool(str(tmp_path))
+    with spool.create("exec-1", "stdout") as handle:
+        handle.write(b"y")
+    assert not stale.exists() and mine.exists()
+    assert oct(os.stat(spool.root).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(os.path.join(spool.root, "exec-1.stdout")).st_mode & 0o777) == "0o600"
+    root = spool.root
+    spool.close()
+    assert not os.path.exists(root)
