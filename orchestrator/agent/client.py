@@ -79,6 +79,9 @@ def run_in_agent(args: list[str]) -> int | None:
         sock = connect() or (start_agent() and wait_for_agent())
         if not sock:
             return None
+    except protocol.UntrustedAgent as error:   # never hand a command across uids
+        sys.stderr.write(f"orch: note: not using the agent: {error}; running the command here\n")
+        return None
     except OSError:
         return None
     with sock:
@@ -139,17 +142,26 @@ def _wait_for_exit(sock: socket.socket, reader: protocol.Reader) -> int:
 
 def connect(path: str | None = None) -> socket.socket | None:
     """A connection to this installation's agent; None when none listens (no socket file,
-    or a stale one left by an agent that died)."""
+    or a stale one left by an agent that died). Nothing is sent here: UntrustedAgent when
+    the folder is unsafe or the listener is another uid (docs/agent.md, Security model)."""
+    path = path or protocol.socket_path()
+    problem = protocol.unsafe_dir(os.path.dirname(path))
+    if problem:
+        raise protocol.UntrustedAgent(problem)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path or protocol.socket_path())
-        return sock
+        sock.connect(path)
+        uid = protocol.peer_uid(sock)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
     except OSError:
         sock.close()
         raise
+    if uid != os.getuid():
+        sock.close()
+        raise protocol.UntrustedAgent(f"{path} is served by uid {uid}, not by uid {os.getuid()}")
+    return sock
 
 
 def start_agent(extra_env: dict | None = None) -> bool:

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -246,9 +245,7 @@ def _code_changed() -> bool:
 
 def _same_user(conn: socket.socket) -> bool:
     """SO_PEERCRED: only our own uid may use the agent (the 0700 folder is the first wall)."""
-    credentials = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", credentials)
-    return uid == os.getuid()
+    return protocol.peer_uid(conn) == os.getuid()
 
 
 def _log(directory: str, line: str) -> None:
