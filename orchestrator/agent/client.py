@@ -171,7 +171,7 @@ def start_agent(extra_env: dict | None = None) -> bool:
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
             "from orchestrator.agentd.server import main; main()")
-    env = {**os.environ, **(extra_env or {}), "ORCH_AGENT_DIR": directory}
+    env = {**_agent_environment(os.environ), **(extra_env or {}), "ORCH_AGENT_DIR": directory}
     pid = os.fork()
     if pid == 0:  # the child: a new session, then a grandchild that is nobody's child
         try:
@@ -187,6 +187,19 @@ def start_agent(extra_env: dict | None = None) -> bool:
             os._exit(0)
     os.waitpid(pid, 0)
     return True
+
+
+# What the agent process itself keeps of the environment that started it: each command runs
+# with its own client's environment, so no client's secrets (a token's variable,
+# SSH_AUTH_SOCK) stay in the agent for the next client to inherit.
+AGENT_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV",
+                  "ORCH_AGENT_IDLE", "ORCH_AGENT_DIR")
+AGENT_ENV_KEEP_PREFIXES = ("LC_", "PYTHON")
+
+
+def _agent_environment(environ) -> dict:
+    return {k: v for k, v in environ.items()
+            if k in AGENT_ENV_KEEP or k.startswith(AGENT_ENV_KEEP_PREFIXES)}
 
 
 def wait_for_agent(timeout: float = START_WAIT_S) -> socket.socket | None:

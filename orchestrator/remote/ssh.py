@@ -67,6 +67,12 @@ class SshSettings:
     trust_on_first_use: bool = False
     max_sessions: int = DEFAULT_MAX_SESSIONS   # channels at once on one connection
     connections: int = DEFAULT_CONNECTIONS     # connections at most to this host
+    folder: Optional[str] = None  # where relative paths are (the caller's, in the agent)
+
+    def local_path(self, path: str) -> str:
+        """An identity or known_hosts path as a file name here (~ expanded)."""
+        path = os.path.expanduser(path)
+        return os.path.join(self.folder, path) if self.folder else path
 
     def known_hosts_name(self) -> str:
         """The name a host key is filed under in known_hosts, as OpenSSH writes it."""
@@ -179,7 +185,7 @@ class SshHost(Transport):
 
     def _open_client(self) -> paramiko.SSHClient:
         s = self.settings
-        known_hosts = os.path.expanduser(s.known_hosts)
+        known_hosts = s.local_path(s.known_hosts)
         client = paramiko.SSHClient()
         if os.path.exists(known_hosts):
             client.load_host_keys(known_hosts)
@@ -189,7 +195,7 @@ class SshHost(Transport):
         try:
             client.connect(
                 s.address, port=s.port, username=s.user, sock=sock,
-                key_filename=[os.path.expanduser(p) for p in s.identity] or None,
+                key_filename=[s.local_path(p) for p in s.identity] or None,
                 timeout=s.connect_timeout, banner_timeout=s.connect_timeout,
                 auth_timeout=s.connect_timeout, allow_agent=True, look_for_keys=not s.identity,
                 transport_factory=_SignalAwareTransport)
