@@ -146,6 +146,7 @@ class Fleet:
             known_hosts=self._note_relative([spec.known_hosts or _first(found.get("userknownhostsfile"))
                                              or DEFAULT_KNOWN_HOSTS])[0],
             folder=self.cwd,
+            hash_known_hosts=str(found.get("hashknownhosts", "no")).lower() == "yes",
             jump=self._jump_settings(jump_name, seen + (spec.name,)) if jump_name else None,
             connect_timeout=spec.connect_timeout,
             trust_on_first_use=self.trust_on_first_use,

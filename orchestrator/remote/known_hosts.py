@@ -6,8 +6,8 @@
   only through one is unknown, and the message says why;
 - a line paramiko cannot parse (bad base64, a marker it does not know) is skipped, as
   OpenSSH skips it, instead of ending orch with a traceback;
-- trust on first use writes the new line hashed when the file's lines are hashed
-  (HashKnownHosts), and refuses to "record" into /dev/null or anything but a regular file:
+- trust on first use writes the new line hashed when the file's lines are hashed or
+  ~/.ssh/config says HashKnownHosts yes, and refuses to "record" into /dev/null or anything but a regular file:
   such a known_hosts knows no host, so an unknown key stays refused.
 """
 
@@ -37,12 +37,12 @@ class RevokedKey(Exception):
 class KnownHosts:
     """One known_hosts file as read: its keys per host name, the revoked keys, how it is written."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, hash_new: bool = False):
         self.path = path
         self.entries: list = []          # paramiko HostKeyEntry, revoked keys left out
         self.revoked: set[bytes] = set()
         self.cert_authorities = 0
-        self.hashed = False
+        self.hashed = hash_new           # ssh_config's HashKnownHosts, or the file's own lines
         if os.path.exists(path):
             self._read()
 
@@ -79,7 +79,7 @@ class KnownHosts:
         return key.asbytes() in self.revoked
 
     def record(self, hostname: str, key) -> None:
-        """Trust on first use: append the key, hashed if the file's lines are."""
+        """Trust on first use: append the key, hashed if the file's lines are (or HashKnownHosts)."""
         try:
             info = os.stat(self.path)
         except FileNotFoundError:

@@ -69,6 +69,7 @@ class SshSettings:
     max_sessions: int = DEFAULT_MAX_SESSIONS   # channels at once on one connection
     connections: int = DEFAULT_CONNECTIONS     # connections at most to this host
     folder: Optional[str] = None  # where relative paths are (the caller's, in the agent)
+    hash_known_hosts: bool = False  # ssh_config HashKnownHosts: trust on first use writes hashed
 
     def local_path(self, path: str) -> str:
         """An identity or known_hosts path as a file name here (~ expanded)."""
@@ -165,7 +166,7 @@ class SshHost(Transport):
         s = self.settings
         client = paramiko.SSHClient()
         try:
-            known = KnownHosts(s.local_path(s.known_hosts))
+            known = KnownHosts(s.local_path(s.known_hosts), hash_new=s.hash_known_hosts)
         except OSError as error:
             raise HostKeyUnknown(f"cannot read known_hosts {s.known_hosts}: "
                                  f"{error.strerror or error}") from None

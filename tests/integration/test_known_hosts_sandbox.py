@@ -86,3 +86,14 @@ def test_trust_on_first_use_into_dev_null_trusts_nothing(sandbox, tmp_path):
     for _ in range(2):   # each time: nothing was "recorded", nothing is accepted
         out = orch(inventory, "--trust-new-host-keys", "exec", "sb1-200", "--", "true")
         assert out.returncode == 255 and "/dev/null is not a regular file" in out.stderr, out.stderr
+
+
+def test_trust_on_first_use_follows_hash_known_hosts_in_ssh_config(sandbox, tmp_path):
+    from orchestrator.fleet import Fleet
+    inventory, known = _setup(sandbox, tmp_path, "")
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n    HashKnownHosts yes\n")
+    with Fleet.from_path(inventory, trust_on_first_use=True, ssh_config_path=str(config)) as fleet:
+        assert fleet.targets(["sb1-200"])[0].run(["true"]).exit_code == 0
+    (line,) = open(known).read().splitlines()
+    assert line.startswith("|1|") and _address(sandbox, "sb1") not in line
