@@ -220,12 +220,12 @@ class Agent:
 _CODE_STAMPS: dict[str, tuple] = {}
 
 
-def _code_stamps() -> dict[str, tuple]:
+def _code_stamps(package: Optional[str] = None) -> dict[str, tuple]:
     """(mtime, size, inode) of every file of the installed package (payloads and templates
     too: the agent reads and caches them) and of its wheel's RECORD, found by stat alone:
     about 0.2 ms for orch's hundred files. An upgrade or an edit in place keeps the socket's
     name, so this is how the agent learns it must not go on serving the old code."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = package or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     stamps = {}
     folders = [package]
     while folders:

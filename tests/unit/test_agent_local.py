@@ -168,3 +168,21 @@ def test_every_file_of_the_package_is_stamped(tmp_path):
     finally:
         os.unlink(added)
     assert not server._code_changed()
+
+
+def test_a_wheel_installs_record_is_stamped(tmp_path):
+    """Installed from a wheel, the package sits next to its dist-info: a reinstall rewrites
+    RECORD even when it leaves every module's stat alike."""
+    from orchestrator.agentd import server
+    package = tmp_path / "site-packages" / "orchestrator"
+    (package / "__pycache__").mkdir(parents=True)
+    (package / "cli.py").write_text("")
+    record = tmp_path / "site-packages" / "orch-0.1.0.dist-info" / "RECORD"
+    record.parent.mkdir()
+    record.write_text("orchestrator/cli.py,,0\n")
+    before = server._code_stamps(str(package))
+    assert set(before) == {str(package / "cli.py"), str(record)}
+    (package / "__pycache__" / "cli.cpython-311.pyc").write_text("")   # Python's own: ignored
+    assert server._code_stamps(str(package)) == before
+    record.write_text("orchestrator/cli.py,sha256=x,0\n")
+    assert server._code_stamps(str(package)) != before
