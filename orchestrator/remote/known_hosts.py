@@ -70,6 +70,8 @@ class KnownHosts:
     def install(self, client: paramiko.SSHClient, trust_on_first_use: bool) -> None:
         """Give client these keys and the policy for a host it does not find here."""
         keys = client.get_host_keys()
+        # paramiko's public add(): a second line with the same name and key type replaces
+        # the first (OpenSSH would take either); a refusal, never a wrong acceptance
         for entry in self.entries:
             for name in entry.hostnames:
                 keys.add(name, entry.key.get_name(), entry.key)
