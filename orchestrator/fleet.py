@@ -137,14 +137,16 @@ class Fleet:
             raise OrchError(f"jump hosts of {spec.name} form a loop: {' -> '.join(seen)}")
         found = self._ssh_config.lookup(spec.address) if self._ssh_config else {}
         jump_name = spec.jump or found.get("proxyjump")
+        identity = spec.identity or found.get("identityfile", [])
+        known_hosts = spec.known_hosts or _first(found.get("userknownhostsfile")) or DEFAULT_KNOWN_HOSTS
+        self._note_relative([*identity, known_hosts])
         return SshSettings(
             name=spec.name,
             address=found.get("hostname", spec.address),
             port=spec.port or int(found.get("port", 22)),
             user=spec.user or found.get("user", "root"),
-            identity=self._note_relative(spec.identity or found.get("identityfile", [])),
-            known_hosts=self._note_relative([spec.known_hosts or _first(found.get("userknownhostsfile"))
-                                             or DEFAULT_KNOWN_HOSTS])[0],
+            identity=identity,
+            known_hosts=known_hosts,
             folder=self.cwd,
             hash_known_hosts=str(found.get("hashknownhosts", "no")).lower() == "yes",
             jump=self._jump_settings(jump_name, seen + (spec.name,)) if jump_name else None,
@@ -153,11 +155,10 @@ class Fleet:
             max_sessions=spec.max_sessions or DEFAULT_MAX_SESSIONS,
             connections=spec.connections or DEFAULT_CONNECTIONS)
 
-    def _note_relative(self, paths: list[str]) -> list[str]:
-        """paths as they are; notes whether one is relative (neither absolute nor ~)."""
+    def _note_relative(self, paths: list[str]) -> None:
+        """Whether a path is relative (neither absolute nor ~): the caller's folder decides."""
         if any(not p.startswith("~") and not os.path.isabs(p) for p in paths):
             self.depends_on_cwd = True
-        return list(paths)
 
     def _jump_settings(self, jump: str, seen: tuple) -> SshSettings:
         if jump in self.inventory.hosts:

@@ -53,8 +53,9 @@ class LentFleet:
 
 class FleetPool:
     """Fleets kept open between commands, one per (inventory file, trust flag, HOME,
-    SSH_AUTH_SOCK, and the caller's folder when the inventory has relative paths); one whose inventory, ssh_config, known_hosts or identity files changed
-    is retired (closed once no command uses it) and the next command opens a new one."""
+    SSH_AUTH_SOCK, and the caller's folder where a host's key or known_hosts path is
+    relative); one whose inventory, ssh_config, known_hosts or identity files changed is
+    retired (closed once no command uses it) and the next command opens a new one."""
 
     def __init__(self):
         self._pooled: dict[tuple, _Pooled] = {}
