@@ -7,8 +7,8 @@
 - a line paramiko cannot parse (bad base64, a marker it does not know) is skipped, as
   OpenSSH skips it, instead of ending orch with a traceback;
 - trust on first use writes the new line hashed when the file's lines are hashed or
-  ~/.ssh/config says HashKnownHosts yes, and refuses to "record" into /dev/null or anything but a regular file:
-  such a known_hosts knows no host, so an unknown key stays refused.
+  ~/.ssh/config says HashKnownHosts yes, and refuses to "record" into /dev/null or anything
+  but a regular file: such a known_hosts knows no host, so an unknown key stays refused.
 """
 
 from __future__ import annotations

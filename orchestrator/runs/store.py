@@ -121,7 +121,8 @@ def _store_hint(error: sqlite3.Error) -> str:
         return "the store or its folder is not writable by you: fix the permissions, or set ORCH_STORE"
     if "full" in text:
         return "the disk holding the store is full"
-    return "check the file (`sqlite3 FILE 'PRAGMA integrity_check'`), or set ORCH_STORE to use another store"
+    return ("check the file (`sqlite3 FILE 'PRAGMA integrity_check'`), or set ORCH_STORE to "
+            "use another store")
 
 
 def _dumps(value) -> str:
