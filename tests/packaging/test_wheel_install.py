@@ -165,9 +165,8 @@ def test_installed_wheels_agent_stamps_every_file_and_the_record(installed, tmp_
     """A stale agent must see any reinstall: every file of the installed package (payloads,
     templates) and the distribution's RECORD are stamped (docs/agent.md, "Which code")."""
     probe = ("import json, os\nfrom orchestrator.agentd import server\n"
-             "stamps = server._code_stamps()\n"
-             "print(json.dumps(sorted(os.path.relpath(p, os.path.dirname(os.path.dirname(server.__file__)))"
-             " for p in stamps)))")
+             "package = os.path.dirname(os.path.dirname(server.__file__))\n"
+             "print(json.dumps([os.path.relpath(p, package) for p in server._code_stamps()]))")
     done = subprocess.run([installed["python"], "-c", probe], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
