@@ -9,7 +9,7 @@ from typing import Optional
 
 import click
 
-from orchestrator import __version__, console
+from orchestrator import __version__, console, paths
 from orchestrator.errors import ExitCode, OrchError
 from orchestrator.lazy import lazy
 
@@ -197,4 +197,6 @@ def main(ctx, inventory, trust_new_host_keys, no_agent):
     """
     app = App(inventory, trust_new_host_keys)
     ctx.obj = app
+    if ctx.invoked_subcommand != "sandbox":   # it builds container roots: their modes are theirs
+        ctx.with_resource(paths.private_files())
     ctx.call_on_close(app.close)

@@ -83,6 +83,10 @@ class HostKeyChanged(ConnectionProblem):
     pass
 
 
+class HostKeyRevoked(ConnectionProblem):
+    """The host's key is marked @revoked in known_hosts."""
+
+
 class ContainerProblem(OrchError):
     exit_code = ExitCode.NO_CONTAINER
 

@@ -34,8 +34,13 @@ class Fleet:
     """Opens each host at most once, lazily, and closes them all at the end."""
 
     def __init__(self, inventory: Inventory, trust_on_first_use: bool = False,
-                 ssh_config_path: str = SSH_CONFIG, sessions: Optional[SessionPool] = None):
+                 ssh_config_path: str = SSH_CONFIG, sessions: Optional[SessionPool] = None,
+                 cwd: Optional[str] = None):
         self.inventory = inventory
+        # the caller's folder, for relative key and known_hosts paths (the agent runs in /);
+        # None: the process's own, as on the direct path
+        self.cwd = cwd
+        self.depends_on_cwd = False   # a host's key or known_hosts path is relative
         # warm in-container sessions for the containers' commands (the agent, MCP); None:
         # every command on a channel of its own
         self.sessions = sessions
@@ -132,18 +137,28 @@ class Fleet:
             raise OrchError(f"jump hosts of {spec.name} form a loop: {' -> '.join(seen)}")
         found = self._ssh_config.lookup(spec.address) if self._ssh_config else {}
         jump_name = spec.jump or found.get("proxyjump")
+        identity = spec.identity or found.get("identityfile", [])
+        known_hosts = spec.known_hosts or _first(found.get("userknownhostsfile")) or DEFAULT_KNOWN_HOSTS
+        self._note_relative([*identity, known_hosts])
         return SshSettings(
             name=spec.name,
             address=found.get("hostname", spec.address),
             port=spec.port or int(found.get("port", 22)),
             user=spec.user or found.get("user", "root"),
-            identity=spec.identity or found.get("identityfile", []),
-            known_hosts=spec.known_hosts or _first(found.get("userknownhostsfile")) or DEFAULT_KNOWN_HOSTS,
+            identity=identity,
+            known_hosts=known_hosts,
+            folder=self.cwd,
+            hash_known_hosts=str(found.get("hashknownhosts", "no")).lower() == "yes",
             jump=self._jump_settings(jump_name, seen + (spec.name,)) if jump_name else None,
             connect_timeout=spec.connect_timeout,
             trust_on_first_use=self.trust_on_first_use,
             max_sessions=spec.max_sessions or DEFAULT_MAX_SESSIONS,
             connections=spec.connections or DEFAULT_CONNECTIONS)
+
+    def _note_relative(self, paths: list[str]) -> None:
+        """Whether a path is relative (neither absolute nor ~): the caller's folder decides."""
+        if any(not p.startswith("~") and not os.path.isabs(p) for p in paths):
+            self.depends_on_cwd = True
 
     def _jump_settings(self, jump: str, seen: tuple) -> SshSettings:
         if jump in self.inventory.hosts:

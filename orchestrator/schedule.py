@@ -76,6 +76,35 @@ def carried_env() -> dict:
     return {name: os.environ[name] for name in CARRIED_ENV if os.environ.get(name)}
 
 
+# A scheduler entry is line-based: a newline (or CR, ESC, ...) in a path or an argument would
+# end a line of the unit or the crontab and start one of the caller's. Tab is the exception:
+# every format here quotes or escapes it.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# systemd.time(7) spans: "6h", "90min", "1h 30min", "2.5h", "infinity"
+TIME_SPAN = re.compile(r"infinity|(?:\d+(?:\.\d+)?\s*(?:us|usec|ms|msec|s|sec|second|seconds|m|"
+                       r"min|minute|minutes|h|hr|hour|hours|d|day|days|w|week|weeks)?\s*)+")
+
+
+def check_entry(entry: "Entry") -> None:
+    """Refuse what no scheduler line can carry safely (ConfigError: exit 2)."""
+    values = [("the playbook path", entry.playbook), ("the working directory", entry.workdir)]
+    values += [("an argument", arg) for arg in entry.argv]
+    values += [(f"environment variable {name}", f"{name}={value}") for name, value in entry.env.items()]
+    for what, value in values:
+        found = CONTROL_CHARACTER.search(value)
+        if found:
+            raise ConfigError(f"{what} {value!r} holds a control character ({found.group()!r}): "
+                              "a schedule entry cannot carry it")
+
+
+def check_timeout(timeout: str) -> str:
+    text = str(timeout).strip()
+    if not TIME_SPAN.fullmatch(text):
+        raise ConfigError(f"--timeout {timeout!r}: expected a systemd time span, e.g. 6h, 90min, "
+                          "1h 30min, or infinity")
+    return text
+
+
 # ------------------------------------------------------------------ systemd
 def systemd_quote(arg: str) -> str:
     """One ExecStart= word: systemd splits on whitespace, honours "..." with C escapes, and
@@ -95,8 +124,13 @@ def systemd_env(assignment: str) -> str:
 
 
 def systemd_value(text: str) -> str:
-    """A free-text value (Description=): only the %specifiers need escaping, one line."""
-    return str(text).replace("%", "%%").replace("\n", " ")
+    """A free-text value (Description=, WorkingDirectory=): the %specifiers escaped, one line;
+    a trailing backslash would join the next line of the unit to it, so it is refused."""
+    text = str(text).replace("%", "%%").replace("\n", " ")
+    if text.endswith("\\"):
+        raise ConfigError(f"{text!r} ends with a backslash, which systemd reads as a line "
+                          "continuation: rename it")
+    return text
 
 
 def unit_dir(system: bool) -> str:
@@ -123,12 +157,13 @@ def _templates() -> jinja2.Environment:
 def render_systemd(entry: Entry, *, timeout: str = "6h") -> dict[str, str]:
     """{unit file name: text} for the .service and the .timer."""
     hour, minute = parse_at(entry.at)
+    check_entry(entry)
     service, timer = unit_names(entry.key)
     marker = UNIT_MARKER + json.dumps({"playbook": entry.playbook, "at": entry.at,
                                        "kind": entry.kind, "key": entry.key})
     context = {"entry": entry, "marker": marker, "service": service, "timer": timer,
                "exec_start": " ".join(systemd_quote(a) for a in entry.argv),
-               "on_calendar": f"*-*-* {hour:02d}:{minute:02d}:00", "timeout": timeout,
+               "on_calendar": f"*-*-* {hour:02d}:{minute:02d}:00", "timeout": check_timeout(timeout),
                "system": entry.kind == "systemd-system"}
     env = _templates()
     return {service: env.get_template("orch-nightly.service.j2").render(context),
@@ -143,6 +178,7 @@ def cron_line(entry: Entry, *, log: Optional[str] = None) -> str:
     Then cron's one rule of its own: an unescaped % ends the command, so % becomes \\%.
     """
     hour, minute = parse_at(entry.at)
+    check_entry(entry)
     log = log or os.path.join(paths.data_dir(), "logs", f"nightly-{entry.key}.log")
     env_words = [f"{k}={v}" for k, v in sorted(entry.env.items())]
     command = (f"cd {shlex.quote(entry.workdir)} && "

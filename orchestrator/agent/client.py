@@ -79,6 +79,9 @@ def run_in_agent(args: list[str]) -> int | None:
         sock = connect() or (start_agent() and wait_for_agent())
         if not sock:
             return None
+    except protocol.UntrustedAgent as error:   # never hand a command across uids
+        sys.stderr.write(f"orch: note: not using the agent: {error}; running the command here\n")
+        return None
     except OSError:
         return None
     with sock:
@@ -139,17 +142,26 @@ def _wait_for_exit(sock: socket.socket, reader: protocol.Reader) -> int:
 
 def connect(path: str | None = None) -> socket.socket | None:
     """A connection to this installation's agent; None when none listens (no socket file,
-    or a stale one left by an agent that died)."""
+    or a stale one left by an agent that died). Nothing is sent here: UntrustedAgent when
+    the folder is unsafe or the listener is another uid (docs/agent.md, Security model)."""
+    path = path or protocol.socket_path()
+    problem = protocol.unsafe_dir(os.path.dirname(path))
+    if problem:
+        raise protocol.UntrustedAgent(problem)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path or protocol.socket_path())
-        return sock
+        sock.connect(path)
+        uid = protocol.peer_uid(sock)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
     except OSError:
         sock.close()
         raise
+    if uid != os.getuid():
+        sock.close()
+        raise protocol.UntrustedAgent(f"{path} is served by uid {uid}, not by uid {os.getuid()}")
+    return sock
 
 
 def start_agent(extra_env: dict | None = None) -> bool:
@@ -159,7 +171,7 @@ def start_agent(extra_env: dict | None = None) -> bool:
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
             "from orchestrator.agentd.server import main; main()")
-    env = {**os.environ, **(extra_env or {}), "ORCH_AGENT_DIR": directory}
+    env = {**_agent_environment(os.environ), **(extra_env or {}), "ORCH_AGENT_DIR": directory}
     pid = os.fork()
     if pid == 0:  # the child: a new session, then a grandchild that is nobody's child
         try:
@@ -175,6 +187,19 @@ def start_agent(extra_env: dict | None = None) -> bool:
             os._exit(0)
     os.waitpid(pid, 0)
     return True
+
+
+# What the agent process itself keeps of the environment that started it: each command runs
+# with its own client's environment, so no client's secrets (a token's variable,
+# SSH_AUTH_SOCK) stay in the agent for the next client to inherit.
+AGENT_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV",
+                  "ORCH_AGENT_IDLE", "ORCH_AGENT_DIR")
+AGENT_ENV_KEEP_PREFIXES = ("LC_", "PYTHON")
+
+
+def _agent_environment(environ) -> dict:
+    return {k: v for k, v in environ.items()
+            if k in AGENT_ENV_KEEP or k.startswith(AGENT_ENV_KEEP_PREFIXES)}
 
 
 def wait_for_agent(timeout: float = START_WAIT_S) -> socket.socket | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import struct
 import zlib
 
@@ -48,15 +49,60 @@ def socket_path(directory: str | None = None) -> str:
     return os.path.join(directory or agent_dir(), f"agent-{install_tag()}.sock")
 
 
+class UntrustedAgent(PermissionError):
+    """The agent's folder or the process on its socket is not safe to hand a command to."""
+
+
 def private_dir(directory: str) -> str:
-    """Make directory (mode 0700) and check that it is ours and nobody else can enter it."""
+    """Make directory (mode 0700) if missing, then check it as check_dir does."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    info = os.stat(directory)
-    if info.st_uid != os.getuid():
-        raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to us")
-    if info.st_mode & 0o077:
-        os.chmod(directory, 0o700)
+    problem = unsafe_dir(directory)
+    if problem:
+        raise UntrustedAgent(problem)
     return directory
+
+
+def unsafe_dir(directory: str):
+    """Why directory may not hold our agent's socket; None when it may (or does not exist).
+
+    A command's environment and terminal go to whatever listens there, so: the folder is
+    ours, mode 0700, not a symbolic link; every folder above it (as resolved) belongs to
+    root or to us and nobody else can write to it unless it is sticky (/tmp), so nobody else
+    can swap the folder. Only a few stat calls: the quick path runs this every time."""
+    uid = os.getuid()
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return f"the agent folder {directory} is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"the agent folder {directory} is not a folder"
+    if info.st_uid != uid:
+        return f"the agent folder {directory} belongs to uid {info.st_uid}, not to uid {uid}"
+    if info.st_mode & 0o077:
+        return (f"the agent folder {directory} has mode {stat.S_IMODE(info.st_mode):04o}, "
+                "not 0700 (`chmod 700` it)")
+    parent = os.path.dirname(os.path.realpath(directory))
+    while True:
+        info = os.stat(parent)
+        if info.st_uid not in (0, uid):
+            return f"{parent}, above the agent folder, belongs to uid {info.st_uid}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"{parent}, above the agent folder, is writable by other users"
+        if parent == os.path.dirname(parent):
+            return None
+        parent = os.path.dirname(parent)
+
+
+def peer_uid(sock: socket.socket):
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED); None where
+    the system cannot say (then nobody is trusted)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    credentials = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    return struct.unpack("3i", credentials)[1]
 
 
 def encode(message: dict) -> bytes:

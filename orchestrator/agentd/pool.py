@@ -53,13 +53,15 @@ class LentFleet:
 
 class FleetPool:
     """Fleets kept open between commands, one per (inventory file, trust flag, HOME,
-    SSH_AUTH_SOCK); one whose inventory, ssh_config, known_hosts or identity files changed
-    is retired (closed once no command uses it) and the next command opens a new one."""
+    SSH_AUTH_SOCK, and the caller's folder where a host's key or known_hosts path is
+    relative); one whose inventory, ssh_config, known_hosts or identity files changed is
+    retired (closed once no command uses it) and the next command opens a new one."""
 
     def __init__(self):
         self._pooled: dict[tuple, _Pooled] = {}
         self._lock = threading.Lock()
         self._cwd_lock = threading.Lock()
+        self._per_folder: set[tuple] = set()   # keys whose inventory has relative paths
 
     def lend(self, inventory_option: Optional[str], trust_on_first_use: bool) -> LentFleet:
         request = current()
@@ -71,11 +73,19 @@ class FleetPool:
                 path = os.path.abspath(inventory_path(inventory_option))
                 key = (path, trust_on_first_use, os.environ.get("HOME"),
                        os.environ.get("SSH_AUTH_SOCK"))
+                if key in self._per_folder:
+                    key += (request.cwd,)
                 pooled = self._usable(key)
                 if pooled is None:
                     fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use,
-                                            sessions=SessionPool(detached=detached, holding=holding))
-                    pooled = _Pooled(key, fleet, _stamp(fleet, path))
+                                            sessions=SessionPool(detached=detached, holding=holding),
+                                            cwd=request.cwd)
+                    stamp = _stamp(fleet, path)   # resolves every host's paths
+                    if fleet.depends_on_cwd and len(key) == 4:
+                        # relative key or known_hosts paths: one fleet per caller's folder
+                        self._per_folder.add(key)
+                        key += (request.cwd,)
+                    pooled = _Pooled(key, fleet, stamp)
                     with self._lock:
                         self._pooled[key] = pooled
                 with self._lock:
@@ -150,7 +160,7 @@ def _stamp(fleet: Fleet, inventory_file: str) -> tuple:
         except OrchError:
             continue
         while settings is not None:
-            files.append(os.path.expanduser(settings.known_hosts))
-            files.extend(os.path.expanduser(p) for p in settings.identity)
+            files.append(settings.local_path(settings.known_hosts))
+            files.extend(settings.local_path(p) for p in settings.identity)
             settings = settings.jump
     return tuple((f, _file_stamp(f)) for f in files)

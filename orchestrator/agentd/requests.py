@@ -39,12 +39,14 @@ def current() -> Optional["Request"]:
 @contextmanager
 def detached():
     """What opens here outlives the request (a warm session's channel): it is not filed
-    under the request, so the request's end or interrupt does not close it."""
+    under the request, so the request's end or interrupt does not close it. It still reads
+    the request's environment (HOME for ~ paths, SSH_AUTH_SOCK), never the agent's own."""
     request, _local.request = current(), None
+    environ, _local.environ = getattr(_local, "environ", None), (request.env if request else None)
     try:
         yield
     finally:
-        _local.request = request
+        _local.request, _local.environ = request, environ
 
 
 @contextmanager
@@ -271,7 +273,10 @@ class _RequestEnviron(MutableMapping):
 
     def _env(self):
         request = current()
-        return self._base if request is None else request.env
+        if request is not None:
+            return request.env
+        detached_env = getattr(_local, "environ", None)
+        return self._base if detached_env is None else detached_env
 
     def __getitem__(self, key):
         return self._env()[key]
@@ -317,9 +322,11 @@ def install_process_hooks() -> None:
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         self._orch_request = current()
+        self._orch_environ = getattr(_local, "environ", None)
 
     def bootstrap(self):
         _local.request = getattr(self, "_orch_request", None)
+        _local.environ = getattr(self, "_orch_environ", None)
         original_bootstrap(self)
     threading.Thread.__init__ = init
     threading.Thread._bootstrap_inner = bootstrap

@@ -9,13 +9,12 @@ its pool (pool.py). It exits when idle, when stopped, or when orch's code change
 from __future__ import annotations
 
 import fcntl
+import glob
 import itertools
 import json
 import os
 import signal
 import socket
-import struct
-import sys
 import threading
 import time
 from typing import Optional
@@ -218,37 +217,53 @@ class Agent:
                 "running": running, "fleets": self.pool.describe()}
 
 
-_CODE_STAMPS: dict[str, int] = {}
+_CODE_STAMPS: dict[str, tuple] = {}
+
+
+def _code_stamps(package: Optional[str] = None) -> dict[str, tuple]:
+    """(mtime, size, inode) of every file of the installed package (payloads and templates
+    too: the agent reads and caches them) and of its wheel's RECORD, found by stat alone:
+    about 0.2 ms for orch's hundred files. An upgrade or an edit in place keeps the socket's
+    name, so this is how the agent learns it must not go on serving the old code."""
+    package = package or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stamps = {}
+    folders = [package]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":   # Python writes there itself
+                        folders.append(entry.path)
+                else:
+                    stamps[entry.path] = _stamp(entry.path)
+    for record in glob.glob(os.path.join(os.path.dirname(package), "orch-*.dist-info", "RECORD")):
+        stamps[record] = _stamp(record)
+    return stamps
+
+
+def _stamp(path: str):
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_mtime_ns, info.st_size, info.st_ino)
 
 
 def _remember_code() -> None:
-    """The files of orch's own modules as loaded now (an upgrade or an edit in place keeps
-    the socket name: the agent must not go on serving the old code)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if path and os.path.abspath(path).startswith(package + os.sep):
-            try:
-                _CODE_STAMPS[path] = os.stat(path).st_mtime_ns
-            except OSError:
-                pass
+    _CODE_STAMPS.clear()
+    _CODE_STAMPS.update(_code_stamps())
 
 
 def _code_changed() -> bool:
-    for path, stamp in _CODE_STAMPS.items():
-        try:
-            if os.stat(path).st_mtime_ns != stamp:
-                return True
-        except OSError:
-            return True
-    return False
+    try:
+        return _code_stamps() != _CODE_STAMPS
+    except OSError:   # a folder of the package went away: an upgrade in progress
+        return True
 
 
 def _same_user(conn: socket.socket) -> bool:
     """SO_PEERCRED: only our own uid may use the agent (the 0700 folder is the first wall)."""
-    credentials = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", credentials)
-    return uid == os.getuid()
+    return protocol.peer_uid(conn) == os.getuid()
 
 
 def _log(directory: str, line: str) -> None:

@@ -41,13 +41,16 @@ def agent_start(idle_s):
     Example:
       orch agent start --idle 3600
     """
-    sock = client.connect()
-    if sock is not None:
-        sock.close()
-        click.echo(f"orch: the agent already runs ({protocol.socket_path()})", err=True)
-        return
-    client.start_agent({"ORCH_AGENT_IDLE": str(idle_s)} if idle_s else None)
-    sock = client.wait_for_agent()
+    try:
+        sock = client.connect()
+        if sock is not None:
+            sock.close()
+            click.echo(f"orch: the agent already runs ({protocol.socket_path()})", err=True)
+            return
+        client.start_agent({"ORCH_AGENT_IDLE": str(idle_s)} if idle_s else None)
+        sock = client.wait_for_agent()
+    except OSError as error:   # an unsafe agent folder, another uid on the socket
+        raise OrchError(f"cannot use the agent at {protocol.socket_path()}: {error}") from None
     if sock is None:
         raise OrchError(f"the agent did not start within {client.START_WAIT_S:g} s "
                         f"(its log: {protocol.agent_dir()})")

@@ -458,7 +458,12 @@ def schedule_install(app, playbook, at, targets, extra_vars, timeout, no_enable,
       orch schedule install playbooks/dflash.yaml --at 02:30 --dest /tmp/units
     """
     parse_extra_vars(extra_vars)      # fail now, not at 02:30
+    sched.check_timeout(timeout)
     kind = sched.choose_kind(cron=cron or bool(crontab_file), system=scope == "system", dest=dest)
+    if kind == "systemd-system":
+        console.warn("the system units run `orch nightly` as root (they set no User=): with "
+                     "root's SSH keys, known_hosts, inventory and run store; use the default "
+                     "user units unless root is meant")
     entry = sched.make_entry(playbook, at, kind=kind, targets=list(targets),
                              extra_vars=list(extra_vars), inventory=app.inventory_option)
     entry = sched.install(entry, dest=dest, crontab_file=crontab_file, enable=not no_enable,

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 
+from orchestrator import paths
 from orchestrator.errors import CommandTimeout, OrchError
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
                                       Transport, stdin_pieces, validate_argv)
@@ -24,7 +25,8 @@ class LocalTransport(Transport):
             process = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if options.stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env={**os.environ, **options.env}, start_new_session=True)
+                env={**os.environ, **options.env}, start_new_session=True,
+                umask=paths.user_umask())
         except FileNotFoundError:
             raise OrchError(f"{argv[0]}: command not found on {self.name}") from None
         except PermissionError:
@@ -49,7 +51,7 @@ class LocalTransport(Transport):
         try:
             process = subprocess.Popen(validate_argv(argv), stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       start_new_session=True)
+                                       start_new_session=True, umask=paths.user_umask())
         except (FileNotFoundError, PermissionError) as error:
             raise OrchError(f"{argv[0]}: {error.strerror} on {self.name}") from None
         return _LocalProcess(process)

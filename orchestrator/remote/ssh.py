@@ -26,11 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout,
-                                 HostKeyChanged, HostKeyUnknown, HostUnreachable, OrchError)
+from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout, HostKeyChanged,
+                                 HostKeyRevoked, HostKeyUnknown, HostUnreachable, OrchError)
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
                                       Transport, command_timeout, connection_lost, encode_arg,
                                       stdin_pieces, validate_argv, with_env)
+from orchestrator.remote.known_hosts import KnownHosts, RevokedKey, UnknownKey
 from orchestrator.remote.paramiko_lib import paramiko
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -67,33 +68,17 @@ class SshSettings:
     trust_on_first_use: bool = False
     max_sessions: int = DEFAULT_MAX_SESSIONS   # channels at once on one connection
     connections: int = DEFAULT_CONNECTIONS     # connections at most to this host
+    folder: Optional[str] = None  # where relative paths are (the caller's, in the agent)
+    hash_known_hosts: bool = False  # ssh_config HashKnownHosts: trust on first use writes hashed
+
+    def local_path(self, path: str) -> str:
+        """An identity or known_hosts path as a file name here (~ expanded)."""
+        path = os.path.expanduser(path)
+        return os.path.join(self.folder, path) if self.folder else path
 
     def known_hosts_name(self) -> str:
         """The name a host key is filed under in known_hosts, as OpenSSH writes it."""
         return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
-
-
-class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client, hostname, key):
-        raise _UnknownKey(hostname, key)
-
-
-class _TrustFirstUse(paramiko.MissingHostKeyPolicy):
-    """Records a new key in known_hosts; only used when the user asked for it explicitly."""
-
-    def __init__(self, known_hosts_path: str):
-        self.path = known_hosts_path
-
-    def missing_host_key(self, client, hostname, key):
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with open(self.path, "a", encoding="ascii") as handle:
-            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
-class _UnknownKey(Exception):
-    def __init__(self, hostname, key):
-        super().__init__(hostname)
-        self.hostname, self.key = hostname, key
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -179,29 +164,37 @@ class SshHost(Transport):
 
     def _open_client(self) -> paramiko.SSHClient:
         s = self.settings
-        known_hosts = os.path.expanduser(s.known_hosts)
         client = paramiko.SSHClient()
-        if os.path.exists(known_hosts):
-            client.load_host_keys(known_hosts)
-        client.set_missing_host_key_policy(
-            _TrustFirstUse(known_hosts) if s.trust_on_first_use else _RefuseUnknown())
+        try:
+            known = KnownHosts(s.local_path(s.known_hosts), hash_new=s.hash_known_hosts)
+        except OSError as error:
+            raise HostKeyUnknown(f"cannot read known_hosts {s.known_hosts}: "
+                                 f"{error.strerror or error}") from None
+        known.install(client, s.trust_on_first_use)
         sock = self._open_socket()
         try:
             client.connect(
                 s.address, port=s.port, username=s.user, sock=sock,
-                key_filename=[os.path.expanduser(p) for p in s.identity] or None,
+                key_filename=[s.local_path(p) for p in s.identity] or None,
                 timeout=s.connect_timeout, banner_timeout=s.connect_timeout,
                 auth_timeout=s.connect_timeout, allow_agent=True, look_for_keys=not s.identity,
                 transport_factory=_SignalAwareTransport)
-        except _UnknownKey as unknown:
+        except UnknownKey as unknown:
             sock.close()
             raise HostKeyUnknown(
                 f"host {s.name} ({unknown.hostname}) offered a host key that is not in "
-                f"{s.known_hosts}: {unknown.key.get_name()} {fingerprint(unknown.key)}",
-                hint="check the fingerprint with the host's administrator, then add it with "
-                     "`ssh-keyscan` to known_hosts, or rerun with --trust-new-host-keys") from None
-        except paramiko.BadHostKeyException as bad:
+                f"{s.known_hosts}: {unknown.key.get_name()} {fingerprint(unknown.key)}"
+                + (f" ({unknown.why})" if unknown.why else ""),
+                hint=known.unknown_hint() or "check the fingerprint with the host's administrator, "
+                     "then add it with `ssh-keyscan` to known_hosts, or rerun with "
+                     "--trust-new-host-keys") from None
+        except (RevokedKey, paramiko.BadHostKeyException) as bad:
             sock.close()
+            if isinstance(bad, RevokedKey) or known.is_revoked(bad.key):
+                raise HostKeyRevoked(
+                    f"host {s.name} presented a host key that {s.known_hosts} marks @revoked "
+                    f"({bad.key.get_name()} {fingerprint(bad.key)}): orch refuses it",
+                    hint="ask the host's administrator for its new key") from None
             raise HostKeyChanged(
                 f"host {s.name} presented a DIFFERENT host key than the one in {s.known_hosts} "
                 f"(got {fingerprint(bad.key)}, expected {fingerprint(bad.expected_key)}): "

@@ -108,6 +108,23 @@ MIGRATIONS: list[str] = [
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
+class StoreError(OrchError):
+    """The run store could not be read or written (exit code 1, ExitCode.FAILED)."""
+
+
+def _store_hint(error: sqlite3.Error) -> str:
+    text = str(error).lower()
+    if "locked" in text or "busy" in text:
+        return (f"another process held the store's write lock for over {BUSY_TIMEOUT_MS // 1000} s: "
+                "try again once it is done")
+    if "readonly" in text or "read-only" in text:
+        return "the store or its folder is not writable by you: fix the permissions, or set ORCH_STORE"
+    if "full" in text:
+        return "the disk holding the store is full"
+    return ("check the file (`sqlite3 FILE 'PRAGMA integrity_check'`), or set ORCH_STORE to "
+            "use another store")
+
+
 def _dumps(value) -> str:
     # default=str: rendered vars may hold YAML dates or paths; a record must never fail to save.
     return json.dumps(value, sort_keys=True, default=str)
@@ -152,19 +169,29 @@ class RunStore:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write transaction: all of it lands, or none of it."""
-        with self._lock:
+        with self._lock, self._sqlite_errors():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             else:
                 self._db.execute("COMMIT")
 
     def _read(self, sql: str, params: Iterable = ()) -> list[sqlite3.Row]:
-        with self._lock:
+        with self._lock, self._sqlite_errors():
             return self._db.execute(sql, tuple(params)).fetchall()
+
+    @contextmanager
+    def _sqlite_errors(self) -> Iterator[None]:
+        """SQLite's own failures (locked past the busy timeout, a read-only or full disk, a
+        damaged file) as orch's error with the store's name, never a traceback."""
+        try:
+            yield
+        except sqlite3.Error as error:
+            raise StoreError(f"the run store {self.path}: {error}", hint=_store_hint(error)) from None
 
     def _migrate(self) -> None:
         # Fast path without the write lock: a reader (orch runs list) never waits on a writer.
@@ -414,7 +441,7 @@ class RunStore:
         return keys
 
     def _load(self, run_id: str, *, metrics: bool) -> RunRecord:
-        with self._lock:
+        with self._lock, self._sqlite_errors():
             # One read transaction so the run, its steps and metrics are one consistent snapshot.
             self._db.execute("BEGIN")
             try:

@@ -308,3 +308,55 @@ def test_a_container_stopped_under_its_warm_session_is_reported_as_stopped(sandb
     assert (got.returncode, got.stdout, got.stderr) == (expected.returncode, expected.stdout, expected.stderr)
     assert got.returncode == 4 and "is not running" in got.stderr
     assert not any(s["vmid"] == 202 for s in status(agent_env)["fleets"][0]["sessions"])
+
+
+def _inventory_with(sandbox, path, **host_values) -> str:
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    for host in data["hosts"].values():
+        for key, value in host_values.items():
+            if value is None:
+                host.pop(key, None)
+            else:
+                host[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_relative_paths_in_the_inventory_are_the_callers(sandbox, agent_env, tmp_path):
+    """`known_hosts: keys/known_hosts` means the file in the folder orch runs in, through the
+    agent too (it runs in /), and each folder gets its own: one without the keys is refused."""
+    inventory = _inventory_with(sandbox, tmp_path / "inventory.yaml", known_hosts="keys/known_hosts")
+    keyed, empty = tmp_path / "keyed", tmp_path / "empty"
+    for folder in (keyed, empty):
+        (folder / "keys").mkdir(parents=True)
+    (keyed / "keys" / "known_hosts").write_text(sandbox.known_hosts.read_text())
+    (empty / "keys" / "known_hosts").write_text("")
+    for folder, code in ((keyed, 0), (empty, 255), (keyed, 0)):
+        got = orch(agent_env, inventory, "exec", "sb1-200", "--", "echo", "hi", cwd=folder)
+        direct = orch({**agent_env, "ORCH_AGENT": "off"}, inventory, "exec", "sb1-200", "--",
+                      "echo", "hi", cwd=folder)
+        assert (got.returncode, got.stdout, got.stderr) == (direct.returncode, direct.stdout, direct.stderr)
+        assert got.returncode == code, got.stderr
+    assert status(agent_env)["commands_served"] == 3
+
+
+def test_each_client_connects_with_its_own_environment(sandbox, agent_env, tmp_path):
+    """The agent was started by a client whose HOME has the host keys; a later client whose
+    HOME has none is refused as on the direct path (a warm session's connection, opened
+    outside the request, once took the agent's own HOME, i.e. the first client's)."""
+    inventory = _inventory_with(sandbox, tmp_path / "inventory.yaml", known_hosts=None)
+    homes = {}
+    for name, keys in (("first", sandbox.known_hosts.read_text()), ("later", "")):
+        home = tmp_path / name
+        (home / ".ssh").mkdir(parents=True)
+        (home / ".ssh" / "known_hosts").write_text(keys)
+        homes[name] = {**agent_env, "HOME": str(home)}
+    assert orch(homes["first"], inventory, "exec", "sb1-200", "--", "true").returncode == 0
+    got = orch(homes["later"], inventory, "exec", "sb1-200", "--", "true")
+    direct = orch({**homes["later"], "ORCH_AGENT": "off"}, inventory, "exec", "sb1-200", "--", "true")
+    assert (got.returncode, got.stderr) == (direct.returncode, direct.stderr)
+    assert got.returncode == 255 and "not in ~/.ssh/known_hosts" in got.stderr
+    # and the agent process keeps nothing of the first client's environment but the basics
+    with open(f"/proc/{the_agent(agent_env)}/environ", "rb") as environ:
+        names = {item.split(b"=", 1)[0].decode() for item in environ.read().split(b"\0") if item}
+    assert "ORCH_AGENT" not in names and "PYTEST_CURRENT_TEST" not in names

@@ -10,6 +10,7 @@ is needed (the dependencies are this environment's own)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -158,6 +159,21 @@ def test_installed_wheel_without_the_sandbox_says_how_to_get_it(installed, tmp_p
 
     listing = run_orch(installed, "--help", cwd=tmp_path)
     assert listing.returncode == 0 and "sandbox" in listing.stdout
+
+
+def test_installed_wheels_agent_stamps_every_file_and_the_record(installed, tmp_path):
+    """A stale agent must see any reinstall: every file of the installed package (payloads,
+    templates) and the distribution's RECORD are stamped (docs/agent.md, "Which code")."""
+    probe = ("import json, os\nfrom orchestrator.agentd import server\n"
+             "package = os.path.dirname(os.path.dirname(server.__file__))\n"
+             "print(json.dumps([os.path.relpath(p, package) for p in server._code_stamps()]))")
+    done = subprocess.run([installed["python"], "-c", probe], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    stamped = json.loads(done.stdout)
+    assert {"payloads/reaper.py", "templates/orch-nightly.service.j2", "proxmox.py",
+            "engine.py"} <= set(stamped)
+    assert any(name.startswith("../orch-") and name.endswith(".dist-info/RECORD") for name in stamped)
 
 
 def test_sandbox_wheel_carries_the_emulated_tools(tmp_path):

@@ -177,7 +177,8 @@ def test_systemd_install_list_remove_with_dest(tmp_path, playbook):
     assert entry["kind"] == "systemd-user" and len(entry["files"]) == 2
     system = runner.invoke(main, ["schedule", "install", playbook, "--at", "02:30", "--system",
                                   "--dest", str(dest), "--json"])
-    assert json.loads(system.output)["kind"] == "systemd-system"
+    assert json.loads(system.stdout)["kind"] == "systemd-system"
+    assert "run `orch nightly` as root" in system.stderr   # said, even with --json
     assert "WantedBy=timers.target" in open(entry["files"][1]).read()
     listed = json.loads(runner.invoke(main, ["schedule", "list", "--dest", str(dest), "--json"]).output)
     assert [(i["playbook"], i["at"]) for i in listed] == [(playbook, "02:30")]
@@ -208,3 +209,43 @@ def test_inventory_option_and_env_are_carried(tmp_path, playbook, monkeypatch):
     assert entry.argv[3:5] == ["-i", str(inventory)]
     assert entry.env["ORCH_STORE"] == str(tmp_path / "s.sqlite")
     assert entry.workdir == str(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["playbook", "extra_var", "workdir"])
+def test_a_newline_cannot_inject_unit_directives(tmp_path, where):
+    """A newline in the playbook's path once ended the unit's comment line and started a line
+    of the caller's: refused wherever it comes from, for systemd and cron alike."""
+    name = "dflash\nExecStartPre=touch pwned\n#.yaml" if where == "playbook" else "dflash.yaml"
+    path = tmp_path / name
+    path.write_text("name: dflash\n")
+    workdir = str(tmp_path / "a\nb") if where == "workdir" else None
+    extra = ["msg=one\rExecStartPre=/bin/true"] if where == "extra_var" else []
+    entry = sched.make_entry(str(path), "02:30", kind="systemd-user", targets=[],
+                             extra_vars=extra, inventory=None, workdir=workdir)
+    for render in (sched.render_systemd, sched.cron_line):
+        with pytest.raises(ConfigError, match="holds a control character"):
+            render(entry)
+    if where == "workdir":
+        return
+    for option, dest in (("--dest", tmp_path / "units"), ("--crontab-file", tmp_path / "crontab")):
+        result = CliRunner().invoke(main, ["schedule", "install", str(path), "--at", "02:30",
+                                           *(["-e", extra[0]] if extra else []), option, str(dest)])
+        assert result.exit_code == 2 and "control character" in result.output, result.output
+        assert not (dest.exists() and os.listdir(dest) if dest.is_dir() else dest.exists())
+
+
+@pytest.mark.parametrize("timeout", ["6h\nExecStartPre=/bin/true", "6 hours; rm", "soon", "-1h", ""])
+def test_a_bad_timeout_is_refused_before_anything_is_written(tmp_path, playbook, timeout):
+    result = CliRunner().invoke(main, ["schedule", "install", playbook, "--at", "02:30",
+                                       "--timeout", timeout, "--dest", str(tmp_path / "units")])
+    assert result.exit_code == 2 and "expected a systemd time span" in result.output
+    assert not os.path.exists(tmp_path / "units")
+
+
+@pytest.mark.parametrize("timeout", ["6h", "90min", "1h 30min", "2.5h", "infinity", "3600"])
+def test_good_timeouts_pass_systemd_analyze(tmp_path, playbook, timeout):
+    entry = sched.install(entry_for(playbook), dest=str(tmp_path / "units"), timeout=timeout)
+    assert f"TimeoutStartSec={timeout}\n" in open(entry.files[0]).read()
+    done = subprocess.run([systemd_analyze(), "verify", *entry.files], capture_output=True,
+                          text=True, timeout=60)
+    assert str(tmp_path / "units") not in done.stderr, done.stderr
