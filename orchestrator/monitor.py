@@ -15,6 +15,7 @@ Pieces (the launcher payload's calls themselves are in payload_api):
 
 from __future__ import annotations
 
+import codecs
 import os
 import threading
 import time
@@ -240,10 +241,11 @@ class MonitorSettings:
     expected_tok_s: Optional[float] = None
     degraded_below: Optional[float] = None
     metric_regex: Optional[str] = None
-    format: str = "orch"                    # how to read the log: logformats.FORMATS
+    format: str = "auto"                    # how to read the log: logformats.FORMATS
     tokens_per_step: Optional[float] = None  # for tok/s where the trainer prints none
     follow: list = field(default_factory=list)   # more logs under the run dir (torchrun's ranks)
-    worker_word: str = "drafter"            # what a worker is: drafter (thread) or rank
+    worker_word: str = ""                   # what a worker is: rank (torchrun); else from the log
+    logging_steps: Optional[int] = None     # a Hugging Face Trainer's, for dicts without a bar
     warmup_steps: int = 1
     expect_drafters: Optional[int] = None
     watch_for: Optional[float] = None       # seconds; then leave a healthy run going
@@ -296,8 +298,11 @@ class Monitor(FollowHandler):
         self.classifier.rank_logs_expected = bool(settings.follow)
         # One format for all of a run's logs: its state (a Trainer dict waiting for its
         # step) is per worker. One stream per log file: each has its own partial line.
-        self.log_format = make_format(settings.format, settings.metric_regex)
+        self.log_format = make_format(settings.format, settings.metric_regex, settings.logging_steps)
         self.classifier.metric_lines = self.log_format.is_metric_line
+        self.classifier.format_name = self.log_format.describe()
+        self.classifier.format_tried = getattr(self.log_format, "tried", lambda: "")() or self.log_format.shape
+        self._decoders: dict = {}
         self.parsers: dict[Optional[str], LogParser] = {}
         self.derive = DerivedThroughput(settings.tokens_per_step)
         self.follower = LogFollower(target, run_dir, offset=settings.offset,
@@ -395,7 +400,11 @@ class Monitor(FollowHandler):
         return self.parsers[name]
 
     def _read(self, name: Optional[str], data: bytes) -> None:
-        self._take(name, *self._parser(name).feed(data.decode("utf-8", "replace")))
+        # Output is life, parsed or not: liveness never waits for a line orch can read.
+        self.classifier.saw_output(time.monotonic(), worker_of(name))
+        if name not in self._decoders:     # a character cut between two chunks stays whole
+            self._decoders[name] = codecs.getincrementaldecoder("utf-8")("replace")
+        self._take(name, *self._parser(name).feed(self._decoders[name].decode(data)))
 
     def _flush_lines(self, final: bool) -> None:
         """At the end: what the logs said after their last newline, and held-back points."""
@@ -415,6 +424,7 @@ class Monitor(FollowHandler):
             metric = self.classifier.observe(self.derive.fill(point, time.time()), now)
             if metric is not None:
                 self._points.append(metric)
+        self.classifier.format_name = self.log_format.describe()   # auto says what it picked
         if lines or points:
             self.sink.progress(self.target.name, self.classifier, self._state)
         self._flush_metrics()
@@ -461,8 +471,10 @@ class Monitor(FollowHandler):
             return
         if s.stop_on_hang and self.classifier.hung(now, self._alive):
             self.hang_seconds = self.classifier.silent_for(now)
-            self._stop("hang", f"no new step line for {self.hang_seconds:.0f} s while the "
-                               "process lives: a hang")
+            quiet = self.classifier.silent_workers(now)
+            what = ("no new step line" if self.classifier.steps_seen else "no output at all")
+            self._stop("hang", f"{what} for {self.hang_seconds:.0f} s while the process lives: a hang"
+                               + (f" ({quiet})" if quiet else ""))
             return
         if s.watch_for and now - self.started >= s.watch_for and self._alive:
             self._watch_ended = True

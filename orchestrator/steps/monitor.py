@@ -32,9 +32,13 @@ class MonitorStep(Step):
         "expected_tok_s": Param((int, float), doc="healthy total throughput (shown)"),
         "degraded_below": Param((int, float), doc="total tok/s under this = degraded"),
         "metric_regex": Param((str,), doc="named groups step (required), drafter, loss, tok_s"),
-        "format": Param((str,), default="orch", choices=FORMATS,
-                        doc="how the trainer logs: orch (the stand-in), specforge, hf-trainer, "
-                            "tqdm, jsonl, regex (metric_regex)"),
+        "format": Param((str,), default="auto", choices=FORMATS,
+                        doc="how the trainer logs: auto (detect the shape; the default), orch (the "
+                            "stand-in), specforge, hf-trainer, tqdm, jsonl, keyvalue, regex (metric_regex)"),
+        "logging_steps": Param((int,), doc="a Hugging Face Trainer's logging_steps: numbers its "
+                                           "dicts when it shows no progress bar"),
+        "workers": Param((str,), doc="what a worker is called in this run (default: rank under "
+                                     "torchrun, drafter for the DFlash trainer, else worker)"),
         "tokens_per_step": Param((int, float), doc="tokens one step trains (all ranks): tok/s "
                                                    "from the step times where the trainer prints none"),
         "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
@@ -53,7 +57,7 @@ class MonitorStep(Step):
         if isinstance(fmt, str) and "{{" not in fmt:
             if fmt == "regex" and regex is None:
                 raise loc.child("format").error("format regex needs a metric_regex")
-            if regex is not None and fmt not in ("orch", "regex"):
+            if regex is not None and fmt not in ("auto", "orch", "regex"):
                 raise loc.child("metric_regex").error(
                     f"metric_regex is for format regex; format {fmt} reads its own lines")
         if isinstance(regex, str) and "{{" not in regex:
@@ -75,8 +79,10 @@ class MonitorStep(Step):
             parts.append(f"tok/s derived from {params['tokens_per_step']:,} tokens per step")
         launch = ctx.recorder.launch_info(ctx.target.name) or {}
         ranks = " and every rank's log" if launch.get("logs") or self._torchrun_before(ctx) else ""
-        return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), read as "
-                f"{params['format']} lines; " + ", ".join(parts)]
+        reading = ("lines recognised by shape (format auto)" if params["format"] == "auto"
+                   else f"read as {params['format']} lines")
+        return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), {reading}; "
+                + ", ".join(parts)]
 
     @staticmethod
     def _torchrun_before(ctx: StepContext) -> bool:
@@ -92,10 +98,11 @@ class MonitorStep(Step):
             raise StepFailed("monitor: nothing to follow: no launch step ran on "
                              f"{target.name} before this one (or give run_dir:)")
         settings = MonitorSettings.from_params({**params, "timeout": ctx.timeout})
+        settings.worker_word = params.get("workers") or ""
         settings.gpus = list(target.gpus)
         if launch and launch.get("logs"):
             settings.follow = list(launch["logs"])          # torchrun: every rank's log
-            settings.worker_word = launch.get("workers") or "rank"
+            settings.worker_word = params.get("workers") or launch.get("workers") or "rank"
         try:
             make_format(settings.format, settings.metric_regex)
         except (ValueError, re.error) as error:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.logformats import (FORMATS, DerivedThroughput, LogParser, LogPoint, LogStream,
+from orchestrator.logformats import (FORMATS, MAX_LINE, DerivedThroughput, LogParser, LogPoint, LogStream,
                                      find_bars, log_time, make_format, parse_text)
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -137,10 +137,12 @@ def test_crlf_split_between_chunks_is_one_line_end():
     assert [s.text for s in out] == ["a", "b"]
 
 
-def test_a_runaway_line_without_newline_is_cut_not_kept_forever():
+def test_a_runaway_line_keeps_its_first_max_line_characters_and_counts_the_rest():
     stream = LogStream()
-    assert stream.feed("x" * 70000)[0].text == "x" * 70000
-    assert stream.feed("tail") == [] and stream.finish()[0].text == "tail"
+    assert stream.feed("x" * 70000) == [] and stream.feed("tail") == []
+    [segment] = stream.finish()
+    assert segment.text == "x" * MAX_LINE and segment.dropped == 70004 - MAX_LINE
+    assert stream.feed("next\n")[0].text == "next"
 
 
 # ------------------------------------------------------------------ derived throughput

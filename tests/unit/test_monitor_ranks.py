@@ -94,7 +94,7 @@ def test_playbook_keys_are_checked_with_file_line_col(tmp_path):
     assert error(tmp_path, torchrun="{nproc_per_node: 2, nodes: 2}").startswith(
         "5:37: unknown torchrun option 'nodes'")
     assert error(tmp_path, torchrun="{master_port: 1}").startswith("5:17: torchrun needs nproc_per_node")
-    assert "format must be one of orch, regex, specforge, hf-trainer, tqdm, jsonl, not 'specforg'" in \
+    assert "format must be one of auto, orch, regex, specforge, hf-trainer, tqdm, jsonl, keyvalue, not 'specforg'" in \
         error(tmp_path, monitor="{format: specforg}")
     assert error(tmp_path, monitor="{format: regex}").startswith("7:23: format regex needs a metric_regex")
     assert "metric_regex is for format regex" in error(
