@@ -176,6 +176,9 @@ class LogClassifier:
     @property
     def dflash(self) -> bool:
         """The DFlash stand-in trainer (its start line or its step lines, or the FX race)."""
+        if self.explicit_word == "rank" or self.rank_logs_expected or self.child_failed.failures \
+                or "rendezvous-retry" in self.seen or "rendezvous-timeout" in self.seen:
+            return False      # torchrun's ranks: one process each, no drafter threads
         return (self.metric is not None or self.format_name in ("orch", "auto: orch")
                 or "drafters" in self.start_fields or "fx-race" in self.seen)
 
