@@ -1,6 +1,6 @@
 """Real trainers in a sandbox container, watched by `orch run`.
 
-playbooks/specforge-dflash.yaml: a real `torchrun --nproc-per-node 2`
+playbooks/specforge-dflash-legacy.yaml: a real `torchrun --nproc-per-node 2`
 (gloo, torch 2.13 CPU) in a container, running a DDP loop that logs like SpecForge's
 train_dflash.py in place of the trainer (tests/trainer/real/ddp_specforge_loop.py, put at
 scripts/train_dflash.py of a fake checkout; the playbook's trainer_args set its flags).
@@ -70,7 +70,7 @@ def container(sandbox):
 
 
 def run(sandbox, venv: str, trainer_args: str, *extra: str, timeout=400):
-    argv = [*ORCH, "-i", str(sandbox.inventory_path), "run", "playbooks/specforge-dflash.yaml",
+    argv = [*ORCH, "-i", str(sandbox.inventory_path), "run", "playbooks/specforge-dflash-legacy.yaml",
             "-t", TARGET, "-e", f"venv={venv}", "-e", f"specforge_dir={CHECKOUT}",
             "-e", "nproc_per_node=2", "-e", f"trainer_args={trainer_args}", *extra]
     done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
