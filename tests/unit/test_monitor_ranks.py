@@ -246,14 +246,14 @@ def test_the_specforge_run_config_renders_to_its_sections(tmp_path):
     template = ENV.from_string((repo / "playbooks" / "files" / "specforge-dflash-run.yaml.j2").read_text())
     values = {"target_model_path": "/m/Qwen3-8B", "draft_model_config": "configs/qwen3-8b-dflash.json",
               "embedding_key": "model.embed_tokens.weight", "torch_dtype": "bfloat16",
-              "hidden_states_path": "", "train_data_path": "/d/train: odd.jsonl", "max_length": "2048",
+              "hidden_states_path": "/d/hidden: odd", "max_length": "2048",
               "chat_template": "qwen", "cache_dir": "./cache", "num_epochs": 1, "batch_size": 2,
               "learning_rate": "1e-4", "attention_backend": "flex_attention", "num_anchors": 512,
               "log_interval": 50, "save_interval": 1000, "dist_timeout": 10, "specforge_run_id": "orch-dev",
               "output_dir": "/r/out", "nproc_per_node": "3"}
     config = yaml.safe_load(template.render(**values))
     assert set(config) == {"model", "data", "training", "run_id", "output_dir", "deployment"}
-    assert config["data"] == {"train_data_path": "/d/train: odd.jsonl", "max_length": 2048,
+    assert config["data"] == {"hidden_states_path": "/d/hidden: odd", "max_length": 2048,
                               "chat_template": "qwen", "cache_dir": "./cache"}
     assert config["training"]["learning_rate"] == 1e-4 and config["training"]["strategy"] == "dflash"
     assert config["deployment"] == {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": 3}}
