@@ -546,7 +546,7 @@ class HfTrainerFormat(LogFormat):
         fields = literal_dict(line[span[0]:span[1]]) if span else None
         if not fields or not numeric_fields(fields):
             return []
-        if "train_runtime" in fields:
+        if _closing(fields):
             # The closing summary comes after the bar is closed: its step is the last one.
             return [self._point(fields, self._last_step.get(worker, 0), worker)]
         if worker not in self._last_step:
@@ -565,13 +565,19 @@ class HfTrainerFormat(LogFormat):
         return out
 
     def _point(self, fields: dict, step: int, worker: int) -> LogPoint:
-        if "train_runtime" in fields and worker not in self._last_step:
+        if _closing(fields) and worker not in self._last_step:
             step = self._counted.get(worker, 0) * (self.logging_steps or 1)
         step = int(number(fields.get("step")) or step)
         metrics = numeric_fields(fields, skip=("loss", "step"))
         tok_s = metrics.pop("train_tokens_per_second", None)
         return LogPoint(step=step, worker=worker, loss=number(fields.get("loss")),
                         metrics=metrics, tok_s=tok_s)
+
+
+def _closing(fields: dict) -> bool:
+    """The Trainer's end-of-training dict (`train_loss`, `train_samples_per_second`); with
+    include_num_input_tokens_seen every log dict has `train_runtime` and tokens/s too."""
+    return "train_loss" in fields or "train_samples_per_second" in fields
 
 
 class TqdmFormat(LogFormat):
