@@ -19,13 +19,15 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Optional
 
+# Bounded gaps (.{0,400}? not .*): these run on every line of untrusted output, and `.*`
+# backtracks quadratically on a long line that repeats the first word.
 COLLECTIVE_TIMEOUT = re.compile(
-    r"Timed out waiting \d+ ?ms for (?:recv|send) operation|gloo.*[Tt]imed? ?out|"
-    r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*[Tt]imeout|"
-    r"collective operation timeout|DistBackendError.*[Tt]imed? ?out")
+    r"Timed out waiting \d+ ?ms for (?:recv|send) operation|gloo.{0,400}?[Tt]imed? ?out|"
+    r"Watchdog caught collective operation timeout|ProcessGroupNCCL.{0,400}?[Tt]imeout|"
+    r"collective operation timeout|DistBackendError.{0,400}?[Tt]imed? ?out")
 RENDEZVOUS_TIMEOUT = re.compile(
     r"RendezvousTimeoutError|RendezvousClosedError|waiting for clients\. \d+/\d+ clients joined|"
-    r"client socket has timed out after .* while trying to connect|"
+    r"client socket has timed out after .{0,200}? while trying to connect|"
     r"The server socket has failed to listen")
 
 # Retries while the store cannot be reached; a run that meets after a retry is fine, so

@@ -417,7 +417,7 @@ class Monitor(FollowHandler):
         worker = worker_of(name)
         for line in lines:
             self.classifier.feed(line, now)
-            shown = line if worker is None else f"[{self.settings.worker_word} {worker}] {line}"
+            shown = line if worker is None else f"[{self.classifier.worker_word} {worker}] {line}"
             self.lines.append(shown)
             self.sink.log_line(self.target.name, shown)
         for point in points:

@@ -43,7 +43,7 @@ SIGNATURES: list[tuple[str, re.Pattern]] = [
     ("rendezvous-retry", RENDEZVOUS_RETRY),
     ("nccl-error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
                               r"ncclRemoteError|Watchdog caught collective operation timeout|"
-                              r"ProcessGroupNCCL.*(?:[Tt]imeout|[Ee]rror)")),
+                              r"ProcessGroupNCCL.{0,400}?(?:[Tt]imeout|[Ee]rror)")),
     ("nccl-warn", re.compile(r"NCCL WARN")),
     ("recompile-limit", re.compile(r"hit config\.(?:recompile_limit|cache_size_limit|"
                                    r"accumulated_recompile_limit)")),

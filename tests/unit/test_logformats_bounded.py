@@ -124,3 +124,16 @@ def test_the_monitor_keeps_up_with_a_megabyte_digit_line_and_64_mb_without_a_new
     assert all(len(line) < MAX_LINE + 200 for line in sink.lines)
     # the raw text is all in the run's copy of the log
     assert (tmp_path / "local" / "stream.log").stat().st_size == (run_dir / "output.log").stat().st_size
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("word", ["ProcessGroupNCCL", "gloo ", "DistBackendError", "client socket has timed out after "])
+def test_failure_signatures_are_bounded_on_a_long_repeating_line(word):
+    from orchestrator.monitor_classify import LogClassifier
+
+    classifier = LogClassifier("t", metrics_from_lines=False)
+    line = word * (MAX_LINE // len(word))
+    began = time.monotonic()
+    for _ in range(20):
+        classifier.feed(line, 0.0)
+    assert time.monotonic() - began < 1.0

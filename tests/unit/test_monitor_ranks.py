@@ -296,3 +296,22 @@ def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
     rendered = io.StringIO()
     Console(file=rendered, width=120).print(header)
     assert "rank" in rendered.getvalue().splitlines()[0] and "drafter" not in rendered.getvalue()
+
+
+def test_the_live_view_says_when_no_metric_line_was_recognised():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.console.run import ConsoleReporter
+    from orchestrator.monitor_classify import LogClassifier
+
+    reporter = ConsoleReporter(Console(file=io.StringIO(), width=160, force_terminal=False), live=False,
+                               echo="events")
+    classifier = LogClassifier("dev", metrics_from_lines=False)
+    classifier.format_name, classifier.format_tried = "auto", "orch, specforge"
+    classifier.feed("warming caches", 1.0)
+    rendered = io.StringIO()
+    Console(file=rendered, width=160).print(
+        reporter._table({"dev": {"classifier": classifier, "status": {}, "settings": None}}))
+    assert "no metric lines recognised (format auto; looked for orch, specforge)" in rendered.getvalue()
