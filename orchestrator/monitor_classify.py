@@ -294,8 +294,9 @@ class LogClassifier:
 
     def silent_for(self, now: float) -> float:
         """Seconds without progress: without a recognised step yet, without any output
-        (parsing never decides liveness); once steps flow, without a new step."""
-        if not self.steps_seen:
+        (parsing never decides liveness); once steps flow, without a new step. Ranks retrying
+        a rendezvous store they cannot reach print all along: that output is not life."""
+        if not self.steps_seen and "rendezvous-retry" not in self.seen:
             return now - max(self.last_progress, self.last_output)
         return now - self.last_progress
 

@@ -180,3 +180,17 @@ def test_after_a_clean_two_rank_end_every_rank_is_done():
     verdict = classifier.classify(EndState(state="exited", exit_code=0))
     assert {r["status"] for r in verdict.summary["drafters"].values()} == {"done"}
     assert verdict.summary["drafters_ok"] == 2 and verdict.message.startswith("ok: 2 ranks trained")
+
+
+def test_output_keeps_a_run_alive_before_any_step_but_rendezvous_retries_do_not():
+    classifier = LogClassifier("dev", metrics_from_lines=False, hang_after=10)
+    for second in range(30):
+        classifier.saw_output(float(second))
+        classifier.feed("loading shards ...", float(second))
+    assert not classifier.hung(30.0, alive=True)
+    retrying = LogClassifier("dev", metrics_from_lines=False, hang_after=10)
+    for second in range(30):
+        retrying.saw_output(float(second))
+        retrying.feed("[W1130 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host "
+                      "127.0.0.1:29500 - retrying (try=0, timeout=900000ms, delay=497ms)", float(second))
+    assert retrying.hung(30.0, alive=True)
