@@ -1,13 +1,20 @@
 """Reading real trainers' logs: named formats that all give the same metric points.
 
-A playbook picks one (`monitor: {format: specforge}`):
+A playbook picks one (`monitor: {format: specforge}`), or leaves the default:
 
+    auto        the first of the shapes below (orch, specforge, hf-trainer, jsonl, keyvalue)
+                that reads a step from a line; the record says which
     orch        the stand-in trainer: `drafter=1 step=20 loss=3.21 tok_s=1234`
     regex       the playbook's own `metric_regex` (named groups step, loss, tok_s, worker, ...)
-    specforge   SpecForge's train_dflash.py: `Train - Step 50 [50/6000?], Loss: 2.1, Acc: 0.45`
+    specforge   SpecForge's `specforge train`: `step 50: {'loss': 2.1, 'acc': 0.45, ...}`, and
+                its old train_dflash.py: `Train - Step 50 [50/6000?], Loss: 2.1, Acc: 0.45`
     hf-trainer  Hugging Face Trainer dicts: `{'loss': '2.31', 'grad_norm': '1.2', 'epoch': '0.5'}`
     tqdm        any tqdm bar: `Epoch 1: 12%|#   | 120/1000 [00:40<04:50, 3.01it/s, loss=2.1]`
     jsonl       one JSON object per line: `{"step": 20, "loss": 3.2, "rank": 1}`
+    keyvalue    `step=20 loss=3.2` or `step: 20, loss: 3.2`
+
+Container output is untrusted: every pattern here is linear in its input, and a line is
+parsed only up to MAX_LINE characters.
 
 Two layers, both pure (no I/O, no clock):
 - LogStream cuts the raw byte stream into segments: at newlines, at carriage returns (tqdm

@@ -5,7 +5,8 @@ cuda-oom, nccl-error, traceback, nonzero-exit, killed) and print remediations.
 It watches until the process ends; with watch_for: N it leaves a healthy run going after N
 seconds (verdict ok, `orch attach RUN` follows it later). The step's own `timeout:` is a hard
 limit: reached, it stops the run (verdict timeout). A hang (no new step line for hang_after
-seconds while the process lives) stops it too, unless stop_on_hang: false."""
+seconds while the process lives) stops it too, unless stop_on_hang: false. Until a step line
+is recognised, any output keeps the run alive (format auto says what it looked for)."""
 
 from __future__ import annotations
 
