@@ -57,7 +57,8 @@ class LogPoint:
     loss: Optional[float] = None
     metrics: dict = field(default_factory=dict)   # the other numbers: acc, lr, grad_norm, ...
     tok_s: Optional[float] = None
-    derived: bool = False                # tok_s computed from step times x tokens_per_step
+    derived: bool = False                # tok_s computed by orch, not printed by the trainer
+    derived_from: str = "step times"     # ... from step times x tokens_per_step, or samples/s
     total: Optional[int] = None          # the run's step count, where the trainer says it
     at: Optional[float] = None           # the log's own time (epoch seconds), where it has one
     progress: bool = False               # a progress-bar redraw: live view only, not stored
@@ -758,16 +759,29 @@ def make_format(name: str, metric_regex: Optional[str] = None,
 
 
 # ----------------------------------------------------------------------- throughput
-class DerivedThroughput:
-    """tok/s for trainers that print none: steps per second between a worker's logged
-    points (by the log's own time where it has one, else by arrival) x tokens_per_step."""
+SAMPLE_RATES = ("perf/global_samples_per_second", "train_samples_per_second")
 
-    def __init__(self, tokens_per_step: Optional[float]):
+
+class DerivedThroughput:
+    """tok/s for trainers that print none: the samples per second a trainer prints
+    (SpecForge's perf/global_samples_per_second) x tokens_per_sample where both are known,
+    else steps per second between a worker's logged points (by the log's own time where it
+    has one, else by arrival) x tokens_per_step."""
+
+    def __init__(self, tokens_per_step: Optional[float], tokens_per_sample: Optional[float] = None):
         self.tokens_per_step = tokens_per_step
+        self.tokens_per_sample = tokens_per_sample
         self._last: dict[int, tuple[float, int]] = {}
 
     def fill(self, point: LogPoint, arrived: float) -> LogPoint:
-        if point.progress or point.tok_s is not None or not self.tokens_per_step:
+        if point.progress or point.tok_s is not None:
+            return point
+        samples = next((point.metrics[k] for k in SAMPLE_RATES if k in point.metrics), None)
+        if samples is not None and self.tokens_per_sample:
+            point.tok_s = round(samples * float(self.tokens_per_sample), 1)
+            point.derived, point.derived_from = True, "samples/s x tokens_per_sample"
+            return point
+        if not self.tokens_per_step:
             return point
         moment = point.at if point.at is not None else arrived
         previous = self._last.get(point.worker)

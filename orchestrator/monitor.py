@@ -243,6 +243,7 @@ class MonitorSettings:
     metric_regex: Optional[str] = None
     format: str = "auto"                    # how to read the log: logformats.FORMATS
     tokens_per_step: Optional[float] = None  # for tok/s where the trainer prints none
+    tokens_per_sample: Optional[float] = None  # x the samples/s a trainer prints, for tok/s
     follow: list = field(default_factory=list)   # more logs under the run dir (torchrun's ranks)
     worker_word: str = ""                   # what a worker is: rank (torchrun); else from the log
     logging_steps: Optional[int] = None     # a Hugging Face Trainer's, for dicts without a bar
@@ -304,7 +305,7 @@ class Monitor(FollowHandler):
         self.classifier.format_tried = getattr(self.log_format, "tried", lambda: "")() or self.log_format.shape
         self._decoders: dict = {}
         self.parsers: dict[Optional[str], LogParser] = {}
-        self.derive = DerivedThroughput(settings.tokens_per_step)
+        self.derive = DerivedThroughput(settings.tokens_per_step, settings.tokens_per_sample)
         self.follower = LogFollower(target, run_dir, offset=settings.offset,
                                     stall_after=settings.stall_after,
                                     unreachable_after=settings.unreachable_after,

@@ -148,6 +148,7 @@ class LogClassifier:
         self.started_at = now
         self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
         self.derived = False                        # tok/s computed by orch, not printed
+        self.derived_from: set[str] = set()         # ... from what: step times, samples/s
         self.never_met = False                      # a hang before any step, ranks not connected
         self._last_points: dict[int, MetricPoint] = {}
         self.rank_logs_expected = False             # torchrun was asked for one log per rank
@@ -262,6 +263,8 @@ class LogClassifier:
         progress.loss = point.loss
         progress.tok_s = point.tok_s
         self.derived = self.derived or point.derived
+        if point.derived:
+            self.derived_from.add(point.derived_from)
         if point.tok_s is not None and point.step > self.warmup_steps:
             progress.rates.append(point.tok_s)
         self.last_progress = now
@@ -599,7 +602,8 @@ class LogClassifier:
         count = len(self.drafters)
         word = self.worker_word + ("s" if count != 1 else "")
         last = max((d.step for d in self.drafters.values()), default=0)
-        rate = (f", {total:,.0f} tok/s total" + (" (derived from step times)" if self.derived else "")
+        how = " and ".join(sorted(self.derived_from)) or "step times"
+        rate = (f", {total:,.0f} tok/s total" + (f" (derived from {how})" if self.derived else "")
                 if total else "")
         if verdict == "ok":
             going = "training; the run goes on" if end.watch_ended else "trained"

@@ -42,6 +42,9 @@ class MonitorStep(Step):
                                      "torchrun, drafter for the DFlash trainer, else worker)"),
         "tokens_per_step": Param((int, float), doc="tokens one step trains (all ranks): tok/s "
                                                    "from the step times where the trainer prints none"),
+        "tokens_per_sample": Param((int, float), doc="tokens in one sample (max length): tok/s from the "
+                                                     "samples/s a trainer prints (SpecForge's perf/"
+                                                     "global_samples_per_second)"),
         "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
         "expect_drafters": Param((int,), doc="fail unless this many drafters finish"),
         "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),

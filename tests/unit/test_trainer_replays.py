@@ -75,6 +75,15 @@ def test_specforge_train_step_dicts_are_points(tmp_path, tracking):
     assert verdict.message == "ok: 1 worker trained to step 250"
 
 
+@pytest.mark.timeout(60)
+def test_specforge_samples_per_second_times_tokens_per_sample_is_the_throughput(tmp_path):
+    verdict, sink = watch(tmp_path, SPECFORGE_NEW.replace("len(sys.argv) > 1", "False"),
+                          tokens_per_sample=2048, tokens_per_step=999)
+    assert {p.tok_s for p in sink.points} == {48.0 * 2048}
+    assert verdict.message == ("ok: 1 worker trained to step 250, 98,304 tok/s total "
+                               "(derived from samples/s x tokens_per_sample)")
+
+
 SPECFORGE_OLD = r'''
 import logging, time
 logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
