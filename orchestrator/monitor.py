@@ -446,6 +446,9 @@ class Monitor(FollowHandler):
 
     def on_gpu(self, event: dict) -> None:
         self.gpus_seen = event.get("gpus") or []
+        if any(isinstance(g, dict) and (g.get("utilization_pct") or 0) > 0 for g in self.gpus_seen):
+            # busy GPUs are a run at work (a long first compile, a silent data loader)
+            self.classifier.saw_output(time.monotonic())
         self._state = {**self._state, "gpus": self.gpus_seen}
         append_sample(self.gpu_series, gpu_sample(event, time.monotonic() - self.started))
 

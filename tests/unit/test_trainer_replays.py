@@ -230,3 +230,14 @@ def test_exit_143_from_a_worker_that_handled_sigterm_is_stopped_and_says_so(tmp_
     assert verdict.verdict == "killed"
     [finding] = [f for f in verdict.findings if f.signature == "killed"]
     assert "stopped by SIGTERM" in finding.message and "143 (128+15)" in finding.message
+
+
+def test_busy_gpus_keep_a_run_without_steps_alive(tmp_path):
+    target = Target("here", LocalTransport("here"))
+    monitor = Monitor(target, str(tmp_path / "run"), MonitorSettings(hang_after=5), Sink())
+    monitor.classifier.last_progress = monitor.classifier.last_output = 0.0   # long silent
+    import time
+    monitor.on_gpu({"gpus": [{"index": 5, "utilization_pct": 0}]})
+    assert monitor.classifier.hung(time.monotonic(), alive=True)
+    monitor.on_gpu({"gpus": [{"index": 5, "utilization_pct": 97}]})
+    assert not monitor.classifier.hung(time.monotonic(), alive=True)
