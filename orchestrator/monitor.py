@@ -329,7 +329,6 @@ class Monitor(FollowHandler):
         self.cpu_s: Optional[float] = None
         self._stream = open(stream_copy, "ab" if settings.offset else "wb") if stream_copy else None
         self._copy_dir = os.path.dirname(stream_copy) if stream_copy else None
-        self.lines: list[str] = []
 
     # ----------------------------------------------------------------- the run
     def run(self) -> tuple[EndState, dict]:
@@ -419,7 +418,6 @@ class Monitor(FollowHandler):
         for line in lines:
             self.classifier.feed(line, now)
             shown = line if worker is None else f"[{self.classifier.worker_word} {worker}] {line}"
-            self.lines.append(shown)
             self.sink.log_line(self.target.name, shown)
         for point in points:
             metric = self.classifier.observe(self.derive.fill(point, time.time()), now)

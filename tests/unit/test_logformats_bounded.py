@@ -84,12 +84,14 @@ block = "q" * (1 << 20)
 for _ in range(64):                                # 64 MB without a newline
     out.write(block)
 out.write("\ndrafter=0 step=2 loss=2.0 tok_s=100\n")
+for n in range(100000):                            # a chatty run: lines are not all kept
+    out.write("shard %d loaded, " % n + "x" * 100 + "\n")
 out.flush()
 '''
 
 
 @pytest.mark.timeout(120)
-def test_the_monitor_keeps_up_with_a_megabyte_digit_line_and_64_mb_without_a_newline(tmp_path):
+def test_the_monitor_keeps_up_with_a_megabyte_digit_line_64_mb_without_a_newline_and_many_lines(tmp_path):
     from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
     from orchestrator.payload_api import launcher
     from orchestrator.remote.container import Target
