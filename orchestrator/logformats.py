@@ -758,6 +758,33 @@ def make_format(name: str, metric_regex: Optional[str] = None,
     return factories[name]()
 
 
+# ------------------------------------------------------------ what trainers write as data
+class TrainerStateError(ValueError):
+    """A trainer_state.json that is not one (the message says what is wrong)."""
+
+
+def log_history_points(text: str, worker: int = 0) -> list[LogPoint]:
+    """A Hugging Face trainer_state.json's `log_history` as points: each entry has its step,
+    the loss and the other numbers (train_tokens_per_second as tok/s). Entries said at one
+    step (the closing summary after the last log) are kept apart, as the log prints them."""
+    try:
+        state = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise TrainerStateError(f"not JSON: {error}") from None
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list):
+        raise TrainerStateError("no log_history list in it")
+    points = []
+    for entry in history:
+        step = number(entry.get("step")) if isinstance(entry, dict) else None
+        if step is None:
+            continue
+        metrics = numeric_fields(entry, skip=("loss", "step", "total_flos"))
+        points.append(LogPoint(step=int(step), worker=worker, loss=number(entry.get("loss")),
+                               tok_s=metrics.pop("train_tokens_per_second", None), metrics=metrics))
+    return points
+
+
 # ----------------------------------------------------------------------- throughput
 SAMPLE_RATES = ("perf/global_samples_per_second", "train_samples_per_second")
 

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator import paths
 from orchestrator.errors import ExitCode, OrchError
-from orchestrator.logformats import DerivedThroughput, LogParser, make_format
+from orchestrator.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
+                                     make_format)
 from orchestrator.monitor_classify import EndState, LogClassifier, Verdict
 from orchestrator.payload_api import error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
@@ -247,6 +248,7 @@ class MonitorSettings:
     follow: list = field(default_factory=list)   # more logs under the run dir (torchrun's ranks)
     worker_word: str = ""                   # what a worker is: rank (torchrun); else from the log
     logging_steps: Optional[int] = None     # a Hugging Face Trainer's, for dicts without a bar
+    trainer_state: Optional[str] = None     # a trainer_state.json in the target, read at the end
     warmup_steps: int = 1
     expect_drafters: Optional[int] = None
     watch_for: Optional[float] = None       # seconds; then leave a healthy run going
@@ -314,6 +316,8 @@ class Monitor(FollowHandler):
                                     offsets=settings.offsets)
         self._copies: dict = {}
         self._points: list[MetricPoint] = []
+        # the steps handed to the sink, kept only to compare with a trainer_state.json
+        self.recorded_steps: Optional[set] = set() if settings.trainer_state else None
         self._flushed = time.monotonic()
         self._alive = True
         self._state: dict = {}
@@ -354,6 +358,38 @@ class Monitor(FollowHandler):
         return EndState(state=final.get("state", "unknown"), exit_code=final.get("exit_code"),
                         signal=final.get("signal"), stopped_for=stopped_for,
                         hang_seconds=self.hang_seconds), final
+
+    TRAINER_STATE_LIMIT = 16 << 20     # bytes of a trainer_state.json read, at most
+
+    def read_trainer_state(self) -> dict:
+        """The trainer's own record (a Hugging Face trainer_state.json) once the run ended,
+        parsed here. Its steps say whether the log's points were right; where the log gave
+        no point at all, its entries become the run's points. Returns what the summary keeps."""
+        path = self.settings.trainer_state
+        found: dict = {"path": path}
+        try:
+            result = self.target.run(["head", "-c", str(self.TRAINER_STATE_LIMIT), path], timeout=60)
+        except OrchError as error:
+            return {**found, "error": str(error)}
+        if not result.ok:
+            return {**found, "error": result.error_text.strip()[-300:] or f"exit {result.exit_code}"}
+        try:
+            points = log_history_points(result.text)
+        except TrainerStateError as error:
+            return {**found, "error": str(error)}
+        logged = sorted(self.recorded_steps or ())
+        found.update(entries=len(points), steps=sorted({p.step for p in points}))
+        if not logged and points:
+            now = time.monotonic()
+            for point in points:
+                metric = self.classifier.observe(point, now)
+                if metric is not None:
+                    self._points.append(metric)
+            self._flush_metrics(force=True)
+            found["points_from"] = "trainer_state.json (the log gave none)"
+        else:
+            found["agrees_with_log"] = logged == found["steps"]
+        return found
 
     def verdict(self, end: EndState, facts: dict, cli: str, playbook: Optional[str]) -> Verdict:
         result = self.classifier.classify(end, facts, cli=cli, playbook=playbook)
@@ -433,6 +469,8 @@ class Monitor(FollowHandler):
                              or len(self._points) >= 200):
             points, self._points = self._points, []
             self._flushed = time.monotonic()
+            if self.recorded_steps is not None:
+                self.recorded_steps.update(p.step for p in points)
             self.sink.metrics(self.target.name, points)
 
     def on_beat(self, event: dict) -> None:
@@ -580,7 +618,10 @@ def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
             recorder.save_targets()
     if not facts.get("torch_version"):
         facts.pop("torch_version", None)
+    trainer_state = monitor.read_trainer_state() if settings.trainer_state and end.state != "running" else None
     result = monitor.verdict(end, facts, cli=cli, playbook=rerun)
+    if trainer_state is not None:
+        result.summary["trainer_state"] = trainer_state
     result.summary["run_dir"] = run_dir
     result.summary["stream_log"] = os.path.join(local, "stream.log")
     recorder.note_monitor_result(target.name, result.summary)

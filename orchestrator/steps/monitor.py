@@ -38,6 +38,9 @@ class MonitorStep(Step):
                             "stand-in), specforge, hf-trainer, tqdm, jsonl, keyvalue, regex (metric_regex)"),
         "logging_steps": Param((int,), doc="a Hugging Face Trainer's logging_steps: numbers its "
                                            "dicts when it shows no progress bar"),
+        "trainer_state": Param((str,), doc="a Hugging Face trainer_state.json in the target, read "
+                                           "when the run has ended: its log_history checks the "
+                                           "log's steps, or gives the points the log did not"),
         "workers": Param((str,), doc="what a worker is called in this run (default: rank under "
                                      "torchrun, drafter for the DFlash trainer, else worker)"),
         "tokens_per_step": Param((int, float), doc="tokens one step trains (all ranks): tok/s "

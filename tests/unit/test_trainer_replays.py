@@ -241,3 +241,41 @@ def test_busy_gpus_keep_a_run_without_steps_alive(tmp_path):
     assert monitor.classifier.hung(time.monotonic(), alive=True)
     monitor.on_gpu({"gpus": [{"index": 5, "utilization_pct": 97}]})
     assert not monitor.classifier.hung(time.monotonic(), alive=True)
+
+
+STATE_WRITER = r'''
+import json, sys
+print("a trainer orch cannot read", flush=True)
+history = [{"loss": 2.5, "grad_norm": 1.1, "learning_rate": 5e-05, "epoch": 0.5, "step": 10},
+           {"loss": 2.25, "grad_norm": 0.9, "learning_rate": 2.5e-05, "epoch": 1.0, "step": 20},
+           {"train_runtime": 3.2, "train_loss": 2.4, "total_flos": 1.0, "step": 20}]
+with open(sys.argv[1], "w") as out:
+    json.dump({"global_step": 20, "log_history": history}, out)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_state_json_gives_the_points_a_log_did_not(tmp_path):
+    state = tmp_path / "trainer_state.json"
+    target = Target("here", LocalTransport("here"))
+    run_dir = tmp_path / "run"
+    launcher(target, "start", str(run_dir), argv=[sys.executable, "-c", STATE_WRITER, str(state)])
+    sink = Sink()
+    monitor = Monitor(target, str(run_dir), MonitorSettings(gpu_every=0, trainer_state=str(state)), sink)
+    monitor.run()
+    found = monitor.read_trainer_state()
+    assert found["entries"] == 3 and found["steps"] == [10, 20]
+    assert found["points_from"].startswith("trainer_state.json")
+    assert [(p.step, p.loss) for p in sink.points] == [(10, 2.5), (20, 2.25), (20, 2.25)]
+    assert sink.points[-1].extra["train_loss"] == 2.4 and "total_flos" not in sink.points[-1].extra
+
+
+def test_a_missing_or_broken_trainer_state_json_is_said_not_raised(tmp_path):
+    from orchestrator.logformats import TrainerStateError, log_history_points
+
+    target = Target("here", LocalTransport("here"))
+    monitor = Monitor(target, str(tmp_path), MonitorSettings(trainer_state=str(tmp_path / "none.json")), Sink())
+    assert "No such file" in monitor.read_trainer_state()["error"]
+    for text, message in [("{", "not JSON"), ('{"global_step": 3}', "no log_history")]:
+        with pytest.raises(TrainerStateError, match=message):
+            log_history_points(text)

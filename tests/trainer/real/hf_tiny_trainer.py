@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--logging-steps", type=int, default=5)
     parser.add_argument("--no-bar", action="store_true", help="disable_tqdm=True, tokens/s on")
+    parser.add_argument("--state", default="", help="write trainer_state.json here at the end")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -46,6 +47,8 @@ def main() -> None:
     trainer.train()
     with open(args.history, "w") as out:
         json.dump(trainer.state.log_history, out)
+    if args.state:
+        trainer.state.save_to_json(args.state)
 
 
 if __name__ == "__main__":
