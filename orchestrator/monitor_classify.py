@@ -1,8 +1,10 @@
 """Reading a training log: metric lines, failure signatures, and the run's verdict.
 
 Pure functions and small state machines, no I/O: the monitor feeds lines and the process
-state in, gets metric points, live per-drafter progress and, at the end, a verdict with
-findings and remediations out. The DFlash trainer's log format is the default:
+state in, gets metric points, live per-worker progress and, at the end, a verdict with
+findings and remediations out. Liveness comes from output until a step is recognised, from
+steps after; a failure signature decides the verdict only when the run ended badly (else it
+is a warning in the summary). The DFlash stand-in trainer's own words are read here too:
 
     start drafters=3 devices=cuda:0,cuda:1,cuda:2 torch=2.13.0+cpu pid=123 ...
     drafter=1 step=20 loss=3.21 tok_s=1234
