@@ -19,13 +19,15 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Optional
 
+# Bounded gaps (.{0,400}? not .*): these run on every line of untrusted output, and `.*`
+# backtracks quadratically on a long line that repeats the first word.
 COLLECTIVE_TIMEOUT = re.compile(
-    r"Timed out waiting \d+ ?ms for (?:recv|send) operation|gloo.*[Tt]imed? ?out|"
-    r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*[Tt]imeout|"
-    r"collective operation timeout|DistBackendError.*[Tt]imed? ?out")
+    r"Timed out waiting \d+ ?ms for (?:recv|send) operation|gloo.{0,400}?[Tt]imed? ?out|"
+    r"Watchdog caught collective operation timeout|ProcessGroupNCCL.{0,400}?[Tt]imeout|"
+    r"collective operation timeout|DistBackendError.{0,400}?[Tt]imed? ?out")
 RENDEZVOUS_TIMEOUT = re.compile(
     r"RendezvousTimeoutError|RendezvousClosedError|waiting for clients\. \d+/\d+ clients joined|"
-    r"client socket has timed out after .* while trying to connect|"
+    r"client socket has timed out after .{0,200}? while trying to connect|"
     r"The server socket has failed to listen")
 
 # Retries while the store cannot be reached; a run that meets after a retry is fine, so
@@ -38,6 +40,8 @@ _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
 _RANK = re.compile(r"(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
 _EXIT = re.compile(r"(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+_RULE = re.compile(r"^\s*(?:={8,}|-{8,})\s*$")
+MAX_TRACEBACK = 16 * 1024
 
 
 @dataclass
@@ -65,6 +69,11 @@ class RankFailure:
         except ValueError:
             return f"signal {self.signal}"
 
+    @property
+    def handled_signal(self) -> Optional[int]:
+        """A worker that caught a signal and exited 128+N (SpecForge's on SIGTERM: 143)."""
+        return handled_signal(self.exit_code)
+
     def describe(self) -> str:
         where = f"rank {self.rank}" if self.rank is not None else "a rank"
         if self.local_rank is not None and self.local_rank != self.rank:
@@ -73,6 +82,9 @@ class RankFailure:
             where += f" on {self.host}"
         if self.signal is not None:
             how = f"was killed by {self.signal_name} (signal {self.signal})"
+        elif self.handled_signal is not None:
+            how = (f"was stopped by {signal_name(self.handled_signal)}: it handled the signal and "
+                   f"exited with code {self.exit_code} (128+{self.handled_signal})")
         else:
             how = f"exited with code {self.exit_code}"
         return f"{where} {how}" + (f", pid {self.pid}" if self.pid else "")
@@ -86,6 +98,7 @@ class ChildFailedReader:
         self._inside = False
         self._root_next = False
         self._current: Optional[RankFailure] = None
+        self._in_traceback = False
 
     def feed(self, line: str) -> None:
         if _FAILED_HEADER.search(line):
@@ -96,9 +109,11 @@ class ChildFailedReader:
         text = line.strip()
         if text.startswith("Root Cause"):
             self._root_next = True
+            self._in_traceback = False
             return
         entry = _ENTRY.match(line)
         if entry:
+            self._in_traceback = False
             self._current = RankFailure(root_cause=self._root_next)
             self._root_next = False
             self.failures.append(self._current)
@@ -106,6 +121,13 @@ class ChildFailedReader:
         field = _FIELD.match(line)
         if field and self._current is not None:
             self._set(self._current, field.group(1), field.group(2).strip())
+            self._in_traceback = field.group(1) == "traceback"
+        elif self._in_traceback and self._current is not None and not _RULE.match(line):
+            # An @record error file's traceback goes on for many lines: keep it whole.
+            if len(self._current.traceback) < MAX_TRACEBACK:
+                self._current.traceback += "\n" + line.rstrip()
+        else:
+            self._in_traceback = False
 
     @staticmethod
     def _set(failure: RankFailure, name: str, value: str) -> None:
@@ -133,12 +155,32 @@ class ChildFailedReader:
         return self.failures[0] if self.failures else None
 
 
+def handled_signal(exit_code: Optional[int]) -> Optional[int]:
+    """The signal behind an exit code of 128+N from a process that caught it (SIGTERM: 143,
+    SIGINT: 130, SIGHUP: 129), as SpecForge's workers do; None for any other code."""
+    if exit_code is None or not 128 < exit_code < 128 + 32:
+        return None
+    number = exit_code - 128
+    return number if number in (signals.SIGHUP, signals.SIGINT, signals.SIGTERM) else None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def rank_failure_remediation(failure: RankFailure) -> str:
     if failure.signal == signals.SIGKILL:
         return ("SIGKILL with no one asking for it is most often the host's OOM killer: look for "
                 "`Out of memory: Killed process` in the host's `dmesg` or `journalctl -k`; lower "
                 "the batch size or max length, or give the container more memory")
-    if failure.signal is not None:
+    if failure.signal == signals.SIGABRT:
+        return ("SIGABRT is the process aborting itself: torch's NCCL watchdog after a collective "
+                "timeout, a C++ assertion or CHECK, a crash handler. Read the last lines of rank "
+                f"{failure.rank}'s log (and its error file) for what it said before it aborted")
+    if failure.signal is not None or failure.handled_signal is not None:
         return "a signal from outside the run: look for who sent it (a scheduler, a supervisor)"
     if failure.error_file:
         return f"rank {failure.rank}'s traceback is in its error file {failure.error_file}"

@@ -15,6 +15,7 @@ Pieces (the launcher payload's calls themselves are in payload_api):
 
 from __future__ import annotations
 
+import codecs
 import os
 import threading
 import time
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator import paths
 from orchestrator.errors import ExitCode, OrchError
-from orchestrator.logformats import DerivedThroughput, LogParser, make_format
+from orchestrator.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
+                                     make_format)
 from orchestrator.monitor_classify import EndState, LogClassifier, Verdict
 from orchestrator.payload_api import error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
@@ -240,10 +242,13 @@ class MonitorSettings:
     expected_tok_s: Optional[float] = None
     degraded_below: Optional[float] = None
     metric_regex: Optional[str] = None
-    format: str = "orch"                    # how to read the log: logformats.FORMATS
+    format: str = "auto"                    # how to read the log: logformats.FORMATS
     tokens_per_step: Optional[float] = None  # for tok/s where the trainer prints none
+    tokens_per_sample: Optional[float] = None  # x the samples/s a trainer prints, for tok/s
     follow: list = field(default_factory=list)   # more logs under the run dir (torchrun's ranks)
-    worker_word: str = "drafter"            # what a worker is: drafter (thread) or rank
+    worker_word: str = ""                   # what a worker is: rank (torchrun); else from the log
+    logging_steps: Optional[int] = None     # a Hugging Face Trainer's, for dicts without a bar
+    trainer_state: Optional[str] = None     # a trainer_state.json in the target, read at the end
     warmup_steps: int = 1
     expect_drafters: Optional[int] = None
     watch_for: Optional[float] = None       # seconds; then leave a healthy run going
@@ -296,10 +301,13 @@ class Monitor(FollowHandler):
         self.classifier.rank_logs_expected = bool(settings.follow)
         # One format for all of a run's logs: its state (a Trainer dict waiting for its
         # step) is per worker. One stream per log file: each has its own partial line.
-        self.log_format = make_format(settings.format, settings.metric_regex)
+        self.log_format = make_format(settings.format, settings.metric_regex, settings.logging_steps)
         self.classifier.metric_lines = self.log_format.is_metric_line
+        self.classifier.format_name = self.log_format.describe()
+        self.classifier.format_tried = getattr(self.log_format, "tried", lambda: "")() or self.log_format.shape
+        self._decoders: dict = {}
         self.parsers: dict[Optional[str], LogParser] = {}
-        self.derive = DerivedThroughput(settings.tokens_per_step)
+        self.derive = DerivedThroughput(settings.tokens_per_step, settings.tokens_per_sample)
         self.follower = LogFollower(target, run_dir, offset=settings.offset,
                                     stall_after=settings.stall_after,
                                     unreachable_after=settings.unreachable_after,
@@ -308,6 +316,8 @@ class Monitor(FollowHandler):
                                     offsets=settings.offsets)
         self._copies: dict = {}
         self._points: list[MetricPoint] = []
+        # the steps handed to the sink, kept only to compare with a trainer_state.json
+        self.recorded_steps: Optional[set] = set() if settings.trainer_state else None
         self._flushed = time.monotonic()
         self._alive = True
         self._state: dict = {}
@@ -323,7 +333,6 @@ class Monitor(FollowHandler):
         self.cpu_s: Optional[float] = None
         self._stream = open(stream_copy, "ab" if settings.offset else "wb") if stream_copy else None
         self._copy_dir = os.path.dirname(stream_copy) if stream_copy else None
-        self.lines: list[str] = []
 
     # ----------------------------------------------------------------- the run
     def run(self) -> tuple[EndState, dict]:
@@ -349,6 +358,38 @@ class Monitor(FollowHandler):
         return EndState(state=final.get("state", "unknown"), exit_code=final.get("exit_code"),
                         signal=final.get("signal"), stopped_for=stopped_for,
                         hang_seconds=self.hang_seconds), final
+
+    TRAINER_STATE_LIMIT = 16 << 20     # bytes of a trainer_state.json read, at most
+
+    def read_trainer_state(self) -> dict:
+        """The trainer's own record (a Hugging Face trainer_state.json) once the run ended,
+        parsed here. Its steps say whether the log's points were right; where the log gave
+        no point at all, its entries become the run's points. Returns what the summary keeps."""
+        path = self.settings.trainer_state
+        found: dict = {"path": path}
+        try:
+            result = self.target.run(["head", "-c", str(self.TRAINER_STATE_LIMIT), path], timeout=60)
+        except OrchError as error:
+            return {**found, "error": str(error)}
+        if not result.ok:
+            return {**found, "error": result.error_text.strip()[-300:] or f"exit {result.exit_code}"}
+        try:
+            points = log_history_points(result.text)
+        except TrainerStateError as error:
+            return {**found, "error": str(error)}
+        logged = sorted(self.recorded_steps or ())
+        found.update(entries=len(points), steps=sorted({p.step for p in points}))
+        if not logged and points:
+            now = time.monotonic()
+            for point in points:
+                metric = self.classifier.observe(point, now)
+                if metric is not None:
+                    self._points.append(metric)
+            self._flush_metrics(force=True)
+            found["points_from"] = "trainer_state.json (the log gave none)"
+        else:
+            found["agrees_with_log"] = logged == found["steps"]
+        return found
 
     def verdict(self, end: EndState, facts: dict, cli: str, playbook: Optional[str]) -> Verdict:
         result = self.classifier.classify(end, facts, cli=cli, playbook=playbook)
@@ -395,7 +436,11 @@ class Monitor(FollowHandler):
         return self.parsers[name]
 
     def _read(self, name: Optional[str], data: bytes) -> None:
-        self._take(name, *self._parser(name).feed(data.decode("utf-8", "replace")))
+        # Output is life, parsed or not: liveness never waits for a line orch can read.
+        self.classifier.saw_output(time.monotonic(), worker_of(name))
+        if name not in self._decoders:     # a character cut between two chunks stays whole
+            self._decoders[name] = codecs.getincrementaldecoder("utf-8")("replace")
+        self._take(name, *self._parser(name).feed(self._decoders[name].decode(data)))
 
     def _flush_lines(self, final: bool) -> None:
         """At the end: what the logs said after their last newline, and held-back points."""
@@ -408,13 +453,13 @@ class Monitor(FollowHandler):
         worker = worker_of(name)
         for line in lines:
             self.classifier.feed(line, now)
-            shown = line if worker is None else f"[{self.settings.worker_word} {worker}] {line}"
-            self.lines.append(shown)
+            shown = line if worker is None else f"[{self.classifier.worker_word} {worker}] {line}"
             self.sink.log_line(self.target.name, shown)
         for point in points:
             metric = self.classifier.observe(self.derive.fill(point, time.time()), now)
             if metric is not None:
                 self._points.append(metric)
+        self.classifier.format_name = self.log_format.describe()   # auto says what it picked
         if lines or points:
             self.sink.progress(self.target.name, self.classifier, self._state)
         self._flush_metrics()
@@ -424,6 +469,8 @@ class Monitor(FollowHandler):
                              or len(self._points) >= 200):
             points, self._points = self._points, []
             self._flushed = time.monotonic()
+            if self.recorded_steps is not None:
+                self.recorded_steps.update(p.step for p in points)
             self.sink.metrics(self.target.name, points)
 
     def on_beat(self, event: dict) -> None:
@@ -435,6 +482,9 @@ class Monitor(FollowHandler):
 
     def on_gpu(self, event: dict) -> None:
         self.gpus_seen = event.get("gpus") or []
+        if any(isinstance(g, dict) and (g.get("utilization_pct") or 0) > 0 for g in self.gpus_seen):
+            # busy GPUs are a run at work (a long first compile, a silent data loader)
+            self.classifier.saw_output(time.monotonic())
         self._state = {**self._state, "gpus": self.gpus_seen}
         append_sample(self.gpu_series, gpu_sample(event, time.monotonic() - self.started))
 
@@ -461,8 +511,10 @@ class Monitor(FollowHandler):
             return
         if s.stop_on_hang and self.classifier.hung(now, self._alive):
             self.hang_seconds = self.classifier.silent_for(now)
-            self._stop("hang", f"no new step line for {self.hang_seconds:.0f} s while the "
-                               "process lives: a hang")
+            quiet = self.classifier.silent_workers(now)
+            what = ("no new step line" if self.classifier.steps_seen else "no output at all")
+            self._stop("hang", f"{what} for {self.hang_seconds:.0f} s while the process lives: a hang"
+                               + (f" ({quiet})" if quiet else ""))
             return
         if s.watch_for and now - self.started >= s.watch_for and self._alive:
             self._watch_ended = True
@@ -566,7 +618,10 @@ def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
             recorder.save_targets()
     if not facts.get("torch_version"):
         facts.pop("torch_version", None)
+    trainer_state = monitor.read_trainer_state() if settings.trainer_state and end.state != "running" else None
     result = monitor.verdict(end, facts, cli=cli, playbook=rerun)
+    if trainer_state is not None:
+        result.summary["trainer_state"] = trainer_state
     result.summary["run_dir"] = run_dir
     result.summary["stream_log"] = os.path.join(local, "stream.log")
     recorder.note_monitor_result(target.name, result.summary)

@@ -1,8 +1,10 @@
 """Reading a training log: metric lines, failure signatures, and the run's verdict.
 
 Pure functions and small state machines, no I/O: the monitor feeds lines and the process
-state in, gets metric points, live per-drafter progress and, at the end, a verdict with
-findings and remediations out. The DFlash trainer's log format is the default:
+state in, gets metric points, live per-worker progress and, at the end, a verdict with
+findings and remediations out. Liveness comes from output until a step is recognised, from
+steps after; a failure signature decides the verdict only when the run ended badly (else it
+is a warning in the summary). The DFlash stand-in trainer's own words are read here too:
 
     start drafters=3 devices=cuda:0,cuda:1,cuda:2 torch=2.13.0+cpu pid=123 ...
     drafter=1 step=20 loss=3.21 tok_s=1234
@@ -14,13 +16,14 @@ findings and remediations out. The DFlash trainer's log format is the default:
 from __future__ import annotations
 
 import re
+import signal as signals
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_TIMEOUT, RENDEZVOUS_REMEDIATION,
-                                      RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, ChildFailedReader, rank_failure_remediation,
-                                      stuck_message)
+                                      RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, ChildFailedReader, handled_signal,
+                                      rank_failure_remediation, signal_name, stuck_message)
 from orchestrator.fx_states import THREAD_LOCAL
 from orchestrator.logformats import DEFAULT_METRIC_REGEX, LogPoint
 from orchestrator.runs.model import Finding, MetricPoint
@@ -42,13 +45,19 @@ SIGNATURES: list[tuple[str, re.Pattern]] = [
     ("rendezvous-retry", RENDEZVOUS_RETRY),
     ("nccl-error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
                               r"ncclRemoteError|Watchdog caught collective operation timeout|"
-                              r"ProcessGroupNCCL.*(?:[Tt]imeout|[Ee]rror)|NCCL WARN")),
+                              r"ProcessGroupNCCL.{0,400}?(?:[Tt]imeout|[Ee]rror)")),
+    ("nccl-warn", re.compile(r"NCCL WARN")),
     ("recompile-limit", re.compile(r"hit config\.(?:recompile_limit|cache_size_limit|"
                                    r"accumulated_recompile_limit)")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 ]
 EVIDENCE_LINES = 5
 TAIL_LINES = 40
+# What a seen signature is called in a run that ended well: a warning in the record.
+WARNINGS = {"fx-race": "the FX tracing race error", "cuda-oom": "CUDA out of memory",
+            "collective-timeout": "a collective timeout", "rendezvous-timeout": "a rendezvous timeout",
+            "nccl-error": "an NCCL error", "nccl-warn": "NCCL warnings (common in healthy runs)",
+            "recompile-limit": "torch._dynamo's recompile limit", "traceback": "a Python traceback"}
 
 
 @dataclass
@@ -62,10 +71,13 @@ class DrafterProgress:
     done_tok_s: Optional[float] = None
     error: Optional[str] = None
     last_seen: float = 0.0
+    last_step_at: float = 0.0              # when its step last moved
+    bar_step: Optional[int] = None         # the last progress bar's count
+    final: Optional[str] = None            # its status once the run ended (done, stopped, failed)
 
     @property
     def status(self) -> str:
-        return "failed" if self.error else "done" if self.done else "running"
+        return "failed" if self.error else "done" if self.done else self.final or "running"
 
     def throughput(self) -> Optional[float]:
         if self.done_tok_s:
@@ -137,13 +149,53 @@ class LogClassifier:
         self.first_line_at: Optional[float] = None
         self.started_at = now
         self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
-        self.worker_word = "drafter"                # what a worker is: drafter (thread) or rank
         self.derived = False                        # tok/s computed by orch, not printed
+        self.derived_from: set[str] = set()         # ... from what: step times, samples/s
         self.never_met = False                      # a hang before any step, ranks not connected
         self._last_points: dict[int, MetricPoint] = {}
         self.rank_logs_expected = False             # torchrun was asked for one log per rank
         self.rank_logs_seen = False                 # ... and one appeared: its workers started
         self.metric_lines = None                    # the log format's test for a metric line
+        self.explicit_word: Optional[str] = None    # the playbook's word for a worker, if it says
+        self.format_name = "orch"                   # the log format, as the record names it
+        self.format_tried = ""                      # what `auto` looked for, for the note
+        self.steps_seen = False                     # a step (line or bar) was recognised
+        self.last_output = now                      # any output at all (liveness before steps)
+        self.output_at: dict[Optional[int], float] = {}   # per worker (None: the run's own log)
+
+    # ------------------------------------------------------------- vocabulary
+    @property
+    def worker_word(self) -> str:
+        """The run's own word for a worker: a rank under torchrun, a drafter thread in the
+        DFlash trainer, a worker elsewhere."""
+        if self.explicit_word:
+            return self.explicit_word
+        return "drafter" if self.dflash else "worker"
+
+    @worker_word.setter
+    def worker_word(self, word: Optional[str]) -> None:
+        self.explicit_word = word or None
+
+    @property
+    def dflash(self) -> bool:
+        """The DFlash stand-in trainer (its start line or its step lines, or the FX race)."""
+        if self.explicit_word == "rank" or self.rank_logs_expected or self.child_failed.failures \
+                or "rendezvous-retry" in self.seen or "rendezvous-timeout" in self.seen:
+            return False      # torchrun's ranks: one process each, no drafter threads
+        return (self.metric is not None or self.format_name in ("orch", "auto: orch")
+                or "drafters" in self.start_fields or "fx-race" in self.seen)
+
+    def metric_note(self) -> Optional[str]:
+        """Said live and in the record while no step line has been recognised."""
+        if self.steps_seen:
+            return None
+        tried = f"; looked for {self.format_tried}" if self.format_tried else ""
+        return f"no metric lines recognised (format {self.format_name}{tried})"
+
+    def saw_output(self, now: float, worker: Optional[int] = None) -> None:
+        """Bytes arrived (a whole line or not): before any step, the run is alive."""
+        self.last_output = now
+        self.output_at[worker] = now
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, now: float) -> Optional[MetricPoint]:
@@ -199,15 +251,22 @@ class LogClassifier:
         """A point a log format read: per-worker progress; a MetricPoint unless it was only a
         progress-bar redraw (live step counter: a bar moving on is progress, not a hang)."""
         progress = self._drafter(point.worker, now)
+        self.steps_seen = True
         if point.progress:
-            if point.step > progress.step:
-                progress.step = point.step
+            if point.step != progress.bar_step:
+                # a bar moving is progress, also one that restarted (a new epoch, a new bar)
+                progress.bar_step = point.step
+                progress.step = max(progress.step, point.step)
+                progress.last_step_at = now
                 self.last_progress = now
             return None
         progress.step = point.step
+        progress.last_step_at = now
         progress.loss = point.loss
         progress.tok_s = point.tok_s
         self.derived = self.derived or point.derived
+        if point.derived:
+            self.derived_from.add(point.derived_from)
         if point.tok_s is not None and point.step > self.warmup_steps:
             progress.rates.append(point.tok_s)
         self.last_progress = now
@@ -236,9 +295,32 @@ class LogClassifier:
     def shift(self, seconds: float) -> None:
         """Time the monitor could not see (a dropped link) does not count as silence."""
         self.last_progress += seconds
+        self.last_output += seconds
 
     def silent_for(self, now: float) -> float:
+        """Seconds without progress: without a recognised step yet, without any output
+        (parsing never decides liveness); once steps flow, without a new step. Ranks retrying
+        a rendezvous store they cannot reach print all along: that output is not life."""
+        if not self.steps_seen and "rendezvous-retry" not in self.seen:
+            return now - max(self.last_progress, self.last_output)
         return now - self.last_progress
+
+    def silent_workers(self, now: float) -> Optional[str]:
+        """Once steps flow and stop: the workers whose steps stopped while output went on."""
+        if not self.steps_seen or not self.output_at:
+            return None
+        latest = max(self.output_at.values())
+        stepping = [d for d in self.drafters.values() if d.last_step_at]
+        if not stepping or now - latest >= self.hang_after:
+            return None
+        word = self.worker_word
+        names = ", ".join(f"{word} {d.drafter} (at step {d.step}, its last step {now - d.last_step_at:.0f} s ago)"
+                          for d in sorted(stepping, key=lambda d: d.drafter))
+        talking = sorted(w for w, at in self.output_at.items() if now - at < self.hang_after and w is not None)
+        who = (f"{word}{'s' if len(talking) > 1 else ''} {', '.join(map(str, talking))}" if talking
+               else "the run")
+        return (f"the steps stopped: {names}, while {who} kept printing "
+                f"(last output {now - latest:.0f} s ago)")
 
     def hung(self, now: float, alive: bool) -> bool:
         return alive and self.silent_for(now) >= self.hang_after
@@ -260,6 +342,60 @@ class LogClassifier:
     # ----------------------------------------------------------------- verdict
     def classify(self, end: EndState, facts: Optional[dict] = None, cli: str = "orch",
                  playbook: Optional[str] = None) -> Verdict:
+        """The verdict. A failure signature decides it only when the run ended badly: seen
+        in a run that ended well (an `NCCL WARN`, a traceback a library caught) it is a
+        warning in the summary."""
+        self._settle(end)
+        warnings = self._warnings(end)
+        seen, self.seen = self.seen, {k: v for k, v in self.seen.items()
+                                      if k not in {w["signature"] for w in warnings}}
+        try:
+            result = self._classify(end, facts, cli, playbook)
+        finally:
+            self.seen = seen
+        if warnings:
+            result.summary["warnings"] = warnings
+        return result
+
+    def failed_end(self, end: EndState) -> bool:
+        """Whether the run ended badly (or, still running, has already failed)."""
+        return bool(end.exit_code not in (None, 0) or end.signal is not None
+                    or end.state in ("vanished", "missing") or end.stopped_for
+                    or self.summary_fields.get("status") in ("failed", "timeout")
+                    or self.child_failed.root_cause() is not None
+                    or any(d.error for d in self.drafters.values())
+                    or (end.state == "running" and ({"fx-race", "cuda-oom"} & set(self.seen))))
+
+    def _warnings(self, end: EndState) -> list[dict]:
+        demote = ("nccl-warn",) if self.failed_end(end) else tuple(WARNINGS)
+        return [{"signature": name, "message": f"{WARNINGS[name]} seen; the run ended well"
+                 if name != "nccl-warn" else WARNINGS[name], "evidence": list(self.seen[name])}
+                for name in demote if name in self.seen and name != "recompile-limit"]
+
+    def _settle(self, end: EndState) -> None:
+        """Once the process has ended, no worker is still "running"."""
+        if end.state == "running":
+            return
+        failed = {f.rank: f for f in self.child_failed.failures if f.rank is not None}
+        root = self.child_failed.root_cause()
+        for progress in self.drafters.values():
+            if progress.done or progress.error:
+                continue
+            if end.exit_code == 0 and end.state == "exited" and not end.stopped_for:
+                progress.final = "done"
+            elif root is not None and progress.drafter == root.rank:
+                progress.final = "failed"
+            elif progress.drafter in failed or end.stopped_for:
+                progress.final = "stopped"
+            else:
+                progress.final = "ended"
+
+    def _hang_now(self, end: EndState) -> float:
+        """The moment a hang was declared: its silence after the last progress."""
+        return self.last_progress + (end.hang_seconds if end.hang_seconds is not None else self.hang_after)
+
+    def _classify(self, end: EndState, facts: Optional[dict], cli: str,
+                  playbook: Optional[str]) -> Verdict:
         facts = dict(facts or {})
         facts.setdefault("torch_version", self.start_fields.get("torch"))
         findings: list[Finding] = []
@@ -292,6 +428,15 @@ class LogClassifier:
             if thread_local and stuck and not errored:
                 add(FIRST_COMPILE_HANG, self._first_compile_message(stuck, silent, facts) + ended_by,
                     first_compile_remediation(cli, playbook), evidence=evidence)
+            elif not self.dflash:
+                quiet = self.silent_workers(self._hang_now(end)) if self.steps_seen else None
+                what = (f"no new step line for {silent:.0f} s while the process lived"
+                        if self.steps_seen else f"no output at all for {silent:.0f} s while the process lived")
+                add("hang", what + (f": {quiet}" if quiet else "") + "; " + ended_by,
+                    "see what the process is doing before it is gone next time: `py-spy dump --pid PID` "
+                    f"(`{cli} exec {self.target} -- py-spy dump --pid PID`), or run with a timeout "
+                    "in the trainer's own collectives; the last lines it printed are the evidence",
+                    evidence=list(self.tail)[-5:])
             else:
                 fix_race = ("" if thread_local else
                             f"If it is the FX race, apply `{cli} patch fx-tls apply -t {self.target}`; ")
@@ -319,7 +464,11 @@ class LogClassifier:
         exception = self._last_exception()
         traceback_seen = "traceback" in self.seen or "drafter-error" in self.seen
         stopped_by_user = end.stopped_for == "user"
-        killed = end.state in ("vanished", "missing") or (end.signal is not None and not end.stopped_for)
+        aborted_on_timeout = "collective-timeout" in self.seen and (
+            end.signal == signals.SIGABRT or end.exit_code == -signals.SIGABRT)
+        killed = end.state in ("vanished", "missing") or (
+            end.signal is not None and not end.stopped_for and not aborted_on_timeout)
+        handled = handled_signal(end.exit_code) if not end.stopped_for else None
         verdict = None
         if "fx-race" in self.seen:
             verdict = "fx-race"
@@ -337,6 +486,12 @@ class LogClassifier:
             verdict = "collective-timeout"
         elif "nccl-error" in self.seen:
             verdict = "nccl-error"
+        elif handled is not None and not self.child_failed.failures:
+            verdict = "killed"
+            add("killed", f"the process was stopped by {signal_name(handled)}: it handled the signal "
+                          f"and exited with {end.exit_code} (128+{handled})",
+                "someone or something sent it the signal (a scheduler's preemption, a supervisor, "
+                "an `orch stop` from elsewhere): look there", evidence=list(self.tail)[-5:])
         elif end.stopped_for == "timeout":
             verdict = "timeout"
             add("timeout", "the monitor's time limit ran out; orch stopped the run")
@@ -377,13 +532,24 @@ class LogClassifier:
         message = self._message(verdict, end, total)
         if override and verdict != "ok":
             message = f"{verdict}: {override}"
+        if verdict != "ok" and not any(f.signature.split(":", 1)[0] == verdict for f in findings):
+            # The report lists findings: every failed verdict is one, with what to do.
+            related = [f for f in findings if f.signature == "rank-failed"] + findings
+            add(verdict, message.split(": ", 1)[-1], related[0].remediation if related else "",
+                evidence=related[0].evidence if related else list(self.tail)[-5:])
         summary["verdict"] = verdict
         return Verdict(verdict=verdict, message=message, findings=findings, summary=summary)
 
     def _rank_killed(self, end: EndState) -> bool:
-        """A rank died by a signal orch did not send (a stop ends the ranks with SIGTERM)."""
+        """A rank died by a signal orch did not send (a stop ends the ranks with SIGTERM), or
+        handled one and stopped (exit 128+N). A SIGABRT after a collective timeout is torch's
+        watchdog ending the rank: the collective timeout is the verdict."""
         root = self.child_failed.root_cause()
-        return root is not None and root.signal is not None and not end.stopped_for
+        if root is None or end.stopped_for:
+            return False
+        if root.signal == signals.SIGABRT and "collective-timeout" in self.seen:
+            return False
+        return root.signal is not None or root.handled_signal is not None
 
     def _distributed_findings(self, add, hang: bool, end: EndState) -> Optional[str]:
         """torchrun's failed rank, collective and rendezvous timeouts, the rank a hang is
@@ -438,7 +604,8 @@ class LogClassifier:
         count = len(self.drafters)
         word = self.worker_word + ("s" if count != 1 else "")
         last = max((d.step for d in self.drafters.values()), default=0)
-        rate = (f", {total:,.0f} tok/s total" + (" (derived from step times)" if self.derived else "")
+        how = " and ".join(sorted(self.derived_from)) or "step times"
+        rate = (f", {total:,.0f} tok/s total" + (f" (derived from {how})" if self.derived else "")
                 if total else "")
         if verdict == "ok":
             going = "training; the run goes on" if end.watch_ended else "trained"
@@ -453,12 +620,13 @@ class LogClassifier:
             "drafters": {str(d.drafter): {"step": d.step, "loss": d.loss, "tok_s": d.throughput(),
                                           "status": d.status, "error": d.error}
                          for d in sorted(self.drafters.values(), key=lambda d: d.drafter)},
-            "drafters_ok": sum(d.done and not d.error for d in self.drafters.values()),
+            "drafters_ok": sum((d.done or d.final == "done") and not d.error for d in self.drafters.values()),
             "drafters_expected": self.expected_drafters(),
             "exit_code": end.exit_code, "signal": end.signal, "state": end.state,
             "stopped_for": end.stopped_for, "lines": self.lines,
             "trainer_summary": dict(self.summary_fields),
             "workers": self.worker_word, "tok_s_derived": self.derived,
+            "format": self.format_name, "metric_note": self.metric_note(),
             "torch_version": self.start_fields.get("torch"),
         }
 

@@ -214,6 +214,9 @@ class ConsoleReporter:
                 table.add_row(target, "-", "-", "-", "-", "waiting for the first line")
                 continue
             drafters = sorted(list(classifier.drafters.values()), key=lambda d: d.drafter)
+            note = classifier.metric_note() if classifier.lines else None
+            if note and not drafters:
+                table.add_row(target, "-", "-", "-", "-", note)
             for drafter in drafters:
                 table.add_row(target, str(drafter.drafter), str(drafter.step),
                               "-" if drafter.loss is None else f"{drafter.loss:.4f}",
@@ -227,7 +230,7 @@ class ConsoleReporter:
                 bits.append(f"total {total:,.0f} tok/s")
             if settings is not None and getattr(settings, "expected_tok_s", None):
                 bits.append(f"expected ~{settings.expected_tok_s:,.0f}")
-            silent = time.monotonic() - classifier.last_progress
+            silent = classifier.silent_for(time.monotonic())
             if silent > 10 and settings is not None:
                 bits.append(f"no progress for {silent:.0f} s (hang at {settings.hang_after:g} s)")
             gpus = status.get("gpus")

@@ -233,22 +233,47 @@ def stdin_bytes(stdin: Stdin) -> Optional[bytes]:
 
 
 class LineSplitter:
-    """Turns chunks of bytes into whole lines (the last partial line is kept until flushed)."""
+    """Turns chunks of bytes into whole lines (the last partial line is kept until flushed).
 
-    def __init__(self, on_line: Callable[[str], None]):
+    Linear in the output: each chunk is searched once for its newlines. A line longer than
+    max_line is passed on in pieces of max_line bytes, so what is held stays bounded (a
+    command that never prints a newline)."""
+
+    MAX_LINE = 8 << 20     # above the launcher's largest event (1 MiB of text, JSON-escaped)
+
+    def __init__(self, on_line: Callable[[str], None], max_line: int = MAX_LINE):
         self._on_line = on_line
-        self._pending = b""
+        self._max_line = max_line
+        self._pending: list[bytes] = []
+        self._held = 0
 
     def feed(self, chunk: bytes) -> None:
-        self._pending += chunk
-        *lines, self._pending = self._pending.split(b"\n")
-        for line in lines:
-            self._on_line(line.decode("utf-8", "replace"))
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            self._hold(chunk[start:end])
+            self._emit()
+            start = end + 1
+        self._hold(chunk[start:])
 
     def flush(self) -> None:
-        if self._pending:
-            line, self._pending = self._pending, b""
-            self._on_line(line.decode("utf-8", "replace"))
+        if self._held:
+            self._emit()
+
+    def _hold(self, piece: bytes) -> None:
+        while piece:
+            if self._held >= self._max_line:
+                self._emit()
+            take = self._max_line - self._held
+            self._pending.append(piece[:take])
+            self._held += min(take, len(piece))
+            piece = piece[take:]
+
+    def _emit(self) -> None:
+        line, self._pending, self._held = b"".join(self._pending), [], 0
+        self._on_line(line.decode("utf-8", "replace"))
 
 
 def command_timeout(shown: str, where: str, timeout: float, result: Optional[Result]) -> CommandTimeout:

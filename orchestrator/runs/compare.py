@@ -31,6 +31,16 @@ FX_SIGNATURE = "fx-tls:"     # patch-state findings; judged as patch drift, not 
 FAILURE_SIGNATURES = frozenset(v for v in VERDICTS if v not in ("ok", "running")) | {"drafter-error"}
 
 
+def worker_word(record: Optional[RunRecord]) -> str:
+    """The run's own word for a worker (rank, drafter, worker), as its monitors recorded it;
+    "drafter" for records made before they did, "worker" when a run's targets differ."""
+    monitors = ((record.summary or {}).get("monitor") if record else None) or {}
+    words = {m.get("workers") for m in monitors.values() if isinstance(m, dict) and m.get("workers")}
+    if not words:
+        return "drafter"
+    return words.pop() if len(words) == 1 else "worker"
+
+
 def is_failure(signature: str) -> bool:
     """A failure signature ("hang", "fx-race", ...), not an informational finding."""
     return signature.split(":", 1)[0] in FAILURE_SIGNATURES
@@ -189,6 +199,7 @@ class Comparison:
     throughput: dict = field(default_factory=dict)       # {"total": row, "per_drafter": {label: row}}
     targets: dict = field(default_factory=dict)          # per target: torch, fx state, packages
     changes: list[Change] = field(default_factory=list)
+    worker_word: str = "drafter"                          # the new run's word for a worker
 
     @property
     def regressions(self) -> list[Change]:
@@ -222,6 +233,7 @@ def compare(base: Optional[RunRecord], new: RunRecord, threshold: float = DEFAUL
     if not 0 <= threshold < 1:
         raise ValueError("threshold is a fraction between 0 and 1 (0.10 is 10 %)")
     result = Comparison(base=base.run_id if base else None, new=new.run_id, threshold=threshold,
+                        worker_word=worker_word(new),
                         verdict={"base": base.verdict if base else None, "new": new.verdict})
     new_tp = throughput(new)
     base_tp = throughput(base) if base else {"total": None, "per_drafter": {}}
@@ -248,15 +260,16 @@ def _throughput_changes(result: Comparison) -> None:
     elif total["change"] is not None and total["change"] > result.threshold:
         result.changes.append(Change("throughput", "improvement",
                                      f"total throughput rose {_pct(total['change'])}", detail=total))
+    word = result.worker_word
     for label, row in result.throughput["per_drafter"].items():
         if row["regressed"]:
             result.changes.append(Change(
                 "throughput", "regression",
-                f"drafter {label} throughput fell {-row['change'] * 100:.1f} %: {row['base']:.0f} -> "
+                f"{word} {label} throughput fell {-row['change'] * 100:.1f} %: {row['base']:.0f} -> "
                 f"{row['new']:.0f} tok/s", detail={"drafter": label, **row}))
         elif row["base"] and row["new"] is None:
             result.changes.append(Change("throughput", "regression",
-                                         f"drafter {label} reported no throughput this time",
+                                         f"{word} {label} reported no throughput this time",
                                          detail={"drafter": label, **row}))
 
 

@@ -102,6 +102,10 @@ class RunRecorder:
         self._launches: dict[str, dict] = {}
         self._launch_starting: dict[str, tuple] = {}   # target -> (Target, run dir) once a launch begins
         self._monitor_results: dict[str, dict] = {}
+        # Every monitor's summary, in order, per target: a playbook may launch and monitor
+        # several runs on one target (summary["monitor"] keeps the last one's).
+        self._monitor_history: dict[str, list[dict]] = {}
+        self._monitor_step: dict[str, int] = {}
 
     # ------------------------------------------------------------ begin and resume
     def begin(self, record: RunRecord) -> None:
@@ -161,14 +165,23 @@ class RunRecorder:
                 entry = self.record.launch.setdefault("targets", {}).setdefault(target, {})
                 entry["monitor"] = json_safe(settings)
                 entry["monitor_step"] = step_index
+            self._monitor_step[target] = step_index
         self._update()
 
     def note_monitor_result(self, target: str, summary: dict) -> None:
         with self._lock:
             self._monitor_results[target] = summary
+            history = self._monitor_history.setdefault(target, [])
+            history.append({"step": self._monitor_step.get(target), **summary})
             if self.record is not None:
-                self.record.summary = json_safe({"monitor": dict(self._monitor_results)})
+                self.record.summary = json_safe(self._monitor_summaries())
         self._update()
+
+    def _monitor_summaries(self) -> dict:
+        summary: dict = {"monitor": dict(self._monitor_results)}
+        if any(len(history) > 1 for history in self._monitor_history.values()):
+            summary["monitors"] = {target: list(history) for target, history in self._monitor_history.items()}
+        return summary
 
     def monitor_result(self, target: str) -> Optional[dict]:
         return self._monitor_results.get(target)
@@ -214,7 +227,7 @@ class RunRecorder:
         per_target = dict(self._monitor_results)
         summary: dict = {"targets": targets}
         if per_target:
-            summary["monitor"] = per_target
+            summary.update(self._monitor_summaries())
             totals = [m.get("total_tok_s") for m in per_target.values() if m.get("total_tok_s")]
             summary["total_tok_s"] = sum(totals) if totals else None
             if len(per_target) == 1:

@@ -15,7 +15,7 @@ import jinja2
 
 from orchestrator import __version__
 from orchestrator.runs.compare import (Comparison, compare, fx_states_seen, is_problem, series,
-                                       throughput)
+                                       throughput, worker_word)
 from orchestrator.runs import gpu
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import line_chart, sparkline
@@ -110,6 +110,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
     elif comparison is None:
         comparison = compare(baseline, record, threshold)
     grouped = series(record)
+    word = worker_word(record)
     tp = throughput(record)
     base_tp = throughput(baseline) if baseline else None
     throughput_series = {label: [(p.step, p.tok_s) for p in points[1:] or points]
@@ -117,14 +118,14 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
     reference = None
     if base_tp and base_tp["per_drafter"]:
         mean = sum(base_tp["per_drafter"].values()) / len(base_tp["per_drafter"])
-        reference = (f"baseline {_num(mean)} tok/s per drafter", mean)
+        reference = (f"baseline {_num(mean)} tok/s per {word}", mean)
     charts = {
-        "throughput": line_chart(throughput_series, title="Throughput per drafter (tok/s)",
+        "throughput": line_chart(throughput_series, title=f"Throughput per {word} (tok/s)",
                                  x_label="step", y_label="tok/s", y_from_zero=True,
                                  css_class="chart chart-throughput", reference=reference),
         "loss": line_chart({label: [(p.step, p.loss) for p in points]
                             for label, points in grouped.items()},
-                           title="Loss per drafter", x_label="step", y_label="loss",
+                           title=f"Loss per {word}", x_label="step", y_label="loss",
                            css_class="chart chart-loss"),
     }
     findings = [{"target": f.target, "signature": f.signature, "message": f.message,
@@ -149,6 +150,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "elapsed_s": _elapsed(record),
         "throughput": tp,
         "drafters": drafters,
+        "word": word,
         "charts": charts,
         "findings": findings,
         "notes": notes,

@@ -5,7 +5,8 @@ cuda-oom, nccl-error, traceback, nonzero-exit, killed) and print remediations.
 It watches until the process ends; with watch_for: N it leaves a healthy run going after N
 seconds (verdict ok, `orch attach RUN` follows it later). The step's own `timeout:` is a hard
 limit: reached, it stops the run (verdict timeout). A hang (no new step line for hang_after
-seconds while the process lives) stops it too, unless stop_on_hang: false."""
+seconds while the process lives) stops it too, unless stop_on_hang: false. Until a step line
+is recognised, any output keeps the run alive (format auto says what it looked for)."""
 
 from __future__ import annotations
 
@@ -32,11 +33,21 @@ class MonitorStep(Step):
         "expected_tok_s": Param((int, float), doc="healthy total throughput (shown)"),
         "degraded_below": Param((int, float), doc="total tok/s under this = degraded"),
         "metric_regex": Param((str,), doc="named groups step (required), drafter, loss, tok_s"),
-        "format": Param((str,), default="orch", choices=FORMATS,
-                        doc="how the trainer logs: orch (the stand-in), specforge, hf-trainer, "
-                            "tqdm, jsonl, regex (metric_regex)"),
+        "format": Param((str,), default="auto", choices=FORMATS,
+                        doc="how the trainer logs: auto (detect the shape; the default), orch (the "
+                            "stand-in), specforge, hf-trainer, tqdm, jsonl, keyvalue, regex (metric_regex)"),
+        "logging_steps": Param((int,), doc="a Hugging Face Trainer's logging_steps: numbers its "
+                                           "dicts when it shows no progress bar"),
+        "trainer_state": Param((str,), doc="a Hugging Face trainer_state.json in the target, read "
+                                           "when the run has ended: its log_history checks the "
+                                           "log's steps, or gives the points the log did not"),
+        "workers": Param((str,), doc="what a worker is called in this run (default: rank under "
+                                     "torchrun, drafter for the DFlash trainer, else worker)"),
         "tokens_per_step": Param((int, float), doc="tokens one step trains (all ranks): tok/s "
                                                    "from the step times where the trainer prints none"),
+        "tokens_per_sample": Param((int, float), doc="tokens in one sample (max length): tok/s from the "
+                                                     "samples/s a trainer prints (SpecForge's perf/"
+                                                     "global_samples_per_second)"),
         "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
         "expect_drafters": Param((int,), doc="fail unless this many drafters finish"),
         "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),
@@ -53,7 +64,7 @@ class MonitorStep(Step):
         if isinstance(fmt, str) and "{{" not in fmt:
             if fmt == "regex" and regex is None:
                 raise loc.child("format").error("format regex needs a metric_regex")
-            if regex is not None and fmt not in ("orch", "regex"):
+            if regex is not None and fmt not in ("auto", "orch", "regex"):
                 raise loc.child("metric_regex").error(
                     f"metric_regex is for format regex; format {fmt} reads its own lines")
         if isinstance(regex, str) and "{{" not in regex:
@@ -75,8 +86,10 @@ class MonitorStep(Step):
             parts.append(f"tok/s derived from {params['tokens_per_step']:,} tokens per step")
         launch = ctx.recorder.launch_info(ctx.target.name) or {}
         ranks = " and every rank's log" if launch.get("logs") or self._torchrun_before(ctx) else ""
-        return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), read as "
-                f"{params['format']} lines; " + ", ".join(parts)]
+        reading = ("lines recognised by shape (format auto)" if params["format"] == "auto"
+                   else f"read as {params['format']} lines")
+        return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), {reading}; "
+                + ", ".join(parts)]
 
     @staticmethod
     def _torchrun_before(ctx: StepContext) -> bool:
@@ -92,10 +105,11 @@ class MonitorStep(Step):
             raise StepFailed("monitor: nothing to follow: no launch step ran on "
                              f"{target.name} before this one (or give run_dir:)")
         settings = MonitorSettings.from_params({**params, "timeout": ctx.timeout})
+        settings.worker_word = params.get("workers") or ""
         settings.gpus = list(target.gpus)
         if launch and launch.get("logs"):
             settings.follow = list(launch["logs"])          # torchrun: every rank's log
-            settings.worker_word = launch.get("workers") or "rank"
+            settings.worker_word = params.get("workers") or launch.get("workers") or "rank"
         try:
             make_format(settings.format, settings.metric_regex)
         except (ValueError, re.error) as error:

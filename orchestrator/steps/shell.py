@@ -14,8 +14,9 @@ class ShellStep(Step):
     summary = "run an argv list in the target (no shell in between)"
     shorthand = "argv"
     params = {
-        "argv": Param((list,), required=True, items=(str, int, float),
-                      doc="the command and its arguments, e.g. [nvidia-smi, -L]"),
+        "argv": Param((list,), required=True, items=(str, int, float, list),
+                      doc="the command and its arguments, e.g. [nvidia-smi, -L]; a list var "
+                          "inside it is spliced in"),
         "env": Param((dict,), default={}),
         "cwd": Param((str,), doc="run in this directory (env -C)"),
         "ok_codes": Param((list,), default=[0], items=(int,)),

@@ -45,10 +45,21 @@ def write_container(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> Non
             _make_rootfs(directory / "rootfs")
         write_if_changed(directory / "hostname", ct.hostname + "\n")
         write_if_changed(directory / "hosts", hosts_text(ct))
+        write_if_changed(directory / "rootfs" / CT_INIT, CT_INIT_SCRIPT)
         write_if_changed(directory / "config", lxc_config(paths, host, ct))
     pve_file = pve_config_file(paths, host, ct.vmid)
     pve_file.parent.mkdir(parents=True, exist_ok=True)
     write_if_changed(pve_file, pve_config(ct))
+
+
+# What a Proxmox CT's init does before anything else: bring the loopback up (an LXC netns
+# starts with `lo` down; torchrun's ranks meet at 127.0.0.1). Then the container's command.
+CT_INIT = "orch-ct-init"
+CT_INIT_SCRIPT = """#!/bin/sh
+# written by `orch sandbox up`: the loopback up, as a real CT's init has it, then "$@"
+ip link set lo up 2>/dev/null || echo "orch-ct-init: could not bring lo up" >&2
+exec "$@"
+"""
 
 
 def hosts_text(ct: ContainerSpec) -> str:
@@ -159,7 +170,7 @@ def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
         "lxc.pty.max = 64",
         "lxc.net.0.type = empty",
         # without -n, init.lxc exits 1 silently (docs/sandbox.md)
-        f"lxc.init.cmd = /usr/sbin/init.lxc.static -n {ct.vmid} -- /bin/sleep infinity",
+        f"lxc.init.cmd = /usr/sbin/init.lxc.static -n {ct.vmid} -- /bin/sh /{CT_INIT} /bin/sleep infinity",
         *_common_tail(paths, host, ct),
     ])
 

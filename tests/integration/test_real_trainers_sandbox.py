@@ -1,6 +1,6 @@
 """Real trainers in a sandbox container, watched by `orch run`.
 
-playbooks/specforge-dflash.yaml: a real `torchrun --nproc-per-node 2`
+playbooks/specforge-dflash-legacy.yaml: a real `torchrun --nproc-per-node 2`
 (gloo, torch 2.13 CPU) in a container, running a DDP loop that logs like SpecForge's
 train_dflash.py in place of the trainer (tests/trainer/real/ddp_specforge_loop.py, put at
 scripts/train_dflash.py of a fake checkout; the playbook's trainer_args set its flags).
@@ -46,6 +46,12 @@ def loopback(sandbox, state: str) -> None:
                     "ip", "link", "set", "lo", state], cwd=REPO, check=True, capture_output=True)
 
 
+def loopback_up(sandbox) -> bool:
+    shown = subprocess.run([*ORCH, "-i", str(sandbox.inventory_path), "exec", TARGET, "--",
+                            "ip", "-o", "link", "show", "lo"], cwd=REPO, capture_output=True, text=True)
+    return ",UP" in shown.stdout
+
+
 @pytest.fixture(scope="module")
 def container(sandbox):
     """torch (the shared venv, hard-linked) plus tqdm in the container; the fake checkout;
@@ -62,15 +68,17 @@ def container(sandbox):
     scripts.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "tests" / "trainer" / "real" / "ddp_specforge_loop.py", scripts / "train_dflash.py")
     shutil.copy(REPO / "tests" / "trainer" / "real" / "hf_tiny_trainer.py", scripts / "hf_tiny_trainer.py")
+    was_up = loopback_up(sandbox)
     loopback(sandbox, "up")
     yield venv
-    loopback(sandbox, "down")
+    if not was_up:
+        loopback(sandbox, "down")     # as it was (a sandbox from before orch-ct-init)
     remove_venv(sandbox, HOST, VMID, dest=VENV_DIR)
     shutil.rmtree(scripts.parent, ignore_errors=True)
 
 
 def run(sandbox, venv: str, trainer_args: str, *extra: str, timeout=400):
-    argv = [*ORCH, "-i", str(sandbox.inventory_path), "run", "playbooks/specforge-dflash.yaml",
+    argv = [*ORCH, "-i", str(sandbox.inventory_path), "run", "playbooks/specforge-dflash-legacy.yaml",
             "-t", TARGET, "-e", f"venv={venv}", "-e", f"specforge_dir={CHECKOUT}",
             "-e", "nproc_per_node=2", "-e", f"trainer_args={trainer_args}", *extra]
     done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -154,7 +162,7 @@ def test_a_hugging_face_trainer_run_is_recorded_as_its_log_history(sandbox, cont
     done = subprocess.run([*ORCH, "-i", str(sandbox.inventory_path), "run", str(book)], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-6000:]
-    assert "ok: 1 drafter trained to step 20" in done.stdout
+    assert "ok: 1 worker trained to step 20" in done.stdout
     with RunStore() as store:
         record = store.get("last")
     root = Path(container_root(sandbox, HOST, VMID))

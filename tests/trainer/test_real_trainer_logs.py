@@ -168,14 +168,15 @@ steps:
   - launch:
       command: [{json.dumps(python)}, {json.dumps(str(REAL / "hf_tiny_trainer.py"))}, --output-dir,
                 {json.dumps(str(tmp_path / "out"))}, --history, {json.dumps(str(history))},
-                --steps, "20", --logging-steps, "5"]
+                --steps, "20", --logging-steps, "5", --state, {json.dumps(str(tmp_path / "state.json"))}]
       env: {{OMP_NUM_THREADS: "1"}}
-  - monitor: {{format: hf-trainer, tokens_per_step: 128, hang_after: 240, gpu_every: 0}}
+  - monitor: {{format: hf-trainer, tokens_per_step: 128, hang_after: 240, gpu_every: 0,
+               trainer_state: {json.dumps(str(tmp_path / "state.json"))}}}
 """)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["-i", "inv.yaml", "run", "hf.yaml"], catch_exceptions=False)
     assert result.exit_code == 0, result.output[-4000:]
-    assert "ok: 1 drafter trained to step 20" in result.output
+    assert "ok: 1 worker trained to step 20" in result.output
     assert "%|" not in result.output                       # redraws never shown as lines
     with RunStore() as store:
         record = store.get("last")
@@ -189,3 +190,49 @@ steps:
     assert record.metrics[-1].extra["train_loss"] == pytest.approx(closing["train_loss"], rel=1e-3)
     assert record.metrics[-1].extra["train_runtime"] == pytest.approx(closing["train_runtime"], rel=1e-3)
     assert any(p.derived and p.tok_s for p in record.metrics)
+    state = record.summary["monitor"]["dev"]["trainer_state"]
+    assert state["steps"] == [5, 10, 15, 20] and state["agrees_with_log"] is True
+
+
+def test_a_trainer_without_a_bar_through_the_monitor_gives_its_log_history(python, tmp_path):
+    """disable_tqdm=True: the dicts come with no bar at all. The monitor numbers them in log
+    order x logging_steps: the points' steps and numbers are the Trainer's log_history, and
+    the train_tokens_per_second it prints (include_num_input_tokens_seen) is their tok/s."""
+    from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
+    from orchestrator.payload_api import launcher
+    from orchestrator.remote.container import Target
+    from orchestrator.remote.local import LocalTransport
+
+    class Sink(MonitorSink):
+        points: list = []
+
+        def metrics(self, target, points):
+            self.points.extend(points)
+
+    history = tmp_path / "history.json"
+    target = Target("here", LocalTransport("here"))
+    run_dir = tmp_path / "run"
+    state = tmp_path / "trainer_state.json"
+    launcher(target, "start", str(run_dir), env={"OMP_NUM_THREADS": "1"},
+             argv=[python, str(REAL / "hf_tiny_trainer.py"), "--output-dir", str(tmp_path / "out"),
+                   "--history", str(history), "--steps", "20", "--logging-steps", "5", "--no-bar",
+                   "--state", str(state)])
+    sink = Sink()
+    monitor = Monitor(target, str(run_dir), MonitorSettings(logging_steps=5, gpu_every=0, hang_after=240,
+                                                            trainer_state=str(state)),
+                      sink, stream_copy=stream_copy_path(str(tmp_path / "local")))
+    end, _ = monitor.run()
+    # the Trainer's own trainer_state.json, read at the end, agrees with the log's steps
+    assert monitor.read_trainer_state() == {"path": str(state), "entries": 5, "steps": [5, 10, 15, 20],
+                                            "agrees_with_log": True}
+    verdict = monitor.verdict(end, {}, cli="orch", playbook=None)
+    assert verdict.verdict == "ok", verdict.message
+    assert "%|" not in raw(run_dir / "output.log")               # no bar at all
+    entries = json.loads(history.read_text())
+    logged, closing = entries[:-1], entries[-1]
+    assert [p.step for p in sink.points] == [e["step"] for e in entries] == [5, 10, 15, 20, 20]
+    for point, entry in zip(sink.points, logged):
+        assert point.loss == pytest.approx(entry["loss"], rel=1e-3)
+        assert point.tok_s == pytest.approx(entry["train_tokens_per_second"], rel=1e-3)
+    assert sink.points[-1].extra["train_loss"] == pytest.approx(closing["train_loss"], rel=1e-3)
+    assert verdict.summary["format"].startswith("auto: hf-trainer, no progress bar")

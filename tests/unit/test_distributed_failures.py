@@ -123,3 +123,74 @@ def test_torchrun_that_never_starts_a_rank_is_a_rendezvous_failure():
     assert verdict.message == "rendezvous-timeout: the ranks never met: torchrun's rendezvous never completed"
     classifier.rank_logs_seen = True       # its workers started: then it is a plain hang
     assert classifier.classify(end, {}).verdict == "hang"
+
+
+# ------------------------------------------------- verdicts from torchrun's failed ends
+def test_every_failed_verdict_is_a_finding_the_report_lists():
+    from orchestrator.runs.compare import is_problem
+
+    verdict = classify_log("torchrun-sigkill.log")
+    assert verdict.verdict == "killed"
+    killed = [f for f in verdict.findings if f.signature == "killed"]
+    assert killed and is_problem(killed[0].signature) and "OOM killer" in killed[0].remediation
+
+
+def test_a_rendezvous_hang_is_not_advised_the_fx_patch():
+    end = EndState(state="exited", exit_code=-15, stopped_for="hang", hang_seconds=60)
+    verdict = classify_log("torchrun-store-unreachable.log", end, hang_after=60)
+    assert verdict.verdict == "rendezvous-timeout"
+    assert not any("fx-tls" in f.remediation or "drafter" in f.remediation for f in verdict.findings)
+
+
+def test_an_at_record_error_file_is_kept_whole():
+    reader = ChildFailedReader()
+    text = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_10:00:01
+  host      : ct200
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+  error_file: /tmp/torchelastic_x/none_y/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+    File "/root/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 357, in wrapper
+      return f(*args, **kwargs)
+    File "/root/train.py", line 12, in main
+      raise ValueError("bad shard 7")
+  ValueError: bad shard 7
+============================================================"""
+    for line in text.splitlines():
+        reader.feed(line)
+    [failure] = reader.failures
+    assert failure.traceback.splitlines()[0] == "Traceback (most recent call last):"
+    assert failure.traceback.splitlines()[-1].strip() == "ValueError: bad shard 7"
+    assert len(failure.traceback.splitlines()) == 6
+
+
+def test_after_a_clean_two_rank_end_every_rank_is_done():
+    from orchestrator.logformats import LogPoint
+
+    classifier = LogClassifier("dev", metrics_from_lines=False)
+    classifier.worker_word = "rank"
+    for rank in (0, 1):
+        classifier.observe(LogPoint(step=40, worker=rank, loss=1.0), 1.0)
+    verdict = classifier.classify(EndState(state="exited", exit_code=0))
+    assert {r["status"] for r in verdict.summary["drafters"].values()} == {"done"}
+    assert verdict.summary["drafters_ok"] == 2 and verdict.message.startswith("ok: 2 ranks trained")
+
+
+def test_output_keeps_a_run_alive_before_any_step_but_rendezvous_retries_do_not():
+    classifier = LogClassifier("dev", metrics_from_lines=False, hang_after=10)
+    for second in range(30):
+        classifier.saw_output(float(second))
+        classifier.feed("loading shards ...", float(second))
+    assert not classifier.hung(30.0, alive=True)
+    retrying = LogClassifier("dev", metrics_from_lines=False, hang_after=10)
+    for second in range(30):
+        retrying.saw_output(float(second))
+        retrying.feed("[W1130 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host "
+                      "127.0.0.1:29500 - retrying (try=0, timeout=900000ms, delay=497ms)", float(second))
+    assert retrying.hung(30.0, alive=True)

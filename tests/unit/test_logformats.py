@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.logformats import (FORMATS, DerivedThroughput, LogParser, LogPoint, LogStream,
+from orchestrator.logformats import (FORMATS, MAX_LINE, DerivedThroughput, LogParser, LogPoint, LogStream,
                                      find_bars, log_time, make_format, parse_text)
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -137,10 +137,12 @@ def test_crlf_split_between_chunks_is_one_line_end():
     assert [s.text for s in out] == ["a", "b"]
 
 
-def test_a_runaway_line_without_newline_is_cut_not_kept_forever():
+def test_a_runaway_line_keeps_its_first_max_line_characters_and_counts_the_rest():
     stream = LogStream()
-    assert stream.feed("x" * 70000)[0].text == "x" * 70000
-    assert stream.feed("tail") == [] and stream.finish()[0].text == "tail"
+    assert stream.feed("x" * 70000) == [] and stream.feed("tail") == []
+    [segment] = stream.finish()
+    assert segment.text == "x" * MAX_LINE and segment.dropped == 70004 - MAX_LINE
+    assert stream.feed("next\n")[0].text == "next"
 
 
 # ------------------------------------------------------------------ derived throughput
@@ -244,3 +246,33 @@ def test_lines_are_kept_as_written_blank_ones_too_but_not_blank_redraws():
     parser = LogParser(make_format("specforge"))
     lines = parser.feed(text)[0] + parser.finish()[0]
     assert lines == ["Traceback (most recent call last):", '  File "t.py", line 1', "", "loss 1"]
+
+
+def test_a_bar_per_epoch_carries_its_steps_on_and_other_ranks_bars_are_not_steps():
+    # SpecForge's old script: `Training Epoch N` restarts its count every epoch (3 steps each)
+    epochs = "".join(f"\rTraining Epoch {e}: {n * 33}%|#  | {n}/3 [00:01<00:02, 1.00it/s, loss=1.0]"
+                     for e in (0, 1) for n in (1, 2, 3))
+    points = parse_text(epochs + "\n", make_format("tqdm"))
+    assert [p.step for p in points] == [1, 2, 3, 4, 5, 6]
+    # rank 1 tokenizing its dataset: output, not its steps
+    dataset = "[default1]:\rMap: 45%|####5 | 4500/10000 [00:02<00:02, 1900.00 examples/s]\n"
+    assert [p for p in parse_text(dataset, make_format("specforge")) if p.worker == 1] == []
+
+
+def test_auto_detects_each_known_shape_and_says_which():
+    shapes = {
+        "drafter=1 step=20 loss=3.21 tok_s=1234\n": ("auto: orch", 20),
+        "08/08/2026 17:44:20 - INFO - specforge.utils - Train - Step 50 [50/72000?], Loss: 6.1234, Acc: 0.1567\n":
+            ("auto: specforge", 50),
+        "step 50: {'train/loss': 2.12, 'train/acc': 0.45}\n": ("auto: specforge", 50),
+        "{'loss': '2.31', 'grad_norm': '1.2', 'epoch': '0.5'}\n": ("auto: hf-trainer, no progress bar: "
+                                                                "steps numbered in log order (logging_steps unknown)", 1),
+        '{"step": 7, "loss": 1.5}\n': ("auto: jsonl", 7),
+        "iter: 9, loss: 0.25, lr: 1e-4\n": ("auto: keyvalue", 9),
+    }
+    for text, (name, step) in shapes.items():
+        fmt = make_format("auto")
+        points = parse_text("loading the model\n" + text, fmt)
+        assert (fmt.describe(), [p.step for p in points]) == (name, [step]), text
+        assert points[0].loss is not None
+    assert log_time("08/08/2026 17:44:20 - INFO - x") == log_time("2026-08-08 17:44:20,000 - INFO - x")

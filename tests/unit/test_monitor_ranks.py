@@ -94,7 +94,7 @@ def test_playbook_keys_are_checked_with_file_line_col(tmp_path):
     assert error(tmp_path, torchrun="{nproc_per_node: 2, nodes: 2}").startswith(
         "5:37: unknown torchrun option 'nodes'")
     assert error(tmp_path, torchrun="{master_port: 1}").startswith("5:17: torchrun needs nproc_per_node")
-    assert "format must be one of orch, regex, specforge, hf-trainer, tqdm, jsonl, not 'specforg'" in \
+    assert "format must be one of auto, orch, regex, specforge, hf-trainer, tqdm, jsonl, keyvalue, not 'specforg'" in \
         error(tmp_path, monitor="{format: specforg}")
     assert error(tmp_path, monitor="{format: regex}").startswith("7:23: format regex needs a metric_regex")
     assert "metric_regex is for format regex" in error(
@@ -192,23 +192,26 @@ def test_a_follower_resumes_each_rank_log_at_its_own_offset(tmp_path):
     assert b"Train - Step 10 [10/10?]" in handler.files["ranks/run-x_abc/attempt_0/0/stderr.log"]
 
 
-# ------------------------------------------------------------ the SpecForge playbook
-def test_the_specforge_playbook_validates_and_dry_runs(tmp_path):
+# ------------------------------------------------------------ the SpecForge playbooks
+def dry_run(tmp_path, playbook, *extra):
     from click.testing import CliRunner
 
     from orchestrator.cli import main
 
     repo = __import__("pathlib").Path(__file__).resolve().parents[2]
-    book = load_playbook(str(repo / "playbooks" / "specforge-dflash.yaml"))
-    assert [s.kind for s in book.steps] == ["ensure", "shell", "launch", "monitor", "collect"]
     inventory = tmp_path / "inv.yaml"
     inventory.write_text("hosts: {here: {transport: local}}\n"
                          "containers: {drafters: {host: here, venv: /root/venv, gpus: [5, 6, 7]}}\n")
     result = CliRunner().invoke(main, ["-i", str(inventory), "run", "--dry-run",
-                                       str(repo / "playbooks" / "specforge-dflash.yaml"),
-                                       "-e", "specforge_dir=/opt/SpecForge", "-e", "batch_size=2"])
+                                       str(repo / "playbooks" / playbook), *extra])
     assert result.exit_code == 0, result.output
-    out = " ".join(result.output.split())
+    return load_playbook(str(repo / "playbooks" / playbook)), " ".join(result.output.split())
+
+
+def test_the_legacy_specforge_playbook_validates_and_dry_runs(tmp_path):
+    book, out = dry_run(tmp_path, "specforge-dflash-legacy.yaml",
+                        "-e", "specforge_dir=/opt/SpecForge", "-e", "batch_size=2")
+    assert [s.kind for s in book.steps] == ["ensure", "shell", "launch", "monitor", "collect"]
     assert ("CUDA_VISIBLE_DEVICES=5,6,7 TORCHINDUCTOR_CACHE_DIR=/var/tmp/orch/inductor-cache "
             "/root/venv/bin/python -m torch.distributed.run --nproc-per-node 3 --master-port 29500 "
             "--log-dir ") in out
@@ -217,6 +220,43 @@ def test_the_specforge_playbook_validates_and_dry_runs(tmp_path):
     assert "test -f /opt/SpecForge/scripts/train_dflash.py" in out
     assert "read as specforge lines" in out and "tok/s derived from 18,432 tokens per step" in out
     assert "3 ranks under torchrun" in out
+
+
+def test_the_specforge_train_playbook_validates_and_dry_runs(tmp_path):
+    book, out = dry_run(tmp_path, "specforge-dflash.yaml", "-e", "specforge_dir=/opt/SpecForge",
+                        "-e", "batch_size=2", "-e", 'overrides=["training.learning_rate=2e-4"]')
+    assert [s.kind for s in book.steps] == ["ensure", "push", "shell", "launch", "monitor", "collect"]
+    assert "put rendered files/specforge-dflash-run.yaml.j2 -> " in out
+    assert ("env -C /opt/SpecForge /root/venv/bin/python -m specforge.cli train --config "
+            in out) and "specforge-run.yaml --plan training.learning_rate=2e-4" in out
+    assert ("/root/venv/bin/python -m torch.distributed.run --nproc-per-node 3 --master-port 29500 "
+            "--log-dir ") in out
+    assert ("--redirects 3 --module specforge.cli train --config " in out
+            and "specforge-run.yaml --role all training.learning_rate=2e-4" in out)
+    assert "scripts/train_dflash.py" not in out
+    assert "lines recognised by shape (format auto)" in out and "3 ranks under torchrun" in out
+
+
+def test_the_specforge_run_config_renders_to_its_sections(tmp_path):
+    import yaml
+
+    from orchestrator.config.jinja import ENV
+
+    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    template = ENV.from_string((repo / "playbooks" / "files" / "specforge-dflash-run.yaml.j2").read_text())
+    values = {"target_model_path": "/m/Qwen3-8B", "draft_model_config": "configs/qwen3-8b-dflash.json",
+              "embedding_key": "model.embed_tokens.weight", "torch_dtype": "bfloat16",
+              "hidden_states_path": "/d/hidden: odd", "max_length": "2048",
+              "chat_template": "qwen", "cache_dir": "./cache", "num_epochs": 1, "batch_size": 2,
+              "learning_rate": "1e-4", "attention_backend": "flex_attention", "num_anchors": 512,
+              "log_interval": 50, "save_interval": 1000, "dist_timeout": 10, "specforge_run_id": "orch-dev",
+              "output_dir": "/r/out", "nproc_per_node": "3"}
+    config = yaml.safe_load(template.render(**values))
+    assert set(config) == {"model", "data", "training", "run_id", "output_dir", "deployment"}
+    assert config["data"] == {"hidden_states_path": "/d/hidden: odd", "max_length": 2048,
+                              "chat_template": "qwen", "cache_dir": "./cache"}
+    assert config["training"]["learning_rate"] == 1e-4 and config["training"]["strategy"] == "dflash"
+    assert config["deployment"] == {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": 3}}
 
 
 def test_one_step_said_twice_becomes_one_point_with_both():
@@ -256,3 +296,22 @@ def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
     rendered = io.StringIO()
     Console(file=rendered, width=120).print(header)
     assert "rank" in rendered.getvalue().splitlines()[0] and "drafter" not in rendered.getvalue()
+
+
+def test_the_live_view_says_when_no_metric_line_was_recognised():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.console.run import ConsoleReporter
+    from orchestrator.monitor_classify import LogClassifier
+
+    reporter = ConsoleReporter(Console(file=io.StringIO(), width=160, force_terminal=False), live=False,
+                               echo="events")
+    classifier = LogClassifier("dev", metrics_from_lines=False)
+    classifier.format_name, classifier.format_tried = "auto", "orch, specforge"
+    classifier.feed("warming caches", 1.0)
+    rendered = io.StringIO()
+    Console(file=rendered, width=160).print(
+        reporter._table({"dev": {"classifier": classifier, "status": {}, "settings": None}}))
+    assert "no metric lines recognised (format auto; looked for orch, specforge)" in rendered.getvalue()

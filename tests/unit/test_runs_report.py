@@ -143,3 +143,24 @@ def test_notes_are_apart_from_problems():
     html = render_html(record)
     assert 'id="notes"' in html and "10 matches" in html
     assert html.count('class="finding"') == 1                # only fx-tls:vulnerable is a problem
+
+
+def test_a_torchrun_run_is_reported_in_ranks_with_its_killed_finding():
+    from orchestrator.monitor_classify import EndState, LogClassifier
+
+    classifier = LogClassifier("ct200", metrics_from_lines=False)
+    classifier.worker_word = "rank"
+    log = (__import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+           / "torchrun-sigkill.log").read_text().splitlines()
+    for i, line in enumerate(log):
+        classifier.feed(line, float(i))
+    verdict = classifier.classify(EndState(state="exited", exit_code=1))
+    record = synthetic_run("k", verdict=verdict.verdict, findings=verdict.findings)
+    record.summary = {"monitor": {"ct200": verdict.summary}}
+    html = render_html(record)
+    findings = html[html.index('id="findings"'):]
+    assert verdict.verdict == "killed" and "No problems found" not in findings
+    assert "<b>killed</b>" in findings and "OOM killer" in findings
+    assert '<span class="muted">ranks</span>' in html and 'muted">drafters<' not in html
+    assert "Throughput per rank" in html
+    assert "| rank | last step" in render_markdown(record)

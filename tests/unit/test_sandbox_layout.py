@@ -38,3 +38,32 @@ def test_the_root_cache_is_named_after_the_recipe_and_the_machine_sources(tmp_pa
     assert roots.tarball_path("debian-12") != first
     with pytest.raises(roots.SandboxError, match="unknown root distribution 'plan9'"):
         roots.tarball_path("plan9")
+
+
+def test_a_bind_mounted_container_starts_with_its_loopback_up(tmp_path):
+    """A real CT's init brings `lo` up; the sandbox's containers run orch-ct-init first, which
+    does the same (checked here in a fresh network namespace, where lo starts down)."""
+    import shutil
+    import subprocess
+
+    from orch_sandbox.containers import CT_INIT, container_dir, write_container
+    from orch_sandbox.paths import StatePaths
+
+    paths = StatePaths(tmp_path)
+    host = build_layout(1, 1, 0).hosts[0]
+    ct = host.containers[0]
+    write_container(paths, host, ct)
+    directory = container_dir(paths, host, ct.vmid)
+    config = (directory / "config").read_text()
+    assert f"-- /bin/sh /{CT_INIT} /bin/sleep infinity" in config
+    script = directory / "rootfs" / CT_INIT
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare to make a network namespace")
+    before = subprocess.run(["unshare", "-rn", "ip", "-o", "link", "show", "lo"], capture_output=True, text=True)
+    if before.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {before.stderr.strip()}")
+    assert ",UP" not in before.stdout and "<LOOPBACK>" in before.stdout
+    after = subprocess.run(["unshare", "-rn", "sh", str(script), "ip", "-o", "link", "show", "lo"],
+                           capture_output=True, text=True, timeout=30)
+    assert after.returncode == 0, after.stderr
+    assert "LOOPBACK,UP" in after.stdout

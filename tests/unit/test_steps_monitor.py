@@ -26,7 +26,7 @@ def test_plan_knows_an_earlier_torchrun_launch(tmp_path):
     plan = planned(tmp_path, TORCHRUN, index=1)
     assert plan == [
         "follow <the last launch's run directory>/output.log and every rank's log by byte "
-        "offset (tail payload), read as orch lines; hang after 60 s, degraded under 3,000 tok/s, "
+        "offset (tail payload), lines recognised by shape (format auto); hang after 60 s, degraded under 3,000 tok/s, "
         "watch 30 s, then leave it running"]
 
 

@@ -98,3 +98,15 @@ def test_the_engine_records_vars_masked_and_the_run_for_attach(tmp_path):
     assert record.launch["inventory"] == str(tmp_path / "inv.yaml")
     assert h.reporter.events[0] == ("run_started", record.run_id, ["dev"])
     assert h.reporter.events[-1] == ("run_finished", "ok", 0)
+
+
+def test_each_monitor_of_a_target_keeps_its_own_summary():
+    recorder = RunRecorder("r1")
+    recorder.begin(_record())
+    recorder.note_monitor("dev", 2, {"format": "auto"})
+    recorder.note_monitor_result("dev", {"verdict": "ok", "total_tok_s": 10.0})
+    recorder.note_monitor("dev", 4, {"format": "auto"})
+    recorder.note_monitor_result("dev", {"verdict": "hang", "total_tok_s": None})
+    record = recorder.finish("hang", 11, {"dev": {"verdict": "hang"}})
+    assert record.summary["monitor"]["dev"]["verdict"] == "hang"
+    assert [(m["step"], m["verdict"]) for m in record.summary["monitors"]["dev"]] == [(2, "ok"), (4, "hang")]

@@ -31,6 +31,8 @@ def main() -> None:
     parser.add_argument("--history", required=True)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--logging-steps", type=int, default=5)
+    parser.add_argument("--no-bar", action="store_true", help="disable_tqdm=True, tokens/s on")
+    parser.add_argument("--state", default="", help="write trainer_state.json here at the end")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -39,11 +41,14 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=4,
         logging_steps=args.logging_steps, save_strategy="no", report_to=[], use_cpu=True,
-        learning_rate=5e-5, dataloader_num_workers=0)
+        learning_rate=5e-5, dataloader_num_workers=0, disable_tqdm=args.no_bar,
+        include_num_input_tokens_seen=args.no_bar)
     trainer = Trainer(model=model, args=training, train_dataset=SyntheticTokens(64, 32, 256))
     trainer.train()
     with open(args.history, "w") as out:
         json.dump(trainer.state.log_history, out)
+    if args.state:
+        trainer.state.save_to_json(args.state)
 
 
 if __name__ == "__main__":
