@@ -19,6 +19,7 @@ from typing import Callable, Optional, Union
 from orchestrator import __version__
 from orchestrator.errors import PayloadError, PayloadNoResult, PythonUnavailable
 from orchestrator.payloads import payload_source, with_args
+from orchestrator.payloads._statedir import STATE_DIR
 from orchestrator.remote.base import LineSplitter
 from orchestrator.remote.container import Target
 
@@ -32,7 +33,7 @@ RACE_TIMEOUT = 900.0
 PROBE_TIMEOUT = 60.0
 PATCH_ACTIONS = ("status", "diff", "apply", "revert")
 SYSTEM_PYTHON = "python3"          # stdlib-only payloads: the container's own python is enough
-REMOTE_ROOT = "/var/tmp/orch/runs"  # where the launcher keeps a run's pid, exit and log files
+REMOTE_ROOT = f"{STATE_DIR}/runs"  # where the launcher keeps a run's pid, exit and log files
 
 
 # ------------------------------------------------------------------ running a payload
@@ -151,8 +152,9 @@ def probe(target: Target) -> dict:
 def bootstrap(target: Target, action: str, *, python: str = SYSTEM_PYTHON, timeout: float = 300.0,
               on_event: Optional[EventCallback] = None, **args) -> dict:
     """The bootstrap payload: check or install a venv, or list a wheelhouse folder."""
+    # On stdin: an index URL may hold credentials, and argv is visible in `ps`.
     return run_payload(target, "bootstrap", {"action": action, **args}, python=python,
-                       timeout=timeout, on_event=on_event)
+                       timeout=timeout, on_event=on_event, args_on_stdin=True)
 
 
 # ------------------------------------------------------------------ detached runs

@@ -4,13 +4,16 @@ itself. Commands stay argv lists; the host's transport does the only quoting.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Optional, Sequence
 
 from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
 from orchestrator.payloads import compact_source
+from orchestrator.payloads._statedir import STATE_DIR, USER_STATE_DIR
 from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv, with_env
+from orchestrator.remote.local import LocalTransport
 
 # pct's own failures before the command runs: one of these sentences ends stderr (perl's
 # locale warnings may come first; usage lines follow a bad id) and stdout is empty. The exit code says
@@ -134,6 +137,20 @@ class Target(Transport):
         if path == "~" or path.startswith("~/"):
             return self.home() + path[1:]
         return path
+
+    def state_dir(self) -> str:
+        """orch's own folder on this target (run folders, the wheelhouse, caches): STATE_DIR
+        as root, which every container command is (pct exec), else the account's own
+        USER_STATE_DIR; the launcher and bootstrap payloads check it (payloads/_statedir.py)."""
+        return STATE_DIR if self._as_root() else self.expand(USER_STATE_DIR)
+
+    def _as_root(self) -> bool:
+        if self.vmid:
+            return True
+        if isinstance(self.host, LocalTransport):
+            return os.geteuid() == 0   # this process's account
+        settings = getattr(self.host, "settings", None)   # SSH: the account it logs in as
+        return getattr(settings, "user", "root") == "root"
 
     def python(self) -> str:
         """The interpreter steps use: the venv's when the inventory names one."""
