@@ -278,7 +278,7 @@ def list_dir(args):
     files = {}
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
-        if not os.path.isfile(path) or os.path.islink(path) or name.endswith(".orch-part"):
+        if not os.path.isfile(path) or os.path.islink(path) or ".orch-put-" in name:
             continue
         size = os.path.getsize(path)
         files[name] = {"size": size}

@@ -33,9 +33,12 @@ CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Small, constant shell programs: user data only ever arrives as "$1", "$2", never as code.
 # The byte count is checked before the rename: a channel cut short (a timeout, a dropped
 # link) ends cat's input early without an error, and must not leave a truncated file.
-_PUT_SCRIPT = ('umask 077; cat > "$1.orch-part" && [ "$(wc -c < "$1.orch-part")" -eq "$3" ] '
-               '&& chmod "$2" "$1.orch-part" && mv -f "$1.orch-part" "$1" '
-               '|| { rm -f "$1.orch-part"; exit 1; }')
+# The temporary file is mktemp's (a random name, created O_EXCL, 0600): a fixed name beside
+# the destination could be a link planted by another account, which root's cat would follow.
+PUT_TEMP_MARK = ".orch-put-"
+_PUT_SCRIPT = ('umask 077; t=$(mktemp "$1' + PUT_TEMP_MARK + 'XXXXXXXXXX") || exit 1; '
+               'cat > "$t" && [ "$(wc -c < "$t")" -eq "$3" ] '
+               '&& chmod "$2" "$t" && mv -f "$t" "$1" || { rm -f "$t"; exit 1; }')
 _HOME_SCRIPT = 'printf %s "$HOME"'
 # The reaper needs the container's python3; a container without one still runs the
 # command, only without the group kill. $0 is the reaper's source, "$@" the command.
