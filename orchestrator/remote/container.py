@@ -22,6 +22,16 @@ from orchestrator.remote.local import LocalTransport
 _PCT_NO_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist")
 _PCT_NOT_RUNNING = re.compile(r"container '(\d+)' not running!")
 _PCT_BAD_VMID = re.compile(r"value does not look like a valid VM ID")
+# pct before pve-container 5.0.9 (PVE 8.1) has no keep-env option and refuses it this way.
+_PCT_NO_KEEP_ENV = re.compile(r"keep-env: property is not defined in schema")
+
+# `pct exec` hands the container command the environment of the host's session
+# (--keep-env defaults to 1 up to PVE 9 at least; pct's own FIXME says it can leak host
+# secrets). orch asks for a clean one (--keep-env 0, lxc-attach --clear-env): a container
+# command gets orch's PATH, the inventory's and the step's env, and lxc's container=lxc,
+# nothing of the host. Hosts whose pct predates the option are remembered here (by name) and
+# get the old behaviour; docs/proxmox-semantics.md says which versions.
+_NO_KEEP_ENV_HOSTS: set = set()
 
 # pct sets PATH=/sbin:/bin:/usr/sbin:/usr/bin before it runs the command (pve-common's
 # run_cli_handler), which leaves out /usr/local/bin where pip and users put tools. orch
@@ -71,13 +81,16 @@ class Target(Transport):
         if not self.vmid:
             return list(argv)
         path = path or self.env.get("PATH") or CONTAINER_PATH
-        return ["pct", "exec", str(self.vmid), "--", *with_env([f"PATH={path}"], argv)]
+        clean = [] if self.host.name in _NO_KEEP_ENV_HOSTS else ["--keep-env", "0"]
+        return ["pct", "exec", str(self.vmid), *clean, "--", *with_env([f"PATH={path}"], argv)]
 
     def _run(self, argv, options) -> Result:
         path = options.env.pop("PATH", None) if self.vmid else None  # pct would reset it
         inner = reaped(argv) if options.kill_on_close and self.vmid else argv
         try:
             result = self.host._run(self.wrap(inner, path), options)
+            if self.vmid and self._keep_env_refused(result):   # refused before anything ran
+                result = self.host._run(self.wrap(inner, path), options)
         except (CommandTimeout, ConnectionLost) as error:
             raise self._restated(error, self.wrap(inner, path), argv) from None
         result.argv = list(argv)
@@ -95,6 +108,15 @@ class Target(Transport):
         if getattr(error, "result", None) is not None:
             error.result.argv, error.result.target = list(argv), self.name
         return error
+
+    def _keep_env_refused(self, result: Result) -> bool:
+        """pct too old for --keep-env: its parameter check failed, the command never ran."""
+        refused = (result.exit_code != 0 and not result.stdout.strip()
+                   and self.host.name not in _NO_KEEP_ENV_HOSTS
+                   and bool(_PCT_NO_KEEP_ENV.search(result.error_text[-2000:])))
+        if refused:
+            _NO_KEEP_ENV_HOSTS.add(self.host.name)
+        return refused
 
     def spawn(self, argv):
         return self.host.spawn(self.wrap(argv))
