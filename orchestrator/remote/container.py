@@ -51,12 +51,16 @@ _PUT_SCRIPT = ('umask 077; t=$(mktemp "$1' + PUT_TEMP_MARK + 'XXXXXXXXXX") || ex
                '&& chmod "$2" "$t" && mv -f "$t" "$1" || { rm -f "$t"; exit 1; }')
 _HOME_SCRIPT = 'printf %s "$HOME"'
 # The reaper needs the container's python3; a container without one still runs the
-# command, only without the group kill. $0 is the reaper's source, "$@" the command.
-# -I -S: the reaper is stdlib only, so it skips site (~4 ms) and ignores PYTHON* variables
-# and the current folder, which are the command's (a PYTHONPATH with a select.py cannot
-# break it); the command still gets the whole environment.
-_REAP_IF_PYTHON = ('if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$0" "$@"; '
-                   'fi; exec "$@"')
+# command, only without the group kill. $0 is the reaper's source, $1 its --limit, then the
+# command. -I -S: the reaper is stdlib only, so it skips site (~4 ms) and ignores PYTHON*
+# variables and the current folder, which are the command's (a PYTHONPATH with a select.py
+# cannot break it); the command still gets the whole environment, that of pct exec: the
+# PWD this sh exports of its own is unset first.
+_REAP_IF_PYTHON = ('unset PWD; if command -v python3 >/dev/null 2>&1; then '
+                   'exec python3 -I -S -c "$0" "$@"; fi; shift; exec "$@"')
+# The reaper's own limit is this much past orch's timeout: orch's closing of the channel
+# normally comes first, and says "timeout" the way every transport does.
+REAP_LIMIT_SLACK_S = 5.0
 
 
 class Target(Transport):
@@ -86,7 +90,9 @@ class Target(Transport):
 
     def _run(self, argv, options) -> Result:
         path = options.env.pop("PATH", None) if self.vmid else None  # pct would reset it
-        inner = reaped(argv) if options.kill_on_close and self.vmid else argv
+        # Every container command is reaped: pct exec gives no signal to a command whose
+        # caller went away, and a payload or step past its timeout must not run on
+        inner = reaped(argv, options.timeout) if self.vmid else argv
         try:
             result = self.host._run(self.wrap(inner, path), options)
             if self.vmid and self._keep_env_refused(result):   # refused before anything ran
@@ -204,10 +210,12 @@ def pct_error_text(result: Result, vmid: Optional[int]) -> Optional[str]:
     return None
 
 
-def reaped(argv: Sequence[str]) -> list[str]:
+def reaped(argv: Sequence[str], timeout: Optional[float] = None) -> list[str]:
     """argv run under the reaper payload: its own process group, killed when the channel
-    closes (pct exec gives no signal to a command whose caller went away)."""
-    return ["sh", "-c", _REAP_IF_PYTHON, compact_source("reaper"), *argv]
+    closes (pct exec gives no signal to a command whose caller went away), or a little
+    after `timeout` seconds in any case."""
+    limit = f"--limit={timeout + REAP_LIMIT_SLACK_S:g}" if timeout else "--limit=0"
+    return ["sh", "-c", _REAP_IF_PYTHON, compact_source("reaper"), limit, *argv]
 
 
 def require_vmid(target: Target) -> int:

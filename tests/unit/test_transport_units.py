@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.errors import BadArgument, ChannelRefused
 from orchestrator.payloads import compact_source, payload_source
-from orchestrator.remote.base import validate_env
+from orchestrator.remote.base import Result, validate_env
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.ssh import (ARGV_FROM_STDIN, INLINE_COMMAND_LIMIT, SshHost, SshSettings,
                                      _Connection, remote_command)
@@ -114,6 +114,43 @@ def test_reaper_kills_the_group_when_the_reader_goes_away():
     while _alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(grandchild)
+
+
+def test_reaper_kills_the_group_past_its_own_limit_with_the_channel_still_open():
+    """--limit: a dead link that never closes the channel does not let a command (and what
+    it forked) run on: after the limit the group is killed and the status is 124."""
+    source = payload_source("reaper").decode()
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-c", source, "--limit=1", "sh", "-c",
+                                "sleep 300 & echo $!; wait"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    grandchild = int(process.stdout.readline())
+    assert process.wait(timeout=10) == 124     # our end of its pipes is still open
+    assert time.monotonic() - started < 5
+    assert b"ran past its limit of 1 s" in process.stderr.read()
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+    assert subprocess.run([sys.executable, "-c", source, "--limit=0", "true"]).returncode == 0
+
+
+def test_every_container_command_runs_under_the_reaper_with_a_limit():
+    """Not only `orch exec`: a payload or step command on a plain channel is reaped too,
+    with the reaper's own limit a little past the command's timeout."""
+    from orchestrator.remote.container import Target
+    seen = []
+
+    class Host(LocalTransport):
+        def _run(self, argv, options):
+            seen.append(argv)
+            return Result(argv, 0, b"", b"", 0.0)
+
+    Target("ct", Host("pve"), vmid=200).run(["python3", "-", "{}"], timeout=30)
+    inner = seen[0][seen[0].index("--") + 1:]
+    assert inner[inner.index("sh"):][:2] == ["sh", "-c"]
+    assert compact_source("reaper") in inner and "--limit=35" in inner
+    assert inner[-3:] == ["python3", "-", "{}"]
 
 
 def test_reaper_passes_exit_codes_and_signals_through():
