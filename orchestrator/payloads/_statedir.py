@@ -7,7 +7,8 @@ through their symlink, or signals the pid their pid.json names. So orch's state 
 STATE_DIR, a folder owned by root with mode 0700, and every folder a payload writes into is
 opened one component at a time from `/` with O_NOFOLLOW and checked: no symlink, owned by
 root (or this uid), not writable by group or others unless it is sticky (/tmp, /var/tmp) and
-the next component is ours. The folders orch itself creates are 0700.
+the next component is ours. The folder a payload writes into is made 0700; folders made on
+the way to it (a container without /var/lib) are 0755, as `mkdir -p` makes them.
 """
 
 import errno
@@ -39,26 +40,26 @@ def secure_dir(path, create=True, private=False):
         sticky = _check(fd, where, last=not parts, private=private)
         for index, part in enumerate(parts):
             where = "/" + "/".join(parts[:index + 1])
-            child = _open_child(fd, part, where, create)
+            last = index == len(parts) - 1
+            child = _open_child(fd, part, where, create, 0o700 if last and private else 0o755)
             if child is None:
                 return None
             os.close(fd)
             fd = child
-            sticky = _check(fd, where, last=index == len(parts) - 1,
-                            private=private, after_sticky=sticky)
+            sticky = _check(fd, where, last=last, private=private, after_sticky=sticky)
         return path
     finally:
         os.close(fd)
 
 
 def state_dir(*names):
-    """STATE_DIR (made root-only first) joined with names, each folder checked or made 0700."""
+    """STATE_DIR (made root-only first) joined with names, the last folder checked or made 0700."""
     secure_dir(STATE_DIR, private=True)
     path = os.path.join(STATE_DIR, *names)
     return secure_dir(path, private=True)
 
 
-def _open_child(parent, name, where, create):
+def _open_child(parent, name, where, create, mode):
     for _ in range(2):  # a folder made by someone else between our open and mkdir: look again
         try:
             return os.open(name, _DIR_FLAGS, dir_fd=parent)
@@ -74,7 +75,7 @@ def _open_child(parent, name, where, create):
                                  "(someone may be redirecting root's writes)" % where)
             raise UnsafePath("%s is not a folder" % where)
         try:
-            os.mkdir(name, 0o700, dir_fd=parent)
+            os.mkdir(name, mode, dir_fd=parent)
         except FileExistsError:
             pass
     return os.open(name, _DIR_FLAGS, dir_fd=parent)

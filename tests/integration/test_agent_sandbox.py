@@ -287,6 +287,7 @@ def test_commands_run_in_one_warm_session_with_the_environment_pct_exec_gives(sa
     warm = [orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "env") for _ in range(2)]
     # nothing added on the way: no LC_CTYPE from a Python helper's locale coercion (PEP 538)
     assert _environment(direct.stdout) == expected
+    assert "SSH_CONNECTION" not in direct.stdout   # the host session's, kept out by --keep-env 0
     assert [_environment(out.stdout) for out in warm] == [expected, expected]
     # the commands ran in one session: their parent is the same server process each time
     parents = {orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "sh", "-c",
