@@ -27,11 +27,17 @@ _PCT_NO_KEEP_ENV = re.compile(r"keep-env: property is not defined in schema")
 
 # `pct exec` hands the container command the environment of the host's session
 # (--keep-env defaults to 1 up to PVE 9 at least; pct's own FIXME says it can leak host
-# secrets). orch asks for a clean one (--keep-env 0, lxc-attach --clear-env): a container
-# command gets orch's PATH, the inventory's and the step's env, and lxc's container=lxc,
-# nothing of the host. Hosts whose pct predates the option are remembered here (by name) and
-# get the old behaviour; docs/proxmox-semantics.md says which versions.
+# secrets). orch gives a container command orch's PATH, the variables it was asked to set,
+# and lxc's container=lxc; nothing of the host:
+# - no variables: `pct exec VMID --keep-env 0` (lxc-attach --clear-env);
+# - variables: their values must not go into lxc-attach's argv (it lives as long as the
+#   command, and any account on the host can read an argv), so they reach pct through its
+#   environment, emptied first: `sh -c 'exec env -i -- PATH="$PATH" "$@"' K=V... pct exec
+#   VMID --keep-env 1` (sh and env exec at once, as `env K=V pct` did before).
+# Hosts whose pct predates the option (before pve-container 5.0.9) are remembered here by
+# name and get pct's default, keep-env; docs/proxmox-semantics.md has the details.
 _NO_KEEP_ENV_HOSTS: set = set()
+_CLEAN_HOST_ENV = 'exec env -i -- PATH="$PATH" "$@"'
 
 # pct sets PATH=/sbin:/bin:/usr/sbin:/usr/bin before it runs the command (pve-common's
 # run_cli_handler), which leaves out /usr/local/bin where pip and users put tools. orch
@@ -50,14 +56,14 @@ _PUT_SCRIPT = ('umask 077; t=$(mktemp "$1' + PUT_TEMP_MARK + 'XXXXXXXXXX") || ex
                'cat > "$t" && [ "$(wc -c < "$t")" -eq "$3" ] '
                '&& chmod "$2" "$t" && mv -f "$t" "$1" || { rm -f "$t"; exit 1; }')
 _HOME_SCRIPT = 'printf %s "$HOME"'
-# The reaper needs the container's python3; a container without one still runs the
-# command, only without the group kill. $0 is the reaper's source, $1 its --limit, then the
-# command. -I -S: the reaper is stdlib only, so it skips site (~4 ms) and ignores PYTHON*
-# variables and the current folder, which are the command's (a PYTHONPATH with a select.py
-# cannot break it); the command still gets the whole environment, that of pct exec: the
-# PWD this sh exports of its own is unset first.
-_REAP_IF_PYTHON = ('unset PWD; if command -v python3 >/dev/null 2>&1; then '
-                   'exec python3 -I -S -c "$0" "$@"; fi; shift; exec "$@"')
+# The reaper runs as `python3 -I -S -c SOURCE --limit=S ARGV...`, started by the `env` that
+# sets orch's PATH: no shell in between, which would drop variables whose names are no
+# shell identifiers and add a PWD of its own. -I -S: the reaper is stdlib only, so it skips
+# site (~4 ms) and ignores PYTHON* variables and the current folder, which are the
+# command's (a PYTHONPATH with a select.py cannot break it); the command gets the whole
+# environment. A container without python3 (env's "No such file or directory", nothing
+# ran) gets the command again without the reaper, only without the group kill.
+_NO_PYTHON3 = re.compile(r"python3.*No such file or directory")
 # The reaper's own limit is this much past orch's timeout: orch's closing of the channel
 # normally comes first, and says "timeout" the way every transport does.
 REAP_LIMIT_SLACK_S = 5.0
@@ -80,25 +86,37 @@ class Target(Transport):
         where = f"CT {self.vmid} on host {self.host.name}" if self.vmid else f"host {self.host.name}"
         return f"{self.name} ({where})"
 
-    def wrap(self, argv: Sequence[str], path: Optional[str] = None) -> list[str]:
-        """The argv the host runs: pct exec for a container, the command itself otherwise."""
+    def wrap(self, argv: Sequence[str], path: Optional[str] = None,
+             env: Optional[dict] = None) -> list[str]:
+        """The argv the host runs: pct exec for a container, the command itself otherwise.
+        env: variables for the command, carried as described above _NO_KEEP_ENV_HOSTS."""
         if not self.vmid:
             return list(argv)
         path = path or self.env.get("PATH") or CONTAINER_PATH
-        clean = [] if self.host.name in _NO_KEEP_ENV_HOSTS else ["--keep-env", "0"]
-        return ["pct", "exec", str(self.vmid), *clean, "--", *with_env([f"PATH={path}"], argv)]
+        inner = ["--", *with_env([f"PATH={path}"], argv)]
+        known = self.host.name not in _NO_KEEP_ENV_HOSTS
+        if not env:
+            return ["pct", "exec", str(self.vmid), *(["--keep-env", "0"] if known else []), *inner]
+        return ["sh", "-c", _CLEAN_HOST_ENV, "orch-env", *(f"{k}={v}" for k, v in env.items()),
+                "pct", "exec", str(self.vmid), *(["--keep-env", "1"] if known else []), *inner]
 
     def _run(self, argv, options) -> Result:
-        path = options.env.pop("PATH", None) if self.vmid else None  # pct would reset it
+        env = {}
+        if self.vmid:   # the variables travel in wrap's argv (see there), not the host's env
+            env, options.env = options.env, {}
+        path = env.pop("PATH", None)  # pct would reset it
         # Every container command is reaped: pct exec gives no signal to a command whose
         # caller went away, and a payload or step past its timeout must not run on
         inner = reaped(argv, options.timeout) if self.vmid else argv
         try:
-            result = self.host._run(self.wrap(inner, path), options)
+            result = self.host._run(self.wrap(inner, path, env), options)
             if self.vmid and self._keep_env_refused(result):   # refused before anything ran
-                result = self.host._run(self.wrap(inner, path), options)
+                result = self.host._run(self.wrap(inner, path, env), options)
+            if self.vmid and no_python3(result):   # nothing ran: the command, unreaped
+                inner = argv
+                result = self.host._run(self.wrap(inner, path, env), options)
         except (CommandTimeout, ConnectionLost) as error:
-            raise self._restated(error, self.wrap(inner, path), argv) from None
+            raise self._restated(error, self.wrap(inner, path, env), argv) from None
         result.argv = list(argv)
         result.target = self.name
         if self.vmid and result.exit_code != 0:
@@ -215,7 +233,14 @@ def reaped(argv: Sequence[str], timeout: Optional[float] = None) -> list[str]:
     closes (pct exec gives no signal to a command whose caller went away), or a little
     after `timeout` seconds in any case."""
     limit = f"--limit={timeout + REAP_LIMIT_SLACK_S:g}" if timeout else "--limit=0"
-    return ["sh", "-c", _REAP_IF_PYTHON, compact_source("reaper"), limit, *argv]
+    return ["python3", "-I", "-S", "-c", compact_source("reaper"), limit, *argv]
+
+
+def no_python3(result: Result) -> bool:
+    """The reaper could not start: env found no python3 (exit 127, its one line, no output)."""
+    lines = result.stderr_tail(2)
+    return (result.exit_code == 127 and not result.stdout and len(lines) == 1
+            and bool(_NO_PYTHON3.search(lines[0])))
 
 
 def require_vmid(target: Target) -> int:

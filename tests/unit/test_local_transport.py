@@ -110,6 +110,26 @@ def test_container_wraps_with_pct_exec():
                                                 "sh", "/bin/a=b"]
 
 
+def test_a_containers_variables_reach_pct_through_a_cleared_environment_never_its_argv():
+    """With variables, the host runs `sh -c 'exec env -i -- PATH="$PATH" "$@"' K=V pct exec
+    VMID --keep-env 1 -- ...`: lxc-attach (which lives as long as the command) gets them in
+    its environment, not its argv, and nothing else of the host session."""
+    seen = []
+
+    class Host(LocalTransport):
+        def _run(self, argv, options):
+            seen.append((argv, dict(options.env)))
+            return Result(argv, 0, b"", b"", 0.0)
+
+    Target("ct", Host("pve"), vmid=200).run(["true"], env={"HF_TOKEN": "hf_x", "PATH": "/opt/bin"})
+    argv, host_env = seen[0]
+    assert host_env == {}
+    assert argv[:6] == ["sh", "-c", 'exec env -i -- PATH="$PATH" "$@"', "orch-env", "HF_TOKEN=hf_x", "pct"]
+    pct_exec = argv[5:]
+    assert pct_exec[:6] == ["pct", "exec", "200", "--keep-env", "1", "--"]
+    assert "hf_x" not in " ".join(pct_exec) and "PATH=/opt/bin" in pct_exec
+
+
 def test_a_pct_without_keep_env_gets_the_command_once_without_it():
     """pct before pve-container 5.0.9 refuses the option in its parameter check (nothing
     ran): the command runs again without it, and the host is remembered."""

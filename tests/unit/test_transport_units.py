@@ -148,9 +148,8 @@ def test_every_container_command_runs_under_the_reaper_with_a_limit():
 
     Target("ct", Host("pve"), vmid=200).run(["python3", "-", "{}"], timeout=30)
     inner = seen[0][seen[0].index("--") + 1:]
-    assert inner[inner.index("sh"):][:2] == ["sh", "-c"]
-    assert compact_source("reaper") in inner and "--limit=35" in inner
-    assert inner[-3:] == ["python3", "-", "{}"]
+    assert inner[3:9] == ["python3", "-I", "-S", "-c", compact_source("reaper"), "--limit=35"]
+    assert inner[9:] == ["python3", "-", "{}"]
 
 
 def test_reaper_passes_exit_codes_and_signals_through():
@@ -187,11 +186,27 @@ def test_local_transport_streams_stdin_and_can_skip_capture():
 
 
 def test_reaped_command_runs_without_python_too():
+    """A container without python3: env says so and runs nothing; the command then runs
+    once more without the reaper. The command's own exit 127 is not taken for that."""
+    from orchestrator.remote.container import Target
+    seen = []
+
+    class Host(LocalTransport):
+        def _run(self, argv, options):
+            seen.append(argv)
+            if "-I" in argv:
+                return Result(argv, 127, b"", b"env: 'python3': No such file or directory\n", 0.0)
+            return Result(argv, 127, b"", b"sh: 1: nope: not found\n", 0.0)
+
+    result = Target("ct", Host("pve"), vmid=200).run(["nope"])
+    assert result.exit_code == 127 and len(seen) == 2 and seen[1][-1] == "nope" and "-I" not in seen[1]
+
+
+def test_reaped_commands_keep_every_variable_a_shell_would_drop():
     from orchestrator.remote.container import reaped
-    argv = reaped(["/usr/bin/printf", "%s|", "a b", "$x"])
-    with_python = subprocess.run(argv, capture_output=True)
-    without = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True, env={"PATH": "/nonexistent"})
-    assert with_python.stdout == without.stdout == b"a b|$x|"
+    odd = {"-dash": "d", "not-an-identifier": "ok", "A": "1"}
+    done = subprocess.run(reaped(["env"]), capture_output=True, env=odd, timeout=30)
+    assert sorted(done.stdout.decode().splitlines()) == ["-dash=d", "A=1", "not-an-identifier=ok"]
 
 
 def test_the_reaper_ignores_the_commands_python_settings_and_passes_them_on(tmp_path):
