@@ -22,8 +22,9 @@ from orchestrator.remote.local import LocalTransport
 _PCT_NO_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist")
 _PCT_NOT_RUNNING = re.compile(r"container '(\d+)' not running!")
 _PCT_BAD_VMID = re.compile(r"value does not look like a valid VM ID")
-# pct before pve-container 5.0.9 (PVE 8.1) has no keep-env option and refuses it this way.
-_PCT_NO_KEEP_ENV = re.compile(r"keep-env: property is not defined in schema")
+# pct before pve-container 5.0.9 (PVE 8.1) has no keep-env option: Getopt::Long warns,
+# then pve-common's get_options dies "400 unable to parse option" (and the usage follows).
+_PCT_NO_KEEP_ENV = re.compile(r"^Unknown option: keep-env$", re.MULTILINE)
 
 # `pct exec` hands the container command the environment of the host's session
 # (--keep-env defaults to 1 up to PVE 9 at least; pct's own FIXME says it can leak host
