@@ -80,6 +80,7 @@ import ast
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -654,14 +655,13 @@ def limit_cpu(seconds):
     after this, gets the same limit of its own."""
     if seconds <= 0:
         return
+    for already in resource.getrlimit(resource.RLIMIT_CPU):
+        if already != resource.RLIM_INFINITY:
+            seconds = min(seconds, already)   # a lower limit set already stays
     try:
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        if hard != resource.RLIM_INFINITY:
-            seconds = min(seconds, hard)
-        resource.setrlimit(resource.RLIMIT_CPU, (seconds, hard))
-    except (ImportError, ValueError, OSError):
-        pass  # no resource module, or a lower limit already: the wall-clock limit still holds
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+    except (ValueError, OSError):
+        pass  # not allowed here: the wall-clock limit still holds
 
 
 def run(args):

@@ -140,6 +140,17 @@ def test_stop_signals_only_the_process_carrying_the_runs_marker(tmp_path):
         victim.wait()
 
 
+def test_a_run_of_an_earlier_orch_without_a_marker_can_still_be_stopped(tmp_path):
+    """pid.json written before the marker existed: its start time is what names the run."""
+    run_dir = tmp_path / "run"
+    launcher(here(), "start", str(run_dir), argv=["sleep", "30"])
+    old = json.loads((run_dir / "pid.json").read_text())
+    del old["marker"]
+    (run_dir / "pid.json").write_text(json.dumps(old))
+    assert launcher(here(), "status", str(run_dir))["state"] == "running"
+    assert stop_run(here(), str(run_dir), grace=5)["sent"] == "SIGTERM"
+
+
 def test_a_run_folder_through_a_symlink_is_refused(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "runs").symlink_to(tmp_path / "elsewhere")

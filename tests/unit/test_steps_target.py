@@ -136,3 +136,10 @@ def test_a_wheel_of_the_same_size_but_other_content_is_pushed_again(tmp_path):
         assert puts == [] or puts[0].argv[4] == "/var/lib/orch/wheelhouse/a-1-py3-none-any.whl"
         install = h.host.payload_calls("bootstrap")[-1].payload_args
         assert install["action"] == "install" and install["wheels"] == {"a-1-py3-none-any.whl": digest}
+
+
+def test_a_plan_never_shows_an_index_urls_password(tmp_path):
+    book = BOOTSTRAP.replace('numpy<2"]}', 'numpy<2"], index_url: "https://me:s3cret@pypi.example/simple"}')
+    plan = planned(tmp_path, book)
+    assert "s3cret" not in " ".join(plan)
+    assert "--index-url https://***@pypi.example/simple" in plan[1]
