@@ -52,11 +52,14 @@ def secure_dir(path, create=True, private=False):
         os.close(fd)
 
 
-def state_dir(*names):
-    """STATE_DIR (made root-only first) joined with names, the last folder checked or made 0700."""
-    secure_dir(STATE_DIR, private=True)
-    path = os.path.join(STATE_DIR, *names)
-    return secure_dir(path, private=True)
+def payload_folder(path, create):
+    """The folder a payload works in (a run folder, a wheelhouse), checked; made 0700 when
+    create. One under STATE_DIR makes STATE_DIR root's 0700 folder first. None when it is
+    missing and create is False."""
+    if path.startswith(STATE_DIR.rstrip("/") + "/"):
+        if secure_dir(STATE_DIR, create=create, private=True) is None:
+            return None
+    return secure_dir(path, create=create, private=create)
 
 
 def _open_child(parent, name, where, create, mode):

@@ -224,12 +224,9 @@ def pip_env(args):
 
 
 def checked_folder(folder, create):
-    """A wheelhouse root can trust (see _statedir); STATE_DIR made root's 0700 folder first."""
+    """A wheelhouse root can trust (see _statedir), made 0700 when create."""
     try:
-        if folder.startswith(STATE_DIR.rstrip("/") + "/"):
-            if secure_dir(STATE_DIR, create=create, private=True) is None:
-                return None
-        return secure_dir(folder, create=create, private=create)
+        return payload_folder(folder, create)
     except UnsafePath as error:
         fail("unsafe wheelhouse: %s" % error, kind="unsafe-path")
 

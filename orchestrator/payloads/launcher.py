@@ -72,15 +72,11 @@ def read_json(path):
 
 
 def checked_run_dir(run_dir, create):
-    """The run folder after _statedir's checks (made 0700 by start); None when it is missing
-    and create is False. A folder under STATE_DIR makes STATE_DIR root's 0700 folder first.
-    A run folder another account could change is refused: its pid.json could name any
-    process for `stop` to signal, its files could be links to root's."""
+    """The run folder after _statedir's checks (made 0700 by start). A run folder another
+    account could change is refused: its pid.json could name any process for `stop` to
+    signal, its files could be links to root's."""
     try:
-        if run_dir.startswith(STATE_DIR.rstrip("/") + "/"):
-            if secure_dir(STATE_DIR, create=create, private=True) is None:
-                return None
-        return secure_dir(run_dir, create=create, private=create)
+        return payload_folder(run_dir, create)
     except UnsafePath as error:
         fail("unsafe run folder: %s" % error, kind="unsafe-path")
 
@@ -329,8 +325,6 @@ def stop(args):
     if current["state"] != "running":
         emit("result", already=True, sent=None, **current)
         return
-    write_json(os.path.join(run_dir, STOP), {"requested_at": time.time(),
-                                             "reason": args.get("reason", "orch stop")})
     pgid = current["pid"]
     try:
         leader = os.getpgid(pgid) == pgid
@@ -339,6 +333,8 @@ def stop(args):
     if not leader:   # the command leads its own group (setsid): anything else is not the run
         fail("pid %d is not the leader of the run's process group: not signalling it" % pgid,
              kind="not-the-run")
+    write_json(os.path.join(run_dir, STOP), {"requested_at": time.time(),
+                                             "reason": args.get("reason", "orch stop")})
     sent = "SIGTERM"
     _signal_group(pgid, signal.SIGTERM)
     if not _wait_ended(run_dir, grace):

@@ -74,8 +74,10 @@ def test_state_dir_of_an_earlier_orch_is_made_private(tmp_path, monkeypatch):
     old = tmp_path / "lib-orch"
     old.mkdir(mode=0o755)
     monkeypatch.setattr(_statedir, "STATE_DIR", str(old))
-    assert _statedir.state_dir("wheelhouse") == str(old / "wheelhouse")
+    assert _statedir.payload_folder(str(old / "runs" / "r1"), create=False) is None
+    assert _statedir.payload_folder(str(old / "wheelhouse"), create=True) == str(old / "wheelhouse")
     assert oct(os.stat(old).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(old / "wheelhouse").st_mode & 0o777) == "0o700"
 
 
 def test_temporary_files_have_unguessable_names_and_never_follow_a_link(tmp_path):
