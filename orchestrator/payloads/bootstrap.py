@@ -265,6 +265,7 @@ def verify_pushed(args):
         for name, digest in sorted((args.get("wheels") or {}).items()):
             verify_wheel(os.path.join(args["find_links"], name), digest)
     if args.get("pip_wheel"):
+        checked_folder(os.path.dirname(args["pip_wheel"]), create=False)
         verify_wheel(args["pip_wheel"], args.get("pip_wheel_sha256"))
 
 
