@@ -190,3 +190,14 @@ def test_a_wheel_changed_after_the_push_is_not_installed(tmp_path):
                   hash="h", packages=["evil"], find_links=str(house), no_index=True,
                   wheels={"evil-1.0-py3-none-any.whl": "0" * 64})
     assert found.value.kind == "bad-wheel"
+
+
+def test_pips_own_wheel_runs_only_with_the_sha256_orch_pushed(tmp_path):
+    house = tmp_path / "wheelhouse"
+    house.mkdir(mode=0o700)
+    wheel = house / "pip-99-py3-none-any.whl"
+    wheel.write_bytes(b"planted")
+    with pytest.raises(PayloadError, match="is not the wheel orch pushed") as found:
+        bootstrap(here(), "install", python=sys.executable, venv=str(tmp_path / "venv"),
+                  hash="h", packages=["x"], pip_wheel=str(wheel), pip_wheel_sha256="0" * 64)
+    assert found.value.kind == "bad-wheel" and not (tmp_path / "venv").exists()
