@@ -19,7 +19,7 @@ from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.errors import ConfigError, ConnectionProblem, ExitCode, OrchError
 from orchestrator.fleet import Fleet, fan_out
 from orchestrator.monitor import RunUnreachable
-from orchestrator.payload_api import REMOTE_ROOT, launcher
+from orchestrator.payload_api import launcher
 from orchestrator.playbook.loader import (BUILTIN_NAMES, Playbook, StepSpec, load_playbook,
                                           normalize_extra_vars, order_vars)
 from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, contains_unknown,
@@ -98,7 +98,8 @@ class Engine:
             "run_id": run_id,
             "playbook_dir": self.playbook.directory,
             "inventory_dir": os.path.dirname(os.path.abspath(self.fleet.inventory.path)),
-            "remote_dir": f"{REMOTE_ROOT}/{run_id}",
+            "remote_dir": f"{target.state_dir()}/runs/{run_id}",
+            "state_dir": target.state_dir(),
         }
 
     def render_vars(self, target: Target) -> dict:

@@ -19,6 +19,7 @@ from typing import Callable, Optional, Union
 from orchestrator import __version__
 from orchestrator.errors import PayloadError, PayloadNoResult, PythonUnavailable
 from orchestrator.payloads import payload_source, with_args
+from orchestrator.payloads._statedir import STATE_DIR
 from orchestrator.remote.base import LineSplitter
 from orchestrator.remote.container import Target
 
@@ -31,8 +32,9 @@ PATCH_TIMEOUT = 600.0
 RACE_TIMEOUT = 900.0
 PROBE_TIMEOUT = 60.0
 PATCH_ACTIONS = ("status", "diff", "apply", "revert")
+CPU_LIMIT_EXIT = 128 + 24          # SIGXCPU: the payload's RLIMIT_CPU ran out (Linux numbering)
 SYSTEM_PYTHON = "python3"          # stdlib-only payloads: the container's own python is enough
-REMOTE_ROOT = "/var/tmp/orch/runs"  # where the launcher keeps a run's pid, exit and log files
+REMOTE_ROOT = f"{STATE_DIR}/runs"  # where the launcher keeps a run's pid, exit and log files
 
 
 # ------------------------------------------------------------------ running a payload
@@ -65,6 +67,9 @@ def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] 
         return final
     if final and final.get("event") == "error":
         raise error_event(target, final)
+    if result.exit_code == CPU_LIMIT_EXIT:
+        raise PayloadError(f"{target.name}: payload {name} used up its CPU time limit and was "
+                           "killed (a pattern that backtracks without end?)", kind="cpu-limit")
     if result.exit_code in (126, 127) or "No such file or directory" in result.error_text[:500]:
         raise PythonUnavailable(f"{target.name}: cannot run {python}: {result.stderr_tail(1)}",
                                 hint="is the venv bootstrapped? (the venv: key of the inventory, "
@@ -102,8 +107,11 @@ def locate(target: Target, package: str = "torch") -> dict:
 def search(target: Target, pattern: str, *, package: str = "torch", fixed: bool = False,
            word: bool = False, ignore_case: bool = False, context: int = 0,
            mode: str = "grep", show: bool = False, engine: str = "auto",
-           max_hits: int = 1000, on_event: Optional[EventCallback] = None) -> dict:
-    """Search a package's installed Python source; returns the result with 'matches' added."""
+           max_hits: int = 1000, on_event: Optional[EventCallback] = None,
+           timeout: float = SEARCH_TIMEOUT) -> dict:
+    """Search a package's installed Python source; returns the result with 'matches' added.
+    The search may use `timeout` seconds of wall-clock time (the reaper kills it after) and
+    as much CPU (RLIMIT_CPU in the container: a pattern that backtracks for ever)."""
     matches: list[dict] = []
 
     def collect(event: dict) -> None:
@@ -114,8 +122,8 @@ def search(target: Target, pattern: str, *, package: str = "torch", fixed: bool 
 
     args = {"package": package, "pattern": pattern, "fixed": fixed, "word": word,
             "ignore_case": ignore_case, "context": context, "mode": mode, "show": show,
-            "engine": engine, "max_hits": max_hits}
-    result = run_payload(target, "source_search", args, timeout=SEARCH_TIMEOUT, on_event=collect)
+            "engine": engine, "max_hits": max_hits, "cpu_seconds": max(1, int(timeout))}
+    result = run_payload(target, "source_search", args, timeout=timeout, on_event=collect)
     return {**result, "matches": matches}
 
 
@@ -151,8 +159,9 @@ def probe(target: Target) -> dict:
 def bootstrap(target: Target, action: str, *, python: str = SYSTEM_PYTHON, timeout: float = 300.0,
               on_event: Optional[EventCallback] = None, **args) -> dict:
     """The bootstrap payload: check or install a venv, or list a wheelhouse folder."""
+    # On stdin: an index URL may hold credentials, and argv is visible in `ps`.
     return run_payload(target, "bootstrap", {"action": action, **args}, python=python,
-                       timeout=timeout, on_event=on_event)
+                       timeout=timeout, on_event=on_event, args_on_stdin=True)
 
 
 # ------------------------------------------------------------------ detached runs

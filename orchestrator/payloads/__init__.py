@@ -2,9 +2,10 @@
 container's own python as `PYTHON - ARGS_JSON`. Each prints JSON lines; the last line is
 {"event": "result", ...} or {"event": "error", "message": ...}.
 
-Code several payloads share lives once, in _protocol.py and _locate.py; a payload imports it
-with a marked line that payload_source() replaces by the module's text, so what is shipped
-is always one self-contained script.
+Code several payloads share lives once (_protocol.py, _locate.py, _statedir.py, ...); a
+payload imports it with a marked line that payload_source() replaces by the module's text,
+so what is shipped is always one self-contained script. _statedir.py imports nothing
+else, so the controller reads STATE_DIR from it too.
 
 This package only builds the scripts; orchestrator.payload_api runs them on a Target.
 It imports nothing of orch's, so the transports (remote/) may use it for their own helpers.

@@ -3,8 +3,11 @@
 Run with the BASE interpreter (the venv may not exist yet) as `PYTHON - ARGS_JSON`:
   {"action": "check" | "install" | "list", "venv": "~/venv", "hash": "...", "packages": [...],
    "index_url": null, "extra_index_urls": [], "find_links": null, "no_index": false,
-   "pip_args": [], "force": false, "dir": "/var/tmp/orch/wheelhouse",
-   "pip_wheel": "/var/tmp/orch/wheelhouse/pip-25.3-py3-none-any.whl"}
+   "pip_args": [], "force": false, "dir": "/var/lib/orch/wheelhouse", "sizes": {NAME: SIZE},
+   "wheels": {NAME: SHA256}, "pip_wheel": "/var/lib/orch/wheelhouse/pip-25.3-py3-none-any.whl",
+   "pip_wheel_sha256": "..."}
+(orch ships them on stdin: an index URL may hold credentials, which reach pip through
+PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, never its argv.)
 check    {"up_to_date": bool, "freeze": [...], "ensurepip": bool, "venv_pip": bool,
          "python_version": "3.11.2"} from the marker VENV/.orch-bootstrap.json
 install  creates the venv when missing, runs pip (each output line a "pip" event), records
@@ -13,17 +16,24 @@ install  creates the venv when missing, runs pip (each output line a "pip" event
          --without-pip and pip installs itself from the pushed `pip_wheel` (pip's own wheel
          runs as `python pip.whl/pip install --no-index pip.whl`). The result's "did"
          lists each thing it did, in words.
-list     the files of a wheelhouse directory with their sizes (what needs no upload).
+         Each pushed wheel (`wheels`, `pip_wheel`) is checked against its sha256 before pip
+         reads it.
+list     makes the wheelhouse folder root's own (0700, see _statedir) or refuses an unsafe
+         one; returns its files with their sizes, and the sha256 of those whose size is in
+         `sizes` (what needs no upload).
 """
 
+import hashlib
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
 
 from _protocol import *  # orch: inlined when shipped
+from _statedir import *  # orch: inlined when shipped
 
 MARKER = ".orch-bootstrap.json"
 
@@ -161,6 +171,7 @@ def install(args, venv):
         emit("result", changed=False, venv=venv, freeze=freeze(python),
              message="venv already matches what the playbook asks (marker %s)" % args["hash"][:12])
         return
+    verify_pushed(args)
     created = False
     did = []
     if not works(python):
@@ -171,10 +182,6 @@ def install(args, venv):
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     if args.get("no_index"):
         argv.append("--no-index")
-    if args.get("index_url"):
-        argv += ["--index-url", args["index_url"]]
-    for url in args.get("extra_index_urls") or []:
-        argv += ["--extra-index-url", url]
     if args.get("find_links"):
         argv += ["--find-links", args["find_links"]]
     argv += list(args.get("pip_args") or [])
@@ -182,7 +189,8 @@ def install(args, venv):
     emit("pip", line="$ " + " ".join(argv))
     started = time.time()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, text=True, errors="replace")
+                               stdin=subprocess.DEVNULL, text=True, errors="replace",
+                               env=pip_env(args))
     tail = []
     for line in process.stdout:
         line = line.rstrip("\n")
@@ -204,14 +212,76 @@ def install(args, venv):
          seconds=marker["seconds"], did=did)
 
 
+def pip_env(args):
+    """pip's environment: ours plus the index URLs, which may hold credentials and so never
+    go into an argv (`ps` shows every argv to every account)."""
+    env = dict(os.environ)
+    if args.get("index_url"):
+        env["PIP_INDEX_URL"] = args["index_url"]
+    if args.get("extra_index_urls"):
+        env["PIP_EXTRA_INDEX_URL"] = " ".join(args["extra_index_urls"])
+    return env
+
+
+def checked_folder(folder, create):
+    """A wheelhouse root can trust (see _statedir), made 0700 when create."""
+    try:
+        return payload_folder(folder, create)
+    except UnsafePath as error:
+        fail("unsafe wheelhouse: %s" % error, kind="unsafe-path")
+
+
+def sha256_of(path):
+    """The file's sha256, read without following a link; None when it is not a plain file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_wheel(path, expected):
+    if not expected:
+        fail("no sha256 for %s: orch checks every pushed wheel before pip reads it" % path,
+             kind="bad-args")
+    found = sha256_of(path)
+    if found != expected:
+        fail("%s is not the wheel orch pushed (sha256 %s, expected %s): not installing"
+             % (path, found or "unreadable", expected), kind="bad-wheel")
+
+
+def verify_pushed(args):
+    """Before anything runs: the wheelhouse is still a folder only root can change, and each
+    wheel orch pushed there is the one it pushed."""
+    if args.get("find_links"):
+        if checked_folder(args["find_links"], create=False) is None:
+            fail("the wheelhouse %s is not in the container" % args["find_links"])
+        for name, digest in sorted((args.get("wheels") or {}).items()):
+            verify_wheel(os.path.join(args["find_links"], name), digest)
+    if args.get("pip_wheel"):
+        checked_folder(os.path.dirname(args["pip_wheel"]), create=False)
+        verify_wheel(args["pip_wheel"], args.get("pip_wheel_sha256"))
+
+
 def list_dir(args):
     folder = os.path.expanduser(args["dir"])
+    checked_folder(folder, create=True)
+    sizes = args.get("sizes") or {}
     files = {}
-    if os.path.isdir(folder):
-        for name in os.listdir(folder):
-            path = os.path.join(folder, name)
-            if os.path.isfile(path) and not name.endswith(".orch-part"):
-                files[name] = os.path.getsize(path)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) or os.path.islink(path) or ".orch-put-" in name:
+            continue
+        size = os.path.getsize(path)
+        files[name] = {"size": size}
+        if sizes.get(name) == size:
+            files[name]["sha256"] = sha256_of(path)
     emit("result", dir=folder, files=files)
 
 

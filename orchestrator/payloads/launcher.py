@@ -37,12 +37,15 @@ import time
 
 from _protocol import *  # orch: inlined when shipped
 from _gpus import *  # orch: inlined when shipped
+from _statedir import *  # orch: inlined when shipped
 
 LOG = "output.log"
 PID = "pid.json"
 EXIT = "exit.json"
 STOP = "stop.json"
 CMD = "cmd.json"
+MARKER = "ORCH_RUN_MARKER"    # in the command's environment: names the run's own process
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 READ_CHUNK = 1 << 20          # the most bytes one data event carries
 BEAT_EVERY = 1.0              # seconds between heartbeats (the controller's dead-link detector)
@@ -50,9 +53,10 @@ VANISHED_GRACE = 2.0          # a dead pid without exit.json for this long: the 
 
 
 def write_json(path, data):
-    """Atomic: a reader sees the old file or the whole new one, never half."""
-    part = path + ".part"
-    with open(part, "w") as handle:
+    """Atomic: a reader sees the old file or the whole new one, never half. The temporary
+    file has a name nobody can guess and is created exclusively (see _statedir)."""
+    fd, part = open_new(os.path.dirname(path), os.path.basename(path))
+    with os.fdopen(fd, "w") as handle:
         json.dump(data, handle)
         handle.flush()
         os.fsync(handle.fileno())
@@ -61,10 +65,20 @@ def write_json(path, data):
 
 def read_json(path):
     try:
-        with open(path) as handle:
+        with os.fdopen(os.open(path, os.O_RDONLY | NOFOLLOW)) as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return None
+
+
+def checked_run_dir(run_dir, create):
+    """The run folder after _statedir's checks (made 0700 by start). A run folder another
+    account could change is refused: its pid.json could name any process for `stop` to
+    signal, its files could be links to root's."""
+    try:
+        return payload_folder(run_dir, create)
+    except UnsafePath as error:
+        fail("unsafe run folder: %s" % error, kind="unsafe-path")
 
 
 def start_ticks(pid):
@@ -93,9 +107,9 @@ def alive(info):
     except PermissionError:
         pass
     ticks = start_ticks(pid)
-    if ticks is None:
-        return False
-    if info.get("start_ticks") is not None and ticks != info["start_ticks"]:
+    if ticks is None or ticks != info.get("start_ticks"):
+        return False   # another process now has the pid (or pid.json names no start time)
+    if info.get("marker") and not has_marker(pid, info["marker"]):
         return False
     # A zombie (exited, not yet reaped by the supervisor) is not running any more.
     try:
@@ -104,6 +118,17 @@ def alive(info):
         return text[text.rfind(")") + 2:].split()[0] != "Z"
     except OSError:
         return False
+
+
+def has_marker(pid, marker):
+    """Whether process pid was started with this run's marker in its environment: a pid
+    and start time alone can be copied from /proc into a forged pid.json."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            environ = handle.read()
+    except OSError:
+        return False
+    return ("%s=%s" % (MARKER, marker)).encode() in environ.split(b"\0")
 
 
 # ------------------------------------------------------------------------- start
@@ -124,7 +149,6 @@ def start(args):
     argv = args["argv"]
     if not argv or not all(isinstance(a, str) for a in argv):
         fail("the command must be a non-empty list of strings")
-    os.makedirs(run_dir, exist_ok=True)
     existing = read_json(os.path.join(run_dir, PID))
     if existing and alive(existing) and not os.path.exists(os.path.join(run_dir, EXIT)):
         fail("a run is already going in %s (pid %s); stop it first" % (run_dir, existing["pid"]))
@@ -144,6 +168,8 @@ def start(args):
     env.setdefault("PYTHONUNBUFFERED", "1")
     for key, value in (args.get("env") or {}).items():
         env[str(key)] = str(value)
+    marker = os.urandom(16).hex()
+    env[MARKER] = marker
     cwd = args.get("cwd") or run_dir
     log_path = os.path.join(run_dir, LOG)
     write_json(os.path.join(run_dir, CMD), {
@@ -155,7 +181,7 @@ def start(args):
     if supervisor == 0:
         os.close(report_r)
         try:
-            supervise(argv, env, cwd, run_dir, log_path, report_w)
+            supervise(argv, env, cwd, run_dir, log_path, report_w, marker)
         finally:
             os._exit(0)
     os.close(report_w)
@@ -172,7 +198,7 @@ def start(args):
     emit("result", run_dir=run_dir, log=log_path, **info)
 
 
-def supervise(argv, env, cwd, run_dir, log_path, report_w):
+def supervise(argv, env, cwd, run_dir, log_path, report_w, marker):
     """Runs in a forked child: detach, fork the command, report its pid, wait, record."""
     os.setsid()
     # Fork once more so the process that waits is not the payload's direct child: the
@@ -188,7 +214,7 @@ def supervise(argv, env, cwd, run_dir, log_path, report_w):
     os.closerange(3, keep[0])
     os.closerange(keep[0] + 1, keep[1])
     os.closerange(keep[1] + 1, 65536)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
     # exec failures travel back on a close-on-exec pipe: EOF means the exec worked.
     exec_r, exec_w = os.pipe()
     os.set_inheritable(exec_w, False)
@@ -216,7 +242,7 @@ def supervise(argv, env, cwd, run_dir, log_path, report_w):
     failure = read_to_end(exec_r)
     ticks = start_ticks(child)
     info = {"pid": child, "pgid": child, "start_ticks": ticks, "supervisor": os.getpid(),
-            "started_at": time.time()}
+            "started_at": time.time(), "marker": marker}
     if failure:
         os.waitpid(child, 0)
         os.write(log_fd, (failure.decode("utf-8", "replace") + "\n").encode())
@@ -299,9 +325,16 @@ def stop(args):
     if current["state"] != "running":
         emit("result", already=True, sent=None, **current)
         return
+    pgid = current["pid"]
+    try:
+        leader = os.getpgid(pgid) == pgid
+    except OSError:
+        leader = False
+    if not leader:   # the command leads its own group (setsid): anything else is not the run
+        fail("pid %d is not the leader of the run's process group: not signalling it" % pgid,
+             kind="not-the-run")
     write_json(os.path.join(run_dir, STOP), {"requested_at": time.time(),
                                              "reason": args.get("reason", "orch stop")})
-    pgid = current["pid"]
     sent = "SIGTERM"
     _signal_group(pgid, signal.SIGTERM)
     if not _wait_ended(run_dir, grace):
@@ -345,7 +378,7 @@ class Followed(object):
         """Emits the new whole lines (all of it once the run ended); True if it sent any."""
         if self.handle is None:
             try:
-                self.handle = open(self.path, "rb")
+                self.handle = os.fdopen(os.open(self.path, os.O_RDONLY | NOFOLLOW), "rb")
             except OSError:
                 return False
         size = os.fstat(self.handle.fileno()).st_size
@@ -405,9 +438,10 @@ def tail(args):
     if args.get("follower"):
         owner_path = os.path.join(run_dir, ".tail-%s" % args["follower"])
         owner = "%d-%d" % (os.getpid(), time.time_ns() if hasattr(time, "time_ns") else 0)
-        with open(owner_path + ".part", "w") as handle:
+        fd, part = open_new(run_dir, os.path.basename(owner_path))
+        with os.fdopen(fd, "w") as handle:
             handle.write(owner)
-        os.replace(owner_path + ".part", owner_path)
+        os.replace(part, owner_path)
 
     started = time.time()
     state = describe(run_dir)
@@ -420,7 +454,7 @@ def tail(args):
     while True:
         if handle is None:
             try:
-                handle = open(log_path, "rb")
+                handle = os.fdopen(os.open(log_path, os.O_RDONLY | NOFOLLOW), "rb")
             except FileNotFoundError:
                 handle = None
         got = False
@@ -514,6 +548,7 @@ def main():
         fail("unknown action %r (start, status, stop, tail)" % (action,))
     if not args.get("run_dir"):
         fail("run_dir is required")
+    checked_run_dir(args["run_dir"], create=action == "start")
     ACTIONS[action](args)
 
 

@@ -1,7 +1,12 @@
 """Run a command as the leader of its own process group, and kill that group when orch
-stops listening: the SSH channel closed (orch's --timeout, Ctrl-C, a lost connection).
+stops listening: the SSH channel closed (orch's --timeout, Ctrl-C, a lost connection), or
+when the command outlives its own wall-clock limit.
 
-    python3 -c SOURCE ARGV...      (stdin, stdout and stderr are the command's own)
+    python3 -c SOURCE [--limit=SECONDS] ARGV...   (stdin, stdout, stderr: the command's own)
+
+--limit: the group is killed after SECONDS (0: no limit) even while the channel stays open
+(a link that died without closing, a controller that hangs), and the exit status is 124, as
+timeout(1) gives. orch sets it a little past its own timeout, which normally comes first.
 
 How it notices: closing a channel makes sshd close its end of the command's stdout and
 stderr pipes; poll() then reports POLLERR/POLLHUP on our end without anything written.
@@ -78,10 +83,27 @@ def kill_group(pid):
             time.sleep(0.02)
 
 
+LIMIT = "--limit="
+TIMED_OUT = 124
+
+
+def split_limit(argv):
+    """(seconds or None, the command's argv)."""
+    if argv and argv[0].startswith(LIMIT):
+        try:
+            seconds = float(argv[0][len(LIMIT):])
+        except ValueError:
+            seconds = 0
+        return (seconds if seconds > 0 else None), argv[1:]
+    return None, argv
+
+
 def main(argv):
+    limit, argv = split_limit(argv)
     if not argv:
         sys.stderr.write("reaper: no command\n")
         return 2
+    deadline = None if limit is None else time.monotonic() + limit
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
@@ -101,7 +123,12 @@ def main(argv):
         if stop:
             kill_group(pid)
             return 128 + stop[0]
-        for fd, events in poller.poll():
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            kill_group(pid)
+            sys.stderr.write("orch: %s ran past its limit of %g s and was killed\n" % (argv[0], limit))
+            return TIMED_OUT
+        for fd, events in poller.poll(None if left is None else max(1, int(left * 1000) + 1)):
             if fd == wake_read:
                 os.read(wake_read, 512)
             elif events & HANG_UP:

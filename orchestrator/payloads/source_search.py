@@ -20,6 +20,7 @@ error. Options (defaults in brackets)::
     show         def mode: include each definition's source        [false]
     engine       "auto" (rg when on PATH), "rg" or "python"        ["auto"]
     max_hits     stop after this many hits or definitions          [1000]
+    cpu_seconds  RLIMIT_CPU of the search (SIGXCPU), 0 for none    [0]
 
 Output: JSON lines on stdout, in order of path (directory by directory, names sorted, as
 ``rg --sort path`` walks) then line. Grep hits::
@@ -79,6 +80,7 @@ import ast
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -98,6 +100,7 @@ ARG_SPEC = {
     "show": (bool, False),
     "engine": (str, "auto"),
     "max_hits": (int, 1000),
+    "cpu_seconds": (int, 0),
 }
 MODES = ("grep", "def")
 ENGINES = ("auto", "rg", "python")
@@ -646,8 +649,24 @@ def engine_reason(requested, engine):
     return "a pattern ripgrep cannot take"
 
 
+def limit_cpu(seconds):
+    """RLIMIT_CPU: a pattern that backtracks for ever (Python re runs in C, where no timer
+    or signal handler can stop it) is killed by SIGXCPU after `seconds` of CPU; rg, forked
+    after this, gets the same limit of its own."""
+    if seconds <= 0:
+        return
+    for already in resource.getrlimit(resource.RLIMIT_CPU):
+        if already != resource.RLIM_INFINITY:
+            seconds = min(seconds, already)   # a lower limit set already stays
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+    except (ValueError, OSError):
+        pass  # not allowed here: the wall-clock limit still holds
+
+
 def run(args):
     check_args(args)
+    limit_cpu(args["cpu_seconds"])
     where = locate(args["package"])
     warnings = []
     search = run_def if args["mode"] == "def" else run_grep

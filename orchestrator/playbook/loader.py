@@ -42,7 +42,7 @@ TOP_KEYS = ("name", "description", "extends", "targets", "vars", "steps")
 COMMON_KEYS = ("name", "when", "register", "retries", "retry_delay", "timeout",
                "continue_on_error", "always")
 # Names every template can use, besides vars and registered results.
-BUILTIN_NAMES = ("target", "run_id", "playbook_dir", "remote_dir", "inventory_dir")
+BUILTIN_NAMES = ("target", "run_id", "playbook_dir", "remote_dir", "state_dir", "inventory_dir")
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

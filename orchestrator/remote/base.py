@@ -76,7 +76,7 @@ class RunOptions:
     # few KiB), so a command printing gigabytes costs no memory; orch exec streams this way.
     capture: bool = True
     # True: the command's process group is killed when orch stops waiting for it (timeout,
-    # Ctrl-C, a lost connection). Targets in containers honour it (see Target._run).
+    # Ctrl-C, a lost connection). Container targets reap every command (see Target._run).
     kill_on_close: bool = False
 
 

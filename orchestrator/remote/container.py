@@ -4,13 +4,16 @@ itself. Commands stay argv lists; the host's transport does the only quoting.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Optional, Sequence
 
 from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
 from orchestrator.payloads import compact_source
+from orchestrator.payloads._statedir import STATE_DIR, USER_STATE_DIR
 from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display_argv, with_env
+from orchestrator.remote.local import LocalTransport
 
 # pct's own failures before the command runs: one of these sentences ends stderr (perl's
 # locale warnings may come first; usage lines follow a bad id) and stdout is empty. The exit code says
@@ -19,6 +22,23 @@ from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display
 _PCT_NO_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist")
 _PCT_NOT_RUNNING = re.compile(r"container '(\d+)' not running!")
 _PCT_BAD_VMID = re.compile(r"value does not look like a valid VM ID")
+# pct before pve-container 5.0.9 (PVE 8.1) has no keep-env option: Getopt::Long warns,
+# then pve-common's get_options dies "400 unable to parse option" (and the usage follows).
+_PCT_NO_KEEP_ENV = re.compile(r"^Unknown option: keep-env$", re.MULTILINE)
+
+# `pct exec` hands the container command the environment of the host's session
+# (--keep-env defaults to 1 up to PVE 9 at least; pct's own FIXME says it can leak host
+# secrets). orch gives a container command orch's PATH, the variables it was asked to set,
+# and lxc's container=lxc; nothing of the host:
+# - no variables: `pct exec VMID --keep-env 0` (lxc-attach --clear-env);
+# - variables: their values must not go into lxc-attach's argv (it lives as long as the
+#   command, and any account on the host can read an argv), so they reach pct through its
+#   environment, emptied first: `sh -c 'exec env -i -- PATH="$PATH" "$@"' K=V... pct exec
+#   VMID --keep-env 1` (sh and env exec at once, as `env K=V pct` did before).
+# Hosts whose pct predates the option (before pve-container 5.0.9) are remembered here by
+# name and get pct's default, keep-env; docs/proxmox-semantics.md has the details.
+_NO_KEEP_ENV_HOSTS: set = set()
+_CLEAN_HOST_ENV = 'exec env -i -- PATH="$PATH" "$@"'
 
 # pct sets PATH=/sbin:/bin:/usr/sbin:/usr/bin before it runs the command (pve-common's
 # run_cli_handler), which leaves out /usr/local/bin where pip and users put tools. orch
@@ -30,17 +50,24 @@ CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Small, constant shell programs: user data only ever arrives as "$1", "$2", never as code.
 # The byte count is checked before the rename: a channel cut short (a timeout, a dropped
 # link) ends cat's input early without an error, and must not leave a truncated file.
-_PUT_SCRIPT = ('umask 077; cat > "$1.orch-part" && [ "$(wc -c < "$1.orch-part")" -eq "$3" ] '
-               '&& chmod "$2" "$1.orch-part" && mv -f "$1.orch-part" "$1" '
-               '|| { rm -f "$1.orch-part"; exit 1; }')
+# The temporary file is mktemp's (a random name, created O_EXCL, 0600): a fixed name beside
+# the destination could be a link planted by another account, which root's cat would follow.
+PUT_TEMP_MARK = ".orch-put-"
+_PUT_SCRIPT = ('umask 077; t=$(mktemp "$1' + PUT_TEMP_MARK + 'XXXXXXXXXX") || exit 1; '
+               'cat > "$t" && [ "$(wc -c < "$t")" -eq "$3" ] '
+               '&& chmod "$2" "$t" && mv -f "$t" "$1" || { rm -f "$t"; exit 1; }')
 _HOME_SCRIPT = 'printf %s "$HOME"'
-# The reaper needs the container's python3; a container without one still runs the
-# command, only without the group kill. $0 is the reaper's source, "$@" the command.
-# -I -S: the reaper is stdlib only, so it skips site (~4 ms) and ignores PYTHON* variables
-# and the current folder, which are the command's (a PYTHONPATH with a select.py cannot
-# break it); the command still gets the whole environment.
-_REAP_IF_PYTHON = ('if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$0" "$@"; '
-                   'fi; exec "$@"')
+# The reaper runs as `python3 -I -S -c SOURCE --limit=S ARGV...`, started by the `env` that
+# sets orch's PATH: no shell in between, which would drop variables whose names are no
+# shell identifiers and add a PWD of its own. -I -S: the reaper is stdlib only, so it skips
+# site (~4 ms) and ignores PYTHON* variables and the current folder, which are the
+# command's (a PYTHONPATH with a select.py cannot break it); the command gets the whole
+# environment. A container without python3 (env's "No such file or directory", nothing
+# ran) gets the command again without the reaper, only without the group kill.
+_NO_PYTHON3 = re.compile(r"python3.*No such file or directory")
+# The reaper's own limit is this much past orch's timeout: orch's closing of the channel
+# normally comes first, and says "timeout" the way every transport does.
+REAP_LIMIT_SLACK_S = 5.0
 
 
 class Target(Transport):
@@ -60,20 +87,37 @@ class Target(Transport):
         where = f"CT {self.vmid} on host {self.host.name}" if self.vmid else f"host {self.host.name}"
         return f"{self.name} ({where})"
 
-    def wrap(self, argv: Sequence[str], path: Optional[str] = None) -> list[str]:
-        """The argv the host runs: pct exec for a container, the command itself otherwise."""
+    def wrap(self, argv: Sequence[str], path: Optional[str] = None,
+             env: Optional[dict] = None) -> list[str]:
+        """The argv the host runs: pct exec for a container, the command itself otherwise.
+        env: variables for the command, carried as described above _NO_KEEP_ENV_HOSTS."""
         if not self.vmid:
             return list(argv)
         path = path or self.env.get("PATH") or CONTAINER_PATH
-        return ["pct", "exec", str(self.vmid), "--", *with_env([f"PATH={path}"], argv)]
+        inner = ["--", *with_env([f"PATH={path}"], argv)]
+        known = self.host.name not in _NO_KEEP_ENV_HOSTS
+        if not env:
+            return ["pct", "exec", str(self.vmid), *(["--keep-env", "0"] if known else []), *inner]
+        return ["sh", "-c", _CLEAN_HOST_ENV, "orch-env", *(f"{k}={v}" for k, v in env.items()),
+                "pct", "exec", str(self.vmid), *(["--keep-env", "1"] if known else []), *inner]
 
     def _run(self, argv, options) -> Result:
-        path = options.env.pop("PATH", None) if self.vmid else None  # pct would reset it
-        inner = reaped(argv) if options.kill_on_close and self.vmid else argv
+        env = {}
+        if self.vmid:   # the variables travel in wrap's argv (see there), not the host's env
+            env, options.env = options.env, {}
+        path = env.pop("PATH", None)  # pct would reset it
+        # Every container command is reaped: pct exec gives no signal to a command whose
+        # caller went away, and a payload or step past its timeout must not run on
+        inner = reaped(argv, options.timeout) if self.vmid else argv
         try:
-            result = self.host._run(self.wrap(inner, path), options)
+            result = self.host._run(self.wrap(inner, path, env), options)
+            if self.vmid and self._keep_env_refused(result):   # refused before anything ran
+                result = self.host._run(self.wrap(inner, path, env), options)
+            if self.vmid and no_python3(result):   # nothing ran: the command, unreaped
+                inner = argv
+                result = self.host._run(self.wrap(inner, path, env), options)
         except (CommandTimeout, ConnectionLost) as error:
-            raise self._restated(error, self.wrap(inner, path), argv) from None
+            raise self._restated(error, self.wrap(inner, path, env), argv) from None
         result.argv = list(argv)
         result.target = self.name
         if self.vmid and result.exit_code != 0:
@@ -89,6 +133,15 @@ class Target(Transport):
         if getattr(error, "result", None) is not None:
             error.result.argv, error.result.target = list(argv), self.name
         return error
+
+    def _keep_env_refused(self, result: Result) -> bool:
+        """pct too old for --keep-env: its parameter check failed, the command never ran."""
+        refused = (result.exit_code != 0 and not result.stdout.strip()
+                   and self.host.name not in _NO_KEEP_ENV_HOSTS
+                   and bool(_PCT_NO_KEEP_ENV.search(result.error_text[-2000:])))
+        if refused:
+            _NO_KEEP_ENV_HOSTS.add(self.host.name)
+        return refused
 
     def spawn(self, argv):
         return self.host.spawn(self.wrap(argv))
@@ -135,6 +188,20 @@ class Target(Transport):
             return self.home() + path[1:]
         return path
 
+    def state_dir(self) -> str:
+        """orch's own folder on this target (run folders, the wheelhouse, caches): STATE_DIR
+        as root, which every container command is (pct exec), else the account's own
+        USER_STATE_DIR; the launcher and bootstrap payloads check it (payloads/_statedir.py)."""
+        return STATE_DIR if self._as_root() else self.expand(USER_STATE_DIR)
+
+    def _as_root(self) -> bool:
+        if self.vmid:
+            return True
+        if isinstance(self.host, LocalTransport):
+            return os.geteuid() == 0   # this process's account
+        settings = getattr(self.host, "settings", None)   # SSH: the account it logs in as
+        return getattr(settings, "user", "root") == "root"
+
     def python(self) -> str:
         """The interpreter steps use: the venv's when the inventory names one."""
         if not self.venv:
@@ -162,10 +229,19 @@ def pct_error_text(result: Result, vmid: Optional[int]) -> Optional[str]:
     return None
 
 
-def reaped(argv: Sequence[str]) -> list[str]:
+def reaped(argv: Sequence[str], timeout: Optional[float] = None) -> list[str]:
     """argv run under the reaper payload: its own process group, killed when the channel
-    closes (pct exec gives no signal to a command whose caller went away)."""
-    return ["sh", "-c", _REAP_IF_PYTHON, compact_source("reaper"), *argv]
+    closes (pct exec gives no signal to a command whose caller went away), or a little
+    after `timeout` seconds in any case."""
+    limit = f"--limit={timeout + REAP_LIMIT_SLACK_S:g}" if timeout else "--limit=0"
+    return ["python3", "-I", "-S", "-c", compact_source("reaper"), limit, *argv]
+
+
+def no_python3(result: Result) -> bool:
+    """The reaper could not start: env found no python3 (exit 127, its one line, no output)."""
+    lines = result.stderr_tail(2)
+    return (result.exit_code == 127 and not result.stdout and len(lines) == 1
+            and bool(_NO_PYTHON3.search(lines[0])))
 
 
 def require_vmid(target: Target) -> int:

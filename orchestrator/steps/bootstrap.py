@@ -23,9 +23,10 @@ import sys
 
 from orchestrator import distro, payload_api
 from orchestrator.errors import OrchError, PayloadError
+from orchestrator.payloads._statedir import STATE_DIR
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
-REMOTE_WHEELHOUSE = "/var/tmp/orch/wheelhouse"
+REMOTE_WHEELHOUSE = f"{STATE_DIR}/wheelhouse"
 DOWNLOAD_MARKER = ".orch-wheelhouse.json"
 PIP_WHEEL_CACHE = "~/.cache/orch/pip-wheels"
 
@@ -41,7 +42,8 @@ class BootstrapStep(Step):
         "extra_index_urls": Param((list,), default=[], items=(str,)),
         "wheelhouse": Param((str,), doc="a folder of wheels on the controller, pushed in"),
         "download": Param((bool,), default=True, doc="fill the wheelhouse with pip download"),
-        "remote_wheelhouse": Param((str,), default=REMOTE_WHEELHOUSE),
+        "remote_wheelhouse": Param((str,), doc=f"where wheels go in the target (default: "
+                                               f"{REMOTE_WHEELHOUSE}, root's own folder)"),
         "pip_args": Param((list,), default=[], items=(str,)),
         "force": Param((bool,), default=False, doc="reinstall even when the marker matches"),
         "install_python": Param((bool,), default=False,
@@ -55,7 +57,7 @@ class BootstrapStep(Step):
         if params["wheelhouse"]:
             lines.append(f"controller: pip download {' '.join(params['packages'])} -d "
                          f"{params['wheelhouse']} (once); push missing wheels to "
-                         f"{params['remote_wheelhouse']}")
+                         f"{params['remote_wheelhouse'] or REMOTE_WHEELHOUSE}")
         lines.append(f"{params['python']} -m venv {venv} (unless the marker matches; without "
                      "ensurepip: --without-pip, then pip from its own pushed wheel)")
         lines.append(f"{venv}/bin/python -m pip install {' '.join(self._pip_options(params))}"
@@ -85,13 +87,14 @@ class BootstrapStep(Step):
             return self._done(ctx, venv, checked, changed=False, digest=digest)
         args = {**base, "index_url": params["index_url"],
                 "extra_index_urls": params["extra_index_urls"], "pip_args": params["pip_args"]}
+        remote_dir = remote_wheelhouse(target, params)
         if local_dir:
-            self._push_wheels(ctx, local_dir, wheels, params["remote_wheelhouse"])
-            args["find_links"] = params["remote_wheelhouse"]
+            args["wheels"] = self._push_wheels(ctx, local_dir, list(wheels), remote_dir)
+            args["find_links"] = remote_dir
             args["no_index"] = not params["index_url"] and not params["extra_index_urls"]
         if not checked.get("ensurepip") and not checked.get("venv_pip"):
-            args["pip_wheel"] = self._push_pip_wheel(ctx, params, local_dir,
-                                                     checked.get("python_version"))
+            args["pip_wheel"], args["pip_wheel_sha256"] = self._push_pip_wheel(
+                ctx, params, local_dir, checked.get("python_version"), remote_dir)
 
         def on_event(event: dict) -> None:
             if event.get("event") == "pip":
@@ -144,16 +147,15 @@ class BootstrapStep(Step):
         return check()
 
     def _push_pip_wheel(self, ctx: StepContext, params: dict, local_dir: str | None,
-                        python_version: str | None) -> str:
+                        python_version: str | None, remote_dir: str) -> tuple[str, str]:
         """Push pip's own wheel (the container's python has no ensurepip); returns its path
-        in the container."""
+        in the container and its sha256 (the payload checks it before running it)."""
         path, source = self._pip_wheel(ctx, local_dir, python_version)
         name = os.path.basename(path)
         ctx.progress(f"{params['python']} in {ctx.target.name} has no ensurepip: pushing pip's "
                      f"wheel {name} ({source})")
-        remote_dir = params["remote_wheelhouse"]
-        self._push_wheels(ctx, os.path.dirname(path), {name: os.path.getsize(path)}, remote_dir)
-        return f"{remote_dir}/{name}"
+        digests = self._push_wheels(ctx, os.path.dirname(path), [name], remote_dir)
+        return f"{remote_dir}/{name}", digests[name]
 
     def _pip_wheel(self, ctx: StepContext, local_dir: str | None,
                    python_version: str | None) -> tuple[str, str]:
@@ -191,11 +193,11 @@ class BootstrapStep(Step):
     def _pip_options(params: dict) -> list[str]:
         options = []
         if params["index_url"]:
-            options += ["--index-url", params["index_url"]]
+            options += ["--index-url", masked_url(params["index_url"])]
         for url in params["extra_index_urls"]:
-            options += ["--extra-index-url", url]
+            options += ["--extra-index-url", masked_url(url)]
         if params["wheelhouse"]:
-            options += ["--find-links", params["remote_wheelhouse"]]
+            options += ["--find-links", params["remote_wheelhouse"] or REMOTE_WHEELHOUSE]
             if not params["index_url"] and not params["extra_index_urls"]:
                 options.append("--no-index")
         return options + list(params["pip_args"])
@@ -224,14 +226,11 @@ class BootstrapStep(Step):
         if not params["download"]:
             return folder
         argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                "--only-binary=:all:", "-d", folder]
-        if params["index_url"]:
-            argv += ["--index-url", params["index_url"]]
-        for url in params["extra_index_urls"]:
-            argv += ["--extra-index-url", url]
-        argv += list(params["packages"])
+                "--only-binary=:all:", "-d", folder, *params["packages"]]
         ctx.progress(f"filling the wheelhouse {folder} (pip download)")
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = {**os.environ, **index_env(params["index_url"], params["extra_index_urls"])}
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, env=env)
         for line in process.stdout:
             ctx.output("controller: " + line.rstrip("\n"))
         if process.wait() != 0:
@@ -240,21 +239,61 @@ class BootstrapStep(Step):
             handle.write(asked)
         return folder
 
-    def _push_wheels(self, ctx: StepContext, local_dir: str, wheels: dict, remote_dir: str) -> None:
+    def _push_wheels(self, ctx: StepContext, local_dir: str, names: list, remote_dir: str) -> dict:
+        """Push the wheels the container lacks (by sha256: a file of the same size proves
+        nothing); returns {name: sha256} of them all, which the payload checks again before
+        pip reads any of them."""
         target = ctx.target
-        present = payload_api.bootstrap(target, "list", timeout=60, dir=remote_dir).get("files", {})
-        missing = [name for name, size in wheels.items() if present.get(name) != size]
+        digests = {name: file_sha256(os.path.join(local_dir, name)) for name in names}
+        sizes = {name: os.path.getsize(os.path.join(local_dir, name)) for name in names}
+        present = payload_api.bootstrap(target, "list", timeout=ctx.remaining(600), dir=remote_dir,
+                                        sizes=sizes).get("files", {})
+        missing = [name for name in names if (present.get(name) or {}).get("sha256") != digests[name]]
         if not missing:
-            ctx.progress(f"all {len(wheels)} wheels already in {remote_dir}")
-            return
-        target.run(["mkdir", "-p", remote_dir], timeout=30).check(f"creating {remote_dir}")
+            ctx.progress(f"all {len(names)} wheels already in {remote_dir}")
+            return digests
         for number, name in enumerate(missing, 1):
-            size = wheels[name]
+            size = sizes[name]
             ctx.progress(f"pushing wheel {number}/{len(missing)}: {name} ({size / 1e6:.1f} MB)")
             with open(os.path.join(local_dir, name), "rb") as handle:
                 data = handle.read()
             try:
-                target.put(f"{remote_dir}/{name}", data, mode=0o644,
+                target.put(f"{remote_dir}/{name}", data, mode=0o600,
                            timeout=ctx.remaining(120 + size / 5e6))
             except OrchError as error:
                 raise StepFailed(f"pushing {name} to {target.name} failed: {error}") from None
+        return digests
+
+
+def remote_wheelhouse(target, params: dict) -> str:
+    """The wheelhouse in the target: the step's remote_wheelhouse, else root's own folder
+    (the bootstrap payload's list action makes and checks it)."""
+    return params["remote_wheelhouse"] or f"{target.state_dir()}/wheelhouse"
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def index_env(index_url: str | None, extra_index_urls: list) -> dict:
+    """pip's index options as its environment variables: an index URL may hold credentials
+    (https://user:token@host/simple), and an argv is visible to every account in `ps`."""
+    env = {}
+    if index_url:
+        env["PIP_INDEX_URL"] = index_url
+    if extra_index_urls:
+        env["PIP_EXTRA_INDEX_URL"] = " ".join(extra_index_urls)
+    return env
+
+
+def masked_url(url: str) -> str:
+    """The URL with any user:password replaced, for plans and messages."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rsplit('@', 1)[1]}{slash}{path}"

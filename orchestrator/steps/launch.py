@@ -65,7 +65,7 @@ class LaunchStep(Step):
         elif venv is False:
             venv = None
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", ctx.spec.name or f"launch{ctx.spec.index + 1}").strip("-.")
-        run_dir = params["run_dir"] or f"{REMOTE_ROOT}/{ctx.run_id}/{slug or 'launch'}"
+        run_dir = params["run_dir"] or f"{target.state_dir()}/runs/{ctx.run_id}/{slug or 'launch'}"
         prepared = {"argv": argv, "env": env, "venv": venv, "cwd": params["cwd"], "run_dir": run_dir}
         if params["torchrun"] is not None:
             try:

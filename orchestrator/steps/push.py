@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import re
 from typing import Optional
 
 import jinja2
@@ -15,7 +16,9 @@ from orchestrator.config.yamlsrc import Loc
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
 FILE_KEYS = ("src", "dest", "mode", "template")
-_SHA_SCRIPT = 'sha256sum -- "$1" 2>/dev/null || true'
+# The file's sha256 and mode: a file with the right content but the wrong mode (0644 for
+# a script pushed 0755, 0666 for a key pushed 0600) must be written again.
+_SHA_SCRIPT = 'sha256sum -- "$1" 2>/dev/null && stat -c %a -- "$1" 2>/dev/null || true'
 
 
 class PushStep(Step):
@@ -65,13 +68,14 @@ class PushStep(Step):
             path = self._find(ctx, item["src"])
             data = self._content(ctx, path, item["template"])
             dest = target.expand(str(item["dest"]))
-            if self._remote_sha(ctx, dest) == hashlib.sha256(data).hexdigest():
+            mode = _mode(item["mode"])
+            if self._remote_state(ctx, dest) == (hashlib.sha256(data).hexdigest(), mode):
                 same.append(dest)
                 continue
             parent = posixpath.dirname(dest)
             if parent:
                 target.run(["mkdir", "-p", parent], timeout=ctx.remaining(30)).check(f"creating {parent}")
-            target.put(dest, data, mode=_mode(item["mode"]), timeout=ctx.remaining(120))
+            target.put(dest, data, mode=mode, timeout=ctx.remaining(120))
             changed.append(dest)
         message = (f"{len(changed)} file(s) written" + (f", {len(same)} unchanged" if same else "")
                    if changed else f"{len(same)} file(s) already up to date")
@@ -98,9 +102,13 @@ class PushStep(Step):
             raise StepFailed(f"{path}{line}: template error: {error}") from None
 
     @staticmethod
-    def _remote_sha(ctx: StepContext, dest: str) -> str:
+    def _remote_state(ctx: StepContext, dest: str) -> tuple[str, int | None]:
+        """(sha256, mode) of dest in the target; ("", None) when it is missing."""
         result = ctx.target.run(["sh", "-c", _SHA_SCRIPT, "orch-sha", dest], timeout=ctx.remaining(60))
-        return result.text.split(" ", 1)[0].strip() if result.ok else ""
+        lines = result.text.splitlines() if result.ok else []
+        digest = lines[0].split(" ", 1)[0].strip() if lines else ""
+        mode = lines[1].strip() if len(lines) > 1 else ""
+        return digest, int(mode, 8) if re.fullmatch(r"[0-7]{1,4}", mode) else None
 
 
 def find_source(playbook_dir: str, src: str) -> tuple[Optional[str], list[str]]:

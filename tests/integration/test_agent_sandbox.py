@@ -275,15 +275,19 @@ def _environment(text: str) -> dict:
 
 
 def test_commands_run_in_one_warm_session_with_the_environment_pct_exec_gives(sandbox, agent_env):
-    manual = subprocess.run(["ssh", "-F", str(sandbox.ssh_config), "sb1", "pct exec 200 -- env"],
+    # orch's container environment: pct exec --keep-env 0 (nothing of the host's session), orch's PATH
+    manual = subprocess.run(["ssh", "-F", str(sandbox.ssh_config), "sb1",
+                             "pct exec 200 --keep-env 0 -- env"],
                             capture_output=True, text=True, timeout=60)
     assert manual.returncode == 0, manual.stderr
     expected = _environment(manual.stdout)
     expected["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # orch's
+    assert "SSH_CONNECTION" not in manual.stdout and "HOME" not in expected
     direct = orch({**agent_env, "ORCH_AGENT": "off"}, sandbox.inventory_path, "exec", "sb1-200", "--", "env")
     warm = [orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "env") for _ in range(2)]
     # nothing added on the way: no LC_CTYPE from a Python helper's locale coercion (PEP 538)
     assert _environment(direct.stdout) == expected
+    assert "SSH_CONNECTION" not in direct.stdout   # the host session's, kept out by --keep-env 0
     assert [_environment(out.stdout) for out in warm] == [expected, expected]
     # the commands ran in one session: their parent is the same server process each time
     parents = {orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "sh", "-c",

@@ -149,7 +149,7 @@ def test_torch_reinstall_is_flagged_as_patch_drift(env, tmp_path):
     # (python -m pip: the seeded venv's bin/pip names the controller's venv in its #! line)
     reinstall = orch(env, "exec", TARGET, "--", f"{VENV}/bin/python", "-m", "pip", "install", "-q",
                      "--disable-pip-version-check", "--force-reinstall", "--no-deps", "--no-index",
-                     "--find-links", "/var/tmp/orch/wheelhouse", "torch==2.13.0", timeout=900)
+                     "--find-links", "/var/lib/orch/wheelhouse", "torch==2.13.0", timeout=900)
     assert reinstall.returncode == 0, reinstall.stdout + reinstall.stderr
 
     code, summary, err = nightly(env)

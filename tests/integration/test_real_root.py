@@ -120,7 +120,7 @@ def test_a_bare_offline_debian_root_goes_to_the_dflash_demo_verdict_ok(real_root
     assert ("created the venv /root/venv with /usr/bin/python3 --without-pip "
             "(this python has no ensurepip)") in output
     assert "installed pip " in output and "into the venv from the pushed wheel " in output
-    assert ("installed torch==2.13.0 from the pushed wheelhouse /var/tmp/orch/wheelhouse "
+    assert ("installed torch==2.13.0 from the pushed wheelhouse /var/lib/orch/wheelhouse "
             "(--no-index)") in output
     assert "(searched with the stdlib engine: no ripgrep in the container)" in output
     assert "watch the first launch: failed fx-race" in output

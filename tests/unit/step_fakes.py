@@ -5,6 +5,7 @@ read by the real loader (errors keep their file:line:col)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import textwrap
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ class Call:
     argv: list
     stdin: Optional[bytes]
     env: dict
+
+    @property
+    def payload_args(self) -> dict:
+        """A payload's arguments: in argv, or set by the first line of its script on stdin."""
+        if len(self.argv) > 2:
+            return json.loads(self.argv[2])
+        header = self.stdin.split(b"\n", 1)[0].decode()
+        return json.loads(ast.literal_eval(header.split(" = ", 1)[1].split("  # orch", 1)[0])[0])
 
 
 @dataclass

@@ -100,13 +100,57 @@ def test_line_splitter_keeps_partial_lines():
 def test_container_wraps_with_pct_exec():
     container = Target("ct", LocalTransport("pve"), vmid=200)
     path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--", "env", "--", path,
-                                               "echo", "a b"]
+    # --keep-env 0: nothing of the host session's environment reaches the container
+    assert container.wrap(["echo", "a b"]) == ["pct", "exec", "200", "--keep-env", "0", "--",
+                                               "env", "--", path, "echo", "a b"]
     pinned = Target("ct", LocalTransport("pve"), vmid=200, env={"PATH": "/opt/bin"})
-    assert pinned.wrap(["rg"])[4:] == ["env", "--", "PATH=/opt/bin", "rg"]
+    assert pinned.wrap(["rg"])[6:] == ["env", "--", "PATH=/opt/bin", "rg"]
     # env would take a program named with '=' for an assignment: sh's exec runs it instead
-    assert container.wrap(["/bin/a=b"])[4:] == ["env", "--", path, "sh", "-c", 'exec "$@"',
+    assert container.wrap(["/bin/a=b"])[6:] == ["env", "--", path, "sh", "-c", 'exec "$@"',
                                                 "sh", "/bin/a=b"]
+
+
+def test_a_containers_variables_reach_pct_through_a_cleared_environment_never_its_argv():
+    """With variables, the host runs `sh -c 'exec env -i -- PATH="$PATH" "$@"' K=V pct exec
+    VMID --keep-env 1 -- ...`: lxc-attach (which lives as long as the command) gets them in
+    its environment, not its argv, and nothing else of the host session."""
+    seen = []
+
+    class Host(LocalTransport):
+        def _run(self, argv, options):
+            seen.append((argv, dict(options.env)))
+            return Result(argv, 0, b"", b"", 0.0)
+
+    Target("ct", Host("pve"), vmid=200).run(["true"], env={"HF_TOKEN": "hf_x", "PATH": "/opt/bin"})
+    argv, host_env = seen[0]
+    assert host_env == {}
+    assert argv[:6] == ["sh", "-c", 'exec env -i -- PATH="$PATH" "$@"', "orch-env", "HF_TOKEN=hf_x", "pct"]
+    pct_exec = argv[5:]
+    assert pct_exec[:6] == ["pct", "exec", "200", "--keep-env", "1", "--"]
+    assert "hf_x" not in " ".join(pct_exec) and "PATH=/opt/bin" in pct_exec
+
+
+def test_a_pct_without_keep_env_gets_the_command_once_without_it():
+    """pct before pve-container 5.0.9 refuses the option in its parameter check (nothing
+    ran): the command runs again without it, and the host is remembered."""
+    refusal = ("Unknown option: keep-env\n400 unable to parse option\n"
+               "pct exec <vmid> [<extra-args>]\n")
+
+    class OldPct(Transport):
+        name = "old-pve"
+        calls: list = []
+
+        def _run(self, argv, options):
+            self.calls.append(argv)
+            if "--keep-env" in argv:
+                return Result(argv, 255, b"", refusal.encode(), 0.1)
+            return Result(argv, 0, b"ran\n", b"", 0.1)
+
+    host = OldPct()
+    container = Target("ct", host, vmid=200)
+    assert container.run(["true"]).text == "ran\n"
+    assert container.run(["true"]).text == "ran\n"
+    assert ["--keep-env" in argv for argv in host.calls] == [True, False, False]
 
 
 def test_a_streamed_output_keeps_only_its_tail_in_the_result():

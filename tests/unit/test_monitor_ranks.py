@@ -212,7 +212,7 @@ def test_the_legacy_specforge_playbook_validates_and_dry_runs(tmp_path):
     book, out = dry_run(tmp_path, "specforge-dflash-legacy.yaml",
                         "-e", "specforge_dir=/opt/SpecForge", "-e", "batch_size=2")
     assert [s.kind for s in book.steps] == ["ensure", "shell", "launch", "monitor", "collect"]
-    assert ("CUDA_VISIBLE_DEVICES=5,6,7 TORCHINDUCTOR_CACHE_DIR=/var/tmp/orch/inductor-cache "
+    assert ("CUDA_VISIBLE_DEVICES=5,6,7 TORCHINDUCTOR_CACHE_DIR=/var/lib/orch/inductor-cache "
             "/root/venv/bin/python -m torch.distributed.run --nproc-per-node 3 --master-port 29500 "
             "--log-dir ") in out
     assert "--redirects 3 /opt/SpecForge/scripts/train_dflash.py --target-model-path" in out

@@ -315,3 +315,16 @@ def test_def_mode_wants_a_name(tree):
 def test_def_mode_truncates_at_max_hits(tree):
     run = search(tree, "trace", mode="def", max_hits=2)
     assert len(run.of("def")) == 2 and run.expect_result()["truncated"] is True
+
+
+def test_a_pattern_that_backtracks_for_ever_is_stopped_by_its_cpu_limit(tmp_path):
+    """Python re runs a catastrophic pattern in C, where nothing interrupts it: RLIMIT_CPU
+    (cpu_seconds) kills the payload with SIGXCPU after that much CPU time."""
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("x = '" + "a" * 40 + "!'\n")
+    write_dist_info(site, "pkg", "1.0", "pkg")
+    run = run_payload(sys.executable, "source_search",
+                      {"package": "pkg", "pattern": "(a+)+$", "engine": "python", "cpu_seconds": 1},
+                      env=env_with_path(site), timeout=30)
+    assert run.returncode == -24 and run.events == []   # SIGXCPU (the controller sees 152)

@@ -9,6 +9,8 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.payload_api import REMOTE_ROOT
+from orchestrator.remote.container import Target
+from orchestrator.remote.local import LocalTransport
 from orchestrator.steps.base import StepFailed
 from tests.unit.step_fakes import payload_failure, planned, RUN_ID, Reply, harness
 
@@ -49,10 +51,36 @@ def test_push_leaves_an_identical_file_alone(tmp_path):
     h = harness(tmp_path, PUSH, extra_vars={"file": "hello.j2"}, files={"hello.j2": "hi\n"})
     digest = hashlib.sha256(b"hi\n").hexdigest()
     h.host.on(lambda argv, stdin: "orch-sha" in argv,
-              Reply(stdout=f"{digest}  /srv/app/hello.txt\n".encode()))
+              Reply(stdout=f"{digest}  /srv/app/hello.txt\n755\n".encode()))
     record = h.record()
     assert _puts(h.host) == []
     assert (record.steps[0].status, record.steps[0].message) == ("ok", "1 file(s) already up to date")
+
+
+def test_push_writes_a_file_again_when_only_its_mode_differs(tmp_path):
+    h = harness(tmp_path, PUSH, extra_vars={"file": "hello.j2"}, files={"hello.j2": "hi\n"})
+    digest = hashlib.sha256(b"hi\n").hexdigest()
+    h.host.on(lambda argv, stdin: "orch-sha" in argv,
+              Reply(stdout=f"{digest}  /srv/app/hello.txt\n644\n".encode()))
+    h.host.on_argv(["mkdir", "-p", "/srv/app"])
+    h.host.on(lambda argv, stdin: "orch-put" in argv, Reply())
+    record = h.record()
+    (put,) = _puts(h.host)
+    assert put.argv[4:6] == ["/srv/app/hello.txt", "755"]
+    assert record.steps[0].message == "1 file(s) written"
+
+
+def test_put_never_writes_through_a_link_planted_beside_the_destination(tmp_path):
+    """The real put script (local sh): the old fixed temporary name DEST.orch-part, planted
+    as a link to a victim file, is left alone; the file lands at DEST with its mode."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    dest = tmp_path / "app.conf"
+    (tmp_path / "app.conf.orch-part").symlink_to(victim)
+    Target("dev", LocalTransport("here")).put(str(dest), b"new\n", mode=0o640)
+    assert victim.read_text() == "root's file\n"
+    assert dest.read_bytes() == b"new\n" and oct(dest.stat().st_mode & 0o777) == "0o640"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.conf", "app.conf.orch-part", "victim"]
 
 
 def test_push_template_error_and_missing_rendered_src_fail_the_step(tmp_path):

@@ -3,6 +3,7 @@ calls (what a target's record learns), failures."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -53,7 +54,7 @@ def test_bootstrap_up_to_date_records_the_freeze(tmp_path):
     h.host.on_payload("bootstrap", {"up_to_date": True, "freeze": ["numpy==1.26.4", "torch==2.13.0"]})
     record = h.record()
     (check,) = h.host.payload_calls("bootstrap")
-    assert json.loads(check.argv[2])["action"] == "check" and check.argv[0] == "python3"
+    assert check.payload_args["action"] == "check" and check.argv[0] == "python3"
     step = record.steps[0]
     assert step.status == "ok" and step.message.startswith("nothing to do: /opt/venv already matches")
     assert step.data["torch"] == "2.13.0"
@@ -108,3 +109,37 @@ def test_collect_saves_the_launched_run_files(tmp_path):
     assert h.recorder.names() == ["save_targets", "note_artifacts"]
     assert h.recorder.record.artifacts_dir == paths.run_dir(RUN_ID)
     assert h.recorder.target_info("dev").pip_freeze == ["torch==2.13.0"]
+
+
+WHEELHOUSE = """\
+    name: t
+    targets: [dev]
+    steps:
+      - bootstrap: {packages: ["a==1"], wheelhouse: wheels, download: false}
+"""
+
+
+def test_a_wheel_of_the_same_size_but_other_content_is_pushed_again(tmp_path):
+    """The container's wheel is compared by sha256, not size: a same-size file planted in
+    the wheelhouse is replaced, and install gets every wheel's sha256 to check."""
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "a-1-py3-none-any.whl").write_bytes(b"abc")
+    digest = hashlib.sha256(b"abc").hexdigest()
+    for remote, pushes in (("0" * 64, 1), (digest, 0)):
+        h = harness(tmp_path, WHEELHOUSE)
+        h.host.on_payload("bootstrap", {"up_to_date": False, "ensurepip": True, "changed": True,
+                                        "files": {"a-1-py3-none-any.whl": {"size": 3, "sha256": remote}}})
+        h.host.on_argv(["sh", "-c"])
+        assert h.record().steps[0].status == "changed"
+        puts = [c for c in h.host.calls if c.argv[:2] == ["sh", "-c"] and "orch-put" in c.argv]
+        assert len(puts) == pushes
+        assert puts == [] or puts[0].argv[4] == "/var/lib/orch/wheelhouse/a-1-py3-none-any.whl"
+        install = h.host.payload_calls("bootstrap")[-1].payload_args
+        assert install["action"] == "install" and install["wheels"] == {"a-1-py3-none-any.whl": digest}
+
+
+def test_a_plan_never_shows_an_index_urls_password(tmp_path):
+    book = BOOTSTRAP.replace('numpy<2"]}', 'numpy<2"], index_url: "https://me:s3cret@pypi.example/simple"}')
+    plan = planned(tmp_path, book)
+    assert "s3cret" not in " ".join(plan)
+    assert "--index-url https://***@pypi.example/simple" in plan[1]

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.errors import BadArgument, ChannelRefused
 from orchestrator.payloads import compact_source, payload_source
-from orchestrator.remote.base import validate_env
+from orchestrator.remote.base import Result, validate_env
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.ssh import (ARGV_FROM_STDIN, INLINE_COMMAND_LIMIT, SshHost, SshSettings,
                                      _Connection, remote_command)
@@ -116,6 +116,42 @@ def test_reaper_kills_the_group_when_the_reader_goes_away():
     assert not _alive(grandchild)
 
 
+def test_reaper_kills_the_group_past_its_own_limit_with_the_channel_still_open():
+    """--limit: a dead link that never closes the channel does not let a command (and what
+    it forked) run on: after the limit the group is killed and the status is 124."""
+    source = payload_source("reaper").decode()
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-c", source, "--limit=1", "sh", "-c",
+                                "sleep 300 & echo $!; wait"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    grandchild = int(process.stdout.readline())
+    assert process.wait(timeout=10) == 124     # our end of its pipes is still open
+    assert time.monotonic() - started < 5
+    assert b"ran past its limit of 1 s" in process.stderr.read()
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+    assert subprocess.run([sys.executable, "-c", source, "--limit=0", "true"]).returncode == 0
+
+
+def test_every_container_command_runs_under_the_reaper_with_a_limit():
+    """Not only `orch exec`: a payload or step command on a plain channel is reaped too,
+    with the reaper's own limit a little past the command's timeout."""
+    from orchestrator.remote.container import Target
+    seen = []
+
+    class Host(LocalTransport):
+        def _run(self, argv, options):
+            seen.append(argv)
+            return Result(argv, 0, b"", b"", 0.0)
+
+    Target("ct", Host("pve"), vmid=200).run(["python3", "-", "{}"], timeout=30)
+    inner = seen[0][seen[0].index("--") + 1:]
+    assert inner[3:9] == ["python3", "-I", "-S", "-c", compact_source("reaper"), "--limit=35"]
+    assert inner[9:] == ["python3", "-", "{}"]
+
+
 def test_reaper_passes_exit_codes_and_signals_through():
     source = payload_source("reaper").decode()
     assert subprocess.run([sys.executable, "-c", source, "sh", "-c", "exit 9"]).returncode == 9
@@ -150,11 +186,27 @@ def test_local_transport_streams_stdin_and_can_skip_capture():
 
 
 def test_reaped_command_runs_without_python_too():
+    """A container without python3: env says so and runs nothing; the command then runs
+    once more without the reaper. The command's own exit 127 is not taken for that."""
+    from orchestrator.remote.container import Target
+    seen = []
+
+    class Host(LocalTransport):
+        def _run(self, argv, options):
+            seen.append(argv)
+            if "-I" in argv:
+                return Result(argv, 127, b"", b"env: 'python3': No such file or directory\n", 0.0)
+            return Result(argv, 127, b"", b"sh: 1: nope: not found\n", 0.0)
+
+    result = Target("ct", Host("pve"), vmid=200).run(["nope"])
+    assert result.exit_code == 127 and len(seen) == 2 and seen[1][-1] == "nope" and "-I" not in seen[1]
+
+
+def test_reaped_commands_keep_every_variable_a_shell_would_drop():
     from orchestrator.remote.container import reaped
-    argv = reaped(["/usr/bin/printf", "%s|", "a b", "$x"])
-    with_python = subprocess.run(argv, capture_output=True)
-    without = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True, env={"PATH": "/nonexistent"})
-    assert with_python.stdout == without.stdout == b"a b|$x|"
+    odd = {"-dash": "d", "not-an-identifier": "ok", "A": "1"}
+    done = subprocess.run(reaped(["env"]), capture_output=True, env=odd, timeout=30)
+    assert sorted(done.stdout.decode().splitlines()) == ["-dash=d", "A=1", "not-an-identifier=ok"]
 
 
 def test_the_reaper_ignores_the_commands_python_settings_and_passes_them_on(tmp_path):
