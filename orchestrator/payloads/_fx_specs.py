@@ -1,0 +1,222 @@
+"""The FX states that concurrent compiles share, one SharedState spec each, and the patch
+sets made of them. Adding a state is a spec here (and its tests), not a new engine.
+
+- fx-tracing-flag: ``_is_fx_tracing_flag`` of torch/fx/_symbolic_trace.py (2.1 to 2.13;
+  thread-local upstream since 2.14, pytorch PR 168999). One thread's symbolic_trace/make_fx
+  makes every other thread's torch.compile'd call fail "Detected that you are using FX to
+  symbolically trace a dynamo-optimized function". The accessors keep torch 2.14's names,
+  so code written for 2.14 works on a patched release.
+- node-meta: torch/fx/traceback.py's ``current_meta``, ``current_replay_node``,
+  ``should_preserve_node_meta``, ``_should_preserve_node_meta`` (each release its own
+  subset; still global in 2.14.1, pytorch issue 184917). ``preserve_node_meta()`` rebinds
+  ``current_meta`` on exit and ``annotate()`` deletes ``current_meta["custom"]`` on exit:
+  interleaved in two threads, ``KeyError: 'custom'``, and one thread's annotations and stack
+  traces land in another thread's graph nodes.
+
+Inlined when shipped, like _protocol.py; standard library only.
+"""
+
+import ast
+
+from _protocol import *  # orch: inlined when shipped
+from _fx_source import *  # orch: inlined when shipped
+from _fx_threadlocal import *  # orch: inlined when shipped
+
+FLAG = "_is_fx_tracing_flag"
+FLAG_TLS = "_is_fx_tracing_tls"
+FLAG_HELPERS = ("_get_is_fx_tracing", "_set_is_fx_tracing", "_is_fx_tracing_context")
+GUARDS = ("is_fx_tracing", "is_fx_symbolic_tracing")  # the second only since torch 2.9
+CHECKPOINT = "torch/utils/checkpoint.py"
+
+
+def flag_upstream(tree):
+    """torch >= 2.14: the holder and the three helpers, no module-level flag."""
+    names = module_level_names(tree)
+    if FLAG_TLS in names and FLAG not in names and all(module_function(tree, h)
+                                                        for h in FLAG_HELPERS):
+        return min(n.lineno for n in tree.body if single_name_assignment(n, FLAG_TLS))
+    return None
+
+
+def is_flag_name(node):
+    return isinstance(node, ast.Name) and node.id == FLAG
+
+
+def expect_symbolic_trace_shape(src):
+    """Refuse unless the module has the pieces docs/torch-releases.md describes."""
+    relpath, tree = src.relpath, src.tree
+    taken = module_level_names(tree) & set(FLAG_HELPERS)
+    if taken:
+        raise UnknownShape(relpath, "already defines %s" % ", ".join(sorted(taken)))
+    declared = [n for n in tree.body if single_name_assignment(n, FLAG)]
+    if len(declared) != 1 or not (isinstance(declared[0].value, ast.Constant)
+                                  and declared[0].value.value is False):
+        raise UnknownShape(relpath, "expected exactly one module-level `%s = False`" % FLAG)
+    # Dynamo's guard calls is_fx_tracing() before 2.9 and is_fx_symbolic_tracing() (which
+    # 2.9 added) since; both read the same global, so each that exists must read it.
+    guards = [module_function(tree, name) for name in GUARDS]
+    if guards[0] is None:
+        raise UnknownShape(relpath, "no module-level is_fx_tracing()")
+    for name, function in zip(GUARDS, guards):
+        if function is not None and not any(is_flag_name(n) for n in ast.walk(function)):
+            raise UnknownShape(relpath, "%s() does not read %s" % (name, FLAG))
+    tracer = module_class(tree, "Tracer")
+    trace = tracer and next((n for n in tracer.body if isinstance(n, ast.FunctionDef)
+                             and n.name == "trace"), None)
+    if trace is None or not declares_global(trace, FLAG):
+        raise UnknownShape(relpath, "no Tracer.trace() with `global %s`" % FLAG)
+    sets_true = any(single_name_assignment(n, FLAG) and isinstance(n.value, ast.Constant)
+                    and n.value.value is True for n in ast.walk(trace))
+    restores = any(isinstance(n, ast.Try) and any(single_name_assignment(s, FLAG)
+                                                  for s in n.finalbody)
+                   for n in ast.walk(trace))
+    if not (sets_true and restores):
+        raise UnknownShape(relpath, "Tracer.trace() does not set %s to True and restore it "
+                           "in a finally block" % FLAG)
+
+
+def propagate_flag_into_recompute(src):
+    """As upstream 2.14: the non-reentrant checkpoint captures the forward thread's flag
+    and restores it around the recompute (which may run on an autograd worker thread)."""
+    relpath = src.relpath
+    outer = module_function(src.tree, "_checkpoint_without_reentrant_generator")
+    recompute = outer and [n for n in outer.body
+                           if isinstance(n, ast.FunctionDef) and n.name == "recompute_fn"]
+    if not recompute or len(recompute) != 1:
+        raise UnknownShape(relpath, "no _checkpoint_without_reentrant_generator() with one "
+                           "nested recompute_fn()")
+    recompute = recompute[0]
+    capture = "is_fx_tracing"
+    if any(isinstance(n, ast.Name) and n.id == capture or isinstance(n, ast.arg)
+           and n.arg == capture for n in ast.walk(outer)):
+        raise UnknownShape(relpath, "_checkpoint_without_reentrant_generator() already uses "
+                           "the name %s" % capture)
+    if not any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None
+                                                 for a in n.names) for n in src.tree.body):
+        raise UnknownShape(relpath, "does not `import torch` at module level")
+    calls_fn = [w for w in ast.walk(recompute) if isinstance(w, ast.With)
+                and any(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                        and isinstance(s.value.func, ast.Name) and s.value.func.id == "fn"
+                        for s in w.body)]
+    if len(calls_fn) != 1:
+        raise UnknownShape(relpath, "recompute_fn() has no single `with ...:` block that "
+                           "calls fn(...)")
+    add_with_item(src, calls_fn[0], b"torch.fx._symbolic_trace._is_fx_tracing_context(%s)"
+                  % capture.encode())
+    # The capture goes with the other forward-time captures: after the statement before
+    # recompute_fn (or above it when it comes first).
+    index = outer.body.index(recompute)
+    at = (src.own_lines(outer.body[index - 1])[1] if index
+          else src.offset(src.first_line(recompute), 0))
+    src.insert(at, src.indentation(recompute) + capture.encode()
+               + b" = torch.fx._symbolic_trace._get_is_fx_tracing()\n")
+    return True
+
+
+
+
+FLAG_CONTEXT = b'''@contextlib.contextmanager
+def _is_fx_tracing_context(value):
+    previous = _get_is_fx_tracing()
+    _set_is_fx_tracing(value)
+    try:
+        yield
+    finally:
+        _set_is_fx_tracing(previous)
+
+
+'''
+
+WHY_CHECKPOINT = ("never names the flag, but its non-reentrant recompute may run on an autograd "
+                  "worker thread, which with a per-thread flag would no longer see the forward "
+                  "thread's; backport of torch 2.14's recompute handling: the flag is captured "
+                  "at forward time and restored around the recompute")
+
+# After apply, in a fresh interpreter with the patched torch: threads see separate values.
+FLAG_CHECK = r'''
+import torch.fx._symbolic_trace as st
+seen = {}
+
+
+def flag_other_thread():
+    seen["initial"] = st._get_is_fx_tracing()
+    st._is_fx_tracing_flag = True  # written as a module attribute, as outside code does
+    seen["attribute"] = st._is_fx_tracing_flag
+    seen["is_fx_tracing"] = st.is_fx_tracing()
+
+
+if st._get_is_fx_tracing() is not False:
+    problems.append("the flag is not False after import")
+with st._is_fx_tracing_context(True):
+    in_thread(flag_other_thread)
+    if not (st.is_fx_tracing() and st._is_fx_tracing_flag):
+        problems.append("this thread does not see the flag it set")
+if seen != {"initial": False, "attribute": True, "is_fx_tracing": True}:
+    problems.append("another thread did not see its own flag: %r" % (seen,))
+if st._get_is_fx_tracing() is not False:
+    problems.append("another thread's write leaked here, or the context did not restore")
+'''
+
+FLAG_STATE = SharedState(
+    "fx-tracing-flag", "FX tracing flag", "torch.fx._symbolic_trace", [FLAG],
+    holder=FLAG_TLS, module_class="_ThreadLocalFxTracingFlagModule",
+    comment="the FX tracing flag is per thread (backport of torch 2.14's helpers,\n"
+            "pytorch PR 168999), so one thread's symbolic_trace no longer makes another\n"
+            "thread's torch.compile'd calls fail.",
+    required=[FLAG], accessor_names={FLAG: FLAG_HELPERS[:2]}, holder_attrs={FLAG: "flag"},
+    extra_block=FLAG_CONTEXT, imports=("contextlib", "sys", "threading"), strict=True,
+    upstream=flag_upstream, expect=expect_symbolic_trace_shape,
+    extra={CHECKPOINT: (propagate_flag_into_recompute, WHY_CHECKPOINT)},
+    why_home="holds the process-wide flag: it becomes thread-local, with torch 2.14's "
+             "helpers, and every read and write in the file goes through them",
+    import_check=FLAG_CHECK)
+
+
+NODE_META_NAMES = ("current_meta", "current_replay_node", "should_preserve_node_meta",
+                   "_should_preserve_node_meta")
+
+
+def expect_traceback_shape(src):
+    if not module_function(src.tree, "preserve_node_meta"):
+        raise UnknownShape(src.relpath, "no module-level preserve_node_meta()")
+
+
+NODE_META_CHECK = r'''
+import torch.fx.traceback as tb
+inside = {}
+
+
+def node_meta_other_thread():
+    inside["preserving"] = tb.has_preserved_node_meta()
+    inside["meta"] = dict(tb.current_meta)
+    tb.current_meta["orch-check"] = "other"
+
+
+with tb.preserve_node_meta():
+    tb.current_meta["orch-check"] = "main"
+    in_thread(node_meta_other_thread)
+    if not tb.has_preserved_node_meta() or tb.current_meta.get("orch-check") != "main":
+        problems.append("node meta: this thread lost its own node meta to another thread")
+if inside != {"preserving": False, "meta": {}}:
+    problems.append("node meta: another thread saw this thread's node meta: %r" % (inside,))
+if "orch-check" in tb.current_meta or tb.has_preserved_node_meta():
+    problems.append("node meta: preserve_node_meta() did not restore this thread's state")
+'''
+
+NODE_META_STATE = SharedState(
+    "node-meta", "FX node-meta state", "torch.fx.traceback", NODE_META_NAMES,
+    holder="_orch_node_meta_tls", module_class="_ThreadLocalNodeMetaModule",
+    comment="FX's node-meta state is per thread (pytorch issue 184917): one thread's\n"
+            "preserve_node_meta()/annotate() no longer rebinds or deletes another thread's\n"
+            "current_meta (KeyError: 'custom') or leaks its annotations into that thread's "
+            "graph.",
+    required=("current_meta", "should_preserve_node_meta"), exists_if="preserve_node_meta",
+    expect=expect_traceback_shape,
+    why_home="holds FX's node-meta state as module globals: they become thread-local, and "
+             "every read and write in the file goes through their accessors",
+    import_check=NODE_META_CHECK)
+
+STATES = (FLAG_STATE, NODE_META_STATE)
+STATE_BY_KEY = dict((s.key, s) for s in STATES)
+# fx-tls, the first patch set, is the flag alone: users' scripts and records keep working.
+PATCH_SETS = {"fx-tls": (FLAG_STATE,), "fx-threads": STATES}
