@@ -50,13 +50,16 @@ class SharedState:
         self.upstream, self.expect = upstream, expect
         self.extra = extra or {}
         self.why_home, self.import_check = why_home, import_check
+        accessors = [f(n) for n in self.names for f in (self.getter, self.setter)]
+        if len(set(accessors)) != len(accessors):  # a spec error, caught by any test run
+            raise ValueError("%s: two names share an accessor" % key)
 
     def getter(self, name):
-        return self.accessor_names.get(name, ("_orch_tls_get_" + name.lstrip("_"),))[0]
+        return self.accessor_names.get(name, ("_orch_tls_get_" + name,))[0]
 
     def setter(self, name):
         pair = self.accessor_names.get(name)
-        return pair[1] if pair else "_orch_tls_set_" + name.lstrip("_")
+        return pair[1] if pair else "_orch_tls_set_" + name
 
     def holder_attr(self, name):
         return self.holder_attrs.get(name, name)
@@ -145,11 +148,11 @@ def accessor_block(spec, initials):
                     "    except AttributeError:  # this thread's first use: a fresh %s" % text,
                     "        %s.%s = value = %s" % (holder, attr, text),
                     "        return value", "", ""]
-    text = "\n".join(out).encode() + spec.extra_block
+    text = ("\n".join(out) + "\n").encode() + spec.extra_block
     lines = ["class %s(type(sys.modules[__name__])):" % spec.module_class,
-             '    """Keeps %s readable and writable as module attributes for code outside'
-             % ", ".join(initials),
-             '    this module: each is the calling thread\'s value."""']
+             '    """Keeps the module attributes %s' % ", ".join(initials),
+             "    readable and writable for code outside this module: each is the calling",
+             '    thread\'s value."""']
     for name in initials:
         lines += ["", "    @property", "    def %s(self):" % name,
                   "        return %s()" % spec.getter(name), "",
