@@ -658,9 +658,10 @@ def action_apply(context):
                                inspection, tree)
     after = inspect_context(context)
     return result("apply", context, after, True,
-                  "patched %d file(s); threads now have their own %s%s"
+                  "patched %d file(s); threads now have their own %s%s%s"
                   % (len(record["files"]), ", ".join(s.title for s in specs),
-                     "; NOT import-checked: " + check["skipped"] if check.get("skipped") else ""),
+                     "; NOT import-checked: " + check["skipped"] if check.get("skipped") else "",
+                     outside_note(after.states)),
                   import_check=check)
 
 

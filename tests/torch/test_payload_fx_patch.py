@@ -228,3 +228,144 @@ def test_upstream_fixed_2_14_1_is_recognised_and_left_alone(upstream_fixed_site,
 def test_the_shared_torch_venv_was_never_written(real_torch_venv):
     assert_pristine(real_torch_venv, CHANGED_IN_2_13)
     assert not (real_torch_venv.site_packages / ".orch-fx-tls").exists()
+
+
+# --- fx-threads: every FX state threads share ------------------------------------------------
+
+TB = "torch/fx/traceback.py"
+# Beyond fx-tls's files: the node-meta state's module and every user the patcher finds.
+NODE_META_USERS_2_13 = ["torch/_functorch/_aot_autograd/graph_capture_wrappers.py",
+                        "torch/_higher_order_ops/flex_attention.py",
+                        "torch/fx/experimental/proxy_tensor.py", TB, "torch/utils/checkpoint.py"]
+CHANGED_BY_FX_THREADS_2_13 = sorted(set(CHANGED_IN_2_13) | set(NODE_META_USERS_2_13))
+
+
+def fx_threads(venv, action, **env):
+    return run_payload(venv.python, "fx_patch", {"action": action, "patch_set": "fx-threads",
+                                                 "orch_version": "0.1.0-test"},
+                       env=clean_env(**env))
+
+
+def race_states(venv):
+    run = run_payload(venv.python, "fx_race", {"trials": RACE_TRIALS, "timeout": 60,
+                                               "states": ["fx-tracing-flag", "node-meta"]},
+                      env=clean_env(), timeout=600)
+    result = run.expect_result()
+    return result, {row["state"]: row for row in result["states"]}
+
+
+def rows(result):
+    return {row["state"]: row["status"] for row in result["states"]}
+
+
+def test_fx_threads_life_cycle_on_real_torch_2_13(venv_copy):
+    status = fx_threads(venv_copy, "status").expect_result()
+    assert status["status"] == "vulnerable"
+    assert rows(status) == {"fx-tracing-flag": "vulnerable", "node-meta": "vulnerable"}
+    node_meta = next(r for r in status["states"] if r["state"] == "node-meta")
+    assert node_meta["where"] == TB + ":42" and "current_meta" in node_meta["why"]
+    assert [f["path"] for f in status["files"]] == CHANGED_BY_FX_THREADS_2_13
+
+    # Unpatched: every forced interleaving fails, n/n; the same-thread controls hold.
+    result, race = race_states(venv_copy)
+    assert (race["node-meta"]["raised"], race["node-meta"]["leaked"],
+            race["node-meta"]["control_held"], race["node-meta"]["verdict"]) == \
+        (RACE_TRIALS, RACE_TRIALS, RACE_TRIALS, "vulnerable")
+    assert race["fx-tracing-flag"]["verdict"] == "vulnerable"
+
+    before = torch_sources(venv_copy)
+    applied = fx_threads(venv_copy, "apply").expect_result()
+    assert applied["changed"] is True and applied["import_check"]["problems"] == []
+    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "patched"}
+    patched = torch_sources(venv_copy)
+    again = fx_threads(venv_copy, "apply").expect_result()
+    assert again["changed"] is False and torch_sources(venv_copy) == patched
+
+    # Patched: 0/n, controls still hold.
+    result, race = race_states(venv_copy)
+    assert (race["node-meta"]["raised"], race["node-meta"]["leaked"],
+            race["node-meta"]["control_held"], race["node-meta"]["verdict"]) == \
+        (0, 0, RACE_TRIALS, "fixed")
+    assert (race["fx-tracing-flag"]["raised"], race["fx-tracing-flag"]["control_held"]) == \
+        (0, RACE_TRIALS)
+    assert result["overall_verdict"] == "fixed"
+
+    # fx-tls sees its flag patched, and says nothing is left outside it.
+    assert fx_patch(venv_copy, "status").expect_result()["status"] == "patched"
+
+    reverted = fx_threads(venv_copy, "revert").expect_result()
+    assert {(f["action"], f["dist_record"]) for f in reverted["files"]} == {("restored", "ok")}
+    assert_pristine(venv_copy, CHANGED_BY_FX_THREADS_2_13)
+    assert torch_sources(venv_copy) == before
+    assert not (venv_copy.site_packages / ".orch-fx-tls").exists()
+
+
+def test_fx_tls_status_names_the_state_it_leaves_shared(venv_copy):
+    applied = fx_patch(venv_copy, "apply").expect_result()
+    assert applied["status"] == "patched"
+    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable"}
+    assert "orch patch fx-threads apply" in applied["message"]
+    status = fx_patch(venv_copy, "status").expect_result()
+    assert status["status"] == "patched" and "FX node-meta state (torch/fx/traceback.py:42)" \
+        in status["message"]
+
+
+def test_fx_threads_over_an_fx_tls_patch_adds_the_rest_and_revert_undoes_both(venv_copy):
+    before = torch_sources(venv_copy)
+    fx_patch(venv_copy, "apply").expect_result()
+    backup = venv_copy.site_packages / ".orch-fx-tls/backups/torch/utils/checkpoint.py.orig"
+    flag_only_backup = backup.read_bytes()
+    status = fx_threads(venv_copy, "status").expect_result()
+    assert status["status"] == "vulnerable"
+    assert rows(status) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable"}
+    diff = fx_threads(venv_copy, "diff").expect_result()["diff"]
+    assert "+_orch_node_meta_tls = threading.local()" in diff.splitlines()
+    applied = fx_threads(venv_copy, "apply").expect_result()
+    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "patched"}
+    # checkpoint.py holds both patches now and keeps ONE backup: its pristine bytes.
+    assert backup.read_bytes() == flag_only_backup
+    text = (venv_copy.site_packages / "torch/utils/checkpoint.py").read_text()
+    assert "_is_fx_tracing_context(is_fx_tracing)" in text
+    assert "fx_traceback._orch_tls_get_current_meta()" in text
+    _, race = race_states(venv_copy)
+    assert race["node-meta"]["verdict"] == "fixed"
+    fx_patch(venv_copy, "revert").expect_result()   # the old command undoes all of it
+    assert torch_sources(venv_copy) == before
+    assert_pristine(venv_copy, CHANGED_BY_FX_THREADS_2_13)
+
+
+def test_an_fx_tls_record_of_schema_1_still_reverts(venv_copy):
+    """A record as orch's first fx-tls wrote it (no patch_set, no states)."""
+    import json
+    before = torch_sources(venv_copy)
+    fx_patch(venv_copy, "apply").expect_result()
+    path = venv_copy.site_packages / ".orch-fx-tls/record.json"
+    record = json.loads(path.read_text())
+    for key in ("patch_set", "states"):
+        record.pop(key)
+    record["schema"] = 1
+    replace_file(path, json.dumps(record).encode())
+    assert rows(fx_threads(venv_copy, "status").expect_result())["fx-tracing-flag"] == "patched"
+    fx_threads(venv_copy, "revert").expect_result()
+    assert torch_sources(venv_copy) == before
+
+
+def test_upstream_2_14_1_flag_upstream_node_meta_vulnerable_and_apply_patches_it(
+        upstream_fixed_site, real_torch_venv):
+    env = clean_env(PYTHONPATH=str(upstream_fixed_site), ORCH_FX_PATCH_SOURCE_TREE="1")
+    args = {"patch_set": "fx-threads", "orch_version": "0.1.0-test"}
+    before = tree_hashes(upstream_fixed_site)
+    status = run_payload(real_torch_venv.python, "fx_patch", dict(args, action="status"),
+                         env=env).expect_result()
+    assert status["status"] == "vulnerable" and status["torch_version"] == "2.14.1+cu130"
+    assert rows(status) == {"fx-tracing-flag": "upstream", "node-meta": "vulnerable"}
+    flag = next(r for r in status["states"] if r["state"] == "fx-tracing-flag")
+    assert flag["where"].startswith("torch/fx/_symbolic_trace.py:")
+    applied = run_payload(real_torch_venv.python, "fx_patch", dict(args, action="apply"),
+                          env=env).expect_result()
+    assert rows(applied) == {"fx-tracing-flag": "upstream", "node-meta": "patched"}
+    assert "NOT import-checked" in applied["message"]
+    assert ST not in [f["path"] for f in applied["files"]]   # upstream's flag is left alone
+    run_payload(real_torch_venv.python, "fx_patch", dict(args, action="revert"),
+                env=env).expect_result()
+    assert tree_hashes(upstream_fixed_site) == before

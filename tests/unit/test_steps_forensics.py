@@ -55,7 +55,7 @@ def test_patch_plan_and_status(tmp_path):
     h.host.on_argv(["echo"], stdout=b"vulnerable\n")
     record = h.record()
     assert record.steps[0].status == "ok"
-    assert record.steps[0].message == ("torch 2.13.0: VULNERABLE: the FX tracing flag is "
+    assert record.steps[0].message == ("torch 2.13.0: VULNERABLE: FX state that threads share is "
                                        "a process-global (threads race)")
     assert record.targets[0].fx_tls_state == "vulnerable"
     assert record.findings[0].remediation == "orch patch fx-tls apply -t dev"
