@@ -267,11 +267,12 @@ def module_aliases(spec, src):
 
 def rewrite_user(spec, src):
     """Every use of the state through its module in this file -> the accessors. Returns
-    whether anything changed (a file may only mention a name in a comment or on another
+    the names it rewrote ([]: a file may only mention a name in a comment or on another
     object)."""
     owners, by_name, alias_nodes = module_aliases(spec, src)
     leaf = spec.module.rpartition(".")[2]
-    changed = rewrite_imported_names(spec, src, by_name, alias_nodes)
+    found = set(by_name.values()) if rewrite_imported_names(spec, src, by_name, alias_nodes) \
+        else set()
     for node in ast.walk(src.tree):
         if spec.strict and isinstance(node, ast.Name) and node.id in spec.names \
                 and node.id not in by_name:
@@ -287,8 +288,8 @@ def rewrite_user(spec, src):
                                    % (node.lineno, node.attr, owner or "an expression", leaf))
             continue  # another object's attribute of the same name
         rewrite_user_attribute(spec, src, node)
-        changed = True
-    return changed
+        found.add(node.attr)
+    return [name for name in spec.names if name in found]
 
 
 def rewrite_imported_names(spec, src, by_name, alias_nodes):

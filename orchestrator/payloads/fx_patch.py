@@ -193,8 +193,7 @@ def plan_transforms(tree, specs):
                      and any(n.encode() in tree.pristine(p) for n in present))
         for relpath in sorted(users):
             transforms.setdefault(relpath, []).append(
-                (lambda src, spec=spec: rewrite_user(spec, src), spec.why_user(present),
-                 present))
+                (lambda src, spec=spec: rewrite_user(spec, src), spec.why_user, present))
     return transforms
 
 
@@ -211,6 +210,9 @@ def build_plan(tree, specs, patch_set, orch_version):
         changed = [(transform(src), why, names) for transform, why, names in steps]
         if not any(c for c, _, _ in changed):
             continue  # the names only appear in a comment, a string or on other objects
+        # A user's transform says which names it rewrote; the why names exactly those.
+        changed = [(did, why(did) if callable(why) else why,
+                    did if isinstance(did, list) else found) for did, why, found in changed]
         names = []
         for did, _, found in changed:
             names += [n for n in found if did and n not in names]
