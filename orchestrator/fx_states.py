@@ -54,3 +54,13 @@ ROW_MEANINGS = {
 
 def row_meaning(status) -> str:
     return ROW_MEANINGS.get(status, "" if status is None else str(status))
+
+
+# The shared states, as `orch verify fx-threads` (the fx_race payload's `states`) and the
+# status rows name them, with the title each is shown under.
+STATE_TITLES = {
+    "fx-tracing-flag": "FX tracing flag",
+    "node-meta": "FX node-meta state",
+    "trace-patching": "FX trace-time patching",
+}
+SHARED_STATES = tuple(STATE_TITLES)

@@ -574,8 +574,8 @@ def fx_state_finding(signature: str, target: str, facts: dict, cli: str, playboo
                 f"make FX's node-meta state thread-local: `{cli} patch fx-threads apply -t "
                 f"{target}`" + rerun + f" (check with `{cli} verify fx-threads -t {target}`)")
     return (f"FX trace-time patching leaked into another thread: {seen[signature][0][:200]!r}: "
-            f"while one thread traces, FX patches nn.Module.__call__/__getattr__ and math.* "
-            f"process-wide (CURRENT_PATCHER in torch/fx/_symbolic_trace.py)",
-            f"`{cli} patch fx-threads` does not make this state thread-local yet (`{cli} patch "
-            f"fx-threads status -t {target}` lists what it covers; upstream PR 187589): serialise "
-            "each drafter's first, compiling step (the stand-in trainer's --serialize-compile)")
+            f"while one thread traces, torch {version} on {target} patches nn.Module.__call__/"
+            "__getattr__ and math.* process-wide (CURRENT_PATCHER in torch/fx/_symbolic_trace.py)",
+            f"make the trace-time patches act only in the tracing thread: `{cli} patch fx-threads "
+            f"apply -t {target}`" + rerun + f" (check with `{cli} verify fx-threads -t {target}`);"
+            " serialising each drafter's first, compiling step (--serialize-compile) also avoids it")

@@ -321,16 +321,18 @@ def check_release(version: str, site: Path, python: str) -> dict:
 
 
 # fx-threads: every shared state, one column each. The flag is upstream from 2.14 on; the
-# node-meta state of torch/fx/traceback.py is a module global in every release (2.14.1 too).
+# node-meta state of torch/fx/traceback.py and the trace-time patching (_Patcher, with the
+# module-global CURRENT_PATCHER from 2.5 on) are process-wide in every release (2.14.1 too).
 NODE_META_NAMES = ("current_meta", "current_replay_node", "should_preserve_node_meta",
                    "_should_preserve_node_meta")
 NODE_META_MODULE_CLASS = "_ThreadLocalNodeMetaModule"
+PATCHER_MODULE_CLASS = "_ThreadLocalPatcherModule"
 TRACEBACK = "torch/fx/traceback.py"
 
 
 def expected_states(version: str) -> dict:
     flag = "upstream" if RELEASES.get(version) == "fixed-upstream" else "vulnerable"
-    return {"fx-tracing-flag": flag, "node-meta": "vulnerable"}
+    return {"fx-tracing-flag": flag, "node-meta": "vulnerable", "trace-patching": "vulnerable"}
 
 
 def node_meta_global_uses(relpath: str, source: bytes) -> list[str]:
@@ -340,7 +342,8 @@ def node_meta_global_uses(relpath: str, source: bytes) -> list[str]:
     tree = ast.parse(source)
     allowed = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == NODE_META_MODULE_CLASS:
+        if isinstance(node, ast.ClassDef) and node.name in (NODE_META_MODULE_CLASS,
+                                                            PATCHER_MODULE_CLASS):
             allowed.update(ast.walk(node))
     found = []
     for node in ast.walk(tree):
@@ -354,6 +357,10 @@ def node_meta_global_uses(relpath: str, source: bytes) -> list[str]:
                 isinstance(node.value, (ast.Name, ast.Attribute)) and \
                 ast.unparse(node.value).endswith("traceback"):
             found.append("%s:%d: attribute .%s" % (relpath, node.lineno, node.attr))
+        elif relpath == SYMBOLIC_TRACE and (
+                isinstance(node, ast.Name) and node.id == "CURRENT_PATCHER" or
+                isinstance(node, ast.Global) and "CURRENT_PATCHER" in node.names):
+            found.append("%s:%d: module-global CURRENT_PATCHER" % (relpath, node.lineno))
         elif isinstance(node, ast.ImportFrom) and node.module == "torch.fx.traceback" and \
                 set(a.name for a in node.names) & set(NODE_META_NAMES):
             found.append("%s:%d: imported by name" % (relpath, node.lineno))
@@ -388,6 +395,8 @@ def check_threads(version: str, site: Path, python: str) -> dict:
             source = (copy / relpath).read_bytes()
             compile(source, relpath, "exec", dont_inherit=True)
             leftovers += node_meta_global_uses(relpath, source)
+            if relpath == SYMBOLIC_TRACE and source.count(b"new_fn = _orch_thread_guard(") != 2:
+                leftovers.append("%s: _Patcher.patch/patch_method are not both guarded" % relpath)
             if FLAG.encode() in source:
                 leftovers += global_flag_uses(relpath, source)
         if leftovers:

@@ -221,9 +221,11 @@ def _patch_command(patch_set: str, summary: str, examples: str):
 
 fx_threads = _patch_command("fx-threads", """Make every FX state that concurrent compiles share thread-local: status | diff | apply | revert.
 
-    The FX tracing flag (torch 2.1-2.13; upstream since 2.14) and FX's node-meta state of
+    The FX tracing flag (torch 2.1-2.13; upstream since 2.14), FX's node-meta state of
     torch/fx/traceback.py (current_meta and its flags; still shared in 2.14.1: `KeyError:
-    'custom'` from annotate() in one thread while another leaves preserve_node_meta()).
+    'custom'` from annotate() in one thread while another leaves preserve_node_meta()),
+    and FX's trace-time patching (nn.Module.__call__/__getattr__, math.* and
+    CURRENT_PATCHER: made to act only in the tracing thread).
     Over a torch patched by `orch patch fx-tls`, apply adds the rest; revert undoes both.""",
     """\b
     Examples:
@@ -373,8 +375,7 @@ def _print_race(target, outcome) -> None:
                           "'module is not installed as a submodule'), not the flag")
 
 
-RACE_STATES = ("fx-tracing-flag", "node-meta")
-RACE_TITLES = {"fx-tracing-flag": "FX tracing flag", "node-meta": "FX node-meta state"}
+RACE_TITLES = fx_states.STATE_TITLES
 
 
 @verify.command("fx-threads")
@@ -392,6 +393,9 @@ def fx_threads_race(app, targets, trials, as_json):
     FX node-meta state: B enters preserve_node_meta(), A opens annotate(), B leaves, A
       leaves (vulnerable: KeyError 'custom' in A, and B sees A's annotation); control:
       nested preserve_node_meta()/annotate() in one thread restore what they saved.
+    FX trace-time patching: A holds a symbolic_trace open, B calls a plain nn.Linear
+      (vulnerable: NameError 'module is not installed as a submodule'); control: a trace
+      in one thread still records its submodule calls.
     Each state is reported on its own line: vulnerable, fixed, not-applicable (this torch
     has no such state), inconclusive, or guard-disabled/control-failed.
     Exit code: 0 when every state is fixed (or not applicable), 1 otherwise.
@@ -414,7 +418,7 @@ def fx_threads_race(app, targets, trials, as_json):
         return on_event
 
     results = fan_out(chosen, lambda target: payload_api.fx_race(
-        target, trials, on_event=progress(target.name), states=list(RACE_STATES)))
+        target, trials, on_event=progress(target.name), states=list(fx_states.SHARED_STATES)))
     _print_each(results, as_json, _print_state_races)
     if not results.ok:
         sys.exit(results.first_error().exit_code)
@@ -429,6 +433,9 @@ def _print_state_races(target, outcome) -> None:
         if row.get("state") == "node-meta":
             figures = (f"KeyError 'custom' {row.get('raised')}/{row.get('trials')}, "
                        f"annotation leaked {row.get('leaked')}/{row.get('trials')}, "
+                       f"same-thread control held {row.get('control_held')}/{row.get('trials')}")
+        elif row.get("state") == "trace-patching":
+            figures = (f"other thread's module call failed {row.get('raised')}/{row.get('trials')}, "
                        f"same-thread control held {row.get('control_held')}/{row.get('trials')}")
         else:
             figures = (f"cross-thread raised {row.get('raised')}/{row.get('trials')}, "

@@ -171,7 +171,11 @@ def add_header(src, line):
 
 def ensure_module_import(src, module):
     """Add `import module` among the leading top-level imports, in alphabetical place,
-    unless the module already imports it that way."""
+    unless the module already imports it that way (or an earlier edit added it)."""
+    added = src.__dict__.setdefault("added_imports", set())
+    if module in added:
+        return
+    added.add(module)
     imports = []
     for node in src.tree.body:
         if isinstance(node, ast.Import):

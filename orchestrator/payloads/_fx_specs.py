@@ -216,7 +216,96 @@ NODE_META_STATE = SharedState(
              "every read and write in the file goes through their accessors",
     import_check=NODE_META_CHECK)
 
-STATES = (FLAG_STATE, NODE_META_STATE)
+SYMBOLIC_TRACE = "torch/fx/_symbolic_trace.py"
+THREAD_GUARD = "_orch_thread_guard"
+# What each _Patcher method replaces, as an expression over its own parameters: the guard
+# calls it in every thread but the tracing one.
+PATCHER_ORIGINALS = {
+    "patch": ("frame_dict", "frame_dict.get(name, getattr(builtins, name, None))"),
+    "patch_method": ("cls", "getattr(cls, name)"),
+}
+THREAD_GUARD_BLOCK = b'''# orch: FX's trace-time patches (nn.Module.__call__/__getattr__, math.*, torch.fx.wrap'd
+# functions) act only in the thread that traces; other threads get the original (as
+# upstream PR 187589 does), so another thread's modules no longer fail "module is not
+# installed as a submodule".
+def _orch_thread_guard(new_fn, orig_fn):
+    owner = threading.get_ident()
+
+    @functools.wraps(new_fn)
+    def guarded(*args, **kwargs):
+        if orig_fn is None or threading.get_ident() == owner:
+            return new_fn(*args, **kwargs)
+        return orig_fn(*args, **kwargs)
+
+    return guarded
+
+
+'''
+
+
+def isolate_trace_patches(src):
+    """Every patch a _Patcher makes goes through _orch_thread_guard: the first statement of
+    _Patcher.patch and _Patcher.patch_method wraps new_fn."""
+    patcher = module_class(src.tree, "_Patcher")
+    if patcher is None:
+        raise UnknownShape(src.relpath, "no module-level class _Patcher")
+    if THREAD_GUARD in module_level_names(src.tree):
+        raise UnknownShape(src.relpath, "already defines %s" % THREAD_GUARD)
+    for name, (owner, original) in sorted(PATCHER_ORIGINALS.items()):
+        method = next((n for n in patcher.body if isinstance(n, ast.FunctionDef)
+                       and n.name == name), None)
+        arguments = [a.arg for a in method.args.args] if method else []
+        if arguments[:4] != ["self", owner, "name", "new_fn"]:
+            raise UnknownShape(src.relpath, "_Patcher.%s(self, %s, name, new_fn, ...) not found"
+                               % (name, owner))
+        body = method.body
+        first = body[1] if (len(body) > 1 and isinstance(body[0], ast.Expr)
+                            and isinstance(body[0].value, ast.Constant)) else body[0]
+        start = src.own_lines(first)[0]
+        src.insert(start, src.indentation(first) + ("new_fn = %s(new_fn, %s)\n"
+                                                    % (THREAD_GUARD, original)).encode())
+    src.insert(src.offset(src.first_line(patcher), 0), THREAD_GUARD_BLOCK)
+    for module in ("builtins", "functools", "threading"):
+        ensure_module_import(src, module)
+    return True
+
+
+WHY_TRACE_PATCHES = ("its _Patcher patches nn.Module.__call__/__getattr__ and math.* for the whole "
+                     "process while a trace runs: each patch now acts only in the tracing thread")
+
+TRACE_PATCHING_CHECK = r'''
+import torch.fx._symbolic_trace as st
+import torch.nn as nn
+called = {}
+with st._Patcher() as patcher:
+    patcher.patch_method(nn.Module, "__call__", lambda *a, **k: "patched", deduplicate=False)
+    called["here"] = nn.Identity()(1)
+    in_thread(lambda: called.__setitem__("there", nn.Identity()(2)))
+if called != {"here": "patched", "there": 2}:
+    problems.append("trace patching: a patch acted in another thread: %r" % (called,))
+if hasattr(st, "_new_patcher"):
+    seen = {}
+    with st._new_patcher() as patcher:
+        in_thread(lambda: seen.__setitem__("other", st.CURRENT_PATCHER))
+        seen["own"] = st.CURRENT_PATCHER is patcher
+    if seen != {"other": None, "own": True}:
+        problems.append("trace patching: CURRENT_PATCHER is shared: %r" % (seen,))
+'''
+
+TRACE_PATCHING_STATE = SharedState(
+    "trace-patching", "FX trace-time patching", "torch.fx._symbolic_trace", ["CURRENT_PATCHER"],
+    holder="_orch_patcher_tls", module_class="_ThreadLocalPatcherModule",
+    comment="the active trace's patcher is per thread: another thread's Dynamo no longer\n"
+            "reverts and re-applies this thread's trace-time patches.",
+    exists_if="_Patcher", names_optional=True,
+    exists_why="_Patcher's trace-time patches (nn.Module.__call__/__getattr__, math.*) act in "
+               "every thread while one traces",
+    extra={SYMBOLIC_TRACE: (isolate_trace_patches, WHY_TRACE_PATCHES)},
+    why_home="holds CURRENT_PATCHER, the active trace's patcher, as a module global: it becomes "
+             "thread-local",
+    import_check=TRACE_PATCHING_CHECK)
+
+STATES = (FLAG_STATE, NODE_META_STATE, TRACE_PATCHING_STATE)
 STATE_BY_KEY = dict((s.key, s) for s in STATES)
 # fx-tls, the first patch set, is the flag alone: users' scripts and records keep working.
 PATCH_SETS = {"fx-tls": (FLAG_STATE,), "fx-threads": STATES}

@@ -38,7 +38,8 @@ class SharedState:
     def __init__(self, key, title, module, names, holder, module_class, comment,
                  required=(), accessor_names=None, holder_attrs=None, extra_block=b"",
                  imports=("sys", "threading"), exists_if=None, strict=False,
-                 upstream=None, expect=None, extra=None, why_home="", import_check=""):
+                 upstream=None, expect=None, extra=None, why_home="", import_check="",
+                 names_optional=False, exists_why=""):
         self.key, self.title, self.module, self.names = key, title, module, tuple(names)
         self.relpath = module.replace(".", "/") + ".py"
         self.holder, self.module_class, self.comment = holder, module_class, comment
@@ -50,6 +51,9 @@ class SharedState:
         self.upstream, self.expect = upstream, expect
         self.extra = extra or {}
         self.why_home, self.import_check = why_home, import_check
+        # names_optional: the state exists (exists_if names a function or class) whether or
+        # not the release has the globals; the extra transforms are the rest of the patch.
+        self.names_optional, self.exists_why = names_optional, exists_why
         accessors = [f(n) for n in self.names for f in (self.getter, self.setter)]
         if len(set(accessors)) != len(accessors):  # a spec error, caught by any test run
             raise ValueError("%s: two names share an accessor" % key)
@@ -98,17 +102,26 @@ def classify(spec, data):
     if line is not None:
         return "upstream", line, "already thread-local upstream"
     present = [n for n in spec.names if n in names]
+    exists = spec.exists_if and module_definition(tree, spec.exists_if)
     if not present:
-        if spec.exists_if and not module_function(tree, spec.exists_if):
-            return "absent", None, "no %s() in %s: not in this release" % (
+        if spec.exists_if and not exists:
+            return "absent", None, "no %s in %s: not in this release" % (
                 spec.exists_if, spec.relpath)
+        if spec.names_optional:
+            return "global", exists.lineno, spec.exists_why
         return "unknown", None, "neither the module-level %s nor a thread-local shape orch " \
             "knows" % " / ".join(spec.names)
     missing = [n for n in spec.required if n not in present]
     if missing:
         return "unknown", None, "has %s but not %s" % (", ".join(present), ", ".join(missing))
     first = min(d.lineno for n in present for d in module_declarations(tree, n))
-    return "global", first, "module globals %s" % ", ".join(present)
+    why = "module globals %s" % ", ".join(present)
+    return "global", first, why + ("; " + spec.exists_why if spec.exists_why else "")
+
+
+def module_definition(tree, name):
+    """The module-level function or class of that name, or None."""
+    return module_function(tree, name) or module_class(tree, name)
 
 
 def present_names(spec, tree):
@@ -167,6 +180,8 @@ def rewrite_home(spec, src):
     if spec.expect:
         spec.expect(src)
     present = present_names(spec, src.tree)
+    if not present and spec.names_optional:
+        return False  # nothing global in this release: the extra transforms do the rest
     taken = module_level_names(src.tree) & set(spec.defined_names(present))
     if taken:
         raise UnknownShape(src.relpath, "already defines %s" % ", ".join(sorted(taken)))

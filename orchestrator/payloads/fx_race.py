@@ -61,11 +61,12 @@ import time
 
 from _protocol import *  # orch: inlined when shipped
 from _race_node_meta import *  # orch: inlined when shipped
+from _race_trace_patch import *  # orch: inlined when shipped
 
 
 ARG_SPEC = {"trials": (int, 10), "timeout": (float, 120.0),
             "states": (list, ["fx-tracing-flag"])}
-STATES = ("fx-tracing-flag", "node-meta")
+STATES = ("fx-tracing-flag", "node-meta", "trace-patching")
 NESTED_TRACE_ERROR = "Detected that you are using FX to symbolically trace"
 # What FX's process-wide patch of torch.nn.Module.__call__ raises in another thread while a
 # trace runs (not the flag: the thread-local patch does not cover it). In torch 2.1 the
@@ -234,6 +235,9 @@ def run(args):
     if "node-meta" in states:
         rows.append(node_meta_race(torch, trials, timeout,
                                    lambda **fields: emit("trial", **fields)))
+    if "trace-patching" in states:
+        rows.append(trace_patch_race(torch, trials, timeout,
+                                     lambda **fields: emit("trial", **fields)))
     out["states"] = rows
     if "fx-tracing-flag" not in states:
         out["verdict"] = overall_verdict(rows)

@@ -73,6 +73,8 @@ def test_fx_threads_status_apply_verify_revert_locally(inventory, venv_copy):
     lines = status.stdout.splitlines()
     assert any("FX tracing flag: VULNERABLE  torch/fx/_symbolic_trace.py:44" in l for l in lines)
     assert any("FX node-meta state: VULNERABLE  torch/fx/traceback.py:42" in l for l in lines)
+    assert any("FX trace-time patching: VULNERABLE  torch/fx/_symbolic_trace.py:1218" in l
+               for l in lines)
     applied = orch_text(inventory, "patch", "fx-threads", "apply")
     assert applied.returncode == 0 and "FX node-meta state: patched by orch" in applied.stdout
     race = orch_text(inventory, "verify", "fx-threads", "--trials", "2")
@@ -82,6 +84,8 @@ def test_fx_threads_status_apply_verify_revert_locally(inventory, venv_copy):
     assert "cross-thread raised 0/2, same-thread control raised 2/2 -> fixed" in flag
     assert "KeyError 'custom' 0/2, annotation leaked 0/2, same-thread control held 2/2 -> " \
         "fixed" in node
+    [patching] = [l for l in race.stdout.splitlines() if ": FX trace-time patching:" in l]
+    assert "module call failed 0/2, same-thread control held 2/2 -> fixed" in patching
     code, [reverted] = orch(inventory, "patch", "fx-threads", "revert")
     assert code == 0 and reverted["status"] == "vulnerable"
     race = orch_text(inventory, "verify", "fx-threads", "--trials", "2")

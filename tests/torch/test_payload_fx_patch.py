@@ -248,7 +248,7 @@ def fx_threads(venv, action, **env):
 
 def race_states(venv):
     run = run_payload(venv.python, "fx_race", {"trials": RACE_TRIALS, "timeout": 60,
-                                               "states": ["fx-tracing-flag", "node-meta"]},
+                                               "states": ["fx-tracing-flag", "node-meta", "trace-patching"]},
                       env=clean_env(), timeout=600)
     result = run.expect_result()
     return result, {row["state"]: row for row in result["states"]}
@@ -261,7 +261,8 @@ def rows(result):
 def test_fx_threads_life_cycle_on_real_torch_2_13(venv_copy):
     status = fx_threads(venv_copy, "status").expect_result()
     assert status["status"] == "vulnerable"
-    assert rows(status) == {"fx-tracing-flag": "vulnerable", "node-meta": "vulnerable"}
+    assert rows(status) == {"fx-tracing-flag": "vulnerable", "node-meta": "vulnerable",
+                            "trace-patching": "vulnerable"}
     node_meta = next(r for r in status["states"] if r["state"] == "node-meta")
     assert node_meta["where"] == TB + ":42" and "current_meta" in node_meta["why"]
     assert [f["path"] for f in status["files"]] == CHANGED_BY_FX_THREADS_2_13
@@ -272,11 +273,13 @@ def test_fx_threads_life_cycle_on_real_torch_2_13(venv_copy):
             race["node-meta"]["control_held"], race["node-meta"]["verdict"]) == \
         (RACE_TRIALS, RACE_TRIALS, RACE_TRIALS, "vulnerable")
     assert race["fx-tracing-flag"]["verdict"] == "vulnerable"
+    assert (race["trace-patching"]["raised"], race["trace-patching"]["control_held"]) == \
+        (RACE_TRIALS, RACE_TRIALS)
 
     before = torch_sources(venv_copy)
     applied = fx_threads(venv_copy, "apply").expect_result()
     assert applied["changed"] is True and applied["import_check"]["problems"] == []
-    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "patched"}
+    assert set(rows(applied).values()) == {"patched"}
     patched = torch_sources(venv_copy)
     again = fx_threads(venv_copy, "apply").expect_result()
     assert again["changed"] is False and torch_sources(venv_copy) == patched
@@ -287,6 +290,8 @@ def test_fx_threads_life_cycle_on_real_torch_2_13(venv_copy):
             race["node-meta"]["control_held"], race["node-meta"]["verdict"]) == \
         (0, 0, RACE_TRIALS, "fixed")
     assert (race["fx-tracing-flag"]["raised"], race["fx-tracing-flag"]["control_held"]) == \
+        (0, RACE_TRIALS)
+    assert (race["trace-patching"]["raised"], race["trace-patching"]["control_held"]) == \
         (0, RACE_TRIALS)
     assert result["overall_verdict"] == "fixed"
 
@@ -303,7 +308,8 @@ def test_fx_threads_life_cycle_on_real_torch_2_13(venv_copy):
 def test_fx_tls_status_names_the_state_it_leaves_shared(venv_copy):
     applied = fx_patch(venv_copy, "apply").expect_result()
     assert applied["status"] == "patched"
-    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable"}
+    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable",
+                             "trace-patching": "vulnerable"}
     assert "orch patch fx-threads apply" in applied["message"]
     status = fx_patch(venv_copy, "status").expect_result()
     assert status["status"] == "patched" and "FX node-meta state (torch/fx/traceback.py:42)" \
@@ -317,11 +323,12 @@ def test_fx_threads_over_an_fx_tls_patch_adds_the_rest_and_revert_undoes_both(ve
     flag_only_backup = backup.read_bytes()
     status = fx_threads(venv_copy, "status").expect_result()
     assert status["status"] == "vulnerable"
-    assert rows(status) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable"}
+    assert rows(status) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable",
+                            "trace-patching": "vulnerable"}
     diff = fx_threads(venv_copy, "diff").expect_result()["diff"]
     assert "+_orch_node_meta_tls = threading.local()" in diff.splitlines()
     applied = fx_threads(venv_copy, "apply").expect_result()
-    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "patched"}
+    assert set(rows(applied).values()) == {"patched"}
     # checkpoint.py holds both patches now and keeps ONE backup: its pristine bytes.
     assert backup.read_bytes() == flag_only_backup
     text = (venv_copy.site_packages / "torch/utils/checkpoint.py").read_text()
@@ -358,14 +365,18 @@ def test_upstream_2_14_1_flag_upstream_node_meta_vulnerable_and_apply_patches_it
     status = run_payload(real_torch_venv.python, "fx_patch", dict(args, action="status"),
                          env=env).expect_result()
     assert status["status"] == "vulnerable" and status["torch_version"] == "2.14.1+cu130"
-    assert rows(status) == {"fx-tracing-flag": "upstream", "node-meta": "vulnerable"}
+    assert rows(status) == {"fx-tracing-flag": "upstream", "node-meta": "vulnerable",
+                            "trace-patching": "vulnerable"}
     flag = next(r for r in status["states"] if r["state"] == "fx-tracing-flag")
     assert flag["where"].startswith("torch/fx/_symbolic_trace.py:")
     applied = run_payload(real_torch_venv.python, "fx_patch", dict(args, action="apply"),
                           env=env).expect_result()
-    assert rows(applied) == {"fx-tracing-flag": "upstream", "node-meta": "patched"}
+    assert rows(applied) == {"fx-tracing-flag": "upstream", "node-meta": "patched",
+                             "trace-patching": "patched"}
     assert "NOT import-checked" in applied["message"]
-    assert ST not in [f["path"] for f in applied["files"]]   # upstream's flag is left alone
+    patched_st = (upstream_fixed_site / ST).read_text()
+    assert "_orch_thread_guard(new_fn" in patched_st and "_is_fx_tracing_tls" in patched_st
+    assert "def _get_is_fx_tracing" in patched_st   # upstream's flag helpers are left alone
     run_payload(real_torch_venv.python, "fx_patch", dict(args, action="revert"),
                 env=env).expect_result()
     assert tree_hashes(upstream_fixed_site) == before

@@ -58,8 +58,9 @@ NODE_META_USERS = {
 
 
 def test_fx_threads_release(release):
-    """Every release: one row per state (the flag upstream from 2.14 on, node-meta a module
-    global everywhere), apply leaves no module-global use, revert gives back the wheel."""
+    """Every release: one row per state (the flag upstream from 2.14 on, node-meta and the
+    trace-time patching process-wide everywhere), apply leaves no module-global use of a
+    patched name and guards both _Patcher methods, revert gives back the wheel."""
     version, site = release
     out = matrix.check_threads(version, site, sys.executable)
     assert out["states"] == matrix.expected_states(version)
@@ -67,8 +68,10 @@ def test_fx_threads_release(release):
     assert "torch/fx/traceback.py" in out["files"]
     if version in NODE_META_USERS:
         assert set(NODE_META_USERS[version]) <= set(out["files"])
-    if matrix.RELEASES[version] == "fixed-upstream":
-        assert matrix.SYMBOLIC_TRACE not in out["files"]   # upstream's flag is left alone
+    # The trace-time patching lives in _symbolic_trace.py in every release (with the
+    # module-global CURRENT_PATCHER from 2.5 on); on 2.14 upstream's flag helpers stay.
+    assert matrix.SYMBOLIC_TRACE in out["files"]
+    assert out["where"]["trace-patching"].startswith(matrix.SYMBOLIC_TRACE + ":")
 
 
 def test_the_source_tree_switch_is_refused_on_a_real_install(tmp_path):
