@@ -12,6 +12,13 @@ sets made of them. Adding a state is a spec here (and its tests), not a new engi
   ``current_meta`` on exit and ``annotate()`` deletes ``current_meta["custom"]`` on exit:
   interleaved in two threads, ``KeyError: 'custom'``, and one thread's annotations and stack
   traces land in another thread's graph nodes.
+- trace-patching: while a trace runs, torch/fx/_symbolic_trace.py's ``_Patcher`` replaces
+  ``nn.Module.__call__``/``__getattr__``, ``math.*`` and ``torch.fx.wrap``'d functions for
+  the whole process, and (2.5 on) the active patcher is the module global
+  ``CURRENT_PATCHER``: another thread's modules go through the tracer ("module is not
+  installed as a submodule") and its Dynamo reverts this thread's patches. The patch makes
+  ``CURRENT_PATCHER`` thread-local and guards each patch to act only in the tracing thread
+  (upstream PR 187589 does the same; not in 2.14.1).
 
 Inlined when shipped, like _protocol.py; standard library only.
 """

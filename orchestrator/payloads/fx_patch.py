@@ -11,7 +11,8 @@ Why: several threads of one process compiling side by side (a trainer's drafters
 states, one spec each, are in _fx_specs.py; the one mechanism that makes a global
 thread-local and rewrites every use is _fx_threadlocal.py. Patch sets:
 
-- "fx-threads": every state orch knows (the FX tracing flag and FX's node-meta state);
+- "fx-threads": every state orch knows (the FX tracing flag, FX's node-meta state and FX's
+  trace-time patching);
 - "fx-tls": the flag alone (orch's first patch; its users' scripts and records keep working).
 
 Protocol
@@ -83,7 +84,8 @@ state's module-level globals become one ``threading.local()`` holder with access
 module class whose properties keep ``module.NAME`` working per thread; every read and write
 in the module, and every ``<module>.NAME`` / ``from <module> import NAME`` elsewhere in
 torch/ (found by searching the installed tree), goes through the accessors. The flag also
-backports torch 2.14's checkpoint recompute handling (torch/utils/checkpoint.py). Each
+backports torch 2.14's checkpoint recompute handling (torch/utils/checkpoint.py); the
+trace-time patching also guards each ``_Patcher`` patch to act only in the tracing thread. Each
 changed file gets a header comment naming orch, its version and the patch set. Apply
 computes and compiles every new file before writing any; backs up the originals; records
 "applying"; writes each atomically (temp file, fsync, rename, fsync of the directory);
