@@ -10,6 +10,11 @@ KeyError; "leaked" is B seeing A's annotation. Thread-local state: neither.
 
 Same-thread control: nested ``preserve_node_meta()`` and ``annotate()`` in one thread must
 keep upstream semantics: each exit restores exactly what its entry saw.
+
+Releases without ``annotate()`` (2.1 to about 2.8) share the same state: there the trial is
+the leak of ``preserve_node_meta()``'s flag (B inside, A outside asks
+``has_preserved_node_meta()``: upstream True, so A's nodes would copy B's meta), and the
+control nests ``preserve_node_meta()`` alone ("trial": "flag-leak" in the row).
 """
 
 import threading
@@ -20,11 +25,59 @@ NODE_META_ANNOTATION = {"orch_race": "thread-A"}
 
 def node_meta_available(torch):
     """None, or why this torch has no node-meta race to reproduce."""
-    tb = torch.fx.traceback
-    missing = [n for n in ("preserve_node_meta", "annotate") if not hasattr(tb, n)]
-    if missing:
-        return "this torch's torch.fx.traceback has no %s" % ", ".join(missing)
+    if not hasattr(torch.fx.traceback, "preserve_node_meta"):
+        return "this torch's torch.fx.traceback has no preserve_node_meta"
     return None
+
+
+def has_annotate(torch):
+    """annotate() came later than preserve_node_meta(); without it the trial shows the
+    shared state as the leak of preserve_node_meta()'s flag into another thread."""
+    return hasattr(torch.fx.traceback, "annotate")
+
+
+def node_meta_flag_leak_trial(torch, timeout):
+    """(raised, leaked, problem) where there is no annotate(): B enters
+    preserve_node_meta(); A, which never entered it, asks has_preserved_node_meta()
+    (upstream: True, so A's graph nodes would copy B's meta). "raised" is that leak."""
+    tb = torch.fx.traceback
+    b_in, a_done = threading.Event(), threading.Event()
+    outcome = {}
+
+    def thread_b():
+        try:
+            with tb.preserve_node_meta():
+                b_in.set()
+                a_done.wait(timeout)
+        except Exception as exc:
+            outcome["problem"] = "thread B: unexpected %s: %s" % (type(exc).__name__, exc)
+        finally:
+            b_in.set()
+
+    def thread_a():
+        try:
+            if not b_in.wait(timeout):
+                outcome["problem"] = "thread B never entered preserve_node_meta()"
+                return
+            outcome["leaked"] = bool(tb.has_preserved_node_meta())
+        finally:
+            a_done.set()
+
+    if not run_pair(thread_b, thread_a, timeout):
+        return None, None, "a thread was still running after %.0fs" % (3 * timeout)
+    return outcome.get("leaked"), outcome.get("leaked"), outcome.get("problem")
+
+
+def run_pair(first, second, timeout):
+    """Start both threads (daemons), wait for them within a bound; False on a hang."""
+    threads = [threading.Thread(target=first, daemon=True, name="node-meta-B"),
+               threading.Thread(target=second, daemon=True, name="node-meta-A")]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 3 * timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)
 
 
 def node_meta_cross_thread_trial(torch, timeout):
@@ -64,14 +117,7 @@ def node_meta_cross_thread_trial(torch, timeout):
         finally:
             a_open.set()
 
-    threads = [threading.Thread(target=thread_b, daemon=True, name="node-meta-B"),
-               threading.Thread(target=thread_a, daemon=True, name="node-meta-A")]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 3 * timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if any(thread.is_alive() for thread in threads):
+    if not run_pair(thread_b, thread_a, timeout):
         return None, None, "a thread was still running after %.0fs" % (3 * timeout)
     clean_up_after_trial(tb)
     return outcome.get("raised"), outcome.get("leaked"), outcome.get("problem")
@@ -93,6 +139,8 @@ def node_meta_same_thread_control(torch):
     def custom():
         return dict(tb.current_meta.get("custom", {}))
 
+    if not has_annotate(torch):
+        return flag_only_control(tb)
     try:
         with tb.preserve_node_meta():
             with tb.annotate({"outer": 1}):
@@ -115,6 +163,24 @@ def node_meta_same_thread_control(torch):
     return True, None
 
 
+def flag_only_control(tb):
+    """Nested preserve_node_meta() in one thread: on while inside, off after."""
+    seen = []
+    try:
+        with tb.preserve_node_meta():
+            seen.append(tb.has_preserved_node_meta())
+            with tb.preserve_node_meta():
+                seen.append(tb.has_preserved_node_meta())
+            seen.append(tb.has_preserved_node_meta())
+        seen.append(not tb.has_preserved_node_meta())
+    except Exception as exc:
+        return False, "same-thread control: unexpected %s: %s" % (type(exc).__name__, exc)
+    if not all(seen):
+        return False, "same-thread control: nested preserve_node_meta() did not restore " \
+            "its flag (checks %s)" % seen
+    return True, None
+
+
 def node_meta_race(torch, trials, timeout, on_trial):
     """The state's row for fx_race's result."""
     reason = node_meta_available(torch)
@@ -126,7 +192,8 @@ def node_meta_race(torch, trials, timeout, on_trial):
     for index in range(1, trials + 1):
         started = time.monotonic()
         control, control_problem = node_meta_same_thread_control(torch)
-        cross, leak, cross_problem = node_meta_cross_thread_trial(torch, timeout)
+        trial = node_meta_cross_thread_trial if has_annotate(torch) else node_meta_flag_leak_trial
+        cross, leak, cross_problem = trial(torch, timeout)
         problem = "; ".join(p for p in (control_problem, cross_problem) if p) or None
         raised += bool(cross)
         leaked += bool(leak)
@@ -137,7 +204,7 @@ def node_meta_race(torch, trials, timeout, on_trial):
                  leaked=leak, same_thread_held=control,
                  seconds=round(time.monotonic() - started, 3), problem=problem)
     return {"state": "node-meta", "trials": trials, "raised": raised, "leaked": leaked,
-            "control_held": held,
+            "control_held": held, "trial": "annotate" if has_annotate(torch) else "flag-leak",
             "verdict": state_verdict(raised, held, trials, problems, leaked),
             "problems": problems}
 
