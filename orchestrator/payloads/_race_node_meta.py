@@ -11,7 +11,7 @@ KeyError; "leaked" is B seeing A's annotation. Thread-local state: neither.
 Same-thread control: nested ``preserve_node_meta()`` and ``annotate()`` in one thread must
 keep upstream semantics: each exit restores exactly what its entry saw.
 
-Releases without ``annotate()`` (2.1 to about 2.8) share the same state: there the trial is
+Releases without ``annotate()`` (2.1 to 2.9) share the same state: there the trial is
 the leak of ``preserve_node_meta()``'s flag (B inside, A outside asks
 ``has_preserved_node_meta()``: upstream True, so A's nodes would copy B's meta), and the
 control nests ``preserve_node_meta()`` alone ("trial": "flag-leak" in the row).
