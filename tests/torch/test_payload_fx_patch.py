@@ -380,3 +380,25 @@ def test_upstream_2_14_1_flag_upstream_node_meta_vulnerable_and_apply_patches_it
     run_payload(real_torch_venv.python, "fx_patch", dict(args, action="revert"),
                 env=env).expect_result()
     assert tree_hashes(upstream_fixed_site) == before
+
+
+TRAINER_TINY = ["--batch", "2", "--seq", "64", "--d-model", "32", "--layers", "1", "--heads",
+                "2", "--block-size", "16", "--vocab", "64", "--devices", "cpu",
+                "--cpu-threads", "1"]
+
+
+def test_the_stand_in_trainer_trains_its_drafters_side_by_side_on_fx_threads(venv_copy,
+                                                                            tmp_path):
+    """Three drafters compiling flex_attention side by side (create_block_mask, hence
+    annotate(), every step) while a symbolic trace is held open (--race)."""
+    from pathlib import Path
+    trainer = Path(__file__).resolve().parents[2] / "playbooks" / "files" / "train_drafters.py"
+    fx_threads(venv_copy, "apply").expect_result()
+    env = clean_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONUNBUFFERED="1")
+    proc = subprocess.run([venv_copy.python, str(trainer), *TRAINER_TINY, "--drafters", "3",
+                           "--steps", "4", "--race", "--max-seconds", "200"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("summary ")]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert summary and "status=ok" in summary[-1] and "ok=3" in summary[-1], summary
+    assert "KeyError" not in proc.stderr and "Traceback" not in proc.stderr
