@@ -23,7 +23,8 @@ class ExitCode:
     RUN_DEGRADED = 12     # ran, but below the playbook's throughput threshold
     RUN_UNREACHABLE = 13  # a target could not be reached during the run
     REGRESSION = 20       # nightly: compared with the baseline, something got worse
-    LOCKED = 21           # nightly: another nightly of the same playbook is running
+    LOCKED = 21           # nightly: another nightly of the same playbook is running;
+    #                       patch: another orch patch action on that torch outlasted the wait
     INTERRUPTED = 130     # Ctrl-C (128 + SIGINT), as shells report it
     # orch exec: the remote exit code is passed through; orch's own failures use 255, as ssh does
     EXEC_ORCH_ERROR = 255
@@ -129,6 +130,13 @@ class PayloadError(OrchError):
     def __init__(self, message: str, *, kind: str | None = None, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.kind = kind
+
+
+class PatchBusy(PayloadError):
+    """Another orch patch action holds the torch tree's lock (readers share it; a change
+    holds it alone) for longer than the payload waits: try again."""
+
+    exit_code = ExitCode.LOCKED
 
 
 class PayloadNoResult(PayloadError):

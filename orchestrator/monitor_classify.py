@@ -34,10 +34,22 @@ _ERROR = re.compile(r"drafter=(?P<drafter>\d+)\s+ERROR\s+(?P<error>.*)")
 _KEYVALUES = re.compile(r"(\w+)=(\S+)")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*")
 
+FX_NODE_META = "fx-race:node-meta"
+FX_NODE_META_FRAME = "fx-node-meta-frame"        # evidence only: where the KeyError came from
+FX_TRACE_PATCHER = "fx-race:trace-patcher"
+FX_OTHER_STATES = (FX_NODE_META, FX_TRACE_PATCHER)
+
 # Failure signatures, most specific first. Each names the verdict it leads to.
 SIGNATURES: list[tuple[str, re.Pattern]] = [
     ("fx-race", re.compile(r"Detected that you are using FX to symbolically trace a "
                            r"dynamo-optimized function")),
+    # The other FX state threads share (verdict fx-race too; docs/torch-releases.md): the
+    # node-meta race raises KeyError 'custom' from annotate() in torch/fx/traceback.py; FX's
+    # process-wide trace-time patching shows as CURRENT_PATCHER errors or another thread's
+    # "module is not installed as a submodule".
+    (FX_NODE_META, re.compile(r"KeyError: '?custom'?(?:\W|$)")),
+    (FX_NODE_META_FRAME, re.compile(r"torch/fx/traceback\.py\S*, line \d+, in \w+")),
+    (FX_TRACE_PATCHER, re.compile(r"CURRENT_PATCHER|module is not installed as a submodule")),
     ("cuda-oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                             r"CUDA error: out of memory")),
     ("collective-timeout", COLLECTIVE_TIMEOUT),
@@ -411,6 +423,11 @@ class LogClassifier:
 
         if "fx-race" in self.seen:
             add("fx-race", self._fx_message(facts), fx_remediation(self.target, facts, cli, playbook))
+        for signature in FX_OTHER_STATES:
+            if signature in self.seen:
+                message, remediation = fx_state_finding(signature, self.target, facts, cli,
+                                                        playbook, self.seen)
+                add(signature, message, remediation)
         hang = end.stopped_for == "hang" or (
             self.summary_fields.get("status") == "timeout" and
             int(_number(self.summary_fields.get("stalled")) or 0) > 0)
@@ -470,7 +487,7 @@ class LogClassifier:
             end.signal is not None and not end.stopped_for and not aborted_on_timeout)
         handled = handled_signal(end.exit_code) if not end.stopped_for else None
         verdict = None
-        if "fx-race" in self.seen:
+        if "fx-race" in self.seen or any(s in self.seen for s in FX_OTHER_STATES):
             verdict = "fx-race"
         elif hang and self.never_met:
             verdict = "rendezvous-timeout"
@@ -709,3 +726,24 @@ def fx_remediation(target: str, facts: dict, cli: str = "orch", playbook: Option
     return (f"torch {version} on {target} is {state_word}: its FX tracing flag is shared by all "
             f"threads. Make it thread-local: `{cli} patch fx-tls apply -t {target}`" + rerun
             + f" (check with `{cli} verify fx-race -t {target}`)")
+
+
+def fx_state_finding(signature: str, target: str, facts: dict, cli: str, playbook: Optional[str],
+                     seen: dict) -> tuple[str, str]:
+    """(message, remediation) for an FX state other than the flag that threads shared."""
+    version = facts.get("torch_version") or "this torch"
+    rerun = f"; then rerun: `{cli} run {playbook}`" if playbook else "; then rerun the playbook"
+    if signature == FX_NODE_META:
+        where = seen.get(FX_NODE_META_FRAME, [])
+        raised = f" ({where[-1]})" if where else " (torch/fx/traceback.py's annotate())"
+        return (f"FX node-meta race: KeyError 'custom'{raised}: another thread left "
+                f"preserve_node_meta() while this one's annotate() was open; torch {version} on "
+                f"{target} keeps current_meta as a process-global",
+                f"make FX's node-meta state thread-local: `{cli} patch fx-threads apply -t "
+                f"{target}`" + rerun + f" (check with `{cli} verify fx-threads -t {target}`)")
+    return (f"FX trace-time patching leaked into another thread: {seen[signature][0][:200]!r}: "
+            f"while one thread traces, torch {version} on {target} patches nn.Module.__call__/"
+            "__getattr__ and math.* process-wide (CURRENT_PATCHER in torch/fx/_symbolic_trace.py)",
+            f"make the trace-time patches act only in the tracing thread: `{cli} patch fx-threads "
+            f"apply -t {target}`" + rerun + f" (check with `{cli} verify fx-threads -t {target}`);"
+            " serialising each drafter's first, compiling step (--serialize-compile) also avoids it")

@@ -17,7 +17,7 @@ import json
 from typing import Callable, Optional, Union
 
 from orchestrator import __version__
-from orchestrator.errors import PayloadError, PayloadNoResult, PythonUnavailable
+from orchestrator.errors import PatchBusy, PayloadError, PayloadNoResult, PythonUnavailable
 from orchestrator.payloads import payload_source, with_args
 from orchestrator.payloads._statedir import STATE_DIR
 from orchestrator.remote.base import LineSplitter
@@ -135,18 +135,31 @@ def source_read(target: Target, package: str, path: str, start_line: int = 1,
         "max_bytes": max_bytes}, timeout=READ_TIMEOUT)
 
 
-def fx_patch(target: Target, action: str) -> dict:
-    """The fx-tls patch of torch's FX tracing flag: status, diff, apply or revert."""
+def fx_patch(target: Target, action: str, patch_set: str = "fx-tls") -> dict:
+    """An fx patch set (fx-tls: the FX tracing flag; fx-threads: every FX state threads share):
+    status, diff, apply or revert. Raises PatchBusy when another action holds the tree."""
     if action not in PATCH_ACTIONS:
-        raise ValueError(f"unknown fx-tls action {action!r}")
-    return run_payload(target, "fx_patch", {"action": action, "orch_version": __version__},
-                       timeout=PATCH_TIMEOUT)
+        raise ValueError(f"unknown {patch_set} action {action!r}")
+    try:
+        return run_payload(target, "fx_patch", {"action": action, "patch_set": patch_set,
+                                                "orch_version": __version__},
+                           timeout=PATCH_TIMEOUT)
+    except PayloadError as exc:
+        if exc.kind == "busy":
+            raise PatchBusy(exc.message, kind=exc.kind,
+                            hint="readers share the lock; an apply or revert holds it alone "
+                                 "for seconds") from None
+        raise
 
 
-def fx_race(target: Target, trials: int = 5, on_event: Optional[EventCallback] = None) -> dict:
-    """The FX race reproducer, `trials` times, with the target's torch."""
-    return run_payload(target, "fx_race", {"trials": trials, "timeout": 120},
-                       timeout=RACE_TIMEOUT, on_event=on_event)
+def fx_race(target: Target, trials: int = 5, on_event: Optional[EventCallback] = None,
+            states: Optional[list] = None) -> dict:
+    """The FX race reproducers, `trials` times each, with the target's torch: the tracing
+    flag's (default), or each of `states` ("fx-tracing-flag", "node-meta")."""
+    args = {"trials": trials, "timeout": 120}
+    if states:
+        args["states"] = list(states)
+    return run_payload(target, "fx_race", args, timeout=RACE_TIMEOUT, on_event=on_event)
 
 
 # ------------------------------------------------------------------ containers and venvs

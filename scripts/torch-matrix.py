@@ -7,7 +7,9 @@ runs the fx_patch payload: status, diff, apply (source-only: such a tree has no 
 parts, so it cannot be imported), compiles every changed file, scans the patched sources
 for any module-global read or write of the flag left, checks status says patched and a
 second apply changes nothing, reverts and compares every byte with the wheel's RECORD.
-Releases 2.14.x must say fixed-upstream and change nothing.
+Releases 2.14.x must say fixed-upstream and change nothing. Then the same for the fx-threads
+patch set, one column per shared state (the flag: upstream from 2.14 on; FX's node-meta
+state: a module global everywhere), with no module-global use of a patched name left.
 
 Getting the sources: the wheels are 0.5-0.9 GB CUDA builds. By default only the needed
 members are read from the registry with HTTP range requests (the zip central directory at
@@ -212,10 +214,12 @@ def release_site(version: str, method: str = "range", cache: Path = CACHE) -> tu
 # --- checking one release --------------------------------------------------------------------
 
 
-def run_fx_patch(python: str, site: Path, action: str, record_dir: Path) -> dict:
+def run_fx_patch(python: str, site: Path, action: str, record_dir: Path,
+                 patch_set: str = "fx-tls") -> dict:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(site),
            "PYTHONDONTWRITEBYTECODE": "1", "ORCH_FX_PATCH_SOURCE_TREE": "1"}
     proc = subprocess.run([python, "-", json.dumps({"action": action, "orch_version": "matrix",
+                                                    "patch_set": patch_set,
                                                     "record_dir": str(record_dir)})],
                           input=payload_source("fx_patch"), capture_output=True, env=env, timeout=600)
     lines = proc.stdout.decode().strip().splitlines()
@@ -316,6 +320,102 @@ def check_release(version: str, site: Path, python: str) -> dict:
         return out
 
 
+# fx-threads: every shared state, one column each. The flag is upstream from 2.14 on; the
+# node-meta state of torch/fx/traceback.py and the trace-time patching (_Patcher, with the
+# module-global CURRENT_PATCHER from 2.5 on) are process-wide in every release (2.14.1 too).
+NODE_META_NAMES = ("current_meta", "current_replay_node", "should_preserve_node_meta",
+                   "_should_preserve_node_meta")
+NODE_META_MODULE_CLASS = "_ThreadLocalNodeMetaModule"
+PATCHER_MODULE_CLASS = "_ThreadLocalPatcherModule"
+TRACEBACK = "torch/fx/traceback.py"
+
+
+def expected_states(version: str) -> dict:
+    flag = "upstream" if RELEASES.get(version) == "fixed-upstream" else "vulnerable"
+    return {"fx-tracing-flag": flag, "node-meta": "vulnerable", "trace-patching": "vulnerable"}
+
+
+def node_meta_global_uses(relpath: str, source: bytes) -> list[str]:
+    """Module-global uses of the node-meta names left in a patched file: `global NAME`, a
+    bare NAME in traceback.py outside its module class, `<...>traceback.NAME` elsewhere,
+    `from torch.fx.traceback import NAME`."""
+    tree = ast.parse(source)
+    allowed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name in (NODE_META_MODULE_CLASS,
+                                                            PATCHER_MODULE_CLASS):
+            allowed.update(ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if node in allowed:
+            continue
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and set(node.names) & set(NODE_META_NAMES):
+            found.append("%s:%d: global %s" % (relpath, node.lineno, ", ".join(node.names)))
+        elif relpath == TRACEBACK and isinstance(node, ast.Name) and node.id in NODE_META_NAMES:
+            found.append("%s:%d: the name %s" % (relpath, node.lineno, node.id))
+        elif isinstance(node, ast.Attribute) and node.attr in NODE_META_NAMES and \
+                isinstance(node.value, (ast.Name, ast.Attribute)) and \
+                ast.unparse(node.value).endswith("traceback"):
+            found.append("%s:%d: attribute .%s" % (relpath, node.lineno, node.attr))
+        elif relpath == SYMBOLIC_TRACE and (
+                isinstance(node, ast.Name) and node.id == "CURRENT_PATCHER" or
+                isinstance(node, ast.Global) and "CURRENT_PATCHER" in node.names):
+            found.append("%s:%d: module-global CURRENT_PATCHER" % (relpath, node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch.fx.traceback" and \
+                set(a.name for a in node.names) & set(NODE_META_NAMES):
+            found.append("%s:%d: imported by name" % (relpath, node.lineno))
+    return found
+
+
+def check_threads(version: str, site: Path, python: str) -> dict:
+    """fx-threads on one release's sources: one status row per shared state as expected,
+    apply rewrites every use (no module-global use of a patched name left, every file
+    compiles), status patched, a second apply changes nothing, revert gives back every
+    byte of the wheel's RECORD."""
+    expected = expected_states(version)
+    with tempfile.TemporaryDirectory(prefix="torch-matrix-") as work:
+        copy = Path(work) / "site"
+        subprocess.run(["cp", "-al", str(site), str(copy)], check=True)
+        record_dir = Path(work) / "record"
+        before = tree_digest(copy)
+        status = run_fx_patch(python, copy, "status", record_dir, "fx-threads")
+        rows = {r["state"]: r for r in status["states"]}
+        states = {key: row["status"] for key, row in rows.items()}
+        out = {"version": version, "states": states,
+               "where": {key: row["where"] for key, row in rows.items()},
+               "names": {key: row["why"] for key, row in rows.items()}}
+        if states != expected:
+            raise CheckFailed("fx-threads status rows %s, expected %s (%s)"
+                              % (states, expected, status["message"]))
+        applied = run_fx_patch(python, copy, "apply", record_dir, "fx-threads")
+        changed = [f["path"] for f in applied["files"]]
+        out["files"] = changed
+        leftovers = []
+        for relpath in changed:
+            source = (copy / relpath).read_bytes()
+            compile(source, relpath, "exec", dont_inherit=True)
+            leftovers += node_meta_global_uses(relpath, source)
+            if relpath == SYMBOLIC_TRACE and source.count(b"new_fn = _orch_thread_guard(") != 2:
+                leftovers.append("%s: _Patcher.patch/patch_method are not both guarded" % relpath)
+            if FLAG.encode() in source:
+                leftovers += global_flag_uses(relpath, source)
+        if leftovers:
+            raise CheckFailed("module-global uses left after apply: " + "; ".join(leftovers))
+        after = {r["state"]: r["status"] for r in applied["states"]}
+        if set(after.values()) - {"patched", "upstream"}:
+            raise CheckFailed("after apply, the rows say %s" % after)
+        if run_fx_patch(python, copy, "apply", record_dir, "fx-threads")["changed"]:
+            raise CheckFailed("a second fx-threads apply changed something")
+        run_fx_patch(python, copy, "revert", record_dir, "fx-threads")
+        record = dist_record(copy)
+        for relpath in changed:
+            if record_hash((copy / relpath).read_bytes()) != record.get(relpath):
+                raise CheckFailed("after revert %s differs from the wheel's RECORD" % relpath)
+        if tree_digest(copy) != before:
+            raise CheckFailed("fx-threads revert did not give back the tree as it was")
+        return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -338,6 +438,7 @@ def main(argv=None) -> int:
         if not args.fetch_only:
             try:
                 row.update(check_release(version, site, args.python), ok=True)
+                row["fx_threads"] = check_threads(version, site, args.python)
             except CheckFailed as exc:
                 row.update(ok=False, problem=str(exc))
                 failures += 1
@@ -347,7 +448,10 @@ def main(argv=None) -> int:
         else:
             how = "cached" if fetched["cached"] else "fetched %.0f MB in %ss" % (
                 fetched["bytes_fetched"] / 1e6, fetched["seconds"])
-            verdict = ("ok: %s, %d file(s)" % (row["status"], len(row["files"])) if row.get("ok")
+            verdict = ("ok: fx-tls %s, %d file(s); fx-threads %s, %d file(s)"
+                       % (row["status"], len(row["files"]),
+                          " ".join("%s=%s" % kv for kv in row["fx_threads"]["states"].items()),
+                          len(row["fx_threads"]["files"])) if row.get("ok")
                        else "FAILED: %s" % row.get("problem", "not checked"))
             print("%-7s %-28s %s" % (version, how, verdict if not args.fetch_only else ""),
                   flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import sys
 import threading
@@ -190,39 +191,74 @@ def finish_before_interrupt(action: str):
         signal.signal(signal.SIGINT, previous)
 
 
-@patch.command("fx-tls")
-@click.argument("action", type=click.Choice(list(payload_api.PATCH_ACTIONS)))
-@TARGET_OPTION
-@JSON_OPTION
-@pass_app
-def fx_tls(app, action, targets, as_json):
-    """Make torch's FX tracing flag thread-local: status | diff | apply | revert.
+PATCH_EXIT_CODES = """\b
+Exit code: 0 when every target ended fine; 1 when one is vulnerable, drifted or unknown
+(status, diff) or the action was refused; 21 when another orch patch action on that
+torch held its lock past the payload's 15 s wait (readers share the lock: concurrent
+status calls never refuse each other); other codes for errors (see README)."""
 
-    \b
-    status  vulnerable, fixed-upstream, patched (when, which orch), drifted, or unknown
-    diff    what apply would change; changes nothing
-    apply   back up, rewrite atomically, check it compiles and imports, record it
-    revert  restore the original bytes, checked against the wheel's RECORD hashes
-    Exit code: 0 when every target ended fine, 1 when one is vulnerable/drifted/unknown
-    (status) or the action was refused.
+STATUS_LINES = """\b
+status  vulnerable, fixed-upstream, patched (when, which orch), drifted, or unknown;
+        then one row per shared state: VULNERABLE, thread-local upstream, patched by
+        orch, DRIFTED, not in this release, or UNKNOWN shape, with file:line and why
+diff    what apply would change; changes nothing
+apply   back up, rewrite atomically, check it compiles and imports, record it
+revert  restore the original bytes, checked against the wheel's RECORD hashes"""
 
-    \b
+
+def _patch_command(patch_set: str, summary: str, examples: str):
+    @click.argument("action", type=click.Choice(list(payload_api.PATCH_ACTIONS)))
+    @TARGET_OPTION
+    @JSON_OPTION
+    @pass_app
+    def command(app, action, targets, as_json):
+        _run_patch(app, patch_set, action, targets, as_json)
+
+    parts = (summary, STATUS_LINES, PATCH_EXIT_CODES, examples)
+    command.__doc__ = "\n\n".join(inspect.cleandoc(part) for part in parts)
+    return patch.command(patch_set)(command)
+
+
+fx_threads = _patch_command("fx-threads", """Make every FX state that concurrent compiles share thread-local: status | diff | apply | revert.
+
+    The FX tracing flag (torch 2.1-2.13; upstream since 2.14), FX's node-meta state of
+    torch/fx/traceback.py (current_meta and its flags; still shared in 2.14.1: `KeyError:
+    'custom'` from annotate() in one thread while another leaves preserve_node_meta()),
+    and FX's trace-time patching (nn.Module.__call__/__getattr__, math.* and
+    CURRENT_PATCHER: made to act only in the tracing thread).
+    Over a torch patched by `orch patch fx-tls`, apply adds the rest; revert undoes both.""",
+    """\b
+    Examples:
+      orch patch fx-threads status -t all-drafters
+      orch patch fx-threads diff -t drafters
+      orch patch fx-threads apply -t drafters
+      orch verify fx-threads -t drafters
+      orch patch fx-threads revert -t drafters --json""")
+
+fx_tls = _patch_command("fx-tls", """Make torch's FX tracing flag thread-local: status | diff | apply | revert.
+
+    The flag alone (orch's first patch); `orch patch fx-threads` covers every FX state
+    threads share, and status here names those the flag patch leaves shared.""",
+    """\b
     Examples:
       orch patch fx-tls status -t all-drafters
       orch patch fx-tls diff -t drafters
       orch patch fx-tls apply -t drafters
-      orch patch fx-tls revert -t drafters --json
-    """
+      orch patch fx-tls revert -t drafters --json""")
+
+
+def _run_patch(app, patch_set, action, targets, as_json):
     chosen = app.fleet.targets(targets)
     changes = action in ("apply", "revert")
     with (finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
         try:
-            results = fan_out(chosen, lambda target: payload_api.fx_patch(target, action))
+            results = fan_out(chosen, lambda target: payload_api.fx_patch(
+                target, action, patch_set=patch_set))
         except KeyboardInterrupt:
             # The second Ctrl-C: the payload goes on without us; say what is known.
             names = " ".join(f"-t {t.name}" for t in chosen)
             console.error(f"interrupted twice: left while the {action} was in progress; whether it "
-                          f"completed is not known: `orch patch fx-tls status {names}` tells")
+                          f"completed is not known: `orch patch {patch_set} status {names}` tells")
             sys.exit(ExitCode.INTERRUPTED)
     _print_each(results, as_json, lambda target, outcome: _print_patch(target, action, outcome))
     if changes and ctrl_c:
@@ -236,6 +272,7 @@ def fx_tls(app, action, targets, as_json):
 def _print_patch(target, action, outcome) -> None:
     header = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
     console.out.print(header + fx_states.meaning(outcome.get("status")))
+    _print_state_rows(outcome.get("states") or [])
     if action == "diff":
         sys.stdout.write(outcome.get("diff") or "(no change)\n")
         return
@@ -247,6 +284,23 @@ def _print_patch(target, action, outcome) -> None:
         console.out.print(f"  {console.escape(item.get('path', '?'))}  {' '.join(details)}")
         if item.get("why"):
             console.out.print(f"    why: {console.escape(item['why'])}")
+    for key, words in (("leftover_temp_files", "left by a killed orch (apply/revert remove it)"),
+                       ("orphan_backups", "a backup without a record (orch never deletes it)")):
+        for path in outcome.get(key) or []:
+            console.out.print(f"  {console.escape(path)}  {words}")
+
+
+def _print_state_rows(rows) -> None:
+    """One row per shared state: what it is, where it stands, where and why."""
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        outside = "" if row.get("in_set", True) else "  (not in this patch set)"
+        console.out.print(f"  {console.escape(str(row.get('title', row.get('state'))))}: "
+                          f"{fx_states.row_meaning(row.get('status'))}  "
+                          f"{console.escape(str(row.get('where', '')))}{outside}")
+        if row.get("why"):
+            console.out.print(f"    {console.escape(str(row['why']))}")
 
 
 def _patch_exit_code(action, results: GroupResult) -> int:
@@ -319,3 +373,73 @@ def _print_race(target, outcome) -> None:
         console.out.print(f"  {outcome['cross_thread_other_fx_leak']} cross-thread call(s) failed with "
                           "FX's other process-wide leak (its patched torch.nn.Module.__call__: "
                           "'module is not installed as a submodule'), not the flag")
+
+
+RACE_TITLES = fx_states.STATE_TITLES
+
+
+@verify.command("fx-threads")
+@TARGET_OPTION
+@click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True)
+@JSON_OPTION
+@pass_app
+def fx_threads_race(app, targets, trials, as_json):
+    """Run a deterministic reproducer per FX state threads share, and its same-thread control.
+
+    \b
+    FX tracing flag: thread A holds an FX trace open, thread B calls a freshly compiled
+      function (vulnerable: B raises); control: the same call inside a trace in one
+      thread still raises.
+    FX node-meta state: B enters preserve_node_meta(), A opens annotate(), B leaves, A
+      leaves (vulnerable: KeyError 'custom' in A, and B sees A's annotation); control:
+      nested preserve_node_meta()/annotate() in one thread restore what they saved.
+    FX trace-time patching: A holds a symbolic_trace open, B calls a plain nn.Linear
+      (vulnerable: NameError 'module is not installed as a submodule'); control: a trace
+      in one thread still records its submodule calls.
+    Each state is reported on its own line: vulnerable, fixed, not-applicable (this torch
+    has no such state), inconclusive, or guard-disabled/control-failed.
+    Exit code: 0 when every state is fixed (or not applicable), 1 otherwise.
+
+    \b
+    Examples:
+      orch verify fx-threads -t drafters
+      orch verify fx-threads -t all-drafters --trials 10 --json
+    """
+    chosen = app.fleet.targets(targets)
+    lock = threading.Lock()
+
+    def progress(name):
+        def on_event(event):
+            if not as_json and event.get("event") == "trial":
+                with lock:
+                    console.info(f"{name}: {RACE_TITLES.get(event.get('state', 'fx-tracing-flag'))}"
+                                 f" trial {event.get('index')}/{event.get('trials')}"
+                                 + (f": {event['problem']}" if event.get("problem") else ""))
+        return on_event
+
+    results = fan_out(chosen, lambda target: payload_api.fx_race(
+        target, trials, on_event=progress(target.name), states=list(fx_states.SHARED_STATES)))
+    _print_each(results, as_json, _print_state_races)
+    if not results.ok:
+        sys.exit(results.first_error().exit_code)
+    sys.exit(ExitCode.OK if all(o.get("overall_verdict") == "fixed"
+                                for o in results.succeeded.values()) else ExitCode.FAILED)
+
+
+def _print_state_races(target, outcome) -> None:
+    head = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}"
+    for row in outcome.get("states") or []:
+        title = RACE_TITLES.get(row.get("state"), str(row.get("state")))
+        if row.get("state") == "node-meta":
+            figures = (f"KeyError 'custom' {row.get('raised')}/{row.get('trials')}, "
+                       f"annotation leaked {row.get('leaked')}/{row.get('trials')}, "
+                       f"same-thread control held {row.get('control_held')}/{row.get('trials')}")
+        elif row.get("state") == "trace-patching":
+            figures = (f"other thread's module call failed {row.get('raised')}/{row.get('trials')}, "
+                       f"same-thread control held {row.get('control_held')}/{row.get('trials')}")
+        else:
+            figures = (f"cross-thread raised {row.get('raised')}/{row.get('trials')}, "
+                       f"same-thread control raised {row.get('control_held')}/{row.get('trials')}")
+        console.out.print(f"{head}: {title}: {figures} -> [bold]{row.get('verdict')}[/]")
+        for problem in (row.get("problems") or [])[:3]:
+            console.out.print(f"  {console.escape(str(problem))}")

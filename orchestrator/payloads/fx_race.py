@@ -60,9 +60,13 @@ import threading
 import time
 
 from _protocol import *  # orch: inlined when shipped
+from _race_node_meta import *  # orch: inlined when shipped
+from _race_trace_patch import *  # orch: inlined when shipped
 
 
-ARG_SPEC = {"trials": (int, 10), "timeout": (float, 120.0)}
+ARG_SPEC = {"trials": (int, 10), "timeout": (float, 120.0),
+            "states": (list, ["fx-tracing-flag"])}
+STATES = ("fx-tracing-flag", "node-meta", "trace-patching")
 NESTED_TRACE_ERROR = "Detected that you are using FX to symbolically trace"
 # What FX's process-wide patch of torch.nn.Module.__call__ raises in another thread while a
 # trace runs (not the flag: the thread-local patch does not cover it). In torch 2.1 the
@@ -172,14 +176,8 @@ def verdict(cross_raised, same_raised, trials, problems):
     return "fixed" if cross_raised == 0 else "inconclusive"
 
 
-def run(args):
-    trials, timeout = args["trials"], float(args["timeout"])
-    if not 1 <= trials <= 1000:
-        raise PayloadError("trials must be between 1 and 1000", "bad-args")
-    if not 0 < timeout <= 3600:
-        raise PayloadError("timeout must be between 0 and 3600 seconds", "bad-args")
-    torch = import_torch()
-    started = time.monotonic()
+def flag_race(torch, trials, timeout):
+    """The FX tracing flag's trials: (flat result fields, the state's row)."""
     cross_raised = same_raised = other_leak = 0
     problems = []
     for index in range(1, trials + 1):
@@ -196,8 +194,7 @@ def run(args):
         emit("trial", index=index, trials=trials, cross_thread_raised=cross,
              same_thread_raised=same, seconds=round(time.monotonic() - trial_started, 3),
              problem=problem)
-    return {
-        "torch_version": torch.__version__,
+    flat = {
         "cross_thread_raised": cross_raised,
         "trials": trials,
         "same_thread_raised": same_raised,
@@ -205,8 +202,49 @@ def run(args):
         "cross_thread_other_fx_leak": other_leak,
         "verdict": verdict(cross_raised, same_raised, trials, problems),
         "problems": problems,
-        "seconds": round(time.monotonic() - started, 3),
     }
+    row = {"state": "fx-tracing-flag", "trials": trials, "raised": cross_raised,
+           "control_held": same_raised, "verdict": flat["verdict"], "problems": problems}
+    return flat, row
+
+
+def overall_verdict(rows):
+    verdicts = [r["verdict"] for r in rows if r["verdict"] != "not-applicable"]
+    for worst in ("vulnerable", "guard-disabled", "control-failed", "inconclusive"):
+        if worst in verdicts:
+            return worst
+    return "fixed" if verdicts else "inconclusive"
+
+
+def run(args):
+    trials, timeout, states = args["trials"], float(args["timeout"]), args["states"]
+    if not 1 <= trials <= 1000:
+        raise PayloadError("trials must be between 1 and 1000", "bad-args")
+    if not 0 < timeout <= 3600:
+        raise PayloadError("timeout must be between 0 and 3600 seconds", "bad-args")
+    unknown = [s for s in states if s not in STATES]
+    if unknown or not states:
+        raise PayloadError("states must be some of %s" % ", ".join(STATES), "bad-args")
+    torch = import_torch()
+    started = time.monotonic()
+    out, rows = {"torch_version": torch.__version__}, []
+    if "fx-tracing-flag" in states:
+        flat, row = flag_race(torch, trials, timeout)
+        out.update(flat)
+        rows.append(row)
+    if "node-meta" in states:
+        rows.append(node_meta_race(torch, trials, timeout,
+                                   lambda **fields: emit("trial", **fields)))
+    if "trace-patching" in states:
+        rows.append(trace_patch_race(torch, trials, timeout,
+                                     lambda **fields: emit("trial", **fields)))
+    out["states"] = rows
+    if "fx-tracing-flag" not in states:
+        out["verdict"] = overall_verdict(rows)
+        out["problems"] = [p for r in rows for p in r["problems"]]
+    out["overall_verdict"] = overall_verdict(rows)
+    out["seconds"] = round(time.monotonic() - started, 3)
+    return out
 
 
 def main():

@@ -1,4 +1,5 @@
-"""patch: orch's patches of the installed torch as a step (fx-tls: status|diff|apply|revert)."""
+"""patch: orch's patches of the installed torch as a step (fx-threads or fx-tls:
+status|diff|apply|revert)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOu
 
 class PatchStep(Step):
     kind = "patch"
-    summary = "make torch's FX tracing flag thread-local (orch patch fx-tls as a step)"
+    summary = ("make the FX state threads share thread-local (orch patch fx-threads|fx-tls as a "
+               "step)")
     params = {
-        "name": Param((str,), default="fx-tls", choices=("fx-tls",)),
+        "name": Param((str,), default="fx-tls", choices=fx_states.PATCH_SETS,
+                      doc="fx-threads: every FX state threads share; fx-tls: the flag alone"),
         "action": Param((str,), default="status", choices=payload_api.PATCH_ACTIONS),
         "require": Param((list,), default=[], items=(str,),
                          doc="fail unless the state after the action is one of these"),
@@ -24,7 +27,8 @@ class PatchStep(Step):
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
         action = params["action"]
-        result = payload_api.fx_patch(ctx.target, action)
+        name = params["name"]
+        result = payload_api.fx_patch(ctx.target, action, patch_set=name)
         state = patch_state(result)
         version = result.get("torch_version")
         info = ctx.info
@@ -37,19 +41,22 @@ class PatchStep(Step):
                 ctx.output(line)
         data = {"state": state, "torch_version": version, "changed": bool(result.get("changed")),
                 "action": action, "message": result.get("message", ""),
-                "files": [f.get("path") for f in result.get("files", []) or [] if isinstance(f, dict)]}
+                "files": [f.get("path") for f in result.get("files", []) or [] if isinstance(f, dict)],
+                "patch_set": name,
+                "states": {r.get("state"): r.get("status") for r in result.get("states") or []
+                           if isinstance(r, dict)}}
         text = f"torch {version}: {fx_states.meaning(state)}"
         if result.get("message"):
             text += f" ({result['message']})"
         findings = [Finding(target=ctx.target.name, signature=f"fx-tls:{state}", message=text,
-                            remediation=(f"orch patch fx-tls apply -t {ctx.target.name}"
+                            remediation=(f"orch patch {name} apply -t {ctx.target.name}"
                                          if state in fx_states.NEEDS_PATCH else ""))]
         if params["require"] and state not in params["require"]:
-            raise StepFailed(f"fx-tls is {state} after {action}; the playbook requires "
+            raise StepFailed(f"{name} is {state} after {action}; the playbook requires "
                              f"{' or '.join(params['require'])}", data=data,
                              findings=findings)
         if action == "apply" and state not in fx_states.THREAD_LOCAL:
-            raise StepFailed(f"fx-tls apply left torch {version} {state}", data=data,
+            raise StepFailed(f"{name} apply left torch {version} {state}", data=data,
                              findings=findings)
         return StepOutcome(status="changed" if data["changed"] else "ok", message=text, data=data,
                            findings=findings)

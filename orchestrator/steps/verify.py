@@ -1,8 +1,10 @@
-"""verify: run the deterministic FX race reproducer in the target's venv."""
+"""verify: run the deterministic FX race reproducers in the target's venv (fx-race: the
+tracing flag; fx-threads: every FX state threads share, one row each)."""
 
 from __future__ import annotations
 
 from orchestrator import payload_api
+from orchestrator.fx_states import SHARED_STATES
 from orchestrator.runs.model import Finding
 from orchestrator.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
@@ -11,7 +13,7 @@ class VerifyStep(Step):
     kind = "verify"
     summary = "the FX race reproducer (orch verify fx-race as a step)"
     params = {
-        "check": Param((str,), default="fx-race", choices=("fx-race",)),
+        "check": Param((str,), default="fx-race", choices=("fx-race", "fx-threads")),
         "trials": Param((int,), default=5),
         "expect": Param((str,), default="fixed",
                         choices=("fixed", "vulnerable", "any"),
@@ -19,7 +21,7 @@ class VerifyStep(Step):
     }
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
-        return [f"orch verify fx-race -t {ctx.target.name} --trials {params['trials']} "
+        return [f"orch verify {params['check']} -t {ctx.target.name} --trials {params['trials']} "
                 f"(fx_race payload with {ctx.python()}; expect {params['expect']})"]
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
@@ -28,15 +30,24 @@ class VerifyStep(Step):
                 ctx.progress(f"trial {event.get('index')}/{event.get('trials')}: cross-thread "
                              f"{'raised' if event.get('cross_thread_raised') else 'no error'}")
 
-        result = payload_api.fx_race(ctx.target, params["trials"], on_event=on_event)
-        verdict = result.get("verdict", "inconclusive")
+        every_state = params["check"] == "fx-threads"
+        result = payload_api.fx_race(ctx.target, params["trials"], on_event=on_event,
+                                     states=list(SHARED_STATES) if every_state else None)
+        verdict = result.get("overall_verdict" if every_state else "verdict", "inconclusive")
         data = {k: result.get(k) for k in ("verdict", "torch_version", "cross_thread_raised", "trials",
                                            "same_thread_raised", "same_thread_trials", "problems")}
         message = (f"torch {result.get('torch_version')}: cross-thread raised "
                    f"{result.get('cross_thread_raised')}/{result.get('trials')}, same-thread control "
                    f"{result.get('same_thread_raised')}/{result.get('same_thread_trials')} -> {verdict}")
+        if every_state:
+            data.update(verdict=verdict, states=result.get("states"))
+            message = f"torch {result.get('torch_version')}: " + "; ".join(
+                f"{row.get('state')} raised {row.get('raised')}/{row.get('trials')}, control held "
+                f"{row.get('control_held')}/{row.get('trials')} -> {row.get('verdict')}"
+                for row in result.get("states") or [] if isinstance(row, dict)) + f" -> {verdict}"
         finding = Finding(target=ctx.target.name, signature=f"fx-race-check:{verdict}", message=message,
-                          remediation=(f"orch patch fx-tls apply -t {ctx.target.name}"
+                          remediation=(f"orch patch {'fx-threads' if every_state else 'fx-tls'} "
+                                       f"apply -t {ctx.target.name}"
                                        if verdict == "vulnerable" else ""))
         # The run record keeps the installed distribution's version (grep, patch, monitor
         # read it from the dist-info); torch.__version__ here can carry a local label

@@ -5,6 +5,8 @@ in sandbox containers, through orch's CLI over SSH exactly as a user runs it:
     status (vulnerable) -> apply -> verify fx-race (0/n, control n/n)
     -> revert (bytes equal the wheel's RECORD) -> verify fx-race (n/n)
 
+and the same for fx-threads, one row per shared state (verify fx-threads).
+
 The venvs (tests/torch/releases.py, ~/.cache/orch-test) are hard-linked into the
 containers; every write orch makes replaces files by rename, so the cache never changes
 (the last test checks it).
@@ -131,6 +133,44 @@ def test_life_cycle_on_an_old_release(release):
     code, race = orch_json(inventory, "verify", "fx-race", "--trials", str(TRIALS))
     assert (race["verdict"], race["cross_thread_raised"], race["same_thread_raised"]) == \
         ("vulnerable", TRIALS, TRIALS)
+
+
+def race_rows(report):
+    return {row["state"]: (row["raised"], row["control_held"], row["verdict"])
+            for row in report["states"]}
+
+
+def test_fx_threads_life_cycle_on_an_old_release(release):
+    """Every shared state on an old release: 2.1 to 2.3's "other leak" is the trace-time
+    patching, so with fx-threads their flag verdict is conclusive too."""
+    version, inventory, site = release
+    code, status = orch_json(inventory, "patch", "fx-threads", "status")
+    assert code == 1 and status["status"] == "vulnerable", status["message"]
+    assert {r["state"]: r["status"] for r in status["states"]} == {
+        "fx-tracing-flag": "vulnerable", "node-meta": "vulnerable", "trace-patching": "vulnerable"}
+    changed = [f["path"] for f in status["files"]]
+    assert {ST, "torch/fx/traceback.py"} <= set(changed)
+    code, race = orch_json(inventory, "verify", "fx-threads", "--trials", str(TRIALS))
+    assert code == 1 and set(race_rows(race).values()) == {(TRIALS, TRIALS, "vulnerable")}
+
+    code, applied = orch_json(inventory, "patch", "fx-threads", "apply")
+    assert (code, applied["status"], applied["changed"]) == (0, "patched", True)
+    assert applied["import_check"]["problems"] == [] and "skipped" not in applied["import_check"]
+    code, race = orch_json(inventory, "verify", "fx-threads", "--trials", str(TRIALS))
+    assert (code, race["overall_verdict"]) == (0, "fixed"), race
+    assert set(race_rows(race).values()) == {(0, TRIALS, "fixed")}
+    assert race["cross_thread_other_fx_leak"] == 0
+    code, again = orch_json(inventory, "patch", "fx-threads", "apply")
+    assert (code, again["changed"]) == (0, False)
+
+    code, reverted = orch_json(inventory, "patch", "fx-threads", "revert")
+    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
+        {("restored", "ok")}
+    record = record_hashes(site)
+    for relpath in changed:
+        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    code, race = orch_json(inventory, "verify", "fx-threads", "--trials", str(TRIALS))
+    assert code == 1 and set(race_rows(race).values()) == {(TRIALS, TRIALS, "vulnerable")}
 
 
 def test_the_cached_release_venvs_were_never_written(release):

@@ -228,3 +228,177 @@ def test_upstream_fixed_2_14_1_is_recognised_and_left_alone(upstream_fixed_site,
 def test_the_shared_torch_venv_was_never_written(real_torch_venv):
     assert_pristine(real_torch_venv, CHANGED_IN_2_13)
     assert not (real_torch_venv.site_packages / ".orch-fx-tls").exists()
+
+
+# --- fx-threads: every FX state threads share ------------------------------------------------
+
+TB = "torch/fx/traceback.py"
+# Beyond fx-tls's files: the node-meta state's module and every user the patcher finds.
+NODE_META_USERS_2_13 = ["torch/_functorch/_aot_autograd/graph_capture_wrappers.py",
+                        "torch/_higher_order_ops/flex_attention.py",
+                        "torch/fx/experimental/proxy_tensor.py", TB, "torch/utils/checkpoint.py"]
+CHANGED_BY_FX_THREADS_2_13 = sorted(set(CHANGED_IN_2_13) | set(NODE_META_USERS_2_13))
+
+
+def fx_threads(venv, action, **env):
+    return run_payload(venv.python, "fx_patch", {"action": action, "patch_set": "fx-threads",
+                                                 "orch_version": "0.1.0-test"},
+                       env=clean_env(**env))
+
+
+def race_states(venv):
+    run = run_payload(venv.python, "fx_race", {"trials": RACE_TRIALS, "timeout": 60,
+                                               "states": ["fx-tracing-flag", "node-meta", "trace-patching"]},
+                      env=clean_env(), timeout=600)
+    result = run.expect_result()
+    return result, {row["state"]: row for row in result["states"]}
+
+
+def rows(result):
+    return {row["state"]: row["status"] for row in result["states"]}
+
+
+def test_fx_threads_life_cycle_on_real_torch_2_13(venv_copy):
+    status = fx_threads(venv_copy, "status").expect_result()
+    assert status["status"] == "vulnerable"
+    assert rows(status) == {"fx-tracing-flag": "vulnerable", "node-meta": "vulnerable",
+                            "trace-patching": "vulnerable"}
+    node_meta = next(r for r in status["states"] if r["state"] == "node-meta")
+    assert node_meta["where"] == TB + ":42" and "current_meta" in node_meta["why"]
+    assert [f["path"] for f in status["files"]] == CHANGED_BY_FX_THREADS_2_13
+
+    # Unpatched: every forced interleaving fails, n/n; the same-thread controls hold.
+    result, race = race_states(venv_copy)
+    assert (race["node-meta"]["raised"], race["node-meta"]["leaked"],
+            race["node-meta"]["control_held"], race["node-meta"]["verdict"]) == \
+        (RACE_TRIALS, RACE_TRIALS, RACE_TRIALS, "vulnerable")
+    assert race["fx-tracing-flag"]["verdict"] == "vulnerable"
+    assert (race["trace-patching"]["raised"], race["trace-patching"]["control_held"]) == \
+        (RACE_TRIALS, RACE_TRIALS)
+
+    before = torch_sources(venv_copy)
+    applied = fx_threads(venv_copy, "apply").expect_result()
+    assert applied["changed"] is True and applied["import_check"]["problems"] == []
+    assert set(rows(applied).values()) == {"patched"}
+    patched = torch_sources(venv_copy)
+    again = fx_threads(venv_copy, "apply").expect_result()
+    assert again["changed"] is False and torch_sources(venv_copy) == patched
+
+    # Patched: 0/n, controls still hold.
+    result, race = race_states(venv_copy)
+    assert (race["node-meta"]["raised"], race["node-meta"]["leaked"],
+            race["node-meta"]["control_held"], race["node-meta"]["verdict"]) == \
+        (0, 0, RACE_TRIALS, "fixed")
+    assert (race["fx-tracing-flag"]["raised"], race["fx-tracing-flag"]["control_held"]) == \
+        (0, RACE_TRIALS)
+    assert (race["trace-patching"]["raised"], race["trace-patching"]["control_held"]) == \
+        (0, RACE_TRIALS)
+    assert result["overall_verdict"] == "fixed"
+
+    # fx-tls sees its flag patched, and says nothing is left outside it.
+    assert fx_patch(venv_copy, "status").expect_result()["status"] == "patched"
+
+    reverted = fx_threads(venv_copy, "revert").expect_result()
+    assert {(f["action"], f["dist_record"]) for f in reverted["files"]} == {("restored", "ok")}
+    assert_pristine(venv_copy, CHANGED_BY_FX_THREADS_2_13)
+    assert torch_sources(venv_copy) == before
+    assert not (venv_copy.site_packages / ".orch-fx-tls").exists()
+
+
+def test_fx_tls_status_names_the_state_it_leaves_shared(venv_copy):
+    applied = fx_patch(venv_copy, "apply").expect_result()
+    assert applied["status"] == "patched"
+    assert rows(applied) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable",
+                             "trace-patching": "vulnerable"}
+    assert "orch patch fx-threads apply" in applied["message"]
+    status = fx_patch(venv_copy, "status").expect_result()
+    assert status["status"] == "patched" and "FX node-meta state (torch/fx/traceback.py:42)" \
+        in status["message"]
+
+
+def test_fx_threads_over_an_fx_tls_patch_adds_the_rest_and_revert_undoes_both(venv_copy):
+    before = torch_sources(venv_copy)
+    fx_patch(venv_copy, "apply").expect_result()
+    backup = venv_copy.site_packages / ".orch-fx-tls/backups/torch/utils/checkpoint.py.orig"
+    flag_only_backup = backup.read_bytes()
+    status = fx_threads(venv_copy, "status").expect_result()
+    assert status["status"] == "vulnerable"
+    assert rows(status) == {"fx-tracing-flag": "patched", "node-meta": "vulnerable",
+                            "trace-patching": "vulnerable"}
+    diff = fx_threads(venv_copy, "diff").expect_result()["diff"]
+    assert "+_orch_node_meta_tls = threading.local()" in diff.splitlines()
+    applied = fx_threads(venv_copy, "apply").expect_result()
+    assert set(rows(applied).values()) == {"patched"}
+    # checkpoint.py holds both patches now and keeps ONE backup: its pristine bytes.
+    assert backup.read_bytes() == flag_only_backup
+    text = (venv_copy.site_packages / "torch/utils/checkpoint.py").read_text()
+    assert "_is_fx_tracing_context(is_fx_tracing)" in text
+    assert "fx_traceback._orch_tls_get_current_meta()" in text
+    _, race = race_states(venv_copy)
+    assert race["node-meta"]["verdict"] == "fixed"
+    fx_patch(venv_copy, "revert").expect_result()   # the old command undoes all of it
+    assert torch_sources(venv_copy) == before
+    assert_pristine(venv_copy, CHANGED_BY_FX_THREADS_2_13)
+
+
+def test_an_fx_tls_record_of_schema_1_still_reverts(venv_copy):
+    """A record as orch's first fx-tls wrote it (no patch_set, no states)."""
+    import json
+    before = torch_sources(venv_copy)
+    fx_patch(venv_copy, "apply").expect_result()
+    path = venv_copy.site_packages / ".orch-fx-tls/record.json"
+    record = json.loads(path.read_text())
+    for key in ("patch_set", "states"):
+        record.pop(key)
+    record["schema"] = 1
+    replace_file(path, json.dumps(record).encode())
+    assert rows(fx_threads(venv_copy, "status").expect_result())["fx-tracing-flag"] == "patched"
+    fx_threads(venv_copy, "revert").expect_result()
+    assert torch_sources(venv_copy) == before
+
+
+def test_upstream_2_14_1_flag_upstream_node_meta_vulnerable_and_apply_patches_it(
+        upstream_fixed_site, real_torch_venv):
+    env = clean_env(PYTHONPATH=str(upstream_fixed_site), ORCH_FX_PATCH_SOURCE_TREE="1")
+    args = {"patch_set": "fx-threads", "orch_version": "0.1.0-test"}
+    before = tree_hashes(upstream_fixed_site)
+    status = run_payload(real_torch_venv.python, "fx_patch", dict(args, action="status"),
+                         env=env).expect_result()
+    assert status["status"] == "vulnerable" and status["torch_version"] == "2.14.1+cu130"
+    assert rows(status) == {"fx-tracing-flag": "upstream", "node-meta": "vulnerable",
+                            "trace-patching": "vulnerable"}
+    flag = next(r for r in status["states"] if r["state"] == "fx-tracing-flag")
+    assert flag["where"].startswith("torch/fx/_symbolic_trace.py:")
+    applied = run_payload(real_torch_venv.python, "fx_patch", dict(args, action="apply"),
+                          env=env).expect_result()
+    assert rows(applied) == {"fx-tracing-flag": "upstream", "node-meta": "patched",
+                             "trace-patching": "patched"}
+    assert "NOT import-checked" in applied["message"]
+    patched_st = (upstream_fixed_site / ST).read_text()
+    assert "_orch_thread_guard(new_fn" in patched_st and "_is_fx_tracing_tls" in patched_st
+    assert "def _get_is_fx_tracing" in patched_st   # upstream's flag helpers are left alone
+    run_payload(real_torch_venv.python, "fx_patch", dict(args, action="revert"),
+                env=env).expect_result()
+    assert tree_hashes(upstream_fixed_site) == before
+
+
+TRAINER_TINY = ["--batch", "2", "--seq", "64", "--d-model", "32", "--layers", "1", "--heads",
+                "2", "--block-size", "16", "--vocab", "64", "--devices", "cpu",
+                "--cpu-threads", "1"]
+
+
+def test_the_stand_in_trainer_trains_its_drafters_side_by_side_on_fx_threads(venv_copy,
+                                                                            tmp_path):
+    """Three drafters compiling flex_attention side by side (create_block_mask, hence
+    annotate(), every step) while a symbolic trace is held open (--race)."""
+    from pathlib import Path
+    trainer = Path(__file__).resolve().parents[2] / "playbooks" / "files" / "train_drafters.py"
+    fx_threads(venv_copy, "apply").expect_result()
+    env = clean_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONUNBUFFERED="1")
+    proc = subprocess.run([venv_copy.python, str(trainer), *TRAINER_TINY, "--drafters", "3",
+                           "--steps", "4", "--race", "--max-seconds", "200"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("summary ")]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert summary and "status=ok" in summary[-1] and "ok=3" in summary[-1], summary
+    assert "KeyError" not in proc.stderr and "Traceback" not in proc.stderr

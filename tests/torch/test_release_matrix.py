@@ -43,6 +43,37 @@ def test_release(release):
     assert out["files"] == sorted(others + [matrix.SYMBOLIC_TRACE, CHECKPOINT])
 
 
+# fx-threads: which users of the node-meta state each release has beyond fx-tls's files
+# (found by hand in the sources; the patcher finds them itself).
+NODE_META_USERS = {
+    "2.1.2": ["torch/fx/experimental/proxy_tensor.py"],
+    "2.5.1": ["torch/_functorch/_aot_autograd/traced_function_transforms.py",
+              "torch/fx/experimental/proxy_tensor.py"],
+    "2.9.1": ["torch/_functorch/_aot_autograd/graph_capture_wrappers.py",
+              "torch/fx/experimental/proxy_tensor.py"],
+    "2.13.0": ["torch/_functorch/_aot_autograd/graph_capture_wrappers.py",
+               "torch/_higher_order_ops/flex_attention.py",
+               "torch/fx/experimental/proxy_tensor.py"],
+}
+
+
+def test_fx_threads_release(release):
+    """Every release: one row per state (the flag upstream from 2.14 on, node-meta and the
+    trace-time patching process-wide everywhere), apply leaves no module-global use of a
+    patched name and guards both _Patcher methods, revert gives back the wheel."""
+    version, site = release
+    out = matrix.check_threads(version, site, sys.executable)
+    assert out["states"] == matrix.expected_states(version)
+    assert out["where"]["node-meta"].startswith("torch/fx/traceback.py:")
+    assert "torch/fx/traceback.py" in out["files"]
+    if version in NODE_META_USERS:
+        assert set(NODE_META_USERS[version]) <= set(out["files"])
+    # The trace-time patching lives in _symbolic_trace.py in every release (with the
+    # module-global CURRENT_PATCHER from 2.5 on); on 2.14 upstream's flag helpers stay.
+    assert matrix.SYMBOLIC_TRACE in out["files"]
+    assert out["where"]["trace-patching"].startswith(matrix.SYMBOLIC_TRACE + ":")
+
+
 def test_the_source_tree_switch_is_refused_on_a_real_install(tmp_path):
     """ORCH_FX_PATCH_SOURCE_TREE=1 skips the import check only where there is nothing to
     import: a tree with torch's compiled extension refuses it before writing anything."""

@@ -88,7 +88,7 @@ class FakeContext:
 @pytest.mark.parametrize("state", sorted(fx_states.STATES))
 def test_the_patch_step_says_each_state_in_the_cli_words(monkeypatch, state):
     monkeypatch.setattr("orchestrator.payload_api.fx_patch",
-                        lambda target, action: {"status": state, "torch_version": "2.13.0"})
+                        lambda target, action, **kw: {"status": state, "torch_version": "2.13.0"})
     outcome = PatchStep().run(FakeContext(None), {"name": "fx-tls", "action": "status", "require": []})
     assert outcome.message == f"torch 2.13.0: {fx_states.MEANINGS[state]}"
     [finding] = outcome.findings

@@ -205,3 +205,41 @@ def test_a_hang_after_a_drafter_error_on_a_patched_torch_does_not_suggest_the_pa
     _, _, verdict = classify(lines, HANG_END, facts={"fx_tls_state": "patched"})
     hang = next(f for f in verdict.findings if f.signature == "hang")
     assert "drafter 1 had raised" in hang.message and "patch fx-tls apply" not in hang.remediation
+
+
+NODE_META_TRACE = ['Traceback (most recent call last):',
+                   '  File "/v/lib/python3.11/site-packages/torch/fx/traceback.py", line 363, '
+                   'in annotate', "    del current_meta[\"custom\"]", "KeyError: 'custom'"]
+
+
+def test_the_node_meta_race_is_an_fx_race_pointing_at_fx_threads():
+    lines = [START, "drafter=0 step=1 loss=6 tok_s=100", *NODE_META_TRACE,
+             "drafter=1 ERROR KeyError: 'custom'",
+             "summary status=failed drafters=3 ok=2 failed=1 total_tok_s=0 stalled=0"]
+    _, _, verdict = classify(lines, EndState(state="exited", exit_code=1))
+    assert verdict.verdict == "fx-race"
+    finding = next(f for f in verdict.findings if f.signature == "fx-race:node-meta")
+    assert "torch/fx/traceback.py" in finding.message and "line 363, in annotate" in finding.message
+    assert "`orch patch fx-threads apply -t dev`" in finding.remediation
+    assert "`orch verify fx-threads -t dev`" in finding.remediation
+
+
+@pytest.mark.parametrize("line", [
+    "AssertionError: CURRENT_PATCHER is None in finally block",
+    "NameError: module is not installed as a submodule"])
+def test_the_trace_time_patcher_leak_is_an_fx_race_that_says_what_helps(line):
+    lines = [START, "Traceback (most recent call last):", line, f"drafter=2 ERROR {line}",
+             "summary status=failed drafters=3 ok=2 failed=1 total_tok_s=0 stalled=0"]
+    _, _, verdict = classify(lines, EndState(state="exited", exit_code=1))
+    assert verdict.verdict == "fx-race"
+    finding = next(f for f in verdict.findings if f.signature == "fx-race:trace-patcher")
+    assert "CURRENT_PATCHER" in finding.message
+    assert "`orch patch fx-threads apply -t dev`" in finding.remediation
+    assert "--serialize-compile" in finding.remediation
+
+
+def test_a_keyerror_of_another_key_is_not_the_node_meta_race():
+    lines = [START, "Traceback (most recent call last):", "KeyError: 'customer'",
+             "summary status=failed drafters=3 ok=2 failed=1 total_tok_s=0 stalled=0"]
+    _, _, verdict = classify(lines, EndState(state="exited", exit_code=1))
+    assert verdict.verdict == "traceback"

@@ -145,10 +145,22 @@ def test_source_read():
 def test_fx_patch_sends_the_version_and_refuses_an_unknown_action():
     t, host = target((0, [result(state="patched")], ""))
     assert payload_api.fx_patch(t, "apply")["state"] == "patched"
-    assert args_of(host.calls[0]) == {"action": "apply", "orch_version": __version__}
+    assert args_of(host.calls[0]) == {"action": "apply", "patch_set": "fx-tls",
+                                      "orch_version": __version__}
     with pytest.raises(ValueError, match="unknown fx-tls action"):
         payload_api.fx_patch(t, "explode")
     assert len(host.calls) == 1
+
+
+def test_a_busy_patch_lock_is_its_own_error_and_exit_code():
+    from orchestrator.errors import ExitCode, PatchBusy
+    busy = json.dumps({"event": "error", "kind": "busy",
+                       "message": "another orch patch action is changing torch"})
+    t, host = target((1, [busy], ""))
+    with pytest.raises(PatchBusy) as caught:
+        payload_api.fx_patch(t, "status", patch_set="fx-threads")
+    assert caught.value.exit_code == ExitCode.LOCKED != ExitCode.FAILED
+    assert args_of(host.calls[0])["patch_set"] == "fx-threads"
 
 
 def test_fx_race_streams_its_trials():

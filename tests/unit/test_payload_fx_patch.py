@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.payloads import payload_source
 
 from tests.fixtures.payloads import (
-    FAKE_TORCH_VERSION, dist_record_hash, env_with_path, install_fake_torch, read_dist_record,
+    FAKE_TORCH_VERSION, PAYLOADS, dist_record_hash, env_with_path, install_fake_torch, read_dist_record,
     replace_file, run_payload, tree_hashes)
 
 CHANGED = ["torch/_higher_order_ops/utils.py", "torch/fx/_symbolic_trace.py",
@@ -89,7 +89,7 @@ def test_diff_shows_the_change_and_changes_nothing(fake):
                  "+import threading"]:
         assert line in diff.splitlines(), line
     headers = [line for line in diff.splitlines() if line.startswith("+# orch fx-tls patch")]
-    assert len(headers) == 3 and all("(orch 9.9.9)" in line for line in headers)
+    assert len(headers) == 3 and all("(orch 9.9.9, patch set fx-tls)" in line for line in headers)
     assert fake.hashes() == before
 
 
@@ -103,7 +103,7 @@ def test_apply_patches_records_and_backs_up(fake):
     assert record["torch_version"] == FAKE_TORCH_VERSION
     for entry in record["files"]:
         data = fake.read(entry["path"])
-        assert data.startswith(b"# orch fx-tls patch (orch 9.9.9)")
+        assert data.startswith(b"# orch fx-tls patch (orch 9.9.9, patch set fx-tls)")
         assert (fake.record_dir / entry["backup"]).read_bytes() == originals[entry["path"]]
     assert sorted(e["path"] for e in record["files"]) == CHANGED
     assert fake.read("torch/utils/notes.py").startswith(b"# Mentions")
@@ -436,15 +436,17 @@ def temp_files(site):
 
 
 @pytest.mark.parametrize("killed_at", ["_symbolic_trace.py", "utils.py.orig", "record.json"])
-@pytest.mark.parametrize("next_action", ["status", "apply", "revert"])
-def test_a_kill_9_during_apply_leaves_temp_files_the_next_action_removes(fake, killed_at,
-                                                                         next_action):
+@pytest.mark.parametrize("next_action", ["status", "diff", "apply", "revert"])
+def test_a_kill_9_during_apply_leaves_temp_files_only_apply_and_revert_remove(fake, killed_at,
+                                                                             next_action):
     before = fake.hashes()
     env = dict(fake.env, ORCH_FX_PATCH_KILL_BEFORE_RENAME=killed_at)
     run = fake.patch("apply", env=env)
     assert run.returncode == -9 and not run.events  # killed: no result, no error line
     left = temp_files(fake.site)
     assert left and all(p.split("/")[-1].startswith(".") for p in left)
+    backups = sorted(str(p.relative_to(fake.record_dir)) for p in
+                     (fake.record_dir / "backups").rglob("*.orig"))
     # A file that is not orch's, named like one but outside the pattern, stays.
     foreign = fake.path("torch/fx/.notes.orch-tmp")
     foreign.write_bytes(b"not orch's")
@@ -453,30 +455,81 @@ def test_a_kill_9_during_apply_leaves_temp_files_the_next_action_removes(fake, k
         # Killed mid-write: the record says "applying", so apply refuses (revert finishes
         # it), and still cleans up.
         assert "an apply was interrupted" in run.expect_error("refused")["message"]
+        assert temp_files(fake.site) == ["torch/fx/.notes.orch-tmp"]
+    elif next_action in ("status", "diff"):
+        # Read-only: it says what is left and deletes nothing, not even a temp file.
+        result = run.expect_result()
+        assert result["removed_temp_files"] == [] and result["leftover_temp_files"] == left
+        assert sorted(temp_files(fake.site)) == sorted(left + ["torch/fx/.notes.orch-tmp"])
+        if killed_at != "_symbolic_trace.py":  # killed before the record was saved
+            assert result["orphan_backups"] == backups
     else:
         result = run.expect_result()
-        removed = [p for p in result["removed_temp_files"] if not p.endswith("/")]
-        assert removed == left
-        if killed_at != "_symbolic_trace.py":  # killed before the record was saved
-            assert ".orch-fx-tls/backups/" in result["removed_temp_files"]
-    assert temp_files(fake.site) == ["torch/fx/.notes.orch-tmp"]
+        assert result["removed_temp_files"] == left
+        assert temp_files(fake.site) == ["torch/fx/.notes.orch-tmp"]
+        if killed_at != "_symbolic_trace.py" and next_action == "revert":
+            # A backup without a record is reported, never deleted by orch.
+            assert result["orphan_backups"] == backups
     # The tree itself ends as the action leaves it: status and revert reconcile to the
     # pristine files, apply completes the patch.
     fake.patch("revert").expect_result()
     foreign.unlink()
+    for path in fake.site.rglob("*.orch-tmp"):
+        path.unlink()
+    assert {k: v for k, v in fake.hashes().items() if not k.startswith(".orch-fx-tls/")} == \
+        {k: v for k, v in before.items() if not k.startswith(".orch-fx-tls/")}
+
+
+def test_a_backup_without_a_record_that_differs_is_never_overwritten(fake):
+    stray = fake.record_dir / "backups" / "torch/fx/_symbolic_trace.py.orig"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"someone's copy\n")
+    before = fake.hashes()
+    assert "exists without a record" in fake.patch("apply").expect_error("refused")["message"]
     assert fake.hashes() == before
 
 
-def test_a_second_action_while_one_runs_is_refused(fake):
+LOCK_ENV = {"ORCH_FX_PATCH_LOCK_WAIT": "0.5"}
+
+
+def hold_lock(fake, mode):
     import fcntl
     fd = os.open(fake.path("torch"), os.O_RDONLY)
+    fcntl.flock(fd, mode)
+    return fd
+
+
+def test_readers_share_the_lock_and_a_writer_waits_for_them(fake):
+    import fcntl
+    fd = hold_lock(fake, fcntl.LOCK_SH)  # another status in progress
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        error = fake.patch("status").expect_error("refused")
-        assert "another orch fx-tls action is running" in error["message"]
+        env = dict(fake.env, **LOCK_ENV)
+        assert fake.patch("status", env=env).expect_result()["status"] == "vulnerable"
+        assert fake.patch("diff", env=env).expect_result()["diff"]
+        error = fake.patch("apply", env=env).expect_error("busy")
+        assert "another orch patch action is using torch" in error["message"]
+    finally:
+        os.close(fd)
+    assert fake.patch("apply").expect_result()["status"] == "patched"
+
+
+def test_a_reader_during_a_change_is_busy_not_vulnerable(fake):
+    import fcntl
+    fd = hold_lock(fake, fcntl.LOCK_EX)  # an apply in progress
+    try:
+        error = fake.patch("status", env=dict(fake.env, **LOCK_ENV)).expect_error("busy")
+        assert "another orch patch action is changing torch" in error["message"]
     finally:
         os.close(fd)
     assert fake.patch("status").expect_result()["status"] == "vulnerable"
+
+
+def test_four_concurrent_status_calls_all_answer(fake):
+    argv = [sys.executable, str(PAYLOADS / "fx_patch.py"), json.dumps({"action": "status"})]
+    procs = [subprocess.Popen(argv, env=fake.env, stdout=subprocess.PIPE) for _ in range(4)]
+    outs = [json.loads(p.communicate(timeout=120)[0].splitlines()[-1]) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4
+    assert [o["status"] for o in outs] == ["vulnerable"] * 4
 
 
 # --- what status says about each file, and which version -------------------------------------

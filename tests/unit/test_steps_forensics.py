@@ -55,7 +55,7 @@ def test_patch_plan_and_status(tmp_path):
     h.host.on_argv(["echo"], stdout=b"vulnerable\n")
     record = h.record()
     assert record.steps[0].status == "ok"
-    assert record.steps[0].message == ("torch 2.13.0: VULNERABLE: the FX tracing flag is "
+    assert record.steps[0].message == ("torch 2.13.0: VULNERABLE: FX state that threads share is "
                                        "a process-global (threads race)")
     assert record.targets[0].fx_tls_state == "vulnerable"
     assert record.findings[0].remediation == "orch patch fx-tls apply -t dev"
@@ -88,3 +88,28 @@ def test_verify_plan_progress_and_expectation(tmp_path):
     assert record.steps[0].message == ("torch 2.13.0: cross-thread raised 3/3, same-thread control "
                                        "3/3 -> vulnerable (expected fixed)")
     assert record.findings[0].signature == "fx-race-check:vulnerable"
+
+
+def test_the_fx_threads_patch_and_verify_steps_name_every_state(tmp_path):
+    book = ("name: t\ntargets: [dev]\nsteps:\n  - patch: {name: fx-threads, action: status}\n"
+            "  - verify: {check: fx-threads, trials: 2, expect: fixed}\n")
+    assert planned(tmp_path, book)[0] == (
+        "orch patch fx-threads status -t dev (fx_patch payload with /opt/venv/bin/python)")
+    h = harness(tmp_path, book)
+    h.host.on_payload("fx_patch", {"status": "vulnerable", "torch_version": "2.14.1",
+                                   "states": [{"state": "fx-tracing-flag", "status": "upstream"},
+                                              {"state": "node-meta", "status": "vulnerable"}]})
+    rows = [{"state": "node-meta", "raised": 2, "trials": 2, "control_held": 2,
+             "verdict": "vulnerable"}]
+    h.host.on_payload("fx_race", {"overall_verdict": "vulnerable", "torch_version": "2.14.1",
+                                  "states": rows})
+    record = h.record()
+    patch, verify = record.steps
+    assert patch.data["states"] == {"fx-tracing-flag": "upstream", "node-meta": "vulnerable"}
+    assert record.findings[0].remediation == "orch patch fx-threads apply -t dev"
+    assert verify.status == "failed"
+    assert verify.message == ("torch 2.14.1: node-meta raised 2/2, control held 2/2 -> vulnerable"
+                              " -> vulnerable (expected fixed)")
+    sent = [json.loads(c.argv[-1]) for c in h.host.calls
+            if c.argv and c.argv[-1].startswith('{"trials"')]   # the fx_race payload's args
+    assert sent and sent[-1]["states"] == ["fx-tracing-flag", "node-meta", "trace-patching"]
