@@ -11,7 +11,7 @@
 # $ORCH_PYTHON (default python3; it needs orch importable: pip install -e . or PYTHONPATH).
 # It PATCHES that torch (fx-threads) and reverts it at the end; revert's output says whether
 # every file is again as the wheel's RECORD lists it. PROBE_DRAFTERS (default 3) and
-# PROBE_STEPS (default 3) size the drafter probe (PROBE_DEVICE, default cuda, its device); TRIALS (default 5) the reproducers.
+# PROBE_STEPS (default 3) size the drafter probe, PROBE_SECONDS (default 200) bounds it (PROBE_DEVICE, default cuda, its device); TRIALS (default 5) the reproducers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:?usage: $0 VENV [RESULTS]}
@@ -30,7 +30,8 @@ default_target: gpu
 YAML
 orch() { "$ORCH_PYTHON" -m orchestrator -i "$INVENTORY" "$@"; }
 probe() { "$VENV/bin/python" scripts/gpu_fx_threads_probe.py --device "${PROBE_DEVICE:-cuda}" --drafters "${PROBE_DRAFTERS:-3}" \
-              --steps "${PROBE_STEPS:-3}"; }
+              --steps "${PROBE_STEPS:-3}" \
+              --seconds "${PROBE_SECONDS:-200}"; }
 : > "$RESULTS/summary.txt"
 step() {  # step NAME EXPECTED CMD...: runs, keeps output, notes the exit code against EXPECTED
     local name=$1 expected=$2; shift 2

@@ -14,6 +14,7 @@ Prints one JSON object. Usage: PYTHON scripts/gpu_fx_threads_probe.py [--device 
 """
 
 import argparse
+import os
 import json
 import threading
 import time
@@ -53,7 +54,7 @@ def graph_meta(torch, device):
     return counts
 
 
-def drafters(torch, device, threads, steps):
+def drafters(torch, device, threads, steps, seconds_allowed):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     errors, seconds = {}, {}
     start = threading.Barrier(threads)
@@ -77,8 +78,11 @@ def drafters(torch, device, threads, steps):
     workers = [threading.Thread(target=drafter, args=(i,), daemon=True) for i in range(threads)]
     for worker in workers:
         worker.start()
+    # One deadline for all of them: unpatched, a drafter can deadlock in its first compile
+    # (seen on one shared H200), and a probe that waits for it never reports.
+    deadline = time.monotonic() + seconds_allowed
     for worker in workers:
-        worker.join(900)
+        worker.join(max(0.0, deadline - time.monotonic()))
     hung = [i for i, w in enumerate(workers) if w.is_alive()]
     return {"threads": threads, "errors": errors, "hung": hung, "seconds": seconds}
 
@@ -88,6 +92,8 @@ def main():
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--drafters", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=200,
+                        help="how long the drafters may take in all; a drafter still running then is reported hung")
     args = parser.parse_args()
     import torch
     import torch.fx.traceback as fx_traceback
@@ -97,8 +103,9 @@ def main():
         out["graph_meta"] = graph_meta(torch, args.device)
     except Exception as exc:
         out["graph_meta_error"] = "%s: %s" % (type(exc).__name__, exc)
-    out["drafters"] = drafters(torch, args.device, args.drafters, args.steps)
+    out["drafters"] = drafters(torch, args.device, args.drafters, args.steps, args.seconds)
     print(json.dumps(out), flush=True)
+    os._exit(0)  # a hung drafter thread must not keep the process alive
 
 
 if __name__ == "__main__":
