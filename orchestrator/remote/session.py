@@ -147,13 +147,16 @@ class ExecSession(Transport):
                 deadline = time.monotonic() + _KILL_WAIT_S
                 continue
             if frame is None:  # the channel closed under us
+                why = self._process.lost_reason() if self._process is not None else ""
                 self.close()
-                if not began:
+                if not began and not why:
+                    # it ended before this command's request could matter (it died while
+                    # idle); after a dead link the request may have arrived: never a rerun
                     raise _Gone(f"{self.name}: the command session ended")
                 if killed:
                     raise self._timeout(argv, options, out, err, started)
                 raise connection_lost(self.target.host.name, display_argv(argv),
-                                      time.monotonic() - started, f" in {self.name}")
+                                      time.monotonic() - started, f" in {self.name}", why)
             kind, frame_id, body = frame
             if frame_id != ident:
                 continue
