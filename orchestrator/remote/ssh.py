@@ -297,11 +297,13 @@ class SshHost(Transport):
                 if connection.alive():
                     if time.monotonic() >= deadline - 0.05:
                         raise CommandTimeout(f"host {self.name} did not open a channel within "
-                                             f"{timeout:g} s: {error}") from None
+                                             f"{timeout:g} s: {_reason(error)}") from None
                     raise HostUnreachable(f"host {self.name} could not open a channel (failed "
-                                          f"after {time.monotonic() - asked:.2f} s): {error}") from None
+                                          f"after {time.monotonic() - asked:.2f} s): "
+                                          f"{_reason(error)}") from None
                 if reconnected:  # one reconnect: a dropped connection is normal after a blip
-                    raise HostUnreachable(f"host {self.name} is not answering: {error}") from None
+                    raise HostUnreachable(f"host {self.name} is not answering: "
+                                          f"{connection.lost_reason() or _reason(error)}") from None
                 reconnected = True
 
     def _refused(self, connection, error, others: int, asked: float,

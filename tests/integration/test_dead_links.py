@@ -20,6 +20,7 @@ import yaml
 
 from orchestrator.errors import ConnectionLost, ConnectionProblem
 from orchestrator.fleet import Fleet
+from orchestrator.remote.session import SessionPool
 from tests.agents import agent_pids, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
@@ -98,3 +99,20 @@ def test_the_api_drops_a_dead_connection_and_recovers(sandbox, quick_alive):
             sandbox.unblock_ssh("sb2")
         assert ct.run(["echo", "back"]).text == "back\n"
         assert warm not in ct.host._connections
+
+
+def test_a_reset_warm_session_is_a_typed_error(sandbox):
+    """The warm session's connection reset by the host (its port 22 answers with TCP resets):
+    the next commands fail with a typed error, never paramiko's bare EOFError (which click
+    prints as "Aborted!"), and work again once the host does."""
+    with Fleet.from_path(str(sandbox.inventory_path), sessions=SessionPool()) as fleet:
+        ct = fleet.targets(["sb2-200"])[0]
+        assert ct.run(["true"]).exit_code == 0 and ct.via == "session"
+        sandbox.block_ssh("sb2", "reject")
+        try:
+            for _ in range(3):
+                with pytest.raises(ConnectionProblem, match="sb2"):
+                    ct.run(["echo", "x"], timeout=30)
+        finally:
+            sandbox.unblock_ssh("sb2")
+        assert ct.run(["echo", "back"]).text == "back\n"
