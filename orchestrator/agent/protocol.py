@@ -3,9 +3,10 @@
 Stdlib only, and small: the client imports it on every quick command.
 
 A message is a 4-byte big-endian length and that many bytes of JSON (one object with a
-"type"). The client's first message ("run") travels with its fds 0, 1 and 2 (SCM_RIGHTS).
-  client -> agent: run {argv, cwd, env, stdio, term_size} | signal {signum} | status | stop
+"type"). The client's "go" travels with its fds 0, 1 and 2 (SCM_RIGHTS).
+  client -> agent: run {argv, cwd, env, stdio, term_size} | go | signal {signum} | status | stop
   agent -> client: accepted | exit {code} | refused {reason} | status {...} | stopping
+A run goes: run, accepted, go (the client's confirmation: without it nothing runs), exit.
 """
 
 from __future__ import annotations
