@@ -177,3 +177,14 @@ def test_the_reaper_starts_on_the_c_modules_only():
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert done.returncode == 0 and "_signal" in imported
     assert not imported & {"signal", "enum", "site"}, imported & {"signal", "enum", "site"}
+
+
+def test_the_reaped_command_gets_default_signal_dispositions():
+    """Python ignores SIGPIPE and SIGXFSZ for itself; a command it forks and execs keeps
+    them ignored unless reset (`yes | head` would then never end)."""
+    from orchestrator.remote.container import reaped
+    done = subprocess.run(reaped(["sh", "-c", "grep SigIgn /proc/self/status"]),
+                          capture_output=True, text=True, timeout=30)
+    ignored = int(done.stdout.split()[1], 16)
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (number - 1)), f"signal {number} is ignored in the command"
