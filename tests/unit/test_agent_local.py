@@ -242,3 +242,22 @@ def test_quick_commands_run_at_once_while_the_agent_stops(env, inventory):
 ])
 def test_the_client_reads_execs_timeout(args, expected):
     assert client.user_timeout(args) == expected
+
+
+def test_an_inventory_edit_that_keeps_size_and_mtime_is_picked_up(env, inventory):
+    """`cp -p` of an edited copy keeps the file's size, mtime and inode: the agent once ran
+    the next command against the old inventory."""
+    assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev2", "--", "true"], env=env,
+                          timeout=60).returncode == 0
+    before = os.stat(inventory)
+    with open(inventory, "r+") as handle:   # in place: the same inode
+        text = handle.read()
+        handle.seek(0)
+        handle.write(text.replace("dev2", "dev3"))
+    os.utime(inventory, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(inventory)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size, before.st_mtime_ns, before.st_ino)
+    out = subprocess.run([*ORCH, "-i", inventory, "exec", "dev3", "--", "echo", "new"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "new\n"), out.stderr
