@@ -145,6 +145,9 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
     argv = list(argv)
     if not argv:
         raise ValueError("empty command")
+    if argv[0] == "":
+        raise BadArgument("the command's program is an empty string: it names nothing to run",
+                          hint="give the program's name or path first (`-- sh -c ''` for a shell)")
     for index, arg in enumerate(argv):
         if not isinstance(arg, str):
             raise TypeError(f"argument {arg!r} is not a string")

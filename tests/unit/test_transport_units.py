@@ -188,3 +188,16 @@ def test_the_reaped_command_gets_default_signal_dispositions():
     ignored = int(done.stdout.split()[1], 16)
     for number in (signal.SIGPIPE, signal.SIGXFSZ):
         assert not ignored & (1 << (number - 1)), f"signal {number} is ignored in the command"
+
+
+def test_an_empty_program_name_is_a_clear_error(tmp_path):
+    """`orch exec T -- ""` once printed the reaper's traceback from the container."""
+    with pytest.raises(BadArgument, match="program is an empty string"):
+        LocalTransport().run([""])
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\n")
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(inventory), "exec",
+                           "dev", "--", ""], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ORCH_AGENT": "off"})
+    assert done.returncode == 2 and "empty string" in done.stderr
+    assert "Traceback" not in done.stderr
