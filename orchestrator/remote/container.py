@@ -77,7 +77,8 @@ class Target(Transport):
         result.argv = list(argv)
         result.target = self.name
         if self.vmid and result.exit_code != 0:
-            self._raise_pct_error(result)
+            # a caller that streams stderr has shown pct's sentence already: not twice
+            self._raise_pct_error(result, shown=options.on_stderr is not None)
         return result
 
     def _restated(self, error, host_argv, argv):
@@ -93,19 +94,20 @@ class Target(Transport):
     def spawn(self, argv):
         return self.host.spawn(self.wrap(argv))
 
-    def _raise_pct_error(self, result: Result) -> None:
+    def _raise_pct_error(self, result: Result, shown: bool = False) -> None:
         """Raise when pct itself failed, not the command: its sentence ends the output, and
         `pct status` (asked only then) confirms it, so a command that prints the same
-        sentence and exits 2 keeps its own result."""
+        sentence and exits 2 keeps its own result. shown: the caller printed it already."""
         message = pct_error_text(result, self.vmid)
         if message is None:
             return
+        quoted = "" if shown else f": pct says: {message}"
         if _PCT_NOT_RUNNING.search(message):
             if self._pct_status() == "stopped":
-                raise ContainerNotRunning(f"{self.describe()} is not running: pct says: {message}",
+                raise ContainerNotRunning(f"{self.describe()} is not running{quoted}",
                                           hint=f"start it with `orch ct start {self.name}`")
         elif self._pct_status() is None:
-            raise NoSuchContainer(f"{self.describe()}: no such container: pct says: {message}",
+            raise NoSuchContainer(f"{self.describe()}: no such container{quoted}",
                                   hint=f"`orch ct list {self.host.name}` lists the containers there")
 
     def _pct_status(self) -> Optional[str]:

@@ -88,3 +88,15 @@ def test_a_payload_error_names_the_target_once(tmp_path, command):
     out = orch("-i", str(inventory), *command)
     assert out.returncode != 0
     assert "orch: error: notorch: " in out.stderr and "notorch: notorch:" not in out.stderr, out.stderr
+
+
+def test_exec_on_a_group_keeps_a_last_line_without_newline(inventory):
+    out = orch("-i", inventory, "exec", "both", "--", "sh", "-c", "printf 'a\\nlast'; printf 'e' >&2")
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == ["[dev2] a", "[dev2] last", "[dev] a", "[dev] last"]
+    assert sorted(out.stderr.splitlines()) == ["[dev2] e", "[dev] e"]
+
+
+def test_exec_help_says_which_errors_keep_their_exit_code():
+    text = orch("exec", "--help").stdout
+    assert "255" in text and " ".join(text.split()).count("is not running (4)") == 1
