@@ -221,8 +221,8 @@ class BootstrapStep(Step):
                     return folder
         except OSError:
             pass
-        if not params["download"]:
-            return folder
+        if not params["download"] or not params["packages"]:
+            return folder   # nothing to download (pip refuses a download of nothing)
         argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
                 "--only-binary=:all:", "-d", folder]
         if params["index_url"]:
