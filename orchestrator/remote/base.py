@@ -265,10 +265,12 @@ def connection_lost(host: str, shown: str, duration: float, where: str = "",
                     why: str = "") -> ConnectionLost:
     """The error for a command whose connection broke while it ran: its outcome is unknown.
     why: what orch knows of the cause (the host stopped answering keepalives)."""
-    return ConnectionLost(
+    error = ConnectionLost(
         f"the connection to host {host} broke while {shown} ran{where} "
         f"(after {duration:.1f} s{'; ' + why if why else ''}): its outcome is unknown",
         hint="the command may still be running there; check before running it again")
+    error.why = why
+    return error
 
 
 class Process:

@@ -19,6 +19,7 @@ from orchestrator.remote.base import DEFAULT_TIMEOUT, Result, Transport, display
 _PCT_NO_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist")
 _PCT_NOT_RUNNING = re.compile(r"container '(\d+)' not running!")
 _PCT_BAD_VMID = re.compile(r"value does not look like a valid VM ID")
+_KILLED = 128 + 9   # SIGKILL: what lxc-attach's command gets when its container stops
 
 # pct sets PATH=/sbin:/bin:/usr/sbin:/usr/bin before it runs the command (pve-common's
 # run_cli_handler), which leaves out /usr/local/bin where pip and users put tools. orch
@@ -76,6 +77,8 @@ class Target(Transport):
             raise self._restated(error, self.wrap(inner, path), argv) from None
         result.argv = list(argv)
         result.target = self.name
+        if self.vmid and result.exit_code == _KILLED:
+            self.raise_if_stopped(argv, result.duration)
         if self.vmid and result.exit_code != 0:
             # a caller that streams stderr has shown pct's sentence already: not twice
             self._raise_pct_error(result, shown=options.on_stderr is not None)
@@ -93,6 +96,21 @@ class Target(Transport):
 
     def spawn(self, argv):
         return self.host.spawn(self.wrap(argv))
+
+    def raise_if_stopped(self, argv, duration: float) -> None:
+        """A container that stops under a command kills it: the direct path sees exit 137,
+        a warm session its channel closing. Either way, when `pct status` says "stopped",
+        that is what orch says (asked only then: a command killed in a running container
+        keeps its own result)."""
+        try:
+            stopped = self._pct_status() == "stopped"
+        except OrchError:
+            return   # the host cannot tell: the caller's own error stands
+        if stopped:
+            raise ContainerNotRunning(
+                f"{self.describe()} stopped while {display_argv(argv)} ran (after "
+                f"{duration:.1f} s): the command ended with it",
+                hint=f"start it with `orch ct start {self.name}`")
 
     def _raise_pct_error(self, result: Result, shown: bool = False) -> None:
         """Raise when pct itself failed, not the command: its sentence ends the output, and

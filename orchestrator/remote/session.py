@@ -25,7 +25,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager, Optional
 
-from orchestrator.errors import ConnectionProblem, OrchError
+from orchestrator.errors import ConnectionLost, ConnectionProblem, OrchError
 from orchestrator.payloads import compact_source
 from orchestrator.remote.base import (OutputKeeper, Process, Result, RunOptions, Transport,
                                       command_timeout, connection_lost, display_argv,
@@ -344,11 +344,16 @@ class SessionTarget(Target):
         self.via = "channel"
         if session is None:
             return super()._run(argv, options)
+        started = time.monotonic()
         try:
             with self.sessions.holding(session):
                 result = session._run(argv, options)
         except SessionUnavailable:
             return super()._run(argv, options)   # nothing ran: the plain path runs it once
+        except ConnectionLost as lost:
+            if not lost.why:   # not a dead link: the host can say whether the CT stopped
+                self.raise_if_stopped(argv, time.monotonic() - started)
+            raise
         finally:
             self.sessions.give_back(self, session)
         self.via = "session"

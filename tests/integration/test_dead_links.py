@@ -116,3 +116,23 @@ def test_a_reset_warm_session_is_a_typed_error(sandbox):
         finally:
             sandbox.unblock_ssh("sb2")
         assert ct.run(["echo", "back"]).text == "back\n"
+
+
+def test_a_container_stopped_under_a_command_is_said_so_on_both_paths(cli_path, sandbox):
+    """The direct path once exited 137 without a word, the agent said "connection broke ...
+    may still be running": both now say the container stopped, exit 4."""
+    sandbox.start_container("sb2", 202)
+    try:
+        assert orch(sandbox.inventory_path, "exec", "sb2-202", "--", "true").returncode == 0
+        process = subprocess.Popen([*ORCH, "-i", str(sandbox.inventory_path), "exec", "sb2-202",
+                                    "--", "sh", "-c", "echo started; exec sleep 60"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdout.readline() == b"started\n"
+        sandbox.stop_container("sb2", 202)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        sandbox.stop_container("sb2", 202)
+    text = stderr.decode()
+    assert process.returncode == 4, text
+    assert "sb2-202 (CT 202 on host sb2) stopped while sh -c" in text and "Traceback" not in text
+    assert "connection" not in text
