@@ -165,17 +165,21 @@ class SshHost(Transport):
     def _add_connection(self, count: bool) -> "_Connection":
         try:
             client = self._open_client()
-        finally:
+        except BaseException:
             with self._changed:
                 self._connecting = False
                 self._changed.notify_all()
+            raise
         connection = _Connection(client, self.settings.max_sessions)
-        _Watchdog(client.get_transport(), self.settings.alive_interval,
-                  self.settings.alive_count_max).start()
         with self._changed:
+            # in one step with the flag: a thread that sees _connecting off must also see
+            # the new connection, or it opens one more than `connections` allows
             connection.open += count
             self._connections.append(connection)
+            self._connecting = False
             self._changed.notify_all()
+        _Watchdog(client.get_transport(), self.settings.alive_interval,
+                  self.settings.alive_count_max).start()
         return connection
 
     def _release(self, connection: "_Connection") -> int:
