@@ -181,7 +181,7 @@ def test_the_reaper_starts_on_the_c_modules_only():
 
 def test_the_reaped_command_gets_default_signal_dispositions():
     """Python ignores SIGPIPE and SIGXFSZ for itself; a command it forks and execs keeps
-    them ignored unless reset (`yes | head` would then never end)."""
+    them ignored unless reset (a writer into a closed pipe gets EPIPE errors instead of ending)."""
     from orchestrator.remote.container import reaped
     done = subprocess.run(reaped(["sh", "-c", "grep SigIgn /proc/self/status"]),
                           capture_output=True, text=True, timeout=30)
