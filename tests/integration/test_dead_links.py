@@ -1,5 +1,6 @@
-"""Dead links, reset connections and a frozen agent against the sandbox (issue 25): every
-fault ends in a typed error within a stated bound, and the next command works.
+"""Dead links, reset connections and containers stopped under a command, against the
+sandbox (issue 25): every fault ends in a typed error within a stated bound, and the next
+command works. (A frozen agent: tests/unit/test_agent_local.py.)
 
 The host's packets are dropped with the sandbox's fault injection (nftables in sb2's own
 namespace). The sandbox is shared: every test removes its fault in a `finally`, and keeps
@@ -8,8 +9,6 @@ the outage to a few seconds.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,6 @@ import yaml
 from orchestrator.errors import ConnectionLost, ConnectionProblem
 from orchestrator.fleet import Fleet
 from orchestrator.remote.session import SessionPool
-from tests.agents import agent_pids, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 INTERVAL, COUNT_MAX = 1, 2
