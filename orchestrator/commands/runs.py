@@ -139,7 +139,7 @@ def _list_item(record, tp: dict, pinned: bool) -> dict:
             "findings": sorted({f.signature for f in record.findings}),
             "problems": sorted({f.signature for f in record.findings if is_problem(f.signature)}),
             "artifacts_dir": record.artifacts_dir, "pinned": pinned,
-            "controller": controller.controller_state(record)}
+            "controller_state": controller.controller_state(record)}
 
 
 @runs.command("show")

@@ -342,7 +342,7 @@ def test_a_controller_killed_before_the_launch_is_shown_and_settled(slow_start, 
     listed = orch("runs", "list")
     assert "running (controller gone)" in listed.output
     assert f"orch runs abandon {record.run_id}" in listed.output
-    assert json.loads(orch("runs", "list", "--json").output)[0]["controller"] == "gone"
+    assert json.loads(orch("runs", "list", "--json").output)[0]["controller_state"] == "gone"
     shown = orch("runs", "show", "last")
     assert f"controller pid {record.launch['controller']['pid']} on " in shown.output
     assert "is gone" in shown.output
@@ -374,7 +374,7 @@ def test_a_live_controller_is_not_gone_and_its_run_cannot_be_abandoned(slow_star
     try:
         record = _wait_for_record()
         assert "controller gone" not in orch("runs", "list").output
-        assert json.loads(orch("runs", "list", "--json").output)[0]["controller"] == "alive"
+        assert json.loads(orch("runs", "list", "--json").output)[0]["controller_state"] == "alive"
         refused = orch("runs", "abandon", "last")
         assert refused.exit_code == 1 and "is running" in refused.output
         refused = orch("attach", "last")
