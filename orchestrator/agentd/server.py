@@ -28,6 +28,7 @@ from orchestrator.agentd.requests import Request, install_process_hooks
 
 # How long an accepted request waits for its client's "go" (which follows at once).
 GO_WAIT_S = 10.0
+_LAST_WORDS_S = 5.0   # at exit: the longest wait for connections still being answered
 
 
 class Agent:
@@ -44,6 +45,7 @@ class Agent:
         self._lock = threading.Lock()
         self._listener: Optional[socket.socket] = None
         self._stopping = threading.Event()
+        self._talking = 0   # connections being answered (a command's exit not yet sent)
 
     # -- life ------------------------------------------------------------------------
     def serve(self) -> None:
@@ -97,6 +99,14 @@ class Agent:
                 if not self.active:
                     break
             time.sleep(0.05)
+        # and their exit codes reach their clients (sent just after a command leaves
+        # `active`); a connection that says nothing is not waited for long
+        deadline = time.monotonic() + _LAST_WORDS_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._talking:
+                    break
+            time.sleep(0.01)
         self._close_listener()
         try:
             if os.stat(self.path).st_ino == self._inode:
@@ -117,6 +127,15 @@ class Agent:
 
     # -- one connection ----------------------------------------------------------------
     def _handle(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._talking += 1
+        try:
+            self._converse(conn)
+        finally:
+            with self._lock:
+                self._talking -= 1
+
+    def _converse(self, conn: socket.socket) -> None:
         with conn:
             if not _same_user(conn):
                 self._refuse(conn)
