@@ -261,3 +261,17 @@ def test_an_inventory_edit_that_keeps_size_and_mtime_is_picked_up(env, inventory
     out = subprocess.run([*ORCH, "-i", inventory, "exec", "dev3", "--", "echo", "new"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout) == (0, "new\n"), out.stderr
+
+
+def test_agent_status_of_a_frozen_agent_is_a_sentence(env, inventory):
+    assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
+                          timeout=60).returncode == 0
+    (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out = subprocess.run([*ORCH, "agent", "status"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert out.returncode == 1 and "did not answer within" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
