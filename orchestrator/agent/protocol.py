@@ -22,6 +22,8 @@ from orchestrator import __version__
 # The agent ended after it accepted a command: its outcome is unknown (as ssh's 255 when
 # its ControlMaster dies). Never a rerun: the command may have run.
 EXIT_AGENT_LOST = 255
+# 2: the client's fds come with its "go" after "accepted", no longer with "run"
+PROTOCOL = 2
 IDLE_DEFAULT_S = 600.0
 MAX_MESSAGE = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
@@ -40,9 +42,11 @@ def agent_dir() -> str:
 
 def install_tag() -> str:
     """Each installation of orch (version and place) has an agent of its own: an agent never
-    runs another installation's code."""
+    runs another installation's code. PROTOCOL is in it too: a client never talks to an
+    agent of an older protocol (one still running from before an update in place), which
+    would refuse it until it idles out."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return format(zlib.crc32(f"{__version__}\0{here}".encode()), "08x")  # hashlib: +4 ms
+    return format(zlib.crc32(f"{__version__}\0{here}\0{PROTOCOL}".encode()), "08x")  # hashlib: +4 ms
 
 
 def socket_path(directory: str | None = None) -> str:
