@@ -8,7 +8,6 @@ stop_recorded_run ends its processes and, when no orch watches it any more, reco
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Optional
 
@@ -19,6 +18,8 @@ from orchestrator.fleet import Fleet, each_concurrently, fan_out
 from orchestrator.monitor import MonitorSettings, RunUnreachable
 from orchestrator.payload_api import stop_run
 from orchestrator.playbook.loader import Playbook, StepSpec, load_playbook
+from orchestrator.runs.controller import (ALIVE, GONE, abandoned_because, controller_state,
+                                          describe, mark_abandoned)
 from orchestrator.runs.model import Finding, RunRecord, exit_code_for, now_iso
 from orchestrator.runs.recorder import RunRecorder, controller_entry, stamp, step_result, worst
 from orchestrator.remote.container import Target
@@ -57,22 +58,23 @@ def _open_fleet(record: RunRecord, inventory: Optional[str], trust_on_first_use:
 
 
 def controller_alive(record: RunRecord) -> bool:
-    """Is the orch process that runs this record still alive (on this machine)?"""
-    controller = (record.launch or {}).get("controller") or {}
-    pid = controller.get("pid")
-    if not pid or controller.get("host") != socket.gethostname() or pid == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"orch" in handle.read()
-    except OSError:
-        return True
+    """Is another orch process that runs this record still alive (on this machine)?"""
+    pid = ((record.launch or {}).get("controller") or {}).get("pid")
+    return pid != os.getpid() and controller_state(record) == ALIVE
+
+
+def _settle_unlaunched(store: RunStore, record: RunRecord, verb: str) -> RunRecord:
+    """A record that launched nothing: when its controller is gone, nothing will ever end
+    it, so attach and stop record it as abandoned; a live controller still owns it."""
+    if record.verdict == "running" and controller_state(record) == GONE:
+        return mark_abandoned(store, record, abandoned_because(record) + " before it "
+                              f"launched anything; settled by `orch {verb} {record.run_id}`")
+    if record.verdict == "running" and controller_alive(record):
+        raise OrchError(f"run {record.run_id} launched nothing yet: {describe(record)}",
+                        hint="wait for it, or stop that orch (Ctrl-C) first")
+    raise OrchError(f"run {record.run_id} launched nothing to attach to" if verb == "attach"
+                    else f"run {record.run_id} has no launched process to stop",
+                    hint=f"`orch runs show {record.run_id}` shows what it did")
 
 
 class _Attachment:
@@ -144,8 +146,9 @@ def attach_run(ref: str, *, reporter: Reporter, inventory: Optional[str] = None,
     try:
         record = store.get(ref)
         if not _launched(record):
-            raise OrchError(f"run {record.run_id} launched nothing to attach to",
-                            hint=f"`orch runs show {record.run_id}` shows what it did")
+            record = _settle_unlaunched(store, record, "attach")
+            reporter.note("attach", f"run {record.run_id}: {record.findings[-1].message}", "warn")
+            return record
         if fleet is None:
             fleet = own_fleet = _open_fleet(record, inventory, trust_on_first_use)
         attachment = _Attachment(record, fleet, reporter, store, cli_prefix(inventory))
@@ -197,6 +200,8 @@ def stop_recorded_run(ref: str, *, grace: float = 10.0, target_names=(),
     store = store or RunStore()
     try:
         record = store.get(ref)
+        if not _launched(record):
+            return _settle_unlaunched(store, record, "stop"), []
         launches = _launched(record)
         if target_names:
             launches = {n: e for n, e in launches.items() if n in target_names}

@@ -65,7 +65,10 @@ class HostUnreachable(ConnectionProblem):
 
 
 class ConnectionLost(HostUnreachable):
-    """The connection broke while a command ran: its outcome is unknown."""
+    """The connection broke while a command ran: its outcome is unknown. why: what orch
+    knows of the cause ("" when the connection merely closed)."""
+
+    why = ""
 
 
 class ChannelRefused(ConnectionProblem):

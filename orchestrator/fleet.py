@@ -15,7 +15,8 @@ from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.paramiko_lib import paramiko
 from orchestrator.remote.session import SessionPool, SessionTarget
-from orchestrator.remote.ssh import (DEFAULT_CONNECTIONS, DEFAULT_KNOWN_HOSTS,
+from orchestrator.remote.ssh import (DEFAULT_ALIVE_COUNT_MAX, DEFAULT_ALIVE_INTERVAL,
+                                     DEFAULT_CONNECTIONS, DEFAULT_KNOWN_HOSTS,
                                      DEFAULT_MAX_SESSIONS, SshHost, SshSettings)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,7 +154,11 @@ class Fleet:
             connect_timeout=spec.connect_timeout,
             trust_on_first_use=self.trust_on_first_use,
             max_sessions=spec.max_sessions or DEFAULT_MAX_SESSIONS,
-            connections=spec.connections or DEFAULT_CONNECTIONS)
+            connections=spec.connections or DEFAULT_CONNECTIONS,
+            alive_interval=spec.alive_interval or _positive(
+                found.get("serveraliveinterval"), float, DEFAULT_ALIVE_INTERVAL),
+            alive_count_max=spec.alive_count_max or _positive(
+                found.get("serveralivecountmax"), int, DEFAULT_ALIVE_COUNT_MAX))
 
     def _note_relative(self, paths: list[str]) -> None:
         """Whether a path is relative (neither absolute nor ~): the caller's folder decides."""
@@ -191,6 +196,16 @@ class Fleet:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _positive(text, kind, default):
+    """A number from ~/.ssh/config, when it is a positive one (OpenSSH's 0 means "off": orch
+    keeps its dead-link detection on and uses its default then)."""
+    try:
+        value = kind(_first(text)) if text else 0
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def _first(value):

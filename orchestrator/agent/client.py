@@ -7,6 +7,12 @@ Python start and a few stdlib imports. The rules (docs/agent.md):
   time, a refused request, a dead socket) means: run the command here instead;
 - after "accepted", the command belongs to the agent: if the agent is lost, orch says so
   and exits EXIT_AGENT_LOST (255). It never runs the command a second time.
+An agent that does not answer (frozen, overloaded) costs at most ACCEPT_WAIT_S before the
+command runs here; one that accepted and then stopped answering is given the user's
+`exec --timeout` and USER_TIMEOUT_GRACE_S more, then orch says so and exits 255. The
+client confirms "accepted" with "go", which carries its fds 0, 1 and 2; the agent runs
+nothing without it, so a client that gave up on a slow "accepted" never leaves a second
+run behind, nor its fds (its caller's pipes) in a frozen agent's queue.
 """
 
 from __future__ import annotations
@@ -24,27 +30,21 @@ FAST_COMMANDS = {"exec": None, "grep-torch": None, "grep-pkg": None, "verify": N
                  "inventory": {"check"}, "ct": {"list", "status"}, "patch": {"fx-tls"}}
 PATCH_ACTIONS_IN_AGENT = {"status", "diff"}   # apply/revert change files: they stay here
 START_WAIT_S = 10.0
+# How long a client waits for a running agent to connect and say "accepted"; it takes a few
+# ms, this bounds a frozen (SIGSTOPped) or stuck agent's cost to every quick command.
+ACCEPT_WAIT_S = 3.0
+# After an accepted `exec --timeout N` the agent kills the command at N s and needs a few
+# seconds for the kill (payload grace 2 s, the session's wait 5 s); past N + this the
+# client stops waiting for an agent that no longer answers.
+USER_TIMEOUT_GRACE_S = 8.0
 OFF_VALUES = {"off", "0", "no", "false"}
 ENV_SWITCH = "ORCH_AGENT"                   # on (default) | off | require (tests: no fallback)
 
 
 def is_fast_command(args: list[str]) -> bool:
     """Whether the agent runs this command line (orch's own options come first)."""
-    index = 0
-    while index < len(args):
-        word = args[index]
-        if word in ("-i", "--inventory"):
-            index += 2
-        elif word.startswith("--inventory=") or (word.startswith("-i") and len(word) > 2
-                                                 and not word.startswith("--")):
-            index += 1
-        elif word.startswith("-"):
-            # --no-agent, --version, --help; and --trust-new-host-keys, which writes
-            # known_hosts: a one-off that needs no warm connection
-            return False
-        else:
-            break
-    if index >= len(args):
+    index = _command_index(args)
+    if index is None:
         return False
     name, rest = args[index], args[index + 1:]
     if name not in FAST_COMMANDS:
@@ -57,6 +57,26 @@ def is_fast_command(args: list[str]) -> bool:
     if name == "patch":
         return _first_positional(rest[1:]) in PATCH_ACTIONS_IN_AGENT
     return True
+
+
+def _command_index(args: list[str]) -> int | None:
+    """Where the command's name is, after orch's own options; None when there is none or an
+    option means the agent is not for this command line."""
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word in ("-i", "--inventory"):
+            index += 2
+        elif word.startswith("--inventory=") or (word.startswith("-i") and len(word) > 2
+                                                 and not word.startswith("--")):
+            index += 1
+        elif word.startswith("-"):
+            # --no-agent, --version, --help; and --trust-new-host-keys, which writes
+            # known_hosts: a one-off that needs no warm connection
+            return None
+        else:
+            return index
+    return None
 
 
 def _first_positional(args: list[str]) -> str | None:
@@ -74,7 +94,8 @@ def _first_positional(args: list[str]) -> str | None:
 
 # ------------------------------------------------------------------ talking to the agent
 def run_in_agent(args: list[str]) -> int | None:
-    """The command's exit code from the agent; None when it did not accept the command."""
+    """The command's exit code from the agent; None when it did not accept the command
+    within ACCEPT_WAIT_S (the agent then runs nothing: it waits for our "go")."""
     try:
         sock = connect() or (start_agent() and wait_for_agent())
         if not sock:
@@ -87,13 +108,40 @@ def run_in_agent(args: list[str]) -> int | None:
     with sock:
         reader = protocol.Reader(sock)
         try:
-            socket.send_fds(sock, [protocol.encode(_run_message(args))], [0, 1, 2])
+            sock.settimeout(ACCEPT_WAIT_S)
+            protocol.send(sock, _run_message(args))
             reply, _ = reader.receive()
-        except (OSError, ValueError):
+            if not reply or reply.get("type") != "accepted":
+                return None
+            socket.send_fds(sock, [protocol.encode({"type": "go"})], [0, 1, 2])
+        except (OSError, ValueError):   # a timeout too: the agent does not answer
             return None
-        if not reply or reply.get("type") != "accepted":
-            return None
-        return _wait_for_exit(sock, reader)
+        timeout = user_timeout(args)
+        sock.settimeout(None if timeout is None else timeout + USER_TIMEOUT_GRACE_S)
+        return _wait_for_exit(sock, reader, timeout)
+
+
+def user_timeout(args: list[str]) -> float | None:
+    """`exec --timeout N`'s N (orch's options come before the target); None without one."""
+    index = _command_index(args)
+    if index is None or args[index] != "exec":
+        return None
+    rest = args[index + 1:]
+    for position, word in enumerate(rest):
+        value = None
+        if word == "--timeout" and position + 1 < len(rest):
+            value = rest[position + 1]
+        elif word.startswith("--timeout="):
+            value = word.split("=", 1)[1]
+        elif word == "--" or not word.startswith("-"):
+            return None   # the target: the command's own options follow
+        if value is not None:
+            try:
+                seconds = float(value)
+            except ValueError:
+                return None   # click says what is wrong with it
+            return seconds if seconds >= 0 else None
+    return None
 
 
 def _run_message(args: list[str]) -> dict:
@@ -120,7 +168,8 @@ def _terminal_size() -> list[int] | None:
     return None
 
 
-def _wait_for_exit(sock: socket.socket, reader: protocol.Reader) -> int:
+def _wait_for_exit(sock: socket.socket, reader: protocol.Reader,
+                   timeout: float | None = None) -> int:
     def forward(number, frame):
         try:
             protocol.send(sock, {"type": "signal", "signum": number})
@@ -130,6 +179,13 @@ def _wait_for_exit(sock: socket.socket, reader: protocol.Reader) -> int:
         signal.signal(number, forward)
     try:
         message, _ = reader.receive()
+    except TimeoutError:
+        sys.stderr.write(
+            f"orch: error: the orch agent did not end this command within its --timeout of "
+            f"{timeout:g} s (and {USER_TIMEOUT_GRACE_S:g} s for the kill): the agent does not "
+            "answer, the command may still be running. `orch agent status` shows the agent; "
+            "`--no-agent` runs commands without it.\n")
+        return protocol.EXIT_AGENT_LOST
     except (OSError, ValueError):
         message = None
     if message and message.get("type") == "exit":
@@ -149,6 +205,7 @@ def connect(path: str | None = None) -> socket.socket | None:
     if problem:
         raise protocol.UntrustedAgent(problem)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(ACCEPT_WAIT_S)   # a frozen agent's full backlog blocks a connect
     try:
         sock.connect(path)
         uid = protocol.peer_uid(sock)

@@ -3,9 +3,10 @@
 Stdlib only, and small: the client imports it on every quick command.
 
 A message is a 4-byte big-endian length and that many bytes of JSON (one object with a
-"type"). The client's first message ("run") travels with its fds 0, 1 and 2 (SCM_RIGHTS).
-  client -> agent: run {argv, cwd, env, stdio, term_size} | signal {signum} | status | stop
+"type"). The client's "go" travels with its fds 0, 1 and 2 (SCM_RIGHTS).
+  client -> agent: run {argv, cwd, env, stdio, term_size} | go | signal {signum} | status | stop
   agent -> client: accepted | exit {code} | refused {reason} | status {...} | stopping
+A run goes: run, accepted, go (the client's confirmation: without it nothing runs), exit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from orchestrator import __version__
 # The agent ended after it accepted a command: its outcome is unknown (as ssh's 255 when
 # its ControlMaster dies). Never a rerun: the command may have run.
 EXIT_AGENT_LOST = 255
+# 2: the client's fds come with its "go" after "accepted", no longer with "run"
+PROTOCOL = 2
 IDLE_DEFAULT_S = 600.0
 MAX_MESSAGE = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
@@ -40,9 +43,11 @@ def agent_dir() -> str:
 
 def install_tag() -> str:
     """Each installation of orch (version and place) has an agent of its own: an agent never
-    runs another installation's code."""
+    runs another installation's code. PROTOCOL is in it too: a client never talks to an
+    agent of an older protocol (one still running from before an update in place), which
+    would refuse it until it idles out."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return format(zlib.crc32(f"{__version__}\0{here}".encode()), "08x")  # hashlib: +4 ms
+    return format(zlib.crc32(f"{__version__}\0{here}\0{PROTOCOL}".encode()), "08x")  # hashlib: +4 ms
 
 
 def socket_path(directory: str | None = None) -> str:

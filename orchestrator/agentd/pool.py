@@ -3,6 +3,7 @@ and kept between commands while nothing they rest on changes (docs/agent.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -15,11 +16,14 @@ from orchestrator.fleet import SSH_CONFIG, Fleet
 from orchestrator.remote.session import SessionPool
 
 def _file_stamp(path: str):
+    """A file as the direct path would read it: its content's hash. Size, mtime and inode
+    are not enough: `cp -p` of an edited copy keeps all three. These files are small (an
+    inventory, ssh_config, known_hosts, keys): hashing them costs microseconds a command."""
     try:
-        info = os.stat(path)
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
     except OSError:
         return None
-    return (info.st_mtime_ns, info.st_size, info.st_ino)
 
 
 class _Pooled:
@@ -149,8 +153,8 @@ class FleetPool:
 
 
 def _stamp(fleet: Fleet, inventory_file: str) -> tuple:
-    """What the direct path reads to open the fleet's connections, as (file, mtime, size,
-    inode): the inventory, ~/.ssh/config, each host's known_hosts and identity files."""
+    """What the direct path reads to open the fleet's connections, as (file, content hash):
+    the inventory, ~/.ssh/config, each host's known_hosts and identity files."""
     files = [inventory_file, os.path.expanduser(SSH_CONFIG)]
     for spec in fleet.inventory.hosts.values():
         if spec.transport != "ssh":

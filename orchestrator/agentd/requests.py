@@ -78,7 +78,7 @@ def _exit_class(code: int) -> type:
 class Request:
     """One command line run for one client."""
 
-    def __init__(self, number: int, message: dict, fds: list[int]):
+    def __init__(self, number: int, message: dict):
         self.number = number
         self.argv = [str(arg) for arg in message["argv"]]
         self.prog_name = message.get("prog_name") or "orch"
@@ -94,8 +94,13 @@ class Request:
         self.channels: "weakref.WeakSet" = weakref.WeakSet()
         self.lent = []
         self.thread_id: Optional[int] = None
-        self.stdin, self.stdout, self.stderr = _streams(fds, message.get("stdio") or [{}, {}, {}])
+        self._stdio = message.get("stdio") or [{}, {}, {}]
+        self.stdin = self.stdout = self.stderr = None   # attach(): the client's own fds
         self._consoles: dict[str, Console] = {}
+
+    def attach(self, fds: list[int]) -> None:
+        """The client's stdin, stdout and stderr (they come with its "go")."""
+        self.stdin, self.stdout, self.stderr = _streams(fds, self._stdio)
 
     def console(self, which: str) -> Console:
         """orch's rich console for this request, made as console.py makes its own but for

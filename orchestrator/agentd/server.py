@@ -25,6 +25,11 @@ from orchestrator.agent.client import FAST_COMMANDS
 from orchestrator.agentd.pool import FleetPool
 from orchestrator.agentd.requests import Request, install_process_hooks
 
+# How long an accepted request waits for its client's "go" (which follows at once).
+GO_WAIT_S = 10.0
+_LAST_WORDS_S = 5.0   # at exit: the longest wait for connections still being answered
+
+
 class Agent:
     def __init__(self, directory: str, idle_s: float):
         self.directory = directory
@@ -39,12 +44,13 @@ class Agent:
         self._lock = threading.Lock()
         self._listener: Optional[socket.socket] = None
         self._stopping = threading.Event()
+        self._talking = 0   # connections being answered (a command's exit not yet sent)
 
     # -- life ------------------------------------------------------------------------
     def serve(self) -> None:
         self._listener = self._bind()
         threading.Thread(target=self._watch_idle, name="idle", daemon=True).start()
-        while not self._stopping.is_set():
+        while True:   # until stop() closes the listener (once no command runs)
             try:
                 conn, _ = self._listener.accept()
             except OSError:
@@ -69,7 +75,16 @@ class Agent:
         return listener
 
     def stop(self) -> None:
+        """Stop once the commands running now end. Until then the socket stays open and
+        refuses new commands at once ("stopping"): their clients run them in-process
+        without waiting for an agent that cannot start while this one holds the lock."""
         self._stopping.set()
+        with self._lock:
+            idle = not self.active
+        if idle:
+            self._close_listener()
+
+    def _close_listener(self) -> None:
         if self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -83,6 +98,15 @@ class Agent:
                 if not self.active:
                     break
             time.sleep(0.05)
+        # and their exit codes reach their clients (sent just after a command leaves
+        # `active`); a connection that says nothing is not waited for long
+        deadline = time.monotonic() + _LAST_WORDS_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._talking:
+                    break
+            time.sleep(0.01)
+        self._close_listener()
         try:
             if os.stat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
@@ -102,6 +126,15 @@ class Agent:
 
     # -- one connection ----------------------------------------------------------------
     def _handle(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._talking += 1
+        try:
+            self._converse(conn)
+        finally:
+            with self._lock:
+                self._talking -= 1
+
+    def _converse(self, conn: socket.socket) -> None:
         with conn:
             if not _same_user(conn):
                 self._refuse(conn)
@@ -150,32 +183,30 @@ class Agent:
             pass
 
     def _run(self, conn, reader, message: dict, fds: list[int]) -> None:
-        reason = ("no fds" if len(fds) != 3 else "stopping" if self._stopping.is_set()
+        for fd in fds:   # the client's fds come with its "go", never with "run"
+            os.close(fd)
+        reason = ("stopping" if self._stopping.is_set()
                   else "orch's code changed since the agent started" if _code_changed() else None)
         if reason:
-            for fd in fds:
-                os.close(fd)
             protocol.send(conn, {"type": "refused", "reason": reason})
             if reason.startswith("orch's code"):
                 _log(self.directory, f"agent {os.getpid()}: {reason}: exiting")
                 self.stop()
             return
         try:
-            request = Request(next(self._numbers), message, fds)
+            request = Request(next(self._numbers), message)
         except Exception:  # a malformed request: nothing runs
-            for fd in fds:
-                os.close(fd)
             protocol.send(conn, {"type": "refused", "reason": "malformed request"})
             return
         with self._lock:
             self.served += 1
             self.active[request.number] = request
-        try:
-            protocol.send(conn, {"type": "accepted", "pid": os.getpid()})
-        except OSError:  # the client left before it knew: the command never starts
+        fds = self._confirmed(conn, reader)
+        if fds is None:  # the client left before it knew, or gave up waiting: it never starts
             self._done(request)
             request.finish()
             return
+        request.attach(fds)
         threading.Thread(target=self._follow_client, args=(reader, request), daemon=True).start()
         code = 1
         try:
@@ -187,11 +218,35 @@ class Agent:
         except OSError:
             pass
 
+    @staticmethod
+    def _confirmed(conn: socket.socket, reader: protocol.Reader) -> Optional[list[int]]:
+        """Say "accepted" and wait for the client's "go", which brings its fds 0, 1 and 2;
+        None: no "go" (nothing may run). A client that gave up waiting for "accepted" (this
+        agent was frozen or slow) runs the command itself: it must never run here too, and
+        its fds must not sit in this socket's queue meanwhile (they hold its caller's pipes
+        open: `$(orch exec ...)` would wait for this agent)."""
+        conn.settimeout(GO_WAIT_S)
+        try:
+            protocol.send(conn, {"type": "accepted", "pid": os.getpid()})
+            message, fds = reader.receive(want_fds=3)
+        except (OSError, ValueError):
+            return None
+        finally:
+            conn.settimeout(None)
+        if message and message.get("type") == "go" and len(fds) == 3:
+            return fds
+        for fd in fds:
+            os.close(fd)
+        return None
+
     def _done(self, request: Request) -> None:
         self.pool.give_back(request)
         with self._lock:
             self.active.pop(request.number, None)
             self.last_active = time.monotonic()
+            close = self._stopping.is_set() and not self.active
+        if close:
+            self._close_listener()
 
     def _follow_client(self, reader: protocol.Reader, request: Request) -> None:
         """Signals the client forwards; a client that vanished counts as SIGHUP."""
@@ -286,14 +341,27 @@ def idle_seconds() -> float:
     return seconds if seconds > 0 else protocol.IDLE_DEFAULT_S
 
 
+def _take_lock(lock, wait_s: float = 2.0) -> bool:
+    """The agent's lock. Held by another agent: one starting (it serves, this one leaves) or
+    one in its last milliseconds of stopping (this one serves next, so the client that
+    started it need not wait out START_WAIT_S for nothing)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
 def main() -> None:
     """Run the agent in this process until it idles out or is stopped. One per socket: a
     second one started at the same time finds the lock taken and leaves."""
     directory = protocol.private_dir(protocol.agent_dir())
     lock = open(os.path.join(directory, f"agent-{protocol.install_tag()}.lock"), "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if not _take_lock(lock):
         return
     os.chdir("/")
     for name in FAST_COMMANDS:   # import them now: the first command is as quick as the next

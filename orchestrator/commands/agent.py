@@ -118,7 +118,7 @@ def _print_status(reply: dict) -> None:
                        f"{held['busy']} busy command session(s)")
 
 
-def _ask(message: dict, timeout: float = 30.0):
+def _ask(message: dict, timeout: float = 10.0):
     """The agent's answer to a status or stop message; None when no agent listens."""
     try:
         sock = client.connect()
@@ -128,8 +128,15 @@ def _ask(message: dict, timeout: float = 30.0):
         return None
     with sock:
         sock.settimeout(timeout)
-        protocol.send(sock, message)
-        reply, _ = protocol.Reader(sock).receive()
+        try:
+            protocol.send(sock, message)
+            reply, _ = protocol.Reader(sock).receive()
+        except (OSError, ValueError) as error:   # a timeout too: a frozen (SIGSTOPped) agent
+            raise OrchError(f"the agent at {protocol.socket_path()} did not answer within "
+                            f"{timeout:g} s ({error or type(error).__name__})",
+                            hint="it may be stopped (SIGSTOP) or stuck: its pid is in "
+                                 f"{protocol.agent_dir()}/agent-{protocol.install_tag()}.lock; "
+                                 "quick commands run without it meanwhile") from None
     if reply is None or reply.get("type") == "refused":
         return None
     return reply

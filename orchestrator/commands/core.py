@@ -47,7 +47,8 @@ def exec_command(app, target, command, timeout, as_json):
     standard input (a pipe or a file) stream as they arrive. When the timeout fires or orch
     is interrupted (Ctrl-C, SIGTERM), the command's process group in the container is
     killed. orch exits with the command's exit code; its own errors exit 255, as ssh's do
-    (a host unreachable, a connection lost mid-command, no such container).
+    (a host unreachable, a connection lost mid-command or a dead link, a timeout), except a
+    bad command line (2) and a container that does not exist or is not running (4).
 
     \b
     Examples:
@@ -85,11 +86,19 @@ def _exec_streaming(target, command, timeout):
 
 def _exec_many(app, targets, command, timeout, as_json):
     stdin = stdin_bytes(_forwarded_stdin())  # every target gets the same input
-    results = fan_out(targets, lambda t: t.run(
-        command, stdin=stdin, timeout=timeout, capture=as_json, kill_on_close=True,
-        on_stdout=None if as_json else _prefixed(t.name, sys.stdout),
-        on_stderr=None if as_json else _prefixed(t.name, sys.stderr)),
-        on_interrupt=app.fleet.close)
+
+    def run_one(target):
+        if as_json:
+            return target.run(command, stdin=stdin, timeout=timeout, capture=True,
+                              kill_on_close=True)
+        out, err = _prefixed(target.name, sys.stdout), _prefixed(target.name, sys.stderr)
+        try:
+            return target.run(command, stdin=stdin, timeout=timeout, capture=False,
+                              kill_on_close=True, on_stdout=out.feed, on_stderr=err.feed)
+        finally:   # a last line without a newline is a line too
+            out.flush()
+            err.flush()
+    results = fan_out(targets, run_one, on_interrupt=app.fleet.close)
     if as_json:
         console.print_json([_result_json(t, results) for t in targets])
     for t, error in results.failed.items():
@@ -135,7 +144,7 @@ def _writer(stream):
     return write
 
 
-def _prefixed(name: str, stream):
+def _prefixed(name: str, stream) -> LineSplitter:
     lock = threading.Lock()
 
     def line(text: str) -> None:
@@ -145,8 +154,7 @@ def _prefixed(name: str, stream):
                 stream.flush()
             except BrokenPipeError:
                 raise _OutputClosed() from None
-    splitter = LineSplitter(line)
-    return splitter.feed
+    return LineSplitter(line)
 
 
 def _result_json(target, results: GroupResult) -> dict:

@@ -139,7 +139,8 @@ def attach_command(app, run, as_json, echo):
     For a run whose orch was killed, interrupted or lost its link: the training went on in
     its container; attach monitors it to its end, runs the playbook's collect steps and
     records the verdict. RUN is a run id, a unique prefix, or 'last' (the default).
-    Exit codes as for `orch run`.
+    A run whose orch was killed before it launched anything is recorded as abandoned.
+    Exit codes as for `orch run` (abandoned: 10).
 
     \b
     Examples:
@@ -164,6 +165,8 @@ def attach_command(app, run, as_json, echo):
 def stop_command(app, run, targets, grace, as_json):
     """Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period.
 
+    A run whose orch was killed before it launched anything is recorded as abandoned.
+
     \b
     Examples:
       orch stop last
@@ -174,6 +177,8 @@ def stop_command(app, run, targets, grace, as_json):
                                         trust_on_first_use=app.trust_on_first_use)
     if as_json:
         console.print_json({"run_id": record.run_id, "verdict": record.verdict, "targets": results})
+    elif not results:
+        console.info(f"run {record.run_id} launched nothing: recorded as {record.verdict}")
     else:
         for item in results:
             if "error" in item:

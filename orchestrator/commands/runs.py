@@ -14,6 +14,7 @@ from orchestrator import console, paths
 from orchestrator.console.run import ConsoleReporter
 from orchestrator.errors import ConfigError, ExitCode, OrchError
 from orchestrator.lazy import LazyModule, lazy
+from orchestrator.runs import controller
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 from orchestrator.runs.store import RunStore
@@ -78,6 +79,7 @@ def runs():
       orch runs show last
       orch runs compare last~1 last
       orch runs pin 20261129-0215
+      orch runs abandon last     # a run whose orch was killed
     """
 
 
@@ -111,16 +113,20 @@ def runs_list(playbook, last, as_json):
     grid.add_column("RUN", no_wrap=True)
     for column in ("PLAYBOOK", "STARTED", "VERDICT", "TOK/S", "TORCH", "FX-TLS", "FINDINGS"):
         grid.add_column(column, no_wrap=column in ("STARTED", "TOK/S"))
+    gone = {r.run_id: r for r in records if controller.controller_state(r) == controller.GONE}
     for r in records:
         grid.add_row(r.run_id + (" *" if r.run_id in pins else ""),
                      os.path.splitext(os.path.basename(r.playbook))[0],
-                     r.started_at[:16].replace("T", " "), r.verdict,
+                     r.started_at[:16].replace("T", " "),
+                     r.verdict + (" (controller gone)" if r.run_id in gone else ""),
                      _tok(rates[r.run_id]["total"]), _torch(r), _fx(r),
                      ", ".join(sorted({f.signature for f in r.findings if is_problem(f.signature)}))
                      or "-")
     _wide().print(grid)
     if pins & {r.run_id for r in records}:
         console.info("* pinned baseline")
+    for r in gone.values():
+        console.warn(f"run {r.run_id}: its orch is gone; {controller.settle_hint(r)}")
 
 
 def _list_item(record, tp: dict, pinned: bool) -> dict:
@@ -132,7 +138,8 @@ def _list_item(record, tp: dict, pinned: bool) -> dict:
             "fx_tls": {t.name: t.fx_tls_state for t in record.targets},
             "findings": sorted({f.signature for f in record.findings}),
             "problems": sorted({f.signature for f in record.findings if is_problem(f.signature)}),
-            "artifacts_dir": record.artifacts_dir, "pinned": pinned}
+            "artifacts_dir": record.artifacts_dir, "pinned": pinned,
+            "controller_state": controller.controller_state(record)}
 
 
 @runs.command("show")
@@ -157,6 +164,7 @@ def runs_show(run, with_metrics, as_json):
             data["metric_points"] = len(record.metrics)
         data["throughput"] = throughput(record)
         data["pinned"] = pinned
+        data["controller_state"] = controller.controller_state(record)
         console.print_json(data)
         return
     out = console.out
@@ -169,6 +177,10 @@ def runs_show(run, with_metrics, as_json):
               + "  ".join(f"{k} {_tok(v)}" for k, v in tp["per_drafter"].items()))
     if record.artifacts_dir:
         out.print(f"files {console.escape(record.artifacts_dir)}")
+    if record.verdict == "running":
+        gone = controller.controller_state(record) == controller.GONE
+        out.print(("[yellow]" if gone else "") + console.escape(controller.describe(record))
+                  + ("[/]" if gone else ""))
     console.table(["TARGET", "HOST", "VMID", "TORCH", "FX-TLS", "PACKAGES"],
                   [[t.name, t.host, t.vmid, t.torch_version or "-", t.fx_tls_state or "-",
                     len(t.pip_freeze)] for t in record.targets], title="targets")
@@ -179,6 +191,38 @@ def runs_show(run, with_metrics, as_json):
         out.print(f"[red]{finding.signature}[/] on {finding.target}: {console.escape(finding.message)}")
         if finding.remediation:
             out.print(f"  fix: {console.escape(finding.remediation)}")
+
+
+@runs.command("abandon")
+@click.argument("run")
+@click.option("--force", is_flag=True,
+              help="Also when its controller cannot be checked (it ran on another machine).")
+def runs_abandon(run, force):
+    """Record a running RUN whose orch (its controller) is gone as abandoned.
+
+    For a record that says "running" although the orch that ran it was killed (kill -9, a
+    crash, the machine went down). Processes it launched in containers are left as they
+    are: `orch attach RUN` follows them to their end instead, `orch stop RUN` ends them.
+    Refused while its controller still runs on this machine.
+    Exit code: 0 recorded, 1 refused.
+
+    \b
+    Examples:
+      orch runs abandon last
+      orch runs abandon 20261129-0915 --force
+    """
+    with _store() as store:
+        record = store.get(run)
+        state = controller.controller_state(record)
+        if state is None:
+            raise OrchError(f"run {record.run_id} already ended as {record.verdict}")
+        if state == controller.ALIVE or (state == controller.UNKNOWN and not force):
+            raise OrchError(f"run {record.run_id} is not abandoned: {controller.describe(record)}",
+                            hint=None if state == controller.ALIVE else
+                            "if that orch is gone, rerun with --force")
+        controller.mark_abandoned(store, record, controller.abandoned_because(record)
+                                  + f"; marked with `orch runs abandon {record.run_id}`")
+    console.info(f"run {record.run_id} recorded as abandoned")
 
 
 @runs.command("compare")

@@ -260,13 +260,15 @@ def _run_patch(app, patch_set, action, targets, as_json):
             console.error(f"interrupted twice: left while the {action} was in progress; whether it "
                           f"completed is not known: `orch patch {patch_set} status {names}` tells")
             sys.exit(ExitCode.INTERRUPTED)
-    _print_each(results, as_json, lambda target, outcome: _print_patch(target, action, outcome))
-    if changes and ctrl_c:
-        done = [t.name for t in results.succeeded]
-        console.warn(f"interrupted, after the {action} finished"
-                     + (f" on {', '.join(done)} (its outcome is above)" if done else ""))
-        sys.exit(ExitCode.INTERRUPTED)
-    sys.exit(_patch_exit_code(action, results))
+        # still under the handler: a Ctrl-C while the outcome is printed is "after it
+        # finished", never Python's bare KeyboardInterrupt ("interrupted" for a done change)
+        _print_each(results, as_json, lambda target, outcome: _print_patch(target, action, outcome))
+        if changes and ctrl_c:
+            done = [t.name for t in results.succeeded]
+            console.warn(f"interrupted, after the {action} finished"
+                         + (f" on {', '.join(done)} (its outcome is above)" if done else ""))
+            sys.exit(ExitCode.INTERRUPTED)
+        sys.exit(_patch_exit_code(action, results))
 
 
 def _print_patch(target, action, outcome) -> None:

@@ -29,7 +29,7 @@ from orchestrator.errors import ConfigError
 
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
              "connect_timeout", "timeout", "iface", "api", "description", "max_sessions",
-             "connections")
+             "connections", "alive_interval", "alive_count_max")
 CONTAINER_KEYS = ("host", "cluster", "vmid", "venv", "gpus", "env", "description")
 API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_file",
             "fingerprint")
@@ -57,6 +57,8 @@ class HostSpec:
     description: str = ""
     max_sessions: Optional[int] = None   # sshd's MaxSessions there (default 10, OpenSSH's)
     connections: Optional[int] = None    # SSH connections orch may open to it at once
+    alive_interval: Optional[float] = None   # OpenSSH's ServerAliveInterval (docs/transport.md)
+    alive_count_max: Optional[int] = None    # OpenSSH's ServerAliveCountMax
 
 
 @dataclass
@@ -186,13 +188,13 @@ def _host(source: Source, name: str, spec) -> HostSpec:
         host.port = expect(source, path + ("port",), spec["port"], int)
         if not 0 < host.port < 65536:
             raise source.error(path + ("port",), f"port {host.port} is out of range 1..65535")
-    for key in ("connect_timeout", "timeout"):
+    for key in ("connect_timeout", "timeout", "alive_interval"):
         if key in spec:
             value = expect(source, path + (key,), spec[key], (int, float))
             if value <= 0:
                 raise source.error(path + (key,), f"{key} must be positive")
             setattr(host, key, float(value))
-    for key in ("max_sessions", "connections"):
+    for key in ("max_sessions", "connections", "alive_count_max"):
         if key in spec:
             value = expect(source, path + (key,), spec[key], int)
             if not 1 <= value <= 1000:

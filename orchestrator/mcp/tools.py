@@ -26,6 +26,7 @@ from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
+from orchestrator.runs.controller import controller_state
 from orchestrator.runs.store import RunStore
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -272,6 +273,8 @@ class Tools:
             "verdict": record.verdict, "exit_code": record.exit_code,
             "started_at": record.started_at, "ended_at": record.ended_at,
             "watched_by_this_server": running,
+            # a "running" record whose orch is gone says so: alive | gone | unknown
+            "controller_state": controller_state(record),
             "targets": [{"name": t.name, "host": t.host, "vmid": t.vmid,
                          "torch_version": t.torch_version, "fx_tls_state": t.fx_tls_state}
                         for t in record.targets],
@@ -345,6 +348,7 @@ class Tools:
             items.append({"run_id": r.run_id, "playbook": r.playbook, "name": r.name,
                           "started_at": r.started_at, "ended_at": r.ended_at,
                           "verdict": r.verdict, "exit_code": r.exit_code,
+                          "controller_state": controller_state(r),
                           "total_tok_s": tp["total"],
                           "fx_tls": {t.name: t.fx_tls_state for t in r.targets},
                           "problems": sorted({f.signature for f in r.findings if is_problem(f.signature)})})

@@ -179,6 +179,22 @@ def install(args, venv):
         create_venv(args, venv, did)
         created = True
     ensure_pip(args, python, did)
+    started = time.time()
+    if args["packages"] or args.get("pip_args"):
+        pip_install(args, python, did)
+    else:   # `packages: []`: a venv and nothing else (pip refuses an install of nothing)
+        did.append("no packages asked: the venv only")
+    frozen = freeze(python)
+    marker = {"hash": args["hash"], "packages": args["packages"], "installed_at": time.time(),
+              "seconds": round(time.time() - started, 1), "freeze": frozen}
+    with open(os.path.join(venv, MARKER + ".part"), "w") as handle:
+        json.dump(marker, handle, indent=1)
+    os.replace(os.path.join(venv, MARKER + ".part"), os.path.join(venv, MARKER))
+    emit("result", changed=True, created=created, venv=venv, freeze=frozen,
+         seconds=marker["seconds"], did=did)
+
+
+def pip_install(args, python, did):
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     if args.get("no_index"):
         argv.append("--no-index")
@@ -187,7 +203,6 @@ def install(args, venv):
     argv += list(args.get("pip_args") or [])
     argv += list(args["packages"])
     emit("pip", line="$ " + " ".join(argv))
-    started = time.time()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True, errors="replace",
                                env=pip_env(args))
@@ -202,14 +217,6 @@ def install(args, venv):
     where = ("the pushed wheelhouse %s (--no-index)" % args["find_links"]
              if args.get("no_index") and args.get("find_links") else "the package index")
     did.append("installed %s from %s" % (" ".join(args["packages"]), where))
-    frozen = freeze(python)
-    marker = {"hash": args["hash"], "packages": args["packages"], "installed_at": time.time(),
-              "seconds": round(time.time() - started, 1), "freeze": frozen}
-    with open(os.path.join(venv, MARKER + ".part"), "w") as handle:
-        json.dump(marker, handle, indent=1)
-    os.replace(os.path.join(venv, MARKER + ".part"), os.path.join(venv, MARKER))
-    emit("result", changed=True, created=created, venv=venv, freeze=frozen,
-         seconds=marker["seconds"], did=did)
 
 
 def pip_env(args):

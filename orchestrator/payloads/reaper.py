@@ -38,7 +38,10 @@ def start(argv):
     pid = os.fork()
     if pid == 0:
         signal.set_wakeup_fd(-1)
-        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        # Python ignores SIGPIPE and SIGXFSZ for itself, and an ignored signal stays ignored
+        # across exec: the command gets the defaults, as subprocess's restore_signals does
+        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT,
+                       signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(number, signal.SIG_DFL)
         os.setpgid(0, 0)
         try:

@@ -145,6 +145,9 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
     argv = list(argv)
     if not argv:
         raise ValueError("empty command")
+    if argv[0] == "":
+        raise BadArgument("the command's program is an empty string: it names nothing to run",
+                          hint="give the program's name or path first (`-- sh -c ''` for a shell)")
     for index, arg in enumerate(argv):
         if not isinstance(arg, str):
             raise TypeError(f"argument {arg!r} is not a string")
@@ -283,12 +286,16 @@ def command_timeout(shown: str, where: str, timeout: float, result: Optional[Res
         hint="the host may be unreachable or the command slow; raise --timeout if it is slow")
 
 
-def connection_lost(host: str, shown: str, duration: float, where: str = "") -> ConnectionLost:
-    """The error for a command whose connection broke while it ran: its outcome is unknown."""
-    return ConnectionLost(
+def connection_lost(host: str, shown: str, duration: float, where: str = "",
+                    why: str = "") -> ConnectionLost:
+    """The error for a command whose connection broke while it ran: its outcome is unknown.
+    why: what orch knows of the cause (the host stopped answering keepalives)."""
+    error = ConnectionLost(
         f"the connection to host {host} broke while {shown} ran{where} "
-        f"(after {duration:.1f} s): its outcome is unknown",
+        f"(after {duration:.1f} s{'; ' + why if why else ''}): its outcome is unknown",
         hint="the command may still be running there; check before running it again")
+    error.why = why
+    return error
 
 
 class Process:
@@ -308,6 +315,10 @@ class Process:
 
     def close(self) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def lost_reason(self) -> str:
+        """Why its connection was closed under it, when orch closed it (a dead link)."""
+        return ""
 
 
 class BufferedLines:

@@ -39,6 +39,7 @@ _PCT_NO_KEEP_ENV = re.compile(r"^Unknown option: keep-env$", re.MULTILINE)
 # name and get pct's default, keep-env; docs/proxmox-semantics.md has the details.
 _NO_KEEP_ENV_HOSTS: set = set()
 _CLEAN_HOST_ENV = 'exec env -i -- PATH="$PATH" "$@"'
+_KILLED = 128 + 9   # SIGKILL: what lxc-attach's command gets when its container stops
 
 # pct sets PATH=/sbin:/bin:/usr/sbin:/usr/bin before it runs the command (pve-common's
 # run_cli_handler), which leaves out /usr/local/bin where pip and users put tools. orch
@@ -120,8 +121,11 @@ class Target(Transport):
             raise self._restated(error, self.wrap(inner, path, env), argv) from None
         result.argv = list(argv)
         result.target = self.name
+        if self.vmid and result.exit_code == _KILLED:
+            self.raise_if_stopped(argv, result.duration)
         if self.vmid and result.exit_code != 0:
-            self._raise_pct_error(result)
+            # a caller that streams stderr has shown pct's sentence already: not twice
+            self._raise_pct_error(result, shown=options.on_stderr is not None)
         return result
 
     def _restated(self, error, host_argv, argv):
@@ -146,19 +150,35 @@ class Target(Transport):
     def spawn(self, argv):
         return self.host.spawn(self.wrap(argv))
 
-    def _raise_pct_error(self, result: Result) -> None:
+    def raise_if_stopped(self, argv, duration: float) -> None:
+        """A container that stops under a command kills it: the direct path sees exit 137,
+        a warm session its channel closing. Either way, when `pct status` says "stopped",
+        that is what orch says (asked only then: a command killed in a running container
+        keeps its own result)."""
+        try:
+            stopped = self._pct_status() == "stopped"
+        except OrchError:
+            return   # the host cannot tell: the caller's own error stands
+        if stopped:
+            raise ContainerNotRunning(
+                f"{self.describe()} stopped while {display_argv(argv)} ran (after "
+                f"{duration:.1f} s): the command ended with it",
+                hint=f"start it with `orch ct start {self.name}`")
+
+    def _raise_pct_error(self, result: Result, shown: bool = False) -> None:
         """Raise when pct itself failed, not the command: its sentence ends the output, and
         `pct status` (asked only then) confirms it, so a command that prints the same
-        sentence and exits 2 keeps its own result."""
+        sentence and exits 2 keeps its own result. shown: the caller printed it already."""
         message = pct_error_text(result, self.vmid)
         if message is None:
             return
+        quoted = "" if shown else f": pct says: {message}"
         if _PCT_NOT_RUNNING.search(message):
             if self._pct_status() == "stopped":
-                raise ContainerNotRunning(f"{self.describe()} is not running: pct says: {message}",
+                raise ContainerNotRunning(f"{self.describe()} is not running{quoted}",
                                           hint=f"start it with `orch ct start {self.name}`")
         elif self._pct_status() is None:
-            raise NoSuchContainer(f"{self.describe()}: no such container: pct says: {message}",
+            raise NoSuchContainer(f"{self.describe()}: no such container{quoted}",
                                   hint=f"`orch ct list {self.host.name}` lists the containers there")
 
     def _pct_status(self) -> Optional[str]:

@@ -25,7 +25,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager, Optional
 
-from orchestrator.errors import ConnectionProblem, OrchError
+from orchestrator.errors import ConnectionLost, ConnectionProblem, OrchError
 from orchestrator.payloads import compact_source
 from orchestrator.remote.base import (OutputKeeper, Process, Result, RunOptions, Transport,
                                       command_timeout, connection_lost, display_argv,
@@ -147,13 +147,16 @@ class ExecSession(Transport):
                 deadline = time.monotonic() + _KILL_WAIT_S
                 continue
             if frame is None:  # the channel closed under us
+                why = self._process.lost_reason() if self._process is not None else ""
                 self.close()
-                if not began:
+                if not began and not why:
+                    # it ended before this command's request could matter (it died while
+                    # idle); after a dead link the request may have arrived: never a rerun
                     raise _Gone(f"{self.name}: the command session ended")
                 if killed:
                     raise self._timeout(argv, options, out, err, started)
                 raise connection_lost(self.target.host.name, display_argv(argv),
-                                      time.monotonic() - started, f" in {self.name}")
+                                      time.monotonic() - started, f" in {self.name}", why)
             kind, frame_id, body = frame
             if frame_id != ident:
                 continue
@@ -341,11 +344,16 @@ class SessionTarget(Target):
         self.via = "channel"
         if session is None:
             return super()._run(argv, options)
+        started = time.monotonic()
         try:
             with self.sessions.holding(session):
                 result = session._run(argv, options)
         except SessionUnavailable:
             return super()._run(argv, options)   # nothing ran: the plain path runs it once
+        except ConnectionLost as lost:
+            if not lost.why:   # not a dead link: the host can say whether the CT stopped
+                self.raise_if_stopped(argv, time.monotonic() - started)
+            raise
         finally:
             self.sessions.give_back(self, session)
         self.via = "session"

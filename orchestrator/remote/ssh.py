@@ -37,6 +37,16 @@ from orchestrator.remote.paramiko_lib import paramiko
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_MAX_SESSIONS = 10     # OpenSSH's MaxSessions default, a stock Proxmox node's
 DEFAULT_CONNECTIONS = 4       # per host: 40 commands at once before any waits
+# Dead-link detection, as OpenSSH's ServerAliveInterval x ServerAliveCountMax: after
+# ALIVE_INTERVAL s without a packet from the host orch asks it for a reply, once per
+# interval; ALIVE_COUNT_MAX unanswered asks and one more interval later the connection is
+# declared dead (20 s of silence by default), its commands fail with ConnectionLost and the
+# next command opens a new connection (docs/transport.md, "Dead links").
+DEFAULT_ALIVE_INTERVAL = 5.0
+DEFAULT_ALIVE_COUNT_MAX = 3
+# How long sshd may take to answer an exec request (it answers once it forked the command):
+# a host that takes longer is not answering, whatever the command's own timeout.
+EXEC_REPLY_TIMEOUT = 30.0
 # sshd runs a command as `$SHELL -c COMMAND`: COMMAND is one argv string, which Linux caps
 # at 128 KiB. Longer commands send their argv on stdin to a constant bash program instead.
 INLINE_COMMAND_LIMIT = 100_000
@@ -64,7 +74,8 @@ class SshSettings:
     known_hosts: str = DEFAULT_KNOWN_HOSTS
     jump: Optional["SshSettings"] = None
     connect_timeout: float = 10.0
-    keepalive: int = 15
+    alive_interval: float = DEFAULT_ALIVE_INTERVAL   # ServerAliveInterval
+    alive_count_max: int = DEFAULT_ALIVE_COUNT_MAX   # ServerAliveCountMax
     trust_on_first_use: bool = False
     max_sessions: int = DEFAULT_MAX_SESSIONS   # channels at once on one connection
     connections: int = DEFAULT_CONNECTIONS     # connections at most to this host
@@ -139,15 +150,21 @@ class SshHost(Transport):
     def _add_connection(self, count: bool) -> "_Connection":
         try:
             client = self._open_client()
-        finally:
+        except BaseException:
             with self._changed:
                 self._connecting = False
                 self._changed.notify_all()
+            raise
         connection = _Connection(client, self.settings.max_sessions)
         with self._changed:
+            # in one step with the flag: a thread that sees _connecting off must also see
+            # the new connection, or it opens one more than `connections` allows
             connection.open += count
             self._connections.append(connection)
+            self._connecting = False
             self._changed.notify_all()
+        _Watchdog(client.get_transport(), self.settings.alive_interval,
+                  self.settings.alive_count_max).start()
         return connection
 
     def _release(self, connection: "_Connection") -> int:
@@ -160,7 +177,7 @@ class SshHost(Transport):
     def _forget_dead(self) -> None:
         for connection in [c for c in self._connections if not c.alive()]:
             self._connections.remove(connection)
-            connection.client.close()
+            _quietly(connection.client.close)
 
     def _open_client(self) -> paramiko.SSHClient:
         s = self.settings
@@ -209,8 +226,6 @@ class SshHost(Transport):
             sock.close()
             raise HostUnreachable(f"SSH to host {s.name} ({s.address}:{s.port}) failed: "
                                   f"{error or type(error).__name__}") from None
-        transport = client.get_transport()
-        transport.set_keepalive(s.keepalive)
         return client
 
     def _open_socket(self):
@@ -244,7 +259,7 @@ class SshHost(Transport):
             connections, self._connections = self._connections, []
             self._connection_limit = max(1, self.settings.connections)
         for connection in connections:
-            connection.client.close()
+            _quietly(connection.client.close)
         if self._jump_host is not None:
             self._jump_host.close()
 
@@ -279,11 +294,13 @@ class SshHost(Transport):
                 if connection.alive():
                     if time.monotonic() >= deadline - 0.05:
                         raise CommandTimeout(f"host {self.name} did not open a channel within "
-                                             f"{timeout:g} s: {error}") from None
+                                             f"{timeout:g} s: {_reason(error)}") from None
                     raise HostUnreachable(f"host {self.name} could not open a channel (failed "
-                                          f"after {time.monotonic() - asked:.2f} s): {error}") from None
+                                          f"after {time.monotonic() - asked:.2f} s): "
+                                          f"{_reason(error)}") from None
                 if reconnected:  # one reconnect: a dropped connection is normal after a blip
-                    raise HostUnreachable(f"host {self.name} is not answering: {error}") from None
+                    raise HostUnreachable(f"host {self.name} is not answering: "
+                                          f"{connection.lost_reason() or _reason(error)}") from None
                 reconnected = True
 
     def _refused(self, connection, error, others: int, asked: float,
@@ -314,39 +331,73 @@ class SshHost(Transport):
                                  else max(wait_until - time.monotonic(), 0.001))
         stdout = stderr = b""
         status = None
+        answered = True
         try:
-            channel.exec_command(command)
-            _start_input(channel, preamble, options.stdin)
-            stdout, stderr = _drain(channel, options)
-            # paramiko marks the status "ready" with -1 when a channel merely closed
-            if channel.exit_status_ready() and channel.exit_status >= 0:
-                status = channel.exit_status
+            answered = _exec(channel, command)
+            if answered:
+                _start_input(channel, preamble, options.stdin)
+                stdout, stderr = _drain(channel, options)
+                # paramiko marks the status "ready" with -1 when a channel merely closed
+                if channel.exit_status_ready() and channel.exit_status >= 0:
+                    status = channel.exit_status
         except (paramiko.SSHException, OSError, EOFError):
             pass  # the timer closed the channel, or the connection broke: told below
         finally:
             timer.cancel()
-            channel.close()
+            _quietly(channel.close)
             self._release(connection)
         result = Result(argv, 124 if timer.fired else (status if status is not None else -1),
                         stdout, stderr, time.monotonic() - started, self.name)
         if timer.fired:
             raise command_timeout(result.display(), f"on host {self.name}", options.timeout, result)
         if status is None:
-            raise connection_lost(self.name, result.display(), result.duration)
+            why = connection.lost_reason() or ("" if answered else _no_exec_reply())
+            raise connection_lost(self.name, result.display(), result.duration, why=why)
         return result
 
     def spawn(self, argv) -> Process:
         command, preamble = remote_command(validate_argv(argv), {})
         connection, channel = self._open_channel(30.0, time.monotonic() + 60.0)
         try:
-            channel.exec_command(command)
+            if not _exec(channel, command):
+                raise paramiko.SSHException(_no_exec_reply())
             if preamble:
                 channel.sendall(preamble)
         except (paramiko.SSHException, OSError, EOFError) as error:
-            channel.close()
+            _quietly(channel.close)
             self._release(connection)
-            raise HostUnreachable(f"host {self.name}: could not start {argv[0]}: {error}") from None
-        return _ChannelProcess(channel, lambda: self._release(connection))
+            why = connection.lost_reason()
+            raise HostUnreachable(f"host {self.name}: could not start {argv[0]}: "
+                                  f"{why or error or type(error).__name__}") from None
+        return _ChannelProcess(channel, lambda: self._release(connection), connection.lost_reason)
+
+
+def _no_exec_reply() -> str:
+    return f"the host did not answer the exec request within {EXEC_REPLY_TIMEOUT:g} s"
+
+
+def _exec(channel, command: bytes) -> bool:
+    """Send the exec request; False when sshd did not answer within EXEC_REPLY_TIMEOUT (the
+    channel is closed then: paramiko's own wait for that answer has no deadline)."""
+    reply = _ChannelDeadline(channel, EXEC_REPLY_TIMEOUT)
+    try:
+        channel.exec_command(command)
+    except (paramiko.SSHException, OSError, EOFError):
+        if not reply.fired:
+            raise
+    finally:
+        reply.cancel()
+    return not reply.fired
+
+
+def _quietly(close: Callable[[], object]) -> None:
+    """Close a channel or client whose connection may have broken: paramiko then raises
+    EOFError or OSError from the close itself, which must not escape as a bare error (click
+    turns an EOFError into "Aborted!"). The command's outcome is told by its caller."""
+    try:
+        close()
+    except (EOFError, OSError, paramiko.SSHException):
+        pass
 
 
 def _refused(error: Exception, connection: "_Connection") -> bool:
@@ -370,6 +421,11 @@ class _Connection:
         self.client = client
         self.capacity = max(1, capacity)
         self.open = 0
+        self._transport = client.get_transport()
+
+    def lost_reason(self) -> str:
+        """Why the watchdog closed this connection ("" while it has not)."""
+        return getattr(self._transport, "lost_reason", "")
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -397,9 +453,22 @@ def remote_command(argv: list[str], env: dict) -> tuple[bytes, bytes]:
 
 class _SignalAwareTransport(paramiko.Transport):
     """paramiko ignores "exit-signal" (a command killed by a signal), leaving the exit
-    status unknown as if the connection had broken. Here it becomes 128+N, as in a shell."""
+    status unknown as if the connection had broken. Here it becomes 128+N, as in a shell.
+    It also notes when it last heard from the host (`last_heard`, for _Watchdog)."""
 
     _channel_handler_table = dict(paramiko.Transport._channel_handler_table)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.last_heard = time.monotonic()
+        self.lost_reason = ""
+        read_message = self.packetizer.read_message
+
+        def read_and_note():
+            message = read_message()
+            self.last_heard = time.monotonic()
+            return message
+        self.packetizer.read_message = read_and_note
 
     def _handle_channel_request(channel, message):  # noqa: N805 (table entry, not a method)
         start = message.packet.tell()
@@ -416,21 +485,81 @@ class _SignalAwareTransport(paramiko.Transport):
     _channel_handler_table[paramiko.common.MSG_CHANNEL_REQUEST] = _handle_channel_request
 
 
+class _Watchdog(threading.Thread):
+    """Closes a connection whose host stopped answering, as OpenSSH's ServerAliveInterval x
+    ServerAliveCountMax do. paramiko's own keepalive only sends (a request that wants no
+    reply) and counts nothing: a dropped link looks like a quiet one for as long as TCP
+    retransmits, minutes. Here, after `interval` s without a packet from the host, a
+    keepalive@openssh.com request that wants a reply goes out, once per interval (sshd
+    answers every global request, with a failure for one it does not know); when
+    `count_max` of them went unanswered and one more interval passed, the connection is
+    closed. That ends every wait on its channels at once (an exec reply, a read, a channel
+    open) and SshHost drops the connection before its next command."""
+
+    def __init__(self, transport: "_SignalAwareTransport", interval: float, count_max: int):
+        super().__init__(name="ssh-alive", daemon=True)
+        self.transport = transport
+        self.interval = interval
+        self.count_max = max(1, count_max)
+        self._asking: Optional[threading.Thread] = None
+
+    def run(self) -> None:
+        if self.interval <= 0:
+            return
+        heard, asked = self.transport.last_heard, 0
+        while self.transport.is_active():
+            time.sleep(min(self.interval / 4, 0.5))
+            if self.transport.last_heard != heard:
+                heard, asked = self.transport.last_heard, 0
+            silent = time.monotonic() - heard
+            if silent >= self.interval * (self.count_max + 1):
+                self.transport.lost_reason = (f"the host answered none of {asked} keepalive(s) "
+                                              f"in {silent:.0f} s")
+                _quietly(self.transport.close)
+                return
+            if silent >= self.interval * (asked + 1):
+                asked += 1
+                self._ask()
+
+    def _ask(self) -> None:
+        # from a thread of its own: on a dead link a send can block (a full send buffer),
+        # and the count must go on meanwhile; a send still stuck is no answer either
+        if self._asking is None or not self._asking.is_alive():
+            self._asking = threading.Thread(target=_ask_alive, args=(self.transport,),
+                                            name="ssh-alive-ask", daemon=True)
+            self._asking.start()
+
+
+def _ask_alive(transport: paramiko.Transport) -> None:
+    message = paramiko.Message()
+    message.add_byte(paramiko.common.cMSG_GLOBAL_REQUEST)
+    message.add_string("keepalive@openssh.com")
+    message.add_boolean(True)   # want_reply: the answer is what the watchdog counts
+    try:
+        transport._send_user_message(message)
+    except (EOFError, OSError, paramiko.SSHException):
+        pass  # the connection broke: the watchdog's count ends it
+
+
 class _ChannelProcess(Process):
-    def __init__(self, channel, release: Callable[[], int]):
+    def __init__(self, channel, release: Callable[[], int], lost_reason: Callable[[], str]):
         self._channel = channel
         self._release = release
         self._released = False
         self._lines = BufferedLines(self._read_some)
+        self.lost_reason = lost_reason
 
     def _read_some(self, timeout):
-        if not self._channel.recv_ready():
-            if self._channel.closed or self._channel.eof_received:
-                return b""
-            select.select([self._channel], [], [], timeout)
+        try:
             if not self._channel.recv_ready():
-                return b"" if self._channel.eof_received else None
-        return self._channel.recv(65536)
+                if self._channel.closed or self._channel.eof_received:
+                    return b""
+                select.select([self._channel], [], [], timeout)
+                if not self._channel.recv_ready():
+                    return b"" if self._channel.eof_received or self._channel.closed else None
+            return self._channel.recv(65536)
+        except (EOFError, OSError, ValueError, paramiko.SSHException):
+            return b""   # the channel or its connection is gone: the end of its output
 
     def write(self, data: bytes) -> None:
         try:
@@ -445,7 +574,7 @@ class _ChannelProcess(Process):
         return self._lines.read(size, timeout)
 
     def close(self) -> None:
-        self._channel.close()
+        _quietly(self._channel.close)
         if not self._released:
             self._released = True
             self._release()
@@ -463,7 +592,7 @@ class _ChannelDeadline:
 
     def _fire(self):
         self.fired = True
-        self._channel.close()
+        _quietly(self._channel.close)
 
     def cancel(self):
         if self._timer is not None:

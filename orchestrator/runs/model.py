@@ -17,7 +17,7 @@ from orchestrator.errors import ExitCode
 # Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
 VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
             "collective-timeout", "rendezvous-timeout", "traceback", "nonzero-exit", "killed", "timeout",
-            "failed", "unreachable", "interrupted", "running")
+            "failed", "unreachable", "interrupted", "abandoned", "running")
 
 VERDICT_EXIT = {
     "ok": ExitCode.OK,
@@ -26,6 +26,8 @@ VERDICT_EXIT = {
     "hang": ExitCode.RUN_HANG,
     "unreachable": ExitCode.RUN_UNREACHABLE,
     "interrupted": ExitCode.INTERRUPTED,   # Ctrl-C before anything was launched
+    # "abandoned" (its controller died without a verdict; settled by attach, stop or
+    # `orch runs abandon`) is a failure: 10
 }
 
 

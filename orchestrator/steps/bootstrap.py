@@ -223,8 +223,8 @@ class BootstrapStep(Step):
                     return folder
         except OSError:
             pass
-        if not params["download"]:
-            return folder
+        if not params["download"] or not params["packages"]:
+            return folder   # nothing to download (pip refuses a download of nothing)
         argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
                 "--only-binary=:all:", "-d", folder, *params["packages"]]
         ctx.progress(f"filling the wheelhouse {folder} (pip download)")

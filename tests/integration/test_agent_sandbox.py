@@ -364,3 +364,26 @@ def test_each_client_connects_with_its_own_environment(sandbox, agent_env, tmp_p
     with open(f"/proc/{the_agent(agent_env)}/environ", "rb") as environ:
         names = {item.split(b"=", 1)[0].decode() for item in environ.read().split(b"\0") if item}
     assert "ORCH_AGENT" not in names and "PYTEST_CURRENT_TEST" not in names
+
+
+def test_a_frozen_agent_costs_a_quick_command_its_accept_bound(sandbox, agent_env):
+    """A SIGSTOPped agent once hung every quick command past 40 s: the client falls back
+    in-process after ACCEPT_WAIT_S, and the woken agent never runs the command too."""
+    from orchestrator.agent.client import ACCEPT_WAIT_S
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    pid = the_agent(agent_env)
+    mark = f"/tmp/agent-frozen-{uuid.uuid4().hex}"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        out = orch({**agent_env, "ORCH_AGENT": "on"}, sandbox.inventory_path, "exec", "sb1-200",
+                   "--", "sh", "-c", f"echo ran >> {mark}; echo hi")
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (out.returncode, out.stdout) == (0, "hi\n"), out.stderr
+    assert elapsed < ACCEPT_WAIT_S + 5, f"{elapsed:.1f} s"
+    time.sleep(2)   # the woken agent has read the request by now
+    check = orch({**agent_env, "ORCH_AGENT": "off"}, sandbox.inventory_path, "exec", "sb1-200",
+                 "--", "sh", "-c", f"cat {mark}; rm -f {mark}")
+    assert check.stdout == "ran\n"

@@ -5,6 +5,9 @@ same on this machine)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -55,3 +58,33 @@ def test_ctrl_c_before_and_during_the_launch_in_a_container(book):
         assert record.launch["targets"][TARGET]["run_dir"] == run_dir
     else:
         assert NOTHING in output and state == "missing" and record.verdict == "interrupted"
+
+
+def orch(folder, *args):
+    return subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(folder / "inventory.yaml"),
+                           *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_a_controller_killed_before_and_after_the_launch_is_shown_and_settled(book):
+    """kill -9 of `orch run`: the record once said "running" for ever (before the launch:
+    attach and stop refused it; after: no hint until someone attached)."""
+    folder, target, run_dir = book
+    code, _ = interrupt_when(folder, f"> {TARGET} 1/3", "-e", "before=30", number=signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    listed = orch(folder, "runs", "list")
+    assert "running (controller gone)" in listed.stdout and "orch runs abandon" in listed.stderr
+    stopped = orch(folder, "stop", "last")
+    assert stopped.returncode == 0 and "recorded as abandoned" in stopped.stderr, stopped.stderr
+    assert launcher(target, "status", run_dir)["state"] == "missing"
+
+    code, _ = interrupt_when(folder, f"> {TARGET} 3/3", number=signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert launcher(target, "status", run_dir)["state"] in ("running", "starting")
+    listed = orch(folder, "runs", "list")
+    assert "running (controller gone)" in listed.stdout and "orch attach" in listed.stderr
+    assert "is gone" in orch(folder, "runs", "show", "last").stdout
+    assert orch(folder, "stop", "last", "--grace", "1").returncode == 0
+    with RunStore() as store:
+        assert store.get("last").verdict == "killed"
+    assert "controller gone" not in orch(folder, "runs", "list").stdout

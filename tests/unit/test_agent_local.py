@@ -3,8 +3,10 @@ passed over its socket. The SSH side is proven in tests/integration/test_agent_s
 
 from __future__ import annotations
 
+import json
 import os
 import pty
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import time
 import pytest
 
 import orchestrator.lazy
-from orchestrator.agent import protocol
+from orchestrator.agent import client, protocol
 from tests.agents import agent_pids, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
@@ -186,3 +188,128 @@ def test_a_wheel_installs_record_is_stamped(tmp_path):
     assert server._code_stamps(str(package)) == before
     record.write_text("orchestrator/cli.py,sha256=x,0\n")
     assert server._code_stamps(str(package)) != before
+
+
+def _status(env) -> dict:
+    out = subprocess.run([*ORCH, "agent", "status", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def _wait_until_running(env, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not (_status(env) or {}).get("running"):
+        assert time.monotonic() < deadline, "the agent never ran the command"
+        time.sleep(0.1)
+
+
+def test_a_frozen_agent_costs_a_quick_command_at_most_the_accept_wait(env, inventory, tmp_path):
+    """A SIGSTOPped agent once hung every quick command (no fall-back). Now the client falls
+    back after ACCEPT_WAIT_S, and the agent, woken later, never runs the command too."""
+    assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
+                          timeout=60).returncode == 0
+    (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
+    mark = tmp_path / "ran"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        out = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "sh", "-c",
+                              f"echo ran >> {mark}; echo hi"], env={**env, "ORCH_AGENT": "on"},
+                             capture_output=True, text=True, timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (out.returncode, out.stdout) == (0, "hi\n"), out.stderr
+    assert elapsed < client.ACCEPT_WAIT_S + 3, f"{elapsed:.1f} s"
+    time.sleep(1.5)   # the woken agent has read the request by now: it must not run it
+    assert mark.read_text() == "ran\n"
+    assert _status(env)["commands_served"] in (1, 2) and not _status(env)["running"]
+
+
+def test_the_users_timeout_holds_when_the_agent_freezes_after_accepting(env, inventory, tmp_path):
+    """`--timeout` was enforced only inside the agent: a frozen agent kept `--timeout 1`
+    waiting forever. The client stops at the timeout and the kill's grace, and says so.
+    (Its stderr goes to a file: the frozen agent holds the client's fds, so a pipe would
+    see its end only when the agent lets go.)"""
+    errors = tmp_path / "stderr"
+    with open(errors, "w") as stderr:
+        process = subprocess.Popen([*ORCH, "-i", inventory, "exec", "--timeout", "2", "dev",
+                                    "--", "sleep", "30"], env=env, stdout=subprocess.DEVNULL,
+                                   stderr=stderr)
+    _wait_until_running(env)
+    (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        process.wait(timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    err = errors.read_text()
+    assert process.returncode == 255
+    assert "did not end this command within its --timeout of 2 s" in err and "Traceback" not in err
+    assert elapsed < 2 + client.USER_TIMEOUT_GRACE_S + 2, f"{elapsed:.1f} s"
+
+
+def test_quick_commands_run_at_once_while_the_agent_stops(env, inventory):
+    """`orch agent stop` lets a running command end; meanwhile new quick commands once
+    stalled 10 s each (the socket closed, a new agent could not take the lock). The agent
+    now refuses them at once and they run here."""
+    long = subprocess.Popen([*ORCH, "-i", inventory, "exec", "dev", "--", "sleep", "4"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_until_running(env)
+    assert subprocess.run([*ORCH, "agent", "stop"], env=env, capture_output=True,
+                          timeout=60).returncode == 0
+    started = time.monotonic()
+    quick = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "quick"],
+                           env={**env, "ORCH_AGENT": "on"}, capture_output=True, text=True,
+                           timeout=60)
+    elapsed = time.monotonic() - started
+    assert (quick.returncode, quick.stdout) == (0, "quick\n"), quick.stderr
+    assert elapsed < 2.5, f"{elapsed:.1f} s for a quick command while the agent stops"
+    assert long.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["exec", "--timeout", "5", "dev", "--", "true"], 5.0),
+    (["-i", "inv.yaml", "exec", "--json", "--timeout=2.5", "dev", "true"], 2.5),
+    (["exec", "dev", "--", "sleep", "--timeout", "9"], None),     # the command's own option
+    (["exec", "dev", "true"], None),
+    (["exec", "--timeout", "soon", "dev", "true"], None),          # click's error to tell
+    (["grep-torch", "--timeout", "5", "x"], None),
+])
+def test_the_client_reads_execs_timeout(args, expected):
+    assert client.user_timeout(args) == expected
+
+
+def test_an_inventory_edit_that_keeps_size_and_mtime_is_picked_up(env, inventory):
+    """`cp -p` of an edited copy keeps the file's size, mtime and inode: the agent once ran
+    the next command against the old inventory."""
+    assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev2", "--", "true"], env=env,
+                          timeout=60).returncode == 0
+    before = os.stat(inventory)
+    with open(inventory, "r+") as handle:   # in place: the same inode
+        text = handle.read()
+        handle.seek(0)
+        handle.write(text.replace("dev2", "dev3"))
+    os.utime(inventory, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(inventory)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size, before.st_mtime_ns, before.st_ino)
+    out = subprocess.run([*ORCH, "-i", inventory, "exec", "dev3", "--", "echo", "new"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "new\n"), out.stderr
+
+
+def test_agent_status_of_a_frozen_agent_is_a_sentence(env, inventory):
+    assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
+                          timeout=60).returncode == 0
+    (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out = subprocess.run([*ORCH, "agent", "status"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert out.returncode == 1 and "did not answer within" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

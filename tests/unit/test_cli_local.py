@@ -88,3 +88,44 @@ def test_a_payload_error_names_the_target_once(tmp_path, command):
     out = orch("-i", str(inventory), *command)
     assert out.returncode != 0
     assert "orch: error: notorch: " in out.stderr and "notorch: notorch:" not in out.stderr, out.stderr
+
+
+def test_exec_on_a_group_keeps_a_last_line_without_newline(inventory):
+    out = orch("-i", inventory, "exec", "both", "--", "sh", "-c", "printf 'a\\nlast'; printf 'e' >&2")
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == ["[dev2] a", "[dev2] last", "[dev] a", "[dev] last"]
+    assert sorted(out.stderr.splitlines()) == ["[dev2] e", "[dev] e"]
+
+
+def test_exec_help_says_which_errors_keep_their_exit_code():
+    text = orch("exec", "--help").stdout
+    assert "255" in text and " ".join(text.split()).count("is not running (4)") == 1
+
+
+def test_a_ctrl_c_just_after_a_revert_completed_says_so(tmp_path, monkeypatch):
+    """A Ctrl-C that lands after the revert finished, while its outcome is printed, once
+    reached Python's default handler: "interrupted" (exit 130) for a revert that completed."""
+    import os
+    import signal as signals
+    import time
+    from click.testing import CliRunner
+    from orchestrator import payload_api
+    from orchestrator.cli import main
+    from orchestrator.commands import torch
+
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\n"
+                         "default_target: dev\n")
+    monkeypatch.setattr(payload_api, "fx_patch", lambda target, action: {
+        "status": "vulnerable", "torch_version": "2.13.0", "message": "restored the original"})
+    printed = []
+
+    def print_then_ctrl_c(target, action, outcome):
+        printed.append(outcome["message"])
+        os.kill(os.getpid(), signals.SIGINT)   # the user's Ctrl-C, at this very moment
+        time.sleep(0.05)                       # Python runs the handler here
+    monkeypatch.setattr(torch, "_print_patch", print_then_ctrl_c)
+    result = CliRunner().invoke(main, ["-i", str(inventory), "patch", "fx-tls", "revert"])
+    assert printed == ["restored the original"]
+    assert result.exit_code == 130
+    assert "interrupted, after the revert finished on dev" in result.output, result.output

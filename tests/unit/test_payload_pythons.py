@@ -88,3 +88,17 @@ def test_probe_bootstrap_search_and_patch_run(python, tmp_path):
         done = run_payload(python, "fx_patch", {"action": action, "orch_version": "9.9.9"},
                            env=env, via_stdin=True).expect_result()
         assert done["status"] == status, done
+
+
+def test_bootstrap_with_no_packages_makes_just_the_venv(tmp_path):
+    """`packages: []` once failed with pip's "You must give at least one requirement"."""
+    venv = tmp_path / "venv"
+    done = run_payload(sys.executable, "bootstrap", {"action": "install", "venv": str(venv),
+                                                     "hash": "h0", "packages": []},
+                       via_stdin=True).expect_result()
+    assert done["changed"] and "no packages asked: the venv only" in done["did"]
+    assert (venv / "bin" / "python").exists()
+    again = run_payload(sys.executable, "bootstrap", {"action": "install", "venv": str(venv),
+                                                      "hash": "h0", "packages": []},
+                        via_stdin=True).expect_result()
+    assert again["changed"] is False

@@ -305,3 +305,103 @@ def test_the_playbook_venv_is_the_one_every_step_uses(project):
     assert result.output.count("/opt/from-the-playbook/bin/python") == 2, result.output
     result = orch("run", "venv.yaml", "--dry-run", "-e", "venv=/opt/from-the-command-line")
     assert result.output.count("/opt/from-the-command-line/bin/python") == 2, result.output
+
+
+def _wait_for_record(timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with RunStore() as store:
+                return store.get("last")
+        except Exception:  # noqa: BLE001 - the store may not exist yet
+            time.sleep(0.1)
+    raise AssertionError("no run recorded")
+
+
+def _killed_before_the_launch():
+    """A controller killed with SIGKILL while a step before the launch runs."""
+    controller = _orch_process("run", "slow-start.yaml")
+    record = _wait_for_record()
+    time.sleep(0.5)
+    controller.send_signal(signal.SIGKILL)
+    controller.wait()
+    return record
+
+
+@pytest.fixture
+def slow_start(project):
+    (project / "slow-start.yaml").write_text(
+        "name: slow-start\ntargets: [dev]\nsteps:\n  - shell: [sleep, '30']\n")
+    return project
+
+
+@pytest.mark.parametrize("settle", [["attach", "last"], ["stop", "last"], ["runs", "abandon", "last"]])
+def test_a_controller_killed_before_the_launch_is_shown_and_settled(slow_start, settle):
+    """Such a record once stayed "running" for ever, and attach and stop refused it."""
+    record = _killed_before_the_launch()
+    listed = orch("runs", "list")
+    assert "running (controller gone)" in listed.output
+    assert f"orch runs abandon {record.run_id}" in listed.output
+    assert json.loads(orch("runs", "list", "--json").output)[0]["controller_state"] == "gone"
+    shown = orch("runs", "show", "last")
+    assert f"controller pid {record.launch['controller']['pid']} on " in shown.output
+    assert "is gone" in shown.output
+    result = orch(*settle)
+    assert result.exit_code == (10 if settle[0] == "attach" else 0), result.output
+    with RunStore() as store:
+        final = store.get(record.run_id)
+    assert (final.verdict, final.exit_code) == ("abandoned", 10) and final.ended_at
+    assert final.findings[-1].signature == "abandoned"
+    assert "before it launched anything" in final.findings[-1].message or settle[0] == "runs"
+    assert "controller gone" not in orch("runs", "list").output
+
+
+def test_a_controller_killed_after_the_launch_is_shown_gone_until_attach(project):
+    controller = _orch_process("run", "fake.yaml", "-e", "steps=400", "-e", "pause=0.2")
+    record = _wait_for_launch()
+    controller.send_signal(signal.SIGKILL)
+    controller.wait()
+    listed = orch("runs", "list")
+    assert "running (controller gone)" in listed.output
+    assert f"orch attach {record.run_id}" in listed.output
+    assert "is gone" in orch("runs", "show", record.run_id).output
+    assert orch("stop", "last", "--grace", "1").exit_code == 0   # settles it: killed
+    assert "controller gone" not in orch("runs", "list").output
+
+
+def test_a_live_controller_is_not_gone_and_its_run_cannot_be_abandoned(slow_start):
+    controller = _orch_process("run", "slow-start.yaml")
+    try:
+        record = _wait_for_record()
+        assert "controller gone" not in orch("runs", "list").output
+        assert json.loads(orch("runs", "list", "--json").output)[0]["controller_state"] == "alive"
+        refused = orch("runs", "abandon", "last")
+        assert refused.exit_code == 1 and "is running" in refused.output
+        refused = orch("attach", "last")
+        assert refused.exit_code == 1 and "launched nothing yet" in refused.output
+    finally:
+        controller.kill()
+        controller.wait()
+    with RunStore() as store:
+        assert store.get(record.run_id).verdict == "running"
+
+
+def test_a_reused_pid_is_not_the_controller(project):
+    """A record whose controller pid now belongs to a process started later: gone."""
+    from orchestrator.runs.controller import GONE, controller_state
+    from orchestrator.runs.model import RunRecord
+    import socket
+    record = RunRecord(run_id="r", playbook="p", playbook_sha256="", name="n",
+                       launch={"controller": {"pid": os.getpid(), "host": socket.gethostname(),
+                                              "started": time.time() - 3600}})
+    assert controller_state(record) != GONE          # this very process
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        record.launch["controller"]["pid"] = sleeper.pid
+        assert controller_state(record) == GONE       # started long after the record
+        record.launch["controller"]["started"] = time.time()
+        assert controller_state(record) == "alive"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert controller_state(record) == GONE

@@ -41,8 +41,9 @@ def playbook(tmp_path):
     return tmp_path
 
 
-def interrupt_when(playbook, marker, *extra):
-    """`orch run`, then SIGINT as soon as a line starts with MARKER; returns (code, output)."""
+def interrupt_when(playbook, marker, *extra, number=signal.SIGINT):
+    """`orch run`, then SIGINT (or `number`) as soon as a line starts with MARKER; returns
+    (code, output)."""
     process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
                                 str(playbook / "inventory.yaml"), "run", str(playbook / "book.yaml"),
                                 *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -52,7 +53,7 @@ def interrupt_when(playbook, marker, *extra):
     for raw in process.stdout:
         seen.append(raw.decode(errors="replace"))
         if raw.decode(errors="replace").startswith(marker):
-            process.send_signal(signal.SIGINT)
+            process.send_signal(number)
             break
         assert time.monotonic() < deadline, "".join(seen)
     rest, _ = process.communicate(timeout=120)

@@ -49,3 +49,17 @@ def test_plain_address_defaults(tmp_path):
     assert (s.address, s.user, s.port, s.jump) == ("10.1.2.6", "root", 22, None)
     assert s.known_hosts == "~/.ssh/known_hosts" and s.trust_on_first_use is False
     assert s.known_hosts_name() == "10.1.2.6"
+
+
+def test_dead_link_detection_from_the_inventory_then_ssh_config_then_defaults(tmp_path):
+    (tmp_path / "ssh_config").write_text(SSH_CONFIG + "    ServerAliveInterval 2\n"
+                                         "    ServerAliveCountMax 4\n")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts:\n  a: {address: pve-alias}\n"
+                         "  b: {address: pve-alias, alive_interval: 0.5, alive_count_max: 1}\n"
+                         "  c: {address: 10.1.2.6}\n")
+    f = Fleet(load_inventory(str(inventory)), ssh_config_path=str(tmp_path / "ssh_config"))
+    settings = {name: f.ssh_settings(f.inventory.hosts[name]) for name in "abc"}
+    assert (settings["a"].alive_interval, settings["a"].alive_count_max) == (2.0, 4)
+    assert (settings["b"].alive_interval, settings["b"].alive_count_max) == (0.5, 1)
+    assert (settings["c"].alive_interval, settings["c"].alive_count_max) == (5.0, 3)

@@ -229,3 +229,27 @@ def test_the_reaper_starts_on_the_c_modules_only():
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert done.returncode == 0 and "_signal" in imported
     assert not imported & {"signal", "enum", "site"}, imported & {"signal", "enum", "site"}
+
+
+def test_the_reaped_command_gets_default_signal_dispositions():
+    """Python ignores SIGPIPE and SIGXFSZ for itself; a command it forks and execs keeps
+    them ignored unless reset (a writer into a closed pipe gets EPIPE errors instead of ending)."""
+    from orchestrator.remote.container import reaped
+    done = subprocess.run(reaped(["sh", "-c", "grep SigIgn /proc/self/status"]),
+                          capture_output=True, text=True, timeout=30)
+    ignored = int(done.stdout.split()[1], 16)
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (number - 1)), f"signal {number} is ignored in the command"
+
+
+def test_an_empty_program_name_is_a_clear_error(tmp_path):
+    """`orch exec T -- ""` once printed the reaper's traceback from the container."""
+    with pytest.raises(BadArgument, match="program is an empty string"):
+        LocalTransport().run([""])
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\n")
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(inventory), "exec",
+                           "dev", "--", ""], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ORCH_AGENT": "off"})
+    assert done.returncode == 2 and "empty string" in done.stderr
+    assert "Traceback" not in done.stderr
