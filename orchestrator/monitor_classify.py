@@ -456,7 +456,7 @@ class LogClassifier:
                     evidence=list(self.tail)[-5:])
             else:
                 fix_race = ("" if thread_local else
-                            f"If it is the FX race, apply `{cli} patch fx-tls apply -t {self.target}`; ")
+                            f"If it is the FX race, apply `{cli} patch fx-threads apply -t {self.target}`; ")
                 add("hang", f"no new step line for {silent:.0f} s while the process lived{cause}; "
                             + ended_by,
                     "look at the first drafter error above; a drafter that died inside a compile can "
@@ -668,7 +668,7 @@ class LogClassifier:
     def _fx_message(self, facts: dict) -> str:
         version = facts.get("torch_version") or "?"
         state = facts.get("fx_tls_state")
-        state_text = {"vulnerable": "vulnerable (the flag is a process-global)",
+        state_text = {"vulnerable": "vulnerable (process-wide, shared by all threads)",
                       "drifted": "drifted (orch's patch was undone, e.g. by a reinstall)",
                       "patched": "patched by orch, yet the error appeared",
                       "fixed-upstream": "fixed upstream, yet the error appeared"}.get(
@@ -676,7 +676,7 @@ class LogClassifier:
         count = len({line for line in self.seen.get("drafter-error", []) if "FX" in line}) or 1
         return (f"FX tracing race: {count} drafter(s) raised \"Detected that you are using FX to "
                 f"symbolically trace a dynamo-optimized function\"; torch {version} on "
-                f"{self.target}: fx-tls {state_text}")
+                f"{self.target}: its FX state {state_text}")
 
     def _last_exception(self) -> Optional[str]:
         for line in reversed(self.tail):
@@ -709,7 +709,7 @@ def first_compile_remediation(cli: str = "orch", playbook: Optional[str] = None)
     deadlocking on a shared GPU (seen 1 run in 3 with two drafters on one H200)."""
     rerun = (f" (`{cli} run {playbook} -e 'extra_args=[--serialize-compile]'`)" if playbook else "")
     return ("the drafters' compile threads deadlocked on a shared GPU (seen 1 run in 3 with two "
-            "drafters on one H200; the fx-tls patch is in place and does not help here). Serialise "
+            "drafters on one H200; orch's FX patch is in place and does not help here). Serialise "
             "the first compile: the stand-in trainer's --serialize-compile, set through the "
             f"playbook's extra_args var{rerun}, or run one drafter per GPU.")
 
@@ -723,9 +723,11 @@ def fx_remediation(target: str, facts: dict, cli: str = "orch", playbook: Option
                 "another trace: FX also patches nn.Module.__call__ process-wide while tracing "
                 "(upstream PR 187589). Serialise each drafter's first step (--serialize-compile).")
     state_word = "vulnerable" if state in (None, "vulnerable") else state
-    return (f"torch {version} on {target} is {state_word}: its FX tracing flag is shared by all "
-            f"threads. Make it thread-local: `{cli} patch fx-tls apply -t {target}`" + rerun
-            + f" (check with `{cli} verify fx-race -t {target}`)")
+    # fx-threads, not the flag-only fx-tls: the same threads also share FX's node-meta state
+    # and its trace-time patches, and the next compile would trip over those.
+    return (f"torch {version} on {target} is {state_word}: its FX tracing flag (and the other FX "
+            f"state threads share) is process-wide. Make it thread-local: `{cli} patch fx-threads "
+            f"apply -t {target}`" + rerun + f" (check with `{cli} verify fx-threads -t {target}`)")
 
 
 def fx_state_finding(signature: str, target: str, facts: dict, cli: str, playbook: Optional[str],

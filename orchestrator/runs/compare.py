@@ -327,7 +327,7 @@ def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecor
 def _patch_drift(was: Optional[str], seen: list[str]) -> Optional[str]:
     """How the patch was lost during a run (seen: its states in order), or None."""
     if "drifted" in seen:
-        return ("the fx-tls patch drifted (orch's record says applied, the torch files say not: "
+        return ("orch's FX patch drifted (orch's record says applied, the torch files say not: "
                 "torch reinstalled or upgraded?)")
     bad = next((s for s in seen if s in fx_states.NEEDS_PATCH), None)
     if was == "patched" and bad:

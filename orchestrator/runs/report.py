@@ -23,7 +23,7 @@ from orchestrator.runs.svg import line_chart, sparkline
 # What to do about a finding the runner left without a remediation of its own.
 REMEDIATIONS = {
     "fx-race": "The installed torch has the FX thread-local race: apply orch's patch with "
-               "`orch patch fx-tls apply TARGET` (or add the patch step to the playbook), "
+               "`orch patch fx-threads apply -t TARGET` (or add the patch step to the playbook), "
                "or run one process per drafter.",
     "hang": "A drafter errored and the others blocked in a compile lock. Read the first "
             "drafter ERROR line in the log; `orch stop RUN` stops what is left.",
@@ -35,7 +35,7 @@ REMEDIATIONS = {
                 "processes on the GPU.",
     "nccl-error": "An NCCL error: check the GPUs given to the container and NCCL_DEBUG=INFO output.",
     "patch-drift": "orch's patch record says applied but torch's files say not (torch was "
-                   "reinstalled?): `orch patch fx-tls apply TARGET` re-applies it.",
+                   "reinstalled?): `orch patch fx-threads apply -t TARGET` re-applies it.",
     "traceback": "A Python traceback: see the evidence lines and the collected log.",
 }
 

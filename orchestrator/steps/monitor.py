@@ -131,10 +131,10 @@ def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
 
 
 def _fresh_patch_facts(target) -> dict:
-    """The fx-tls state now: the remediation names the torch version and whether it is
-    vulnerable. Best effort: the verdict stands without it."""
+    """The FX state now (every state threads share, fx-threads): the remediation names the
+    torch version and whether it is vulnerable. Best effort: the verdict stands without it."""
     try:
-        result = payload_api.fx_patch(target, "status")
+        result = payload_api.fx_patch(target, "status", patch_set="fx-threads")
         return {"torch_version": result.get("torch_version"), "fx_tls_state": patch_state(result)}
     except OrchError:
         return {}

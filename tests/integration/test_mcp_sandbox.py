@@ -394,7 +394,7 @@ def test_agent_replay_of_the_seed_story(inventory, store, torch_venv_in_containe
             status = await wait_for_verdict(agent, first)
             assert status["verdict"] == "fx-race", status
             race = next(f for f in status["findings"] if f["signature"] == "fx-race")
-            assert f"patch fx-tls apply -t {TORCH_TARGET}" in race["remediation"]
+            assert f"patch fx-threads apply -t {TORCH_TARGET}" in race["remediation"]
             assert any(s["kind"] == "launch" and s["status"] in ("ok", "changed") for s in status["steps"])
             assert status["progress"]["targets"][TORCH_TARGET]["drafters"]
             # The log, paged by byte offsets, has the error.

@@ -156,7 +156,7 @@ def test_torch_reinstall_is_flagged_as_patch_drift(env, tmp_path):
     # Either the playbook re-applied the patch (run ok, exit 20: a regression against the
     # baseline) or it stopped at the drift (the run's own code, 10, wins): both report it.
     assert code in (ExitCode.REGRESSION, ExitCode.RUN_FAILED), err[-6000:]
-    assert any("fx-tls patch drifted" in m for m in summary["regressions"]), summary["regressions"]
+    assert any("FX patch drifted" in m for m in summary["regressions"]), summary["regressions"]
     if code == ExitCode.REGRESSION:
         assert summary["verdict"] == "ok" and summary["fx_tls"] == {TARGET: "patched"}
     with store(env) as s:
@@ -164,7 +164,7 @@ def test_torch_reinstall_is_flagged_as_patch_drift(env, tmp_path):
     states = [st.data.get("state") for st in record.steps if st.kind == "patch" and st.data]
     assert states[0] == "drifted", states
     md = open(summary["report_md"]).read()
-    assert "fx-tls patch drifted" in md
+    assert "FX patch drifted" in md
 
     # What the user does next (the message says so): revert to reconcile, apply again.
     reconcile = tmp_path / "reconcile.yaml"

@@ -109,11 +109,11 @@ def test_race_is_diagnosed_then_the_patch_makes_it_train(sandbox, torch_in_conta
     assert code == 10, output[-6000:]
     assert "verdict: fx-race (exit 10)" in output
     assert "torch 2.13.0+cpu on sb2-201 is vulnerable" in output
-    assert f"`orch -i {sandbox.inventory_path} patch fx-tls apply -t {TARGET}`" in output
+    assert f"`orch -i {sandbox.inventory_path} patch fx-threads apply -t {TARGET}`" in output
     record = last_record()
     assert record.verdict == "fx-race" and record.targets[0].fx_tls_state == "vulnerable"
     race = next(f for f in record.findings if f.signature == "fx-race")
-    assert "patch fx-tls apply -t sb2-201" in race.remediation
+    assert "patch fx-threads apply -t sb2-201" in race.remediation
 
     code, output = run_playbook(sandbox, "-e", "race=true", check_code=0)
     assert "verdict: ok (exit 0)" in output

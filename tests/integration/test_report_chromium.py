@@ -49,7 +49,7 @@ def test_report_renders_in_headless_chromium(tmp_path, report_file):
     assert dom.count("<svg") == 2
     assert dom.count("<polyline") == 6
     assert 'data-verdict="ok"' in dom and ">OK</span>" in dom
-    assert "fx-race" in dom and "orch patch fx-tls apply" in dom
+    assert "fx-race" in dom and "orch patch fx-threads apply" in dom
     assert "patch drifted" in dom
 
 

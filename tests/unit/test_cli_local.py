@@ -116,7 +116,7 @@ def test_a_ctrl_c_just_after_a_revert_completed_says_so(tmp_path, monkeypatch):
     inventory = tmp_path / "inv.yaml"
     inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\n"
                          "default_target: dev\n")
-    monkeypatch.setattr(payload_api, "fx_patch", lambda target, action: {
+    monkeypatch.setattr(payload_api, "fx_patch", lambda target, action, patch_set="fx-tls": {
         "status": "vulnerable", "torch_version": "2.13.0", "message": "restored the original"})
     printed = []
 

@@ -59,7 +59,7 @@ def test_fx_race_with_remediation():
     assert verdict.verdict == "fx-race"
     finding = next(f for f in verdict.findings if f.signature == "fx-race")
     assert "torch 2.13.0+cpu" in finding.message and "vulnerable" in finding.message
-    assert "`orch patch fx-tls apply -t dev`" in finding.remediation
+    assert "`orch patch fx-threads apply -t dev`" in finding.remediation
     assert "torch 2.13.0+cpu on dev is vulnerable" in finding.remediation
     assert "orch run pb.yaml" in finding.remediation
 
@@ -196,7 +196,7 @@ def test_a_first_compile_hang_on_a_vulnerable_torch_still_points_at_the_patch():
     _, _, verdict = classify(HUNG_IN_COMPILE, HANG_END, expect_drafters=3,
                              facts={"fx_tls_state": "vulnerable"})
     hang = next(f for f in verdict.findings if f.signature == "hang")
-    assert "patch fx-tls apply -t dev" in hang.remediation
+    assert "patch fx-threads apply -t dev" in hang.remediation
 
 
 def test_a_hang_after_a_drafter_error_on_a_patched_torch_does_not_suggest_the_patch():

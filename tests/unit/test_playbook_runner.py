@@ -134,7 +134,7 @@ def test_failure_verdicts_and_exit_codes(project, mode, verdict, code):
     assert result.exit_code == code, result.output
     assert f"verdict: {verdict} (exit {code})" in result.output
     if mode == "race":
-        assert "orch -i inv.yaml patch fx-tls apply -t dev" in result.output
+        assert "orch -i inv.yaml patch fx-threads apply -t dev" in result.output
         assert "torch 2.13.0+cpu on dev" in result.output
     if mode == "crash":
         assert "ValueError: the config is wrong" in result.output

@@ -19,7 +19,7 @@ def test_store_run_folders_logs_and_reports_are_private(tmp_path):
         name: private
         targets: [dev]
         steps:
-          - launch: {{command: [sh, -c, "echo step 1 loss 2.0"], venv: false, run_dir: "{tmp_path}/run"}}
+          - launch: {{command: [sh, -c, "echo step 1 loss 2.0; touch {tmp_path}/made-by-the-command"], venv: false, run_dir: "{tmp_path}/run"}}
           - monitor: {{hang_after: 600, gpu_every: 0}}
           - collect: {{}}
         """))
@@ -38,5 +38,7 @@ def test_store_run_folders_logs_and_reports_are_private(tmp_path):
     assert {"runs.sqlite", "report.html", "report.md", "output.log", "stream.log"} <= names
     assert {path: mode for path, mode in made.items()
             if mode != (0o700 if os.path.isdir(path) else 0o600)} == {}
-    # the launched command ran with the user's umask 022, as in the user's shell
-    assert os.stat(tmp_path / "run" / "output.log").st_mode & 0o777 == 0o644
+    # the launcher's own log is private; the launched command ran with the user's umask 022,
+    # as in the user's shell
+    assert os.stat(tmp_path / "run" / "output.log").st_mode & 0o777 == 0o600
+    assert os.stat(tmp_path / "made-by-the-command").st_mode & 0o777 == 0o644

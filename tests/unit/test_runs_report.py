@@ -67,8 +67,8 @@ def test_no_baseline_and_no_metrics_still_render():
 def test_finding_without_remediation_gets_the_known_one():
     record = synthetic_run("b", verdict="fx-race",
                            findings=[Finding("sb1-200", "fx-race", "drafter=1 ERROR RuntimeError")])
-    assert "orch patch fx-tls apply" in render_html(record)
-    assert "orch patch fx-tls apply" in render_markdown(record)
+    assert "orch patch fx-threads apply" in render_html(record)
+    assert "orch patch fx-threads apply" in render_markdown(record)
 
 
 def test_markdown_tables_are_well_formed():
