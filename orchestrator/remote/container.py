@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Optional, Sequence
 
 from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
@@ -40,6 +41,7 @@ _PCT_NO_KEEP_ENV = re.compile(r"^Unknown option: keep-env$", re.MULTILINE)
 _NO_KEEP_ENV_HOSTS: set = set()
 _CLEAN_HOST_ENV = 'exec env -i -- PATH="$PATH" "$@"'
 _KILLED = 128 + 9   # SIGKILL: what lxc-attach's command gets when its container stops
+STOP_SETTLE_S = 2.0   # how long a container that killed a command may take to read as stopped
 
 # pct sets PATH=/sbin:/bin:/usr/sbin:/usr/bin before it runs the command (pve-common's
 # run_cli_handler), which leaves out /usr/local/bin where pip and users put tools. orch
@@ -155,11 +157,7 @@ class Target(Transport):
         a warm session its channel closing. Either way, when `pct status` says "stopped",
         that is what orch says (asked only then: a command killed in a running container
         keeps its own result)."""
-        try:
-            stopped = self._pct_status() == "stopped"
-        except OrchError:
-            return   # the host cannot tell: the caller's own error stands
-        if stopped:
+        if self._stops_within(STOP_SETTLE_S):
             raise ContainerNotRunning(
                 f"{self.describe()} stopped while {display_argv(argv)} ran (after "
                 f"{duration:.1f} s): the command ended with it",
@@ -180,6 +178,21 @@ class Target(Transport):
         elif self._pct_status() is None:
             raise NoSuchContainer(f"{self.describe()}: no such container{quoted}",
                                   hint=f"`orch ct list {self.host.name}` lists the containers there")
+
+    def _stops_within(self, seconds: float) -> bool:
+        """Whether `pct status` says "stopped" within `seconds`: the command's channel can
+        close while LXC is still stopping the container, when pct says "running" a moment
+        longer (seen under load). False when the host cannot tell."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                if self._pct_status() == "stopped":
+                    return True
+            except OrchError:
+                return False   # the host cannot tell: the caller's own error stands
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def _pct_status(self) -> Optional[str]:
         """'running' or 'stopped' as `pct status` says; None when pct knows no such CT."""
