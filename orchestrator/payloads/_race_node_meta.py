@@ -68,10 +68,11 @@ def node_meta_flag_leak_trial(torch, timeout):
     return outcome.get("leaked"), outcome.get("leaked"), outcome.get("problem")
 
 
-def run_pair(first, second, timeout):
-    """Start both threads (daemons), wait for them within a bound; False on a hang."""
-    threads = [threading.Thread(target=first, daemon=True, name="node-meta-B"),
-               threading.Thread(target=second, daemon=True, name="node-meta-A")]
+def run_pair(first, second, timeout, names=("node-meta-B", "node-meta-A")):
+    """Start both threads (daemons), wait for them within one bound of 3 x timeout; False
+    on a hang. Every reproducer's two threads run through here."""
+    threads = [threading.Thread(target=first, daemon=True, name=names[0]),
+               threading.Thread(target=second, daemon=True, name=names[1])]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 3 * timeout

@@ -151,15 +151,9 @@ def cross_thread_trial(torch, timeout):
         finally:
             release.set()
 
-    threads = [threading.Thread(target=tracer, daemon=True, name="fx-race-tracer"),
-               threading.Thread(target=caller, daemon=True, name="fx-race-caller")]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 3 * timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    finished = run_pair(tracer, caller, timeout, names=("fx-race-tracer", "fx-race-caller"))
     release.set()
-    if any(thread.is_alive() for thread in threads):
+    if not finished:
         return None, "a thread was still running after %.0fs (hung compile?)" % (3 * timeout)
     if "tracer_error" in outcome:
         return outcome.get("raised"), "the tracing thread failed: " + outcome["tracer_error"]
