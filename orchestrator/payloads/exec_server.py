@@ -20,6 +20,7 @@ as orch's reaper does for a command on a channel of its own. Exit code: the comm
 128+N when signal N ended it.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -189,18 +190,43 @@ def start(ident, body, base_env, output):
     return command
 
 
+class Stop:
+    """SIGTERM, SIGHUP or SIGINT end the server (SystemExit in its main thread, which may be
+    blocked reading a frame). While a command is being started the signal is held until
+    the command is in `running`: raised in the middle of start(), it left the finally below
+    nothing to kill, and the command (a group of its own) outlived the server."""
+
+    def __init__(self):
+        self.holding = False
+        self.pending = None
+
+    def __call__(self, number, frame):
+        if self.holding:
+            self.pending = number
+            return
+        raise SystemExit(128 + number)
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self.pending is not None:
+                raise SystemExit(128 + self.pending)
+
+
 def main():
     base_env = start_environment()
     output = Output()
     running = []   # the command now running, if any
-
-    def stop(number, frame):
-        raise SystemExit(128 + number)
+    stop = Stop()
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(number, stop)
     output.send(b"R", 0, json.dumps({"pid": os.getpid()}).encode())
     try:
-        serve(sys.stdin.buffer, base_env, output, running)
+        serve(sys.stdin.buffer, base_env, output, running, stop.held)
     finally:
         # orch went away (the channel closed, or we were told to stop): take the running
         # command with us, as the reaper does for a command on a channel of its own
@@ -212,7 +238,7 @@ def main():
             running[0].kill_hard()
 
 
-def serve(stream, base_env, output, running):
+def serve(stream, base_env, output, running, held):
     while True:
         frame = read_frame(stream)
         if frame is None:
@@ -223,7 +249,9 @@ def serve(stream, base_env, output, running):
             if current is not None and current.running():
                 output.send(b"n", ident, b'{"errno": 16, "error": "busy"}')
                 continue
-            running[:] = [command for command in [start(ident, body, base_env, output)] if command]
+            with held():
+                running[:] = [command for command in [start(ident, body, base_env, output)]
+                              if command]
         elif current is None or ident != current.ident:
             continue  # input or a kill for a command that already ended
         elif kind == b"i":

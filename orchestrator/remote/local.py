@@ -14,6 +14,8 @@ from orchestrator.errors import CommandTimeout, OrchError
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
                                       Transport, stdin_pieces, validate_argv)
 
+_READ_SLICE_S = 0.25
+
 
 class LocalTransport(Transport):
     def __init__(self, name: str = "local"):
@@ -61,10 +63,21 @@ class _LocalProcess(Process):
     def __init__(self, process: subprocess.Popen):
         self._process = process
         self._lines = BufferedLines(self._read_some)
+        # close() may run in another thread while a reader waits (a session closed under
+        # its command): the pipe is closed only between reads, and a read after it is the
+        # end of the output, never a ValueError from a closed file (or a read from the
+        # unrelated file that got its descriptor number meanwhile)
+        self._pipe_lock = threading.Lock()
+        self._closed = False
 
     def _read_some(self, timeout):
-        ready, _, _ = select.select([self._process.stdout], [], [], timeout)
-        return os.read(self._process.stdout.fileno(), 65536) if ready else None
+        with self._pipe_lock:
+            if self._closed:
+                return b""
+            # in slices, so a close() waits at most one slice for the lock
+            wait = _READ_SLICE_S if timeout is None else min(timeout, _READ_SLICE_S)
+            ready, _, _ = select.select([self._process.stdout], [], [], wait)
+            return os.read(self._process.stdout.fileno(), 65536) if ready else None
 
     def write(self, data: bytes) -> None:
         try:
@@ -88,8 +101,11 @@ class _LocalProcess(Process):
         except subprocess.TimeoutExpired:
             _kill_group(self._process)
             self._process.wait()
-        for pipe in (self._process.stdin, self._process.stdout):
-            pipe.close()
+        # the process has exited: a reader's select sees the end at once and lets go
+        with self._pipe_lock:
+            self._closed = True
+            for pipe in (self._process.stdin, self._process.stdout):
+                pipe.close()
 
 
 class _Reader(threading.Thread):

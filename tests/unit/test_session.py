@@ -4,12 +4,15 @@ import contextlib
 import json
 import os
 import signal
+import struct
+import subprocess
 import sys
 import threading
 import time
 
 import pytest
 
+from orchestrator.payloads import payload_source
 from orchestrator.errors import CommandTimeout, HostUnreachable, OrchError
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -120,6 +123,60 @@ def test_closing_the_session_kills_the_running_command(tmp_path):
     session.close()   # as when orch's channel closes (Ctrl-C, a lost agent)
     assert done.wait(10)
     assert _gone(pid), "the command outlived its session"
+
+
+def test_a_read_that_loses_the_race_with_close_is_the_end_of_the_output():
+    # close() from another thread (as above) waits for the server to exit and then closes
+    # its pipe; a reader that had not yet seen the end (slow to be scheduled: the suite
+    # under load) read a closed file, the ValueError ended its thread and the command's
+    # end was never reported. This is that losing interleaving, in order.
+    process = LocalTransport().spawn([sys.executable, "-c", "import time; time.sleep(30)"])
+    process.close()
+    assert process.read(9, 1.0) == b""
+    assert process.readline(None) == b""
+
+
+# The server as it runs, with one change: it signals itself to stop right after it has
+# said "started", i.e. while it is still inside start(), before the command is recorded as
+# the one running (the other losing interleaving of the test above under load: the session
+# closed as soon as the command had written its mark). It writes the command's pid first:
+# the command itself may be stopped before it could.
+_STOP_WHILE_STARTING = """
+_init = Command.__init__
+def _init_and_tell(self, *args):
+    _init(self, *args)
+    with open(os.environ["PID_FILE"], "w") as file:
+        file.write(str(self.process.pid))
+Command.__init__ = _init_and_tell
+_send = Output.send
+def _send_then_stop(self, kind, ident, body=b""):
+    _send(self, kind, ident, body)
+    if kind == b"s":
+        os.kill(os.getpid(), signal.SIGTERM)
+Output.send = _send_then_stop
+"""
+
+
+def test_a_stop_that_comes_while_a_command_starts_still_takes_the_command_along(tmp_path):
+    source = payload_source("exec_server").decode()
+    main_call = 'if __name__ == "__main__":'
+    assert source.count(main_call) == 1
+    source = source.replace(main_call, _STOP_WHILE_STARTING + main_call)
+    pid_file = tmp_path / "pid"
+    request = json.dumps({"argv": ["sleep", "60"], "env": {}}).encode()
+    server = subprocess.Popen([sys.executable, "-I", "-S", "-c", source],
+                              env={**os.environ, "PID_FILE": str(pid_file)},
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              start_new_session=True)
+    server.stdin.write(struct.pack(">cII", b"r", 1, len(request)) + request)
+    server.stdin.flush()
+    assert server.wait(20) == 128 + signal.SIGTERM
+    pid = int(pid_file.read_text())
+    try:
+        assert _gone(pid), "the command outlived the server"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def test_a_session_that_died_while_idle_is_restarted_once(session):
