@@ -351,6 +351,8 @@ class RunStore:
         if not ref:
             raise OrchError("no run given", hint="name a run by its id, an id prefix, or 'last'")
         if ref == "last" or ref.startswith("last~"):
+            # newest first: by start (whole seconds), then by the order the runs were begun
+            # (rowid), not by the run id, whose tail is random within a second
             back = 0
             if ref != "last":
                 try:
@@ -358,7 +360,7 @@ class RunStore:
                 except ValueError:
                     raise OrchError(f"{ref!r} is not a run reference",
                                     hint="use 'last', or 'last~N' for the Nth run before the last")
-            rows = self._read("SELECT run_id FROM runs ORDER BY started_at DESC, run_id DESC"
+            rows = self._read("SELECT run_id FROM runs ORDER BY started_at DESC, rowid DESC"
                               " LIMIT 1 OFFSET ?", (back,))
             if not rows:
                 raise OrchError("the run store has no runs yet" if back == 0 else
@@ -388,7 +390,7 @@ class RunStore:
             keys = self._playbook_keys(playbook)
             sql += f" WHERE playbook IN ({_marks(keys)}) OR name=?"
             params = [*keys, playbook]
-        sql += " ORDER BY started_at DESC, run_id DESC"
+        sql += " ORDER BY started_at DESC, rowid DESC"
         if last is not None:
             sql += " LIMIT ?"
             params.append(max(0, int(last)))
@@ -403,7 +405,7 @@ class RunStore:
             return self._load(pinned[0]["run_id"], metrics=True)
         rows = self._read(f"SELECT run_id FROM runs WHERE playbook IN ({_marks(keys)})"
                           " AND verdict='ok' AND run_id IS NOT ?"
-                          " ORDER BY started_at DESC, run_id DESC LIMIT 1", [*keys, exclude])
+                          " ORDER BY started_at DESC, rowid DESC LIMIT 1", [*keys, exclude])
         return self._load(rows[0]["run_id"], metrics=True) if rows else None
 
     def ok_runs(self, playbook: str, *, exclude: Optional[str] = None,
@@ -412,7 +414,7 @@ class RunStore:
         keys = self._playbook_keys(playbook)
         rows = self._read(f"SELECT run_id FROM runs WHERE playbook IN ({_marks(keys)})"
                           " AND verdict='ok' AND run_id IS NOT ?"
-                          " ORDER BY started_at DESC, run_id DESC LIMIT ?", [*keys, exclude, last])
+                          " ORDER BY started_at DESC, rowid DESC LIMIT ?", [*keys, exclude, last])
         return [self._load(row["run_id"], metrics=False) for row in rows]
 
     def pinned(self, playbook: str) -> Optional[str]:

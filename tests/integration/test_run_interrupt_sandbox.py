@@ -5,6 +5,7 @@ same on this machine)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,23 +69,35 @@ def orch(folder, *args):
 
 def test_a_controller_killed_before_and_after_the_launch_is_shown_and_settled(book):
     """kill -9 of `orch run`: the record once said "running" for ever (before the launch:
-    attach and stop refused it; after: no hint until someone attached)."""
+    attach and stop refused it; after: no hint until someone attached). Each run is named
+    by the id its `orch run` printed: "last" picks by the recorded start time, and once
+    named the first, already settled run here (a full suite under load)."""
     folder, target, run_dir = book
-    code, _ = interrupt_when(folder, f"> {TARGET} 1/3", "-e", "before=30", number=signal.SIGKILL)
+    code, output = interrupt_when(folder, f"> {TARGET} 1/3", "-e", "before=30", number=signal.SIGKILL)
     assert code == -signal.SIGKILL
+    first = run_id_in(output)
     listed = orch(folder, "runs", "list")
     assert "running (controller gone)" in listed.stdout and "orch runs abandon" in listed.stderr
-    stopped = orch(folder, "stop", "last")
+    stopped = orch(folder, "stop", first)
     assert stopped.returncode == 0 and "recorded as abandoned" in stopped.stderr, stopped.stderr
     assert launcher(target, "status", run_dir)["state"] == "missing"
 
-    code, _ = interrupt_when(folder, f"> {TARGET} 3/3", number=signal.SIGKILL)
+    code, output = interrupt_when(folder, f"> {TARGET} 3/3", number=signal.SIGKILL)
     assert code == -signal.SIGKILL
+    second = run_id_in(output)
     assert launcher(target, "status", run_dir)["state"] in ("running", "starting")
     listed = orch(folder, "runs", "list")
     assert "running (controller gone)" in listed.stdout and "orch attach" in listed.stderr
-    assert "is gone" in orch(folder, "runs", "show", "last").stdout
-    assert orch(folder, "stop", "last", "--grace", "1").returncode == 0
+    assert "is gone" in orch(folder, "runs", "show", second).stdout
+    assert orch(folder, "stop", second, "--grace", "1").returncode == 0
     with RunStore() as store:
-        assert store.get("last").verdict == "killed"
+        assert store.get(second).verdict == "killed"
+        assert store.get(first).verdict == "abandoned"
     assert "controller gone" not in orch(folder, "runs", "list").stdout
+
+
+def run_id_in(output: str) -> str:
+    """The run id `orch run` prints as it starts ("  run ID  targets: ...")."""
+    found = re.search(r"^\s*run (\S+)  targets:", output, re.MULTILINE)
+    assert found, output
+    return found.group(1)

@@ -122,6 +122,17 @@ def test_references(store):
         store.get("last~7")
 
 
+def test_of_two_runs_started_in_one_second_the_later_one_is_last(store):
+    # started_at has one-second steps; the tie was broken by the run id's random part, so
+    # `orch runs show last` named the earlier of two quick runs half the time
+    second = "2026-11-29T01:00:00+00:00"
+    store.begin(make_record("20261129-010000-ffffff", started_at=second))
+    store.begin(make_record("20261129-010000-000000", started_at=second))
+    assert store.get("last").run_id == "20261129-010000-000000"
+    assert store.get("last~1").run_id == "20261129-010000-ffffff"
+    assert [r.run_id for r in store.list()] == ["20261129-010000-000000", "20261129-010000-ffffff"]
+
+
 def test_empty_store_last(store):
     with pytest.raises(OrchError, match="no runs yet"):
         store.get("last")
