@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from orchestrator.errors import ExitCode
+from orchestrator.ground.errors import ExitCode
 
 # Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
 VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from orchestrator.ground.errors import CommandTimeout, HostUnreachable, OrchError
 from orchestrator.payloads import payload_source
-from orchestrator.errors import CommandTimeout, HostUnreachable, OrchError
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.session import ExecSession, SessionPool, SessionUnavailable
