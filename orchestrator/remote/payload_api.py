@@ -13,6 +13,7 @@ what the command does.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Callable, Optional, Union
 
@@ -133,6 +134,38 @@ def source_read(target: Target, package: str, path: str, start_line: int = 1,
     return run_payload(target, "source_read", {
         "package": package, "path": path, "start_line": start_line, "end_line": end_line,
         "max_bytes": max_bytes}, timeout=READ_TIMEOUT)
+
+
+def collect_files(target: Target, path: str, *, name_contains: str = "tfevents",
+                  max_bytes: int = 16 << 20, max_files: int = 64,
+                  timeout: float = READ_TIMEOUT) -> dict:
+    """The files under PATH whose name contains name_contains (or PATH itself, a file), at
+    most max_bytes of them in all: the result with "files", each {"path", "size", "read",
+    "data": bytes} or {"path", "error"}, in order of path."""
+    chunks: dict[int, list[bytes]] = {}
+    files: list[dict] = []
+    kept = [0]   # the container's output is not trusted to keep to max_bytes: we do
+
+    def collect(event: dict) -> None:
+        index = event.get("file")
+        if event.get("event") == "chunk" and isinstance(index, int):
+            try:
+                piece = base64.b64decode(event.get("data") or "", validate=True)
+            except (ValueError, TypeError):
+                piece = b""   # the reader then finds the file cut or corrupt, and says so
+            piece = piece[:max(0, max_bytes - kept[0])]
+            kept[0] += len(piece)
+            chunks.setdefault(index, []).append(piece)
+        elif event.get("event") == "file" and isinstance(index, int) and len(files) < max_files:
+            entry = {k: event[k] for k in ("path", "size", "read", "error") if k in event}
+            if "error" not in entry:
+                entry["data"] = b"".join(chunks.pop(index, []))
+            files.append(entry)
+
+    result = run_payload(target, "collect_files", {
+        "path": path, "name_contains": name_contains, "max_bytes": max_bytes,
+        "max_files": max_files}, python=SYSTEM_PYTHON, timeout=timeout, on_event=collect)
+    return {**result, "files": files}
 
 
 def fx_patch(target: Target, action: str, patch_set: str = "fx-tls") -> dict:

@@ -28,7 +28,8 @@ from orchestrator.ground.errors import ExitCode, OrchError
 from orchestrator.watch.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
                                      make_format)
 from orchestrator.watch.classify import EndState, LogClassifier, Verdict
-from orchestrator.remote.payload_api import error_event, launcher, parse_event, start_tail, stop_run
+from orchestrator.watch.tbevents import TAGS, ReaderMissing, read_event_file, tensorboard_points
+from orchestrator.remote.payload_api import collect_files, error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.runs.gpu import append_sample, gpu_sample, gpu_stats
 from orchestrator.runs.model import MetricPoint
@@ -249,6 +250,7 @@ class MonitorSettings:
     worker_word: str = ""                   # what a worker is: rank (torchrun); else from the log
     logging_steps: Optional[int] = None     # a Hugging Face Trainer's, for dicts without a bar
     trainer_state: Optional[str] = None     # a trainer_state.json in the target, read at the end
+    tensorboard: Optional[str] = None       # TensorBoard event files (a folder or a file), ditto
     warmup_steps: int = 1
     expect_drafters: Optional[int] = None
     watch_for: Optional[float] = None       # seconds; then leave a healthy run going
@@ -316,8 +318,10 @@ class Monitor(FollowHandler):
                                     offsets=settings.offsets)
         self._copies: dict = {}
         self._points: list[MetricPoint] = []
-        # the steps handed to the sink, kept only to compare with a trainer_state.json
-        self.recorded_steps: Optional[set] = set() if settings.trainer_state else None
+        # the steps handed to the sink, kept only to compare with what the trainer wrote as
+        # data (a trainer_state.json, TensorBoard event files)
+        self.recorded_steps: Optional[set] = (set() if settings.trainer_state or settings.tensorboard
+                                              else None)
         self._flushed = time.monotonic()
         self._alive = True
         self._state: dict = {}
@@ -377,19 +381,73 @@ class Monitor(FollowHandler):
             points = log_history_points(result.text)
         except TrainerStateError as error:
             return {**found, "error": str(error)}
-        logged = sorted(self.recorded_steps or ())
         found.update(entries=len(points), steps=sorted({p.step for p in points}))
+        return self._check_or_adopt(found, points, "trainer_state.json")
+
+    def _check_or_adopt(self, found: dict, points: list, source: str) -> dict:
+        """The steps a trainer wrote as data against the points read from its log: whether
+        they agree, or, where the log gave no point at all, they become the run's points."""
+        logged = sorted(self.recorded_steps or ())
         if not logged and points:
             now = time.monotonic()
             for point in points:
-                metric = self.classifier.observe(point, now)
+                metric = self.classifier.observe(self.derive.fill(point, now), now)
                 if metric is not None:
                     self._points.append(metric)
             self._flush_metrics(force=True)
-            found["points_from"] = "trainer_state.json (the log gave none)"
+            found["points_from"] = f"{source} (the log gave none)"
         else:
-            found["agrees_with_log"] = logged == found["steps"]
+            found["agrees_with_log"] = logged == sorted({p.step for p in points})
         return found
+
+    TENSORBOARD_LIMIT = 16 << 20       # bytes of event files collected, at most, all together
+
+    def read_tensorboard(self) -> dict:
+        """A trainer's TensorBoard event files under settings.tensorboard once the run ended:
+        collected from the target (bounded, stdlib), kept beside stream.log (tensorboard/),
+        parsed here with TensorBoard's loader. As read_trainer_state: they check the log's
+        steps, or give the points the log did not. Returns what the summary keeps."""
+        path = self.settings.tensorboard
+        found: dict = {"path": path}
+        try:
+            collected = collect_files(self.target, path, max_bytes=self.TENSORBOARD_LIMIT)
+        except OrchError as error:
+            return {**found, "error": str(error)}
+        files, events = [], []
+        for entry in collected["files"]:
+            row = {k: entry[k] for k in ("path", "size", "read", "error") if k in entry}
+            files.append(row)
+            if "data" not in entry:
+                continue
+            self._keep_event_file(entry["path"], entry["data"])
+            try:
+                event_file = read_event_file(entry["path"], entry["data"])
+            except ReaderMissing as error:
+                return {**found, "files": files, "error": str(error)}
+            row["records"] = event_file.records
+            if event_file.problem:
+                row["problem"] = event_file.problem
+            if event_file.tags_left_out:
+                row["tags_left_out"] = event_file.tags_left_out
+            events.append(event_file)
+        found.update(files=files, left_out=collected.get("left_out", 0))
+        if not files:
+            return {**found, "error": f"no TensorBoard event file (*tfevents*) under {path}"}
+        points = tensorboard_points(events)
+        steps = sorted({p.step for p in points})
+        found.update(entries=len(points), first_step=steps[0] if steps else None,
+                     last_step=steps[-1] if steps else None,
+                     tags=sorted({tag for f in events for _, tag, _ in f.scalars})[:TAGS])
+        return self._check_or_adopt(found, points, "TensorBoard event files")
+
+    def _keep_event_file(self, name: str, data: bytes) -> None:
+        """The run's copy of an event file (open it with `tensorboard --logdir`)."""
+        if self._copy_dir is None or ".." in name.split("/") or name.startswith("/"):
+            return
+        path = os.path.join(self._copy_dir, "tensorboard", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
 
     def verdict(self, end: EndState, facts: dict, cli: str, playbook: Optional[str]) -> Verdict:
         result = self.classifier.classify(end, facts, cli=cli, playbook=playbook)
@@ -618,10 +676,14 @@ def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
             recorder.save_targets()
     if not facts.get("torch_version"):
         facts.pop("torch_version", None)
-    trainer_state = monitor.read_trainer_state() if settings.trainer_state and end.state != "running" else None
+    ended = end.state != "running"
+    trainer_state = monitor.read_trainer_state() if settings.trainer_state and ended else None
+    tensorboard = monitor.read_tensorboard() if settings.tensorboard and ended else None
     result = monitor.verdict(end, facts, cli=cli, playbook=rerun)
     if trainer_state is not None:
         result.summary["trainer_state"] = trainer_state
+    if tensorboard is not None:
+        result.summary["tensorboard"] = tensorboard
     result.summary["run_dir"] = run_dir
     result.summary["stream_log"] = os.path.join(local, "stream.log")
     recorder.note_monitor_result(target.name, result.summary)

@@ -19,6 +19,8 @@ import pytest
 import yaml
 
 from orchestrator.config.jinja import ENV
+from orchestrator.config.yamlsrc import Loc, OptionSource
+from orchestrator.playbook.render import render
 from orchestrator.watch.torchrun import build_argv
 from tests.trainer.specforgeenv import specforge_venv
 
@@ -86,3 +88,17 @@ def test_an_unknown_override_is_refused_by_specforge(specforge, tmp_path):
     done = plan(specforge, rendered_config(tmp_path, 1), "training.bogus=1")
     assert done.returncode != 0
     assert "override path 'training.bogus' does not exist" in done.stderr
+
+
+def test_with_tensorboard_tracking_the_monitor_reads_specforges_log_dir(specforge, tmp_path):
+    """tracking.report_to: tensorboard is a config SpecForge accepts, and the monitor then
+    reads OUTPUT_DIR/runs, where its TensorboardTracker writes (SummaryWriter(log_dir=...))."""
+    config = rendered_config(tmp_path, 1)
+    config.write_text(config.read_text().replace("report_to: \"none\"", "report_to: \"tensorboard\""))
+    assert "report_to: \"tensorboard\"" in config.read_text()
+    done = plan(specforge, config)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [monitor] = [s["monitor"] for s in playbook()["steps"] if "monitor" in s]
+    for report_to, read in (("tensorboard", "/r/out/runs"), ("none", None)):
+        context = {"output_dir": "/r/out", "report_to": report_to}
+        assert render(monitor["tensorboard"], context, Loc(OptionSource("test", ""), ())) == read

@@ -250,9 +250,10 @@ def test_the_specforge_run_config_renders_to_its_sections(tmp_path):
               "chat_template": "qwen", "cache_dir": "./cache", "num_epochs": 1, "batch_size": 2,
               "learning_rate": "1e-4", "attention_backend": "flex_attention", "num_anchors": 512,
               "log_interval": 50, "save_interval": 1000, "dist_timeout": 10, "specforge_run_id": "orch-dev",
-              "output_dir": "/r/out", "nproc_per_node": "3"}
+              "output_dir": "/r/out", "nproc_per_node": "3", "report_to": "tensorboard"}
     config = yaml.safe_load(template.render(**values))
-    assert set(config) == {"model", "data", "training", "run_id", "output_dir", "deployment"}
+    assert set(config) == {"model", "data", "training", "tracking", "run_id", "output_dir", "deployment"}
+    assert config["tracking"] == {"report_to": "tensorboard"}
     assert config["data"] == {"hidden_states_path": "/d/hidden: odd", "max_length": 2048,
                               "chat_template": "qwen", "cache_dir": "./cache"}
     assert config["training"]["learning_rate"] == 1e-4 and config["training"]["strategy"] == "dflash"

@@ -41,6 +41,10 @@ class MonitorStep(Step):
         "trainer_state": Param((str,), doc="a Hugging Face trainer_state.json in the target, read "
                                            "when the run has ended: its log_history checks the "
                                            "log's steps, or gives the points the log did not"),
+        "tensorboard": Param((str,), doc="TensorBoard event files in the target (a folder searched "
+                                         "for *tfevents*, or one file; SpecForge: OUTPUT_DIR/runs), "
+                                         "read when the run has ended, like trainer_state; needs "
+                                         "orch[tensorboard] on the controller"),
         "workers": Param((str,), doc="what a worker is called in this run (default: rank under "
                                      "torchrun, drafter for the DFlash trainer, else worker)"),
         "tokens_per_step": Param((int, float), doc="tokens one step trains (all ranks): tok/s "
