@@ -114,6 +114,7 @@ def _loader():
     """TensorBoard's record loader and its read-time compat (old simple_value scalars into
     today's tensor form); ReaderMissing without the package."""
     try:
+        # the optional extra orch[tensorboard]: imported only when event files are read
         from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
         from tensorboard.compat.proto import event_pb2
         from tensorboard import data_compat
