@@ -25,7 +25,7 @@ from orchestrator.watch.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_T
                                       RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, ChildFailedReader, handled_signal,
                                       rank_failure_remediation, signal_name, stuck_message)
 from orchestrator.ground.fx_states import THREAD_LOCAL
-from orchestrator.watch.logformats import DEFAULT_METRIC_REGEX, LogPoint
+from orchestrator.watch.logformats import DEFAULT_METRIC_REGEX, MAX_WORKERS, LogPoint, WorkerCap
 from orchestrator.runs.model import Finding, MetricPoint
 
 _DONE = re.compile(r"drafter=(?P<drafter>\d+)\s+done\s+steps=(?P<steps>\d+)"
@@ -174,6 +174,7 @@ class LogClassifier:
         self.steps_seen = False                     # a step (line or bar) was recognised
         self.last_output = now                      # any output at all (liveness before steps)
         self.output_at: dict[Optional[int], float] = {}   # per worker (None: the run's own log)
+        self.workers = WorkerCap()                  # the workers tracked; the monitor's parsers share it
 
     # ------------------------------------------------------------- vocabulary
     @property
@@ -207,7 +208,8 @@ class LogClassifier:
     def saw_output(self, now: float, worker: Optional[int] = None) -> None:
         """Bytes arrived (a whole line or not): before any step, the run is alive."""
         self.last_output = now
-        self.output_at[worker] = now
+        if self.workers.admit(worker):
+            self.output_at[worker] = now
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, now: float) -> Optional[MetricPoint]:
@@ -231,12 +233,17 @@ class LogClassifier:
         error = _ERROR.search(line)
         if error:
             progress = self._drafter(int(error["drafter"]), now)
-            progress.error = progress.error or error["error"].strip()
-            self.seen.setdefault("drafter-error", []).append(line.strip())
+            if progress is not None:
+                progress.error = progress.error or error["error"].strip()
+            kept = self.seen.setdefault("drafter-error", [])
+            if len(kept) < EVIDENCE_LINES:
+                kept.append(line.strip())
             return None
         done = _DONE.search(line)
         if done:
             progress = self._drafter(int(done["drafter"]), now)
+            if progress is None:
+                return None
             progress.done = True
             progress.done_tok_s = _number(done["tok_s"])
             progress.tok_s = progress.done_tok_s or progress.tok_s  # its whole-run rate now
@@ -263,6 +270,8 @@ class LogClassifier:
         """A point a log format read: per-worker progress; a MetricPoint unless it was only a
         progress-bar redraw (live step counter: a bar moving on is progress, not a hang)."""
         progress = self._drafter(point.worker, now)
+        if progress is None:
+            return None
         self.steps_seen = True
         if point.progress:
             if point.step != progress.bar_step:
@@ -297,8 +306,11 @@ class LogClassifier:
         self._last_points[point.worker] = metric
         return metric
 
-    def _drafter(self, index: int, now: float) -> DrafterProgress:
+    def _drafter(self, index: int, now: float) -> Optional[DrafterProgress]:
+        """The worker's progress; None for a worker past the cap (not tracked)."""
         if index not in self.drafters:
+            if not self.workers.admit(index):
+                return None
             self.drafters[index] = DrafterProgress(index)
         self.drafters[index].last_seen = now
         return self.drafters[index]
@@ -645,13 +657,14 @@ class LogClassifier:
             "workers": self.worker_word, "tok_s_derived": self.derived,
             "format": self.format_name, "metric_note": self.metric_note(),
             "torch_version": self.start_fields.get("torch"),
+            **({"workers_not_tracked": self.workers.note(self.worker_word)} if self.workers.refused else {}),
         }
 
     def expected_drafters(self) -> int:
         """How many drafters the run should have: the playbook's expect_drafters, else the
         trainer's start line (drafters=N), else those seen in the log."""
-        announced = _number(self.start_fields.get("drafters"))
-        return max(self.expect_drafters or 0, int(announced or 0), len(self.drafters))
+        announced = min(_number(self.start_fields.get("drafters")) or 0, MAX_WORKERS)  # from the log
+        return max(self.expect_drafters or 0, int(announced), len(self.drafters))
 
     def never_stepped(self) -> list[int]:
         """The drafters that never logged a step: still in their first (compiling) step."""
@@ -673,7 +686,7 @@ class LogClassifier:
                       "patched": "patched by orch, yet the error appeared",
                       "fixed-upstream": "fixed upstream, yet the error appeared"}.get(
             state, state or "not checked")
-        count = len({line for line in self.seen.get("drafter-error", []) if "FX" in line}) or 1
+        count = sum("FX" in (d.error or "") for d in self.drafters.values()) or 1
         return (f"FX tracing race: {count} drafter(s) raised \"Detected that you are using FX to "
                 f"symbolically trace a dynamo-optimized function\"; torch {version} on "
                 f"{self.target}: its FX state {state_text}")

@@ -823,13 +823,47 @@ class DerivedThroughput:
 
 
 # -------------------------------------------------------------------------- parsing
-class LogParser:
-    """A stream and a format together: bytes in, (stored lines, points) out."""
+MAX_WORKERS = 1024   # distinct worker ids one run's logs may name and orch tracks
 
-    def __init__(self, fmt: LogFormat, worker: Optional[int] = None):
+
+class WorkerCap:
+    """The worker ids a run's logs name (torchrun prefixes, a JSON line's rank, drafter=N,
+    a rank log's path), the first MAX_WORKERS of them: a log naming a million ranks must not
+    grow the per-worker state (formats, classifier) without bound. A line of a worker past
+    the cap is kept as a line but not parsed, its points are dropped; `refused` counts them."""
+
+    def __init__(self, limit: int = MAX_WORKERS):
+        self.limit = limit
+        self.ids: set = set()
+        self.refused = 0
+
+    def admit(self, worker: Optional[int]) -> bool:
+        if worker is None or worker in self.ids:
+            return True
+        if len(self.ids) < self.limit:
+            self.ids.add(worker)
+            return True
+        self.refused += 1
+        return False
+
+    def note(self, word: str) -> Optional[str]:
+        """What the record says when the cap was reached."""
+        if not self.refused:
+            return None
+        return (f"the log named more than {self.limit} {word}s: only the first {self.limit} are "
+                f"tracked ({self.refused} lines or points of the others were not read)")
+
+
+class LogParser:
+    """A stream and a format together: bytes in, (stored lines, points) out. One WorkerCap
+    for all of a run's parsers (and its classifier) bounds the workers they track."""
+
+    def __init__(self, fmt: LogFormat, worker: Optional[int] = None,
+                 workers: Optional[WorkerCap] = None):
         self.format = fmt
         self.stream = LogStream(worker)
         self.default_worker = worker if worker is not None else 0
+        self.workers = workers if workers is not None else WorkerCap()
 
     def feed(self, text: str) -> tuple[list[str], list[LogPoint]]:
         return self._read(self.stream.feed(text))
@@ -841,10 +875,14 @@ class LogParser:
     def _read(self, segments: list[Segment]) -> tuple[list[str], list[LogPoint]]:
         lines, points = [], []
         for segment in segments:
+            if not self.workers.admit(segment.worker):
+                if segment.ends_line:
+                    lines.append(segment.text)   # still searched for failures, and shown
+                continue
             text, found = self.format.read(segment, self.default_worker)
             if text is not None:
                 lines.append(text)
-            points.extend(found)
+            points.extend(point for point in found if self.workers.admit(point.worker))
         return lines, points
 
 

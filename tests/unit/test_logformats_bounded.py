@@ -139,3 +139,51 @@ def test_failure_signatures_are_bounded_on_a_long_repeating_line(word):
     for _ in range(20):
         classifier.feed(line, 0.0)
     assert time.monotonic() - began < 1.0
+
+
+# ------------------------------------------------------------ worker ids from the log
+def hostile_monitor(tmp_path):
+    from orchestrator.remote.container import Target
+    from orchestrator.remote.local import LocalTransport
+    from orchestrator.watch.monitor import Monitor, MonitorSettings
+    from tests.unit.test_trainer_replays import Sink
+
+    sink = Sink()
+    return Monitor(Target("here", LocalTransport("here")), str(tmp_path), MonitorSettings(), sink), sink
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("line", ["[rank{r}]:step 1: {{'loss': 1.0}}\n",         # torchrun's prefix
+                                  '{{"step": 2, "rank": {r}, "loss": 0.5}}\n',    # a JSON line's own
+                                  "drafter={r} step=3 loss=0.25 tok_s=10\n",      # orch's stand-in
+                                  "drafter={r} ERROR boom\n", "drafter={r} done steps=3\n"])
+def test_a_log_naming_a_hundred_thousand_workers_tracks_only_the_first_ones(tmp_path, line):
+    from orchestrator.watch.classify import EndState
+    from orchestrator.watch.logformats import MAX_WORKERS
+
+    monitor, sink = hostile_monitor(tmp_path)
+    for start in range(0, 100_000, 10_000):
+        monitor.on_data("".join(line.format(r=r) for r in range(start, start + 10_000)).encode())
+    monitor._flush_lines(final=True)
+    classifier = monitor.classifier
+    assert len(classifier.drafters) == MAX_WORKERS
+    assert len(classifier._last_points) <= MAX_WORKERS
+    assert len({p.drafter for p in monitor._points + sink.points}) <= MAX_WORKERS
+    for fmt in [monitor.log_format, *monitor.log_format.candidates]:
+        for state in ("_bars", "_waiting", "_counted", "_last_step"):
+            assert len(getattr(fmt, state, {})) <= MAX_WORKERS, (fmt, state)
+    summary = classifier.summary(EndState(state="exited", exit_code=0), None)
+    assert len(summary["drafters"]) == MAX_WORKERS
+    assert summary["workers_not_tracked"].startswith(f"the log named more than {MAX_WORKERS} "
+                                                     f"{classifier.worker_word}s: only the first")
+
+
+@pytest.mark.timeout(20)
+def test_a_start_line_announcing_a_billion_drafters_is_not_counted_to(tmp_path):
+    from orchestrator.watch.logformats import MAX_WORKERS
+
+    monitor, _ = hostile_monitor(tmp_path)
+    monitor.classifier.feed("start drafters=1000000000 torch=2.13.0", 0.0)
+    began = time.monotonic()
+    assert len(monitor.classifier.never_stepped()) == MAX_WORKERS
+    assert time.monotonic() - began < 2
