@@ -410,9 +410,14 @@ def line_cut(data, ended):
     return cut
 
 
+MAX_FOLLOWED = 1024   # logs followed beside output.log: the run decides how many match
+
+
 def discover(run_dir, patterns, followed, offsets):
     for pattern in patterns:
         for path in sorted(glob.glob(os.path.join(run_dir, pattern))):
+            if len(followed) >= MAX_FOLLOWED:
+                return
             rel = os.path.relpath(path, run_dir)
             if rel not in followed and os.path.isfile(path):
                 followed[rel] = Followed(run_dir, rel, int(offsets.get(rel, 0)))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator.ground import paths
 from orchestrator.ground.errors import ExitCode, OrchError
-from orchestrator.watch.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
+from orchestrator.watch.logformats import (MAX_WORKERS, DerivedThroughput, LogParser, TrainerStateError, log_history_points,
                                      make_format)
 from orchestrator.watch.classify import EndState, LogClassifier, Verdict
 from orchestrator.watch.tbevents import TAGS, ReaderMissing, read_event_file, tensorboard_points
@@ -482,6 +482,8 @@ class Monitor(FollowHandler):
     def _copy(self, name: str):
         if self._copy_dir is None or ".." in name.split("/") or name.startswith("/"):
             return None
+        if name not in self._copies and len(self._copies) >= MAX_WORKERS:   # an open file each
+            return None
         if name not in self._copies:
             path = os.path.join(self._copy_dir, "logs", name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -497,6 +499,9 @@ class Monitor(FollowHandler):
     def _read(self, name: Optional[str], data: bytes) -> None:
         # Output is life, parsed or not: liveness never waits for a line orch can read.
         self.classifier.saw_output(time.monotonic(), worker_of(name))
+        if name not in self.parsers and len(self.parsers) > MAX_WORKERS:
+            self.classifier.workers.refused += 1   # one log too many: a decoder and a parser each
+            return
         if name not in self._decoders:     # a character cut between two chunks stays whole
             self._decoders[name] = codecs.getincrementaldecoder("utf-8")("replace")
         self._take(name, *self._parser(name).feed(self._decoders[name].decode(data)))

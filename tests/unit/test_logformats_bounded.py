@@ -187,3 +187,35 @@ def test_a_start_line_announcing_a_billion_drafters_is_not_counted_to(tmp_path):
     began = time.monotonic()
     assert len(monitor.classifier.never_stepped()) == MAX_WORKERS
     assert time.monotonic() - began < 2
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_makes_thousands_of_rank_logs_gets_a_bounded_number_followed(tmp_path):
+    from orchestrator.watch.logformats import MAX_WORKERS
+    from orchestrator.watch.monitor import stream_copy_path
+
+    monitor, _ = hostile_monitor(tmp_path)
+    monitor._copy_dir = __import__("os").path.dirname(stream_copy_path(str(tmp_path / "local")))
+    for rank in range(3 * MAX_WORKERS):
+        monitor.on_file_data(f"x/attempt_0/{rank}/stdout.log", b"step 1: {'loss': 1.0}\n")
+    assert len(monitor.parsers) <= MAX_WORKERS + 1 and len(monitor._decoders) <= MAX_WORKERS + 1
+    assert len(monitor._copies) <= MAX_WORKERS
+    assert monitor.classifier.workers.refused > 0
+    for copy in monitor._copies.values():
+        copy.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_tail_follows_a_bounded_number_of_the_logs_a_run_makes(tmp_path):
+    from orchestrator.payloads import payload_source
+
+    namespace = {"__name__": "launcher"}
+    exec(compile(payload_source("launcher"), "launcher.py", "exec"), namespace)
+    limit = namespace["MAX_FOLLOWED"]
+    for rank in range(limit + 50):
+        folder = tmp_path / "logs" / "x" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text("")
+    followed = {}
+    namespace["discover"](str(tmp_path), ["logs/*/attempt_*/*/stdout.log"], followed, {})
+    assert len(followed) == limit == 1024
