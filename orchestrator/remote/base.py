@@ -322,37 +322,51 @@ class Process:
 
 
 class BufferedLines:
-    """Line reading over a `read_some(timeout) -> bytes | None` function (None: no data yet)."""
+    """Line reading over a `read_some(timeout) -> bytes | None` function (None: no data yet).
+
+    Linear in the input: the buffer is a bytearray appended to in place, and a line's end
+    is searched for in the bytes not yet searched only (a long line arriving in many small
+    chunks was searched again from its start, and copied, for every chunk)."""
 
     def __init__(self, read_some):
         self._read_some = read_some
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._searched = 0      # no newline in _buffer[:_searched]
 
     def readline(self, timeout: Optional[float]) -> bytes:
-        if not self._fill(lambda: b"\n" in self._buffer, timeout):
-            line, self._buffer = self._buffer, b""
-            return line
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line + b"\n"
+        end = self._fill(self._line_end, timeout)
+        return self._take(len(self._buffer) if end is None else end)
 
     def read(self, size: int, timeout: Optional[float]) -> bytes:
-        if not self._fill(lambda: len(self._buffer) >= size, timeout):
-            data, self._buffer = self._buffer, b""
-            return data
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        end = self._fill(lambda: size if len(self._buffer) >= size else None, timeout)
+        return self._take(len(self._buffer) if end is None else end)
+
+    def _line_end(self) -> Optional[int]:
+        at = self._buffer.find(b"\n", self._searched)
+        if at < 0:
+            self._searched = len(self._buffer)
+            return None
+        return at + 1
+
+    def _take(self, end: int) -> bytes:
+        data = bytes(self._buffer[:end])
+        del self._buffer[:end]      # from the front of a bytearray: no copy of the rest
+        self._searched = 0
         return data
 
-    def _fill(self, enough, timeout: Optional[float]) -> bool:
-        """Read until enough() holds (True) or the output ends (False); TimeoutError at the
-        deadline, with what was read kept for the next call."""
+    def _fill(self, enough, timeout: Optional[float]) -> Optional[int]:
+        """Read until enough() gives where the answer ends (returned) or the output ends
+        (None); TimeoutError at the deadline, with what was read kept for the next call."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not enough():
+        while True:
+            end = enough()
+            if end is not None:
+                return end
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError("no answer in time")
             chunk = self._read_some(left)
             if chunk == b"":
-                return False
+                return None
             if chunk is not None:
                 self._buffer += chunk
-        return True

@@ -219,3 +219,27 @@ def test_the_tail_follows_a_bounded_number_of_the_logs_a_run_makes(tmp_path):
     followed = {}
     namespace["discover"](str(tmp_path), ["logs/*/attempt_*/*/stdout.log"], followed, {})
     assert len(followed) == limit == 1024
+
+
+def _line_in_chunks_seconds(size: int, chunk: int = 64) -> float:
+    """CPU seconds for BufferedLines to read one line of `size` bytes arriving `chunk` at a
+    time (the best of three)."""
+    from orchestrator.remote.base import BufferedLines
+
+    best = None
+    for _ in range(3):
+        pieces = iter([b"x" * chunk] * (size // chunk) + [b"\n"])
+        lines = BufferedLines(lambda timeout: next(pieces, b""))
+        began = time.process_time()   # CPU time: a loaded machine's waits do not count
+        assert len(lines.readline(None)) == size + 1
+        took = time.process_time() - began
+        best = took if best is None else min(best, took)
+    return best
+
+
+@pytest.mark.timeout(60)
+def test_a_long_line_in_many_small_chunks_is_read_in_linear_time():
+    # the buffer was searched again from its start (and copied) for every chunk: four
+    # times the input took sixteen times as long
+    small, large = _line_in_chunks_seconds(1 << 19), _line_in_chunks_seconds(1 << 21)
+    assert large < 8 * small, (small, large)
