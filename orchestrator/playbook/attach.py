@@ -17,7 +17,8 @@ from orchestrator.ground.errors import ConnectionProblem, OrchError
 from orchestrator.targets.fleet import Fleet, each_concurrently, fan_out
 from orchestrator.watch.monitor import MonitorSettings, RunUnreachable
 from orchestrator.remote.payload_api import stop_run
-from orchestrator.playbook.loader import Playbook, StepSpec, load_playbook
+from orchestrator.playbook.loader import load_playbook
+from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.runs.controller import (ALIVE, GONE, abandoned_because, controller_state,
                                           describe, mark_abandoned)
 from orchestrator.runs.model import Finding, RunRecord, exit_code_for, now_iso

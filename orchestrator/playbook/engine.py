@@ -20,8 +20,8 @@ from orchestrator.ground.errors import ConfigError, ConnectionProblem, ExitCode,
 from orchestrator.targets.fleet import Fleet, fan_out
 from orchestrator.watch.monitor import RunUnreachable
 from orchestrator.remote.payload_api import launcher
-from orchestrator.playbook.loader import (BUILTIN_NAMES, Playbook, StepSpec, load_playbook,
-                                          normalize_extra_vars, order_vars)
+from orchestrator.playbook.loader import load_playbook, normalize_extra_vars, order_vars
+from orchestrator.playbook.model import BUILTIN_NAMES, Playbook, StepSpec
 from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, contains_unknown,
                                           evaluate_condition, render)
 from orchestrator.remote.container import Target

@@ -24,7 +24,6 @@ import difflib
 import hashlib
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 import yaml
@@ -33,6 +32,7 @@ from orchestrator.config.schema import is_template
 from orchestrator.config.schema import check_keys, check_value, expect, expect_list_of, type_name
 from orchestrator.config.yamlsrc import Loc, Source, describe_path, load_yaml
 from orchestrator.ground.errors import ConfigError
+from orchestrator.playbook.model import BUILTIN_NAMES, Playbook, StepSpec
 from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, check_names, contains_unknown,
                                           referenced_names, render)
 from orchestrator.playbook.steps import STEP_KINDS
@@ -41,47 +41,7 @@ from orchestrator.playbook.steps.push import check_sources
 TOP_KEYS = ("name", "description", "extends", "targets", "vars", "steps")
 COMMON_KEYS = ("name", "when", "register", "retries", "retry_delay", "timeout",
                "continue_on_error", "always")
-# Names every template can use, besides vars and registered results.
-BUILTIN_NAMES = ("target", "run_id", "playbook_dir", "remote_dir", "state_dir", "inventory_dir")
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass
-class StepSpec:
-    index: int
-    kind: str
-    name: str
-    params: dict
-    loc: Loc                             # the step mapping
-    params_loc: Loc                      # the kind's own mapping
-    when: Any = None
-    register: Optional[str] = None
-    retries: int = 0
-    retry_delay: float = 2.0
-    timeout: Optional[float] = None
-    continue_on_error: bool = False
-    always: bool = False
-
-    def label(self) -> str:
-        return self.name or self.kind
-
-
-@dataclass
-class Playbook:
-    path: str
-    name: str
-    description: str
-    targets: list[str]
-    targets_loc: Optional[Loc]
-    vars: dict
-    var_locs: dict                       # name -> Loc of its value
-    steps: list[StepSpec]
-    sha256: str
-    sources: list[str] = field(default_factory=list)   # this file and those it extends
-
-    @property
-    def directory(self) -> str:
-        return os.path.dirname(os.path.abspath(self.path))
 
 
 def load_playbook(path: str, extra_vars: Optional[dict] = None) -> Playbook:
@@ -378,5 +338,4 @@ def describe_step(spec: StepSpec) -> str:
     return f"step {spec.index + 1} ({spec.label()}) at {spec.loc.where()}"
 
 
-__all__ = ["Playbook", "StepSpec", "load_playbook", "parse_extra_vars", "order_vars",
-           "BUILTIN_NAMES", "describe_path"]
+__all__ = ["load_playbook", "parse_extra_vars", "order_vars", "describe_path"]
