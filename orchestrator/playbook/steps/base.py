@@ -155,13 +155,31 @@ class StepContext:
 
 
 class Step:
+    """A step kind. What the engine, the loader and attach need to know about a kind beyond
+    running it is declared here, with the common answer, and overridden in the kind's own
+    module: they never ask which kind a step is."""
+
     kind: str = ""
     summary: str = ""
     params: dict[str, Param] = {}
     shorthand: Optional[str] = None      # `- shell: [argv]` means `- shell: {argv: [...]}`
+    # Its verdict judges the run (monitor): kept with the step's record and as the target's
+    # verdict unless a step fails later. Other kinds' verdicts only say why they failed.
+    judges_run: bool = False
+    # `orch attach` runs it after following a launched run to its end (collect: the logs).
+    runs_on_attach: bool = False
 
     def check(self, params: dict, loc: Loc) -> None:
         """Extra load-time checks of literal values (the schema checks types already)."""
+
+    def check_loaded(self, playbook: Playbook, spec: StepSpec) -> None:
+        """Load-time checks that need the whole playbook (push: its files, found from the
+        playbook's directory, which `extends` makes the extending file's)."""
+
+    def reattach(self, launch: dict) -> Optional["Step"]:
+        """For `orch attach`: the step that follows this recorded launch again, from what the
+        record holds (its run dir, its monitor settings); None: this kind does not follow one."""
+        return None
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
         return [f"{self.kind} {params}"]
