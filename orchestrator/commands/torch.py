@@ -57,7 +57,7 @@ def grep_torch(app, pattern, **options):
 
     PATTERN is a regular expression (Python syntax), or a plain string with -F; it is data,
     never shell. Hits print as torch/fx/_symbolic_trace.py:70:<line>.
-    Exit code: 0 hits found, 1 none, other codes for errors (see README).
+    Exit code: 0 hits found, 1 none, other codes for errors (docs/reference/exit-codes.md).
 
     \b
     Examples:
@@ -195,7 +195,7 @@ PATCH_EXIT_CODES = """\b
 Exit code: 0 when every target ended fine; 1 when one is vulnerable, drifted or unknown
 (status, diff) or the action was refused; 21 when another orch patch action on that
 torch held its lock past the payload's 15 s wait (readers share the lock: concurrent
-status calls never refuse each other); other codes for errors (see README)."""
+status calls never refuse each other); other codes for errors (docs/reference/exit-codes.md)."""
 
 STATUS_LINES = """\b
 status  vulnerable, fixed-upstream, patched (when, which orch), drifted, or unknown;

@@ -136,7 +136,7 @@ def test_no_import_cycle_between_rooms():
 
 
 def test_the_layers_point_down():
-    """The edges the architecture forbids (docs/architecture.md): steps never reach the
+    """The edges the architecture forbids (docs/design/architecture.md): steps never reach the
     playbook loader or the engine, runs/ (history) never reaches what runs playbooks."""
     graph = room_graph()
     assert not graph["steps"] & {"playbook", "engine", "attach", "nightly", "commands"}
