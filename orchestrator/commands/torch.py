@@ -327,7 +327,8 @@ def verify():
 
 @verify.command("fx-race")
 @TARGET_OPTION
-@click.option("--trials", type=click.IntRange(1, 100), default=10, show_default=True)
+@click.option("--trials", type=click.IntRange(1, 100), default=10, show_default=True,
+              help="Runs of the cross-thread reproducer and of its same-thread control.")
 @JSON_OPTION
 @pass_app
 def fx_race(app, targets, trials, as_json):
@@ -382,7 +383,8 @@ RACE_TITLES = fx_states.STATE_TITLES
 
 @verify.command("fx-threads")
 @TARGET_OPTION
-@click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Runs of each state's reproducer and of its same-thread control.")
 @JSON_OPTION
 @pass_app
 def fx_threads_race(app, targets, trials, as_json):

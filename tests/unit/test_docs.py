@@ -1,0 +1,144 @@
+"""The docs a user looks things up in: the reference is the code's, the README stays short,
+and every relative link (README.md, docs/**/*.md) reaches a file and, with #, a heading."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import click
+import pytest
+
+from orchestrator import reference
+from orchestrator.config.schema import Param
+from orchestrator.steps import STEP_KINDS
+from orchestrator.steps.base import Step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+README_BUDGET = 150
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def markdown_files() -> list[str]:
+    found = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    return [os.path.join(ROOT, "README.md")] + sorted(found)
+
+
+def prose(path: str) -> str:
+    """The page without code blocks and code spans: a link there is an example, not a link."""
+    with open(path, encoding="utf-8") as handle:
+        return CODE_SPAN.sub("", FENCE.sub("", handle.read()))
+
+
+def anchors(path: str) -> set[str]:
+    """The #anchors GitHub gives the page's headings (a repeated heading gets -1, -2, ...)."""
+    with open(path, encoding="utf-8") as handle:
+        text = FENCE.sub("", handle.read())
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.M):
+        slug = reference.anchor(heading)
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        yield slug if count == 0 else f"{slug}-{count}"
+
+
+def broken_links(path: str) -> list[str]:
+    broken = []
+    for url in LINK.findall(prose(path)):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", url):          # http:, mailto:, ...
+            continue
+        target, _, fragment = url.partition("#")
+        full = os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else path
+        if not os.path.exists(full):
+            broken.append(f"{url} (no such file)")
+        elif fragment and full.endswith(".md") and fragment not in set(anchors(full)):
+            broken.append(f"{url} (no heading #{fragment})")
+    return broken
+
+
+def test_the_committed_reference_is_the_code_s():
+    stale = []
+    for name, text in reference.render_all().items():
+        path = os.path.join(ROOT, "docs", "reference", name)
+        committed = open(path, encoding="utf-8").read() if os.path.exists(path) else None
+        if committed != text:
+            stale.append(name)
+    assert not stale, (f"docs/reference/{', '.join(stale)} no longer match the code: regenerate with "
+                       f"`.venv/bin/{reference.REGENERATE}` and commit the result")
+
+
+def test_the_reference_covers_every_command_step_parameter_verdict_and_code():
+    pages = reference.render_all()
+    for doc in reference.command_tree():
+        assert f"# {doc.name}\n" in pages["commands.md"]
+        for param in doc.command.params:
+            for option in param.opts if isinstance(param, click.Option) else ():
+                if option not in ("-h", "--help"):
+                    assert f"`{option}`" in pages["commands.md"], (doc.name, option)
+    assert "| `hang_after` |" in pages["steps.md"] and "## monitor" in pages["steps.md"]
+    for kind, cls in STEP_KINDS.items():
+        section = pages["steps.md"].split(f"## {kind}\n", 1)[1].split("\n## ", 1)[0]
+        assert all(f"| `{name}` |" in section for name in cls.params), kind
+    assert "| `cuda-oom` | 10 |" in pages["verdicts.md"]
+    assert "| 21 | `LOCKED` |" in pages["exit-codes.md"]
+
+
+def test_a_parameter_without_a_doc_fails_the_reference(monkeypatch):
+    class Undocumented(Step):
+        kind = "undocumented"
+        summary = "a step kind for this test"
+        params = {"quiet": Param((bool,), default=False)}
+
+    monkeypatch.setitem(STEP_KINDS, "undocumented", Undocumented)
+    with pytest.raises(reference.MissingDocs, match="'quiet' of the step kind 'undocumented'"):
+        reference.steps_page()
+
+
+def test_a_command_without_an_example_fails_the_reference():
+    command = click.Command("bare", help="Does something.\n\nNo example here.")
+    doc = reference.CommandDoc(("bare",), command, click.Context(command, info_name="bare"))
+    with pytest.raises(reference.MissingDocs, match="orch bare --help"):
+        reference.command_section(doc)
+
+
+def test_an_option_without_help_fails_the_reference():
+    command = click.Command("bare", help="Does something.\n\n\b\nExample:\n  orch bare --loud",
+                            params=[click.Option(["--loud"], is_flag=True)])
+    doc = reference.CommandDoc(("bare",), command, click.Context(command, info_name="bare"))
+    with pytest.raises(reference.MissingDocs, match="`--loud` of `bare` has no help"):
+        reference.command_section(doc)
+
+
+def test_every_exit_code_has_its_meaning():
+    codes = dict(reference.exit_codes())
+    assert codes["RUN_HANG"] == 11 and codes["EXEC_ORCH_ERROR"] == 255
+    assert "hang_after" in reference.exit_codes_page()
+
+
+def test_readme_within_its_line_budget():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
+        lines = handle.read().count("\n")
+    assert lines <= README_BUDGET, f"README.md has {lines} lines; the budget is {README_BUDGET}: move detail into docs/"
+
+
+def test_ci_runs_the_readme_s_test_command():
+    """.ci/run runs exactly the command the README tells a user to run."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    command = re.search(r"^exec (bash scripts/test\.sh)", ci, re.M).group(1)
+    assert f"\n    {command}\n" in readme
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_relative_link_resolves(path):
+    assert broken_links(path) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "a.md").write_text("# Title\n\n## The `orch mcp` part\n\n"
+                                   "[ok](#the-orch-mcp-part) [b](b.md) [c](a.md#nowhere) "
+                                   "`[code](x.md)` [web](https://example.com)\n")
+    assert broken_links(str(tmp_path / "a.md")) == ["b.md (no such file)", "a.md#nowhere (no heading #nowhere)"]
