@@ -104,7 +104,7 @@ def _option_row(param: click.Parameter, context: click.Context) -> str:
     if not param.is_flag:
         names += f" `{param.make_metavar(context)}`"
     extra = []
-    if param.multiple:
+    if param.multiple and "repeatable" not in (param.help or ""):
         extra.append("repeatable")
     if param.required:
         extra.append("required")
