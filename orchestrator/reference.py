@@ -94,6 +94,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _metavar(param: click.Option) -> str:
+    """What an option's value looks like; made here, not by click, whose wording of choices
+    and ranges changes between releases (the pages must not)."""
+    if param.metavar:
+        return param.metavar
+    if isinstance(param.type, click.Choice):
+        return "[" + "|".join(str(choice) for choice in param.type.choices) + "]"
+    return param.type.name.upper()
+
+
 def _option_row(param: click.Parameter, context: click.Context) -> str:
     if isinstance(param, click.Argument):
         optional = "" if param.required else ", optional"
@@ -102,7 +112,7 @@ def _option_row(param: click.Parameter, context: click.Context) -> str:
     if not param.help:
         raise MissingDocs(f"the option {names} of `{context.command_path}` has no help text")
     if not param.is_flag:
-        names += f" `{param.make_metavar(context)}`"
+        names += f" `{_metavar(param)}`"
     extra = []
     if param.multiple and "repeatable" not in (param.help or ""):
         extra.append("repeatable")
