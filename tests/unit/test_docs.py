@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from typing import Iterator
 
 import click
 import pytest
@@ -33,7 +34,7 @@ def prose(path: str) -> str:
         return CODE_SPAN.sub("", FENCE.sub("", handle.read()))
 
 
-def anchors(path: str) -> set[str]:
+def anchors(path: str) -> Iterator[str]:
     """The #anchors GitHub gives the page's headings (a repeated heading gets -1, -2, ...)."""
     with open(path, encoding="utf-8") as handle:
         text = FENCE.sub("", handle.read())
