@@ -139,6 +139,7 @@ def command_section(doc: CommandDoc) -> list[str]:
     help_option = command.get_help_option(context)
     params = [p for p in command.get_params(context)
               if not getattr(p, "hidden", False) and p is not help_option]
+    params.sort(key=lambda p: not isinstance(p, click.Argument))   # arguments first, as in usage
     if params:
         lines += ["| option | what |", "| --- | --- |"]
         lines += [_option_row(p, context) for p in params]
