@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import print_table, samples_ms, summary  # noqa: E402
 import orch_sandbox as sandboxes  # noqa: E402
-from orchestrator import payload_api  # noqa: E402
-from orchestrator.fleet import Fleet, each_concurrently  # noqa: E402
+from orchestrator.remote import payload_api  # noqa: E402
+from orchestrator.targets.fleet import Fleet, each_concurrently  # noqa: E402
 from tests.integration.torch_seed import container_root, seed_torch_venv  # noqa: E402
 
 PATTERN = "def is_fx_symbolic_tracing"

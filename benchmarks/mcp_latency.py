@@ -38,8 +38,8 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 
 from benchmarks.timing import asamples_ms, print_table, samples_ms, summary  # noqa: E402
 import orch_sandbox as sandboxes  # noqa: E402
-from orchestrator import payload_api  # noqa: E402
-from orchestrator.fleet import Fleet  # noqa: E402
+from orchestrator.remote import payload_api  # noqa: E402
+from orchestrator.targets.fleet import Fleet  # noqa: E402
 from orchestrator.remote.session import ExecSession  # noqa: E402
 from tests.integration.torch_seed import remove_venv, seed_torch_venv  # noqa: E402
 

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import (bench_dir, latency_cells, latency_row, opened_target,  # noqa: E402
                               print_table, target_parser)
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink  # noqa: E402
-from orchestrator.payload_api import launcher, stop_run  # noqa: E402
+from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink  # noqa: E402
+from orchestrator.remote.payload_api import launcher, stop_run  # noqa: E402
 
 WRITER = r"""
 import random, sys, time

@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import (bench_dir, latency_cells, latency_row, opened_target,  # noqa: E402
                               print_table, target_parser)
-from orchestrator.logformats import log_time  # noqa: E402
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink  # noqa: E402
-from orchestrator.payload_api import launcher  # noqa: E402
-from orchestrator.torchrun import RANK_LOGS  # noqa: E402
+from orchestrator.watch.logformats import log_time  # noqa: E402
+from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink  # noqa: E402
+from orchestrator.remote.payload_api import launcher  # noqa: E402
+from orchestrator.watch.torchrun import RANK_LOGS  # noqa: E402
 
 WRITER = r"""
 import logging, os, random, sys, threading, time

@@ -10,7 +10,7 @@ import time
 import uuid
 
 from orchestrator.config.inventory import inventory_path
-from orchestrator.fleet import Fleet
+from orchestrator.targets.fleet import Fleet
 
 
 def samples_ms(call, count: int) -> list[float]:

@@ -1,5 +1,5 @@
-"""The warm agent's client side (docs/guide/agent.md): what the `orch` entry point (orchestrator/main.py)
-and `orch agent` (commands/agent.py) need to reach the agent. Stdlib only, no click, no paramiko.
+"""The warm agent's client side (docs/guide/agent.md): what the `orch` entry point (orchestrator/cli/main.py)
+and `orch agent` (cli/commands/agent.py) need to reach the agent. Stdlib only, no click, no paramiko.
 
 protocol.py  where the socket lives, the messages and their framing
 client.py    which commands the agent takes; handing one over (argv, environment, the caller's

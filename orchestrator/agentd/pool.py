@@ -11,8 +11,8 @@ from typing import Optional
 
 from orchestrator.agentd.requests import Request, current, detached, holding
 from orchestrator.config.inventory import inventory_path
-from orchestrator.errors import OrchError
-from orchestrator.fleet import SSH_CONFIG, Fleet
+from orchestrator.ground.errors import OrchError
+from orchestrator.targets.fleet import SSH_CONFIG, Fleet
 from orchestrator.remote.session import SessionPool
 
 def _file_stamp(path: str):

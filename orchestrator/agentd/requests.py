@@ -25,7 +25,9 @@ from typing import Optional
 
 from rich.console import Console
 
-from orchestrator import cli, console
+from orchestrator.cli import app as cli
+
+from orchestrator.ground import console
 from orchestrator.remote.paramiko_lib import paramiko
 
 _local = threading.local()

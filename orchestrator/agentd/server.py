@@ -19,7 +19,9 @@ import threading
 import time
 from typing import Optional
 
-from orchestrator import __version__, cli
+from orchestrator import __version__
+
+from orchestrator.cli import app as cli
 from orchestrator.agent import protocol
 from orchestrator.agent.client import FAST_COMMANDS
 from orchestrator.agentd.pool import FleetPool

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Source, load_yaml
-from orchestrator.errors import ConfigError
+from orchestrator.ground.errors import ConfigError
 
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
              "connect_timeout", "timeout", "iface", "api", "description", "max_sessions",

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from orchestrator.errors import ConfigError
+from orchestrator.ground.errors import ConfigError
 
 Path = tuple
 

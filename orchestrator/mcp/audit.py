@@ -21,8 +21,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from orchestrator import console
-from orchestrator.errors import OrchError
+from orchestrator.ground import console
+from orchestrator.ground.errors import OrchError
 from orchestrator.runs.store import RunStore
 
 TABLE = """

@@ -6,9 +6,9 @@ import json
 
 import click
 
-from orchestrator import console
-from orchestrator.errors import OrchError
-from orchestrator.lazy import lazy
+from orchestrator.ground import console
+from orchestrator.ground.errors import OrchError
+from orchestrator.ground.lazy import lazy
 from orchestrator.mcp.audit import AuditLog, audit_rows, new_session_id
 from orchestrator.runs.store import RunStore
 

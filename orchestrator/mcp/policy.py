@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from orchestrator.config.yamlsrc import load_yaml
-from orchestrator.errors import ConfigError, OrchError
+from orchestrator.ground.errors import ConfigError, OrchError
 
 READ_TOOLS = ("list_targets", "inventory_check", "grep_source", "read_source", "fx_tls_status",
               "fx_tls_diff", "verify_fx_race", "run_status", "run_log", "runs_list",

@@ -21,8 +21,10 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, ResourceLink, TextContent, ToolAnnotations
 from pydantic import Field
 
-from orchestrator import __version__, console
-from orchestrator.errors import ConfigError, OrchError
+from orchestrator import __version__
+
+from orchestrator.ground import console
+from orchestrator.ground.errors import ConfigError, OrchError
 from orchestrator.mcp.audit import AuditLog, AuditUnavailable
 from orchestrator.mcp.outputs import URI_TEMPLATE as OUTPUT_URI_TEMPLATE, OutputGone
 from orchestrator.mcp.policy import Policy, PolicyRefused

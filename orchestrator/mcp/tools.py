@@ -13,13 +13,13 @@ import os
 import threading
 from typing import Any, Optional
 
-from orchestrator import payload_api
-from orchestrator.attach import stop_recorded_run
+from orchestrator.remote import payload_api
+from orchestrator.playbook.attach import stop_recorded_run
 from orchestrator.config.inventory import ContainerSpec
-from orchestrator.engine import run_playbook
-from orchestrator.errors import ConfigError, OrchError
-from orchestrator.fleet import Fleet, fan_out
-from orchestrator.inventory_check import check_targets
+from orchestrator.playbook.engine import run_playbook
+from orchestrator.ground.errors import ConfigError, OrchError
+from orchestrator.targets.fleet import Fleet, fan_out
+from orchestrator.targets.inventory_check import check_targets
 from orchestrator.mcp.outputs import STREAMS, OutputGone, OutputSpool, StreamCapture, whole_utf8
 from orchestrator.mcp.policy import refuse_templates
 from orchestrator.playbook.loader import load_playbook

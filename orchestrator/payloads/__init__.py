@@ -7,7 +7,7 @@ payload imports it with a marked line that payload_source() replaces by the modu
 so what is shipped is always one self-contained script. _statedir.py imports nothing
 else, so the controller reads STATE_DIR from it too.
 
-This package only builds the scripts; orchestrator.payload_api runs them on a Target.
+This package only builds the scripts; orchestrator.remote.payload_api runs them on a Target.
 It imports nothing of orch's, so the transports (remote/) may use it for their own helpers.
 """
 

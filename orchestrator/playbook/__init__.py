@@ -1,7 +1,6 @@
-"""Playbooks: YAML files of steps, templated with jinja2, checked with file:line:col errors."""
+"""Playbooks: YAML files of steps, templated with jinja2, checked with file:line:col errors.
 
-from __future__ import annotations
-
-from orchestrator.playbook.loader import load_playbook, parse_extra_vars
-
-__all__ = ["load_playbook", "parse_extra_vars"]
+loader (the YAML to steps), render (templates), steps/ (one module per step kind), engine
+(runs the steps) and attach (follows a launched run again). Kept import-free, so that a step
+module can be imported without the loader.
+"""

@@ -32,11 +32,11 @@ import yaml
 from orchestrator.config.schema import is_template
 from orchestrator.config.schema import check_keys, check_value, expect, expect_list_of, type_name
 from orchestrator.config.yamlsrc import Loc, Source, describe_path, load_yaml
-from orchestrator.errors import ConfigError
+from orchestrator.ground.errors import ConfigError
 from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, check_names, contains_unknown,
                                           referenced_names, render)
-from orchestrator.steps import STEP_KINDS
-from orchestrator.steps.push import check_sources
+from orchestrator.playbook.steps import STEP_KINDS
+from orchestrator.playbook.steps.push import check_sources
 
 TOP_KEYS = ("name", "description", "extends", "targets", "vars", "steps")
 COMMON_KEYS = ("name", "when", "register", "retries", "retry_delay", "timeout",

@@ -21,7 +21,7 @@ import jinja2.meta
 from orchestrator.config.jinja import ENV, NATIVE_ENV, SANDBOX_HINT, is_security_error
 from orchestrator.config.schema import is_template
 from orchestrator.config.yamlsrc import Loc
-from orchestrator.errors import ConfigError
+from orchestrator.ground.errors import ConfigError
 
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
 

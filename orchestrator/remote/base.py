@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
-from orchestrator.errors import BadArgument, CommandFailed, CommandTimeout, ConnectionLost
+from orchestrator.ground.errors import BadArgument, CommandFailed, CommandTimeout, ConnectionLost
 
 # Called with each chunk of bytes as it arrives (stdout or stderr).
 OutputCallback = Callable[[bytes], None]

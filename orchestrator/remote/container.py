@@ -9,7 +9,7 @@ import re
 import time
 from typing import Optional, Sequence
 
-from orchestrator.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
+from orchestrator.ground.errors import (CommandTimeout, ConnectionLost, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
 from orchestrator.payloads import compact_source
 from orchestrator.payloads._statedir import STATE_DIR, USER_STATE_DIR

@@ -9,8 +9,8 @@ import subprocess
 import threading
 import time
 
-from orchestrator import paths
-from orchestrator.errors import CommandTimeout, OrchError
+from orchestrator.ground import paths
+from orchestrator.ground.errors import CommandTimeout, OrchError
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
                                       Transport, stdin_pieces, validate_argv)
 

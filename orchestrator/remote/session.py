@@ -25,7 +25,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager, Optional
 
-from orchestrator.errors import ConnectionLost, ConnectionProblem, OrchError
+from orchestrator.ground.errors import ConnectionLost, ConnectionProblem, OrchError
 from orchestrator.payloads import compact_source
 from orchestrator.remote.base import (OutputKeeper, Process, Result, RunOptions, Transport,
                                       command_timeout, connection_lost, display_argv,

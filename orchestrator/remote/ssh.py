@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from orchestrator.errors import (AuthRefused, ChannelRefused, CommandTimeout, HostKeyChanged,
+from orchestrator.ground.errors import (AuthRefused, ChannelRefused, CommandTimeout, HostKeyChanged,
                                  HostKeyRevoked, HostKeyUnknown, HostUnreachable, OrchError)
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
                                       Transport, command_timeout, connection_lost, encode_arg,

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from orchestrator import fx_states
+from orchestrator.ground import fx_states
 from orchestrator.runs.model import VERDICTS, RunRecord
 
 DEFAULT_THRESHOLD = 0.10
@@ -165,7 +165,7 @@ def fx_states_seen(record: RunRecord) -> dict[str, list[str]]:
                 seen.setdefault(step.target, []).append(value)
     from_steps = set(seen)
     for finding in record.findings:
-        # The patch step's findings, "fx-tls:<state>" (steps/patch.py): the same facts as its
+        # The patch step's findings, "fx-tls:<state>" (playbook/steps/patch.py): the same facts as its
         # step data, so only used for a target whose steps said nothing.
         if finding.target in from_steps or not finding.signature.startswith(FX_SIGNATURE):
             continue

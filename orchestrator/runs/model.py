@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from orchestrator.errors import ExitCode
+from orchestrator.ground.errors import ExitCode
 
 # Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
 VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
@@ -31,7 +31,7 @@ VERDICT_EXIT = {
 }
 
 
-# What each verdict means to a user: the text of docs/reference/verdicts.md (orchestrator.reference).
+# What each verdict means to a user: the text of docs/reference/verdicts.md (orchestrator.cli.reference).
 VERDICT_MEANINGS = {
     "ok": "the run trained: every worker finished (or is healthy when `watch_for` left it going).",
     "degraded": "it ran, below the playbook's throughput threshold (`degraded_below`).",

@@ -23,8 +23,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Optional
 
-from orchestrator import paths
-from orchestrator.errors import OrchError
+from orchestrator.ground import paths
+from orchestrator.ground.errors import OrchError
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo, now_iso
 
 SCHEMA_VERSION = 2

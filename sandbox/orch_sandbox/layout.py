@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.errors import OrchError
+from orchestrator.ground.errors import OrchError
 
 FIRST_VMID = 200
 HOST_ADDRESS = "fe80::2"   # the host's end of its veth; link-local, so scoped per veth

@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import ExitCode, OrchError
+from orchestrator.ground.errors import ExitCode, OrchError
 
 from .paths import StatePaths, shadowing_mount
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.errors import OrchError
+from orchestrator.ground.errors import OrchError
 
 CGROUP_BASE = Path("/sys/fs/cgroup")
 

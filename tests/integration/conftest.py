@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from orchestrator.errors import OrchError
-from orchestrator.fleet import Fleet
+from orchestrator.ground.errors import OrchError
+from orchestrator.targets.fleet import Fleet
 
 
 def sandbox_required() -> bool:

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from orchestrator import payload_api
-from orchestrator.errors import CommandTimeout, OrchError, PayloadError
-from orchestrator.fleet import Fleet
+from orchestrator.remote import payload_api
+from orchestrator.ground.errors import CommandTimeout, OrchError, PayloadError
+from orchestrator.targets.fleet import Fleet
 from orchestrator.payloads._statedir import STATE_DIR
 
 pytestmark = pytest.mark.sandbox

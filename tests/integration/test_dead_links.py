@@ -17,8 +17,8 @@ import time
 import pytest
 import yaml
 
-from orchestrator.errors import ConnectionLost, ConnectionProblem
-from orchestrator.fleet import Fleet
+from orchestrator.ground.errors import ConnectionLost, ConnectionProblem
+from orchestrator.targets.fleet import Fleet
 from orchestrator.remote.session import SessionPool
 
 ORCH = [sys.executable, "-m", "orchestrator"]

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from orchestrator.fleet import Fleet
+from orchestrator.targets.fleet import Fleet
 from tests.integration.torch_seed import seed_torch_venv
 
 VENV = "torch-venv"

@@ -89,7 +89,7 @@ def test_trust_on_first_use_into_dev_null_trusts_nothing(sandbox, tmp_path):
 
 
 def test_trust_on_first_use_follows_hash_known_hosts_in_ssh_config(sandbox, tmp_path):
-    from orchestrator.fleet import Fleet
+    from orchestrator.targets.fleet import Fleet
     inventory, known = _setup(sandbox, tmp_path, "")
     config = tmp_path / "ssh_config"
     config.write_text("Host *\n    HashKnownHosts yes\n")

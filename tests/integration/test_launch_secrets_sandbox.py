@@ -19,14 +19,14 @@ import time
 
 import pytest
 
-from orchestrator.fleet import Fleet
+from orchestrator.targets.fleet import Fleet
 from orchestrator.runs.store import RunStore
 
 pytestmark = pytest.mark.sandbox
 
 TARGET = "sb1-200"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ORCH = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
+ORCH = [sys.executable, "-c", "from orchestrator.cli.app import main; main()"]
 
 # Runs in the container: the pids whose argv holds the secret given on stdin.
 SCAN = """

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from orchestrator.errors import ExitCode
+from orchestrator.ground.errors import ExitCode
 from orchestrator.runs.store import RunStore
 from tests.integration.torch_seed import remove_venv, seed_torch_venv
 
@@ -223,7 +223,7 @@ def test_kill_9_during_a_run_leaves_a_readable_store(env):
         assert shown.returncode == 0 and json.loads(shown.stdout)["verdict"] == "running"
         # The kernel dropped the dead holder's lock: the next nightly can take it.
         lock_env = dict(os.environ, ORCH_DATA_DIR=env["data"])
-        probe = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.nightly "
+        probe = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.nightly.rerun "
                                 "import NightlyLock; NightlyLock(sys.argv[1]).acquire()", PLAYBOOK],
                                env=lock_env, capture_output=True, text=True)
         assert probe.returncode == 0, probe.stderr

@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from orchestrator import payload_api
-from orchestrator.fleet import Fleet
-from orchestrator.payload_api import launcher
+from orchestrator.remote import payload_api
+from orchestrator.targets.fleet import Fleet
+from orchestrator.remote.payload_api import launcher
 from orchestrator.runs.store import RunStore
 
 TARGET = "sb2-201"
@@ -30,7 +30,7 @@ HOST = "sb2"
 VENV = "/root/orch-playbook-venv"   # not the containers' /root/venv: other tests own that
 PLAYBOOK = "playbooks/dflash-sandbox.yaml"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ORCH = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
+ORCH = [sys.executable, "-c", "from orchestrator.cli.app import main; main()"]
 
 
 def orch(sandbox, *args, timeout=600, check_code=None):

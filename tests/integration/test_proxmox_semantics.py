@@ -16,8 +16,8 @@ import time
 import pytest
 import yaml
 
-from orchestrator.errors import ContainerNotRunning, NoSuchContainer, OrchError
-from orchestrator.fleet import Fleet
+from orchestrator.ground.errors import ContainerNotRunning, NoSuchContainer, OrchError
+from orchestrator.targets.fleet import Fleet
 
 # the PATH orch gives commands in containers: Debian's for root, not pct's
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -172,7 +172,7 @@ def test_orch_reports_a_failed_start_with_the_tasks_error(sandbox, stopped_202):
 
 def test_a_start_slower_than_the_api_timeout_is_waited_for(sandbox, fleet, stopped_202,
                                                           monkeypatch):
-    from orchestrator import proxmox
+    from orchestrator.targets import proxmox
     monkeypatch.setattr(proxmox, "API_TIMEOUT", 1.0)
     sandbox.set_hookscript("sb1", 202, "#!/bin/sh\nsleep 3\n")
     client = proxmox.ProxmoxClient(fleet.inventory.hosts["sb1"], fleet.host("sb1"))
@@ -379,7 +379,7 @@ def test_a_perl_warning_before_pcts_own_error_changes_nothing(sandbox, fleet):
 
 def test_over_https_a_start_slower_than_wait_is_reported_as_still_running(
         sandbox, tmp_path, secret, stopped_202, monkeypatch):
-    from orchestrator import proxmox
+    from orchestrator.targets import proxmox
     from orchestrator.config.inventory import load_inventory
     sandbox.set_hookscript("sb1", 202, "#!/bin/sh\nsleep 3\n")
     monkeypatch.setenv("ORCH_TEST_PVE_SECRET", secret["ORCH_TEST_PVE_SECRET"])

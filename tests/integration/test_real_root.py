@@ -18,13 +18,13 @@ import time
 import pytest
 
 import orch_sandbox as sb
-from orchestrator.fleet import Fleet
+from orchestrator.targets.fleet import Fleet
 from orchestrator.runs.store import RunStore
 
 pytestmark = pytest.mark.sandbox
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ORCH = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
+ORCH = [sys.executable, "-c", "from orchestrator.cli.app import main; main()"]
 BARE, NO_PYTHON = "sbr1-200", "sbr1-201"
 APT_FIX = ["orch exec sbr1-201 -- apt-get update",
            "orch exec sbr1-201 -- env DEBIAN_FRONTEND=noninteractive apt-get install -y "

@@ -38,7 +38,7 @@ HOST, VMID, TARGET = "sb1", 200, "sb1-200"
 VENV_DIR = "orch-torchrun-venv"
 CHECKOUT = "/root/orch-fake-specforge"
 REPO = Path(__file__).resolve().parents[2]
-ORCH = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
+ORCH = [sys.executable, "-c", "from orchestrator.cli.app import main; main()"]
 
 
 def loopback(sandbox, state: str) -> None:

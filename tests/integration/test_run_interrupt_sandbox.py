@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from orchestrator.fleet import Fleet
-from orchestrator.payload_api import launcher, stop_run
+from orchestrator.targets.fleet import Fleet
+from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.runs.store import RunStore
 from tests.unit.test_run_interrupt import GOES_ON, NOTHING, interrupt_when
 

@@ -46,7 +46,7 @@ def on_host(sandbox, host: str, *argv: str, input: bytes | None = None):
 
 
 def orch_sandbox_cli(*args: str, env: dict | None = None, user: list[str] | None = None):
-    code = "from orchestrator.commands.sandbox import sandbox; sandbox()"
+    code = "from orchestrator.cli.commands.sandbox import sandbox; sandbox()"
     argv = [*(user or []), sys.executable, "-c", code, *args]
     return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**os.environ, **(env or {})})

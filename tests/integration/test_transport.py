@@ -13,9 +13,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from orchestrator.errors import (CommandTimeout, ContainerNotRunning, HostKeyChanged,
+from orchestrator.ground.errors import (CommandTimeout, ContainerNotRunning, HostKeyChanged,
                                  HostKeyUnknown, NoSuchContainer)
-from orchestrator.fleet import Fleet
+from orchestrator.targets.fleet import Fleet
 from orchestrator.remote.session import ExecSession
 
 ECHO = ["python3", "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]

@@ -24,8 +24,8 @@ import paramiko
 import pytest
 import yaml
 
-from orchestrator.errors import BadArgument, ConnectionLost
-from orchestrator.fleet import Fleet
+from orchestrator.ground.errors import BadArgument, ConnectionLost
+from orchestrator.targets.fleet import Fleet
 from tests.agents import agent_pids
 
 ORCH = [sys.executable, "-m", "orchestrator"]

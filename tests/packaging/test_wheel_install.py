@@ -22,7 +22,7 @@ import zipfile
 
 import pytest
 
-from orchestrator.commands.sandbox import SANDBOX_NOT_INSTALLED_EXIT
+from orchestrator.cli.commands.sandbox import SANDBOX_NOT_INSTALLED_EXIT
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -171,8 +171,8 @@ def test_installed_wheels_agent_stamps_every_file_and_the_record(installed, tmp_
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     stamped = json.loads(done.stdout)
-    assert {"payloads/reaper.py", "templates/orch-nightly.service.j2", "proxmox.py",
-            "engine.py"} <= set(stamped)
+    assert {"payloads/reaper.py", "templates/orch-nightly.service.j2", "targets/proxmox.py",
+            "playbook/engine.py", "playbook/steps/monitor.py"} <= set(stamped)
     assert any(name.startswith("../orch-") and name.endswith(".dist-info/RECORD") for name in stamped)
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
-from orchestrator.payload_api import launcher
+from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
+from orchestrator.remote.payload_api import launcher
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
-from orchestrator.torchrun import RANK_LOGS, build_argv
+from orchestrator.watch.torchrun import RANK_LOGS, build_argv
 
 pytestmark = pytest.mark.torch
 LOOP = Path(__file__).resolve().parent / "real" / "ddp_step_dicts.py"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.logformats import LogPoint, make_format, parse_text
-from orchestrator.monitor_classify import EndState, LogClassifier
+from orchestrator.watch.logformats import LogPoint, make_format, parse_text
+from orchestrator.watch.classify import EndState, LogClassifier
 from tests.trainer.realenv import trainers_venv
 
 pytestmark = pytest.mark.torch
@@ -155,7 +155,7 @@ def test_orch_run_records_a_hugging_face_trainer_run(python, tmp_path, monkeypat
     log_history, the verdict ok, the live lines without tqdm's redraws."""
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.app import main
     from orchestrator.runs.store import RunStore
 
     history = tmp_path / "history.json"
@@ -198,8 +198,8 @@ def test_a_trainer_without_a_bar_through_the_monitor_gives_its_log_history(pytho
     """disable_tqdm=True: the dicts come with no bar at all. The monitor numbers them in log
     order x logging_steps: the points' steps and numbers are the Trainer's log_history, and
     the train_tokens_per_second it prints (include_num_input_tokens_seen) is their tok/s."""
-    from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
-    from orchestrator.payload_api import launcher
+    from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
+    from orchestrator.remote.payload_api import launcher
     from orchestrator.remote.container import Target
     from orchestrator.remote.local import LocalTransport
 

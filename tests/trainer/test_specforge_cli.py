@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from orchestrator.config.jinja import ENV
-from orchestrator.torchrun import build_argv
+from orchestrator.watch.torchrun import build_argv
 from tests.trainer.specforgeenv import specforge_venv
 
 pytestmark = pytest.mark.torch

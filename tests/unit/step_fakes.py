@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from orchestrator.config.inventory import load_inventory
-from orchestrator.engine import Engine, TargetRun
+from orchestrator.playbook.engine import Engine, TargetRun
 from orchestrator.payloads import payload_source
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.base import Result, Transport, stdin_bytes
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import RunRecord, TargetInfo
 from orchestrator.runs.recorder import RunRecorder
-from orchestrator.steps import STEP_KINDS
-from orchestrator.steps.base import RunInfo, StepContext
+from orchestrator.playbook.steps import STEP_KINDS
+from orchestrator.playbook.steps.base import RunInfo, StepContext
 
 RUN_ID = "20261130-120000-test00"
 

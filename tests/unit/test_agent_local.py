@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-import orchestrator.lazy
+import orchestrator
 from orchestrator.agent import client, protocol
 from tests.agents import agent_pids, stop_agents
 
@@ -132,14 +132,14 @@ def test_concurrent_requests_never_mix_their_output(env, inventory):
 
 
 # a module the agent imported; a payload it reads and caches; a module it never imported
-@pytest.mark.parametrize("name", ["lazy.py", "payloads/exec_server.py", "nightly.py"])
+@pytest.mark.parametrize("name", ["ground/lazy.py", "payloads/exec_server.py", "nightly/rerun.py"])
 def test_an_agent_whose_code_changed_steps_aside(env, inventory, name):
     """An edit or upgrade in place keeps the socket's name: the old agent must not serve
     the new orch. It refuses (the command runs here instead) and exits."""
     assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
                           timeout=60).returncode == 0
     (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
-    source = os.path.join(os.path.dirname(orchestrator.lazy.__file__), name)
+    source = os.path.join(os.path.dirname(orchestrator.__file__), name)
     before = os.stat(source)
     os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
     try:
@@ -159,9 +159,9 @@ def test_every_file_of_the_package_is_stamped(tmp_path):
     from orchestrator.agentd import server
     server._remember_code()
     assert not server._code_changed()
-    package = os.path.dirname(orchestrator.lazy.__file__)
+    package = os.path.dirname(orchestrator.__file__)
     assert os.path.join(package, "payloads", "reaper.py") in server._CODE_STAMPS
-    assert os.path.join(package, "proxmox.py") in server._CODE_STAMPS
+    assert os.path.join(package, "targets", "proxmox.py") in server._CODE_STAMPS
     added = os.path.join(package, "payloads", f"stamp-probe-{os.getpid()}.txt")
     with open(added, "w") as handle:
         handle.write("new")
@@ -181,12 +181,12 @@ def test_a_wheel_installs_record_is_stamped(tmp_path):
     (package / "cli.py").write_text("")
     record = tmp_path / "site-packages" / "orch-0.1.0.dist-info" / "RECORD"
     record.parent.mkdir()
-    record.write_text("orchestrator/cli.py,,0\n")
+    record.write_text("orchestrator/cli/app.py,,0\n")
     before = server._code_stamps(str(package))
     assert set(before) == {str(package / "cli.py"), str(record)}
     (package / "__pycache__" / "cli.cpython-311.pyc").write_text("")   # Python's own: ignored
     assert server._code_stamps(str(package)) == before
-    record.write_text("orchestrator/cli.py,sha256=x,0\n")
+    record.write_text("orchestrator/cli/app.py,sha256=x,0\n")
     assert server._code_stamps(str(package)) != before
 
 

@@ -64,7 +64,7 @@ def test_inventory_check_reports_missing_venv(inventory):
 
 
 def test_every_command_has_help_with_an_example():
-    from orchestrator.cli import main
+    from orchestrator.cli.app import main
     import click
 
     def walk(command, path):
@@ -109,9 +109,9 @@ def test_a_ctrl_c_just_after_a_revert_completed_says_so(tmp_path, monkeypatch):
     import signal as signals
     import time
     from click.testing import CliRunner
-    from orchestrator import payload_api
-    from orchestrator.cli import main
-    from orchestrator.commands import torch
+    from orchestrator.remote import payload_api
+    from orchestrator.cli.app import main
+    from orchestrator.cli.commands import torch
 
     inventory = tmp_path / "inv.yaml"
     inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\n"

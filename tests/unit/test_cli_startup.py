@@ -14,14 +14,14 @@ import sys
 import click
 import pytest
 
-from orchestrator import cli
+from orchestrator.cli import app as cli
 from orchestrator.agent.client import is_fast_command
 
 # Never for start-up or help: these are what made every command cost 0.3-0.6 s.
 HEAVY = ("paramiko", "invoke", "fabric", "jinja2", "proxmoxer", "requests", "yaml", "mcp",
-         "orchestrator.fleet", "orchestrator.remote.ssh", "orchestrator.proxmox",
-         "orchestrator.monitor", "orchestrator.playbook", "orchestrator.engine",
-         "orchestrator.attach", "orchestrator.nightly", "orchestrator.steps", "orchestrator.agentd")
+         "orchestrator.targets.fleet", "orchestrator.remote.ssh", "orchestrator.targets.proxmox",
+         "orchestrator.watch.monitor", "orchestrator.playbook", "orchestrator.playbook.engine",
+         "orchestrator.playbook.attach", "orchestrator.nightly.rerun", "orchestrator.playbook.steps", "orchestrator.agentd")
 # Everything outside the standard library `orch --version` and `orch --help` may import.
 STARTUP_THIRD_PARTY = {"__main__", "click", "rich", "pygments", "markdown_it", "mdurl", "orchestrator",
                        "_distutils_hack"}
@@ -30,7 +30,7 @@ PROBE = """
 import json, sys
 sys.argv = ["orch", *json.loads(sys.argv[1])]
 try:
-    from orchestrator.main import main
+    from orchestrator.cli.main import main
     main()
 except SystemExit:
     pass
@@ -79,7 +79,7 @@ def test_every_command_help_imports_nothing_heavy(path):
 
 
 def test_the_thin_client_imports_neither_click_nor_paramiko():
-    probe = ("import sys; from orchestrator import main; "
+    probe = ("import sys; from orchestrator.cli import main; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('click', 'paramiko', 'rich', 'yaml', 'typing')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -135,7 +135,7 @@ def test_which_commands_go_to_the_agent(args, fast):
 # no Proxmox API is asked, and invoke (paramiko.config's import, for ssh_config `Match exec`
 # only). Together they were ~100 ms of a 330 ms `orch --no-agent exec`.
 NOT_FOR_THE_DIRECT_PATH = ("requests", "urllib3", "invoke", "proxmoxer.backends.https")
-NOT_WITHOUT_THE_API = NOT_FOR_THE_DIRECT_PATH + ("proxmoxer", "orchestrator.proxmox")
+NOT_WITHOUT_THE_API = NOT_FOR_THE_DIRECT_PATH + ("proxmoxer", "orchestrator.targets.proxmox")
 
 DIRECT_INVENTORY = """\
 hosts:
@@ -182,14 +182,14 @@ def loaded(modules: set[str], names) -> list[str]:
 def test_the_direct_path_imports_no_proxmox_api_and_no_invoke(direct_env, args):
     env, inventory = direct_env
     modules = modules_after("--no-agent", "-i", inventory, *args, env=env)
-    assert "orchestrator.fleet" in modules       # it did reach the hosts' code
+    assert "orchestrator.targets.fleet" in modules       # it did reach the hosts' code
     assert loaded(modules, NOT_WITHOUT_THE_API) == []
 
 
 def test_ct_list_imports_the_api_but_not_requests_or_invoke(direct_env):
     env, inventory = direct_env
     modules = modules_after("--no-agent", "-i", inventory, "ct", "list", "far", env=env)
-    assert "orchestrator.proxmox" in modules
+    assert "orchestrator.targets.proxmox" in modules
     assert loaded(modules, NOT_FOR_THE_DIRECT_PATH) == []
 
 

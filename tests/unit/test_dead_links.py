@@ -10,7 +10,7 @@ import time
 import paramiko
 import pytest
 
-from orchestrator.errors import ConnectionLost
+from orchestrator.ground.errors import ConnectionLost
 from orchestrator.remote.ssh import SshHost, SshSettings, _ChannelProcess, _Connection, _Watchdog
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.distributed import ChildFailedReader, RankFailure, behind, stuck_message
-from orchestrator.monitor_classify import EndState, LogClassifier
+from orchestrator.watch.distributed import ChildFailedReader, RankFailure, behind, stuck_message
+from orchestrator.watch.classify import EndState, LogClassifier
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
@@ -171,7 +171,7 @@ Root Cause (first observed failure):
 
 
 def test_after_a_clean_two_rank_end_every_rank_is_done():
-    from orchestrator.logformats import LogPoint
+    from orchestrator.watch.logformats import LogPoint
 
     classifier = LogClassifier("dev", metrics_from_lines=False)
     classifier.worker_word = "rank"

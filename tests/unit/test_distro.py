@@ -3,7 +3,7 @@
 The os-release texts are the distributions' own files, verbatim.
 """
 
-from orchestrator.distro import OsRelease, fix_commands
+from orchestrator.targets.distro import OsRelease, fix_commands
 
 DEBIAN_12 = '''PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
 NAME="Debian GNU/Linux"

@@ -11,10 +11,10 @@ from typing import Iterator
 import click
 import pytest
 
-from orchestrator import reference
+from orchestrator.cli import reference
 from orchestrator.config.schema import Param
-from orchestrator.steps import STEP_KINDS
-from orchestrator.steps.base import Step
+from orchestrator.playbook.steps import STEP_KINDS
+from orchestrator.playbook.steps.base import Step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README_BUDGET = 150

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from orchestrator.errors import HostUnreachable, OrchError
-from orchestrator.fleet import GroupResult, fan_out
+from orchestrator.ground.errors import HostUnreachable, OrchError
+from orchestrator.targets.fleet import GroupResult, fan_out
 
 
 class Item:

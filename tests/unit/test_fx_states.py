@@ -9,9 +9,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from orchestrator import cli, fx_states, payloads
+from orchestrator.cli import app as cli
+
+from orchestrator.ground import fx_states
+
+from orchestrator import payloads
 from orchestrator.runs import compare
-from orchestrator.steps.patch import PatchStep
+from orchestrator.playbook.steps.patch import PatchStep
 
 PAYLOAD = Path(payloads.__file__).parent / "fx_patch.py"
 
@@ -87,7 +91,7 @@ class FakeContext:
 
 @pytest.mark.parametrize("state", sorted(fx_states.STATES))
 def test_the_patch_step_says_each_state_in_the_cli_words(monkeypatch, state):
-    monkeypatch.setattr("orchestrator.payload_api.fx_patch",
+    monkeypatch.setattr("orchestrator.remote.payload_api.fx_patch",
                         lambda target, action, **kw: {"status": state, "torch_version": "2.13.0"})
     outcome = PatchStep().run(FakeContext(None), {"name": "fx-tls", "action": "status", "require": []})
     assert outcome.message == f"torch 2.13.0: {fx_states.MEANINGS[state]}"

@@ -12,9 +12,9 @@ import os
 import stat
 import sys
 
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink
-from orchestrator.payload_api import launcher
-from orchestrator.monitor_classify import EndState
+from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink
+from orchestrator.remote.payload_api import launcher
+from orchestrator.watch.classify import EndState
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.runs import gpu

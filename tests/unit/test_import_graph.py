@@ -7,6 +7,7 @@ except the ones under `if TYPE_CHECKING:` (type hints only, never run).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 
@@ -18,7 +19,7 @@ PACKAGE_DIR = os.path.dirname(orchestrator.__file__)
 DOTTED_MODULE = re.compile(r"orchestrator(\.[a-z_]+)+")
 
 def room_of(module: str) -> str | None:
-    """orchestrator.steps.base -> steps; orchestrator.engine -> engine; others -> None."""
+    """orchestrator.playbook.steps.base -> playbook; orchestrator.cli -> cli; others -> None."""
     parts = module.split(".")
     if parts[0] != "orchestrator" or len(parts) < 2:
         return None
@@ -32,7 +33,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def imported_modules(tree: ast.AST, package: str) -> list[str]:
     """Every module a file imports (absolute names), leaving out TYPE_CHECKING blocks. A string
-    that is exactly a module's dotted name ("orchestrator.fleet") counts too: that is how the
+    that is exactly a module's dotted name ("orchestrator.targets.fleet") counts too: that is how the
     CLI names the modules it imports on first use (importlib), and such a dependency must not
     hide from this graph."""
     found: list[str] = []
@@ -69,6 +70,7 @@ def rooms_in(root: str) -> set[str]:
             or os.path.isfile(os.path.join(root, name, "__init__.py"))}
 
 
+@functools.lru_cache(maxsize=None)
 def room_graph(root: str = PACKAGE_DIR) -> dict[str, set[str]]:
     rooms = rooms_in(root)
     graph: dict[str, set[str]] = {}
@@ -128,25 +130,94 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle_between_rooms():
+# The layers, bottom first: a room imports only rooms listed before it (docs/design/architecture.md).
+LAYERS = [
+    "ground",    # errors, paths, console, lazy, fx_states: nothing of orch's
+    "config",    # the inventory and YAML sources, jinja2's sandbox
+    "payloads",  # the scripts run inside containers (stdlib only) and their loader
+    "remote",    # SSH, pct exec, the container API the payloads answer
+    "targets",   # the fleet, the Proxmox API, distros, inventory check
+    "runs",      # the run store: records, baselines, compare, reports
+    "watch",     # log formats, workers, the classifier, the monitor
+    "playbook",  # loader, render, steps/, engine, attach
+    "nightly",   # unattended reruns and their schedule
+    "mcp",       # the MCP server's tools and policy
+    "agent",     # the thin client of the warm agent (imports nothing of orch's)
+    "cli",       # the entry point, the click app, the commands
+    "agentd",    # the warm agent: runs the CLI's commands
+    "__main__",  # python -m orchestrator
+]
+
+# Inside a room, the same rule between its modules or subpackages (bottom first).
+SUBLAYERS = {
+    "playbook": ["render", "steps", "loader", "engine", "attach"],
+    "watch": ["logformats", "distributed", "torchrun", "classify", "monitor"],
+    "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
+    "nightly": ["rerun", "schedule"],
+}
+
+
+def test_every_room_has_its_place_in_the_layers():
+    assert sorted(rooms_in(PACKAGE_DIR)) == sorted(LAYERS)
+
+
+@pytest.mark.parametrize("room", LAYERS)
+def test_a_layer_imports_only_the_layers_below_it(room):
+    below = set(LAYERS[: LAYERS.index(room)])
+    above = room_graph().get(room, set()) - below
+    assert above == set(), f"{room} imports {sorted(above)}, which are not below it in LAYERS"
+
+
+def test_the_bottom_and_the_payloads_import_nothing_of_orchs():
     graph = room_graph()
-    assert {"engine", "steps", "playbook", "runs", "monitor", "config"} <= set(graph)
+    assert graph["ground"] == set() and graph["payloads"] == set() and graph["agent"] == set()
+
+
+def sublayer_of(module: str, room: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == room else None
+
+
+@pytest.mark.parametrize("room", sorted(SUBLAYERS))
+def test_inside_a_room_the_modules_point_down(room):
+    order = SUBLAYERS[room]
+    wrong = []
+    for module, imported in module_imports().items():
+        mine = sublayer_of(module, room)
+        if mine is None:
+            continue
+        assert mine in order or mine == "__init__", f"{module}: place it in SUBLAYERS[{room!r}]"
+        for target in imported:
+            theirs = sublayer_of(target, room)
+            if theirs in order and mine in order and order.index(theirs) > order.index(mine):
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_no_import_cycle_between_modules():
+    imports = module_imports()
+    graph = {module: targets & set(imports) for module, targets in imports.items()}
     left = cycles(graph)
-    assert left == [], "import cycles between rooms: " + "; ".join(" <-> ".join(c) for c in left)
+    assert left == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in left)
 
 
-def test_the_layers_point_down():
-    """The edges the architecture forbids (docs/design/architecture.md): steps never reach the
-    playbook loader or the engine, runs/ (history) never reaches what runs playbooks."""
-    graph = room_graph()
-    assert not graph["steps"] & {"playbook", "engine", "attach", "nightly", "commands"}
-    assert not graph["runs"] & {"steps", "playbook", "engine", "monitor", "nightly", "schedule"}
-    assert not graph["config"] & {"remote", "steps", "playbook", "runs", "monitor"}
-    assert "engine" not in graph["monitor"] and "steps" not in graph["monitor"]
-    # payloads/ is the scripts and their loader: it imports nothing of orch's; remote/ may use
-    # that loader, and otherwise only the rooms below it.
-    assert graph["payloads"] == set()
-    assert graph["remote"] <= {"errors", "paths", "config", "payloads"}
+@functools.lru_cache(maxsize=None)
+def module_imports(root: str = PACKAGE_DIR) -> dict[str, set[str]]:
+    """module -> the orchestrator modules it imports (TYPE_CHECKING left out)."""
+    found: dict[str, set[str]] = {}
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, os.path.dirname(root))[:-3].replace(os.sep, ".")
+            module = relative[: -len(".__init__")] if relative.endswith(".__init__") else relative
+            package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
+            with open(path, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read(), path)
+            found[module] = {target for target in imported_modules(tree, package)
+                             if target.startswith("orchestrator.")}
+    return found
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 from orchestrator.config.inventory import inventory_path, load_inventory
-from orchestrator.errors import ConfigError, ExitCode
+from orchestrator.ground.errors import ConfigError, ExitCode
 
 GOOD = """\
 hosts:

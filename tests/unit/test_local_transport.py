@@ -5,7 +5,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.errors import (CommandFailed, CommandTimeout, ContainerNotRunning,
+from orchestrator.ground.errors import (CommandFailed, CommandTimeout, ContainerNotRunning,
                                  NoSuchContainer, OrchError)
 from orchestrator.remote.base import (STREAMED_TAIL_BYTES, LineSplitter, Result, Transport,
                                       validate_argv)

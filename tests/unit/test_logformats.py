@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.logformats import (FORMATS, MAX_LINE, DerivedThroughput, LogParser, LogPoint, LogStream,
+from orchestrator.watch.logformats import (FORMATS, MAX_LINE, DerivedThroughput, LogParser, LogPoint, LogStream,
                                      find_bars, log_time, make_format, parse_text)
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"

@@ -13,7 +13,7 @@ import tracemalloc
 
 import pytest
 
-from orchestrator.logformats import MAX_LINE, LogParser, LogStream, find_bars, make_format
+from orchestrator.watch.logformats import MAX_LINE, LogParser, LogStream, find_bars, make_format
 from orchestrator.remote.base import LineSplitter
 
 MB = 1 << 20
@@ -92,8 +92,8 @@ out.flush()
 
 @pytest.mark.timeout(120)
 def test_the_monitor_keeps_up_with_a_megabyte_digit_line_64_mb_without_a_newline_and_many_lines(tmp_path):
-    from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
-    from orchestrator.payload_api import launcher
+    from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
+    from orchestrator.remote.payload_api import launcher
     from orchestrator.remote.container import Target
     from orchestrator.remote.local import LocalTransport
 
@@ -131,7 +131,7 @@ def test_the_monitor_keeps_up_with_a_megabyte_digit_line_64_mb_without_a_newline
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("word", ["ProcessGroupNCCL", "gloo ", "DistBackendError", "client socket has timed out after "])
 def test_failure_signatures_are_bounded_on_a_long_repeating_line(word):
-    from orchestrator.monitor_classify import LogClassifier
+    from orchestrator.watch.classify import LogClassifier
 
     classifier = LogClassifier("t", metrics_from_lines=False)
     line = word * (MAX_LINE // len(word))

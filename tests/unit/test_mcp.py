@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.fleet import Fleet
+from orchestrator.ground.errors import ConfigError
+from orchestrator.targets.fleet import Fleet
 from orchestrator.mcp.audit import AuditLog, audit_rows, mask
 from orchestrator.mcp.policy import READ_TOOLS, PolicyRefused, build_policy
 from orchestrator.runs.store import RunStore
@@ -176,7 +176,7 @@ def test_exec_output_is_capped_and_says_so(inventory, tmp_path):
 
 
 def test_orch_help_does_not_import_the_sdk():
-    code = "import sys; from orchestrator.cli import main; print('mcp' in sys.modules)"
+    code = "import sys; from orchestrator.cli.app import main; print('mcp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -18,8 +18,8 @@ pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'or
 import anyio  # noqa: E402
 from mcp import Client  # noqa: E402
 
-from orchestrator.errors import ConfigError  # noqa: E402
-from orchestrator.fleet import Fleet  # noqa: E402
+from orchestrator.ground.errors import ConfigError  # noqa: E402
+from orchestrator.targets.fleet import Fleet  # noqa: E402
 from orchestrator.mcp.audit import AuditLog, audit_rows, mask  # noqa: E402
 from orchestrator.mcp.policy import PolicyRefused, build_policy, refuse_templates  # noqa: E402
 from orchestrator.mcp.server import build_server  # noqa: E402

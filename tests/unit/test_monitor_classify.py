@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.monitor_classify import EndState, LogClassifier
+from orchestrator.watch.classify import EndState, LogClassifier
 
 FX = ("RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized "
       "function. This is not supported at the moment.")

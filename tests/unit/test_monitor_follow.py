@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from orchestrator.monitor import FollowHandler, LogFollower
-from orchestrator.payload_api import launcher, stop_run
+from orchestrator.watch.monitor import FollowHandler, LogFollower
+from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.payloads import payload_source
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -67,7 +67,7 @@ def test_start_detaches_and_records_exit(target, tmp_path):
 def test_start_refuses_a_second_run_and_reports_a_missing_command(target, tmp_path):
     run_dir = tmp_path / "run"
     start(target, run_dir, ["sleep", "30"])
-    from orchestrator.errors import PayloadError
+    from orchestrator.ground.errors import PayloadError
     with pytest.raises(PayloadError, match="already going"):
         start(target, run_dir, ["sleep", "30"])
     stop_run(target, str(run_dir), grace=2)

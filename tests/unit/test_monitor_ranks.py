@@ -10,15 +10,15 @@ import time
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.monitor import (LogFollower, Monitor, MonitorSettings, MonitorSink,
+from orchestrator.ground.errors import ConfigError
+from orchestrator.watch.monitor import (LogFollower, Monitor, MonitorSettings, MonitorSink,
                                   stream_copy_path, worker_of)
-from orchestrator.payload_api import launcher
+from orchestrator.remote.payload_api import launcher
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
-from orchestrator.logformats import make_format
-from orchestrator.torchrun import RANK_LOGS, TorchrunError, build_argv, check_spec
+from orchestrator.watch.logformats import make_format
+from orchestrator.watch.torchrun import RANK_LOGS, TorchrunError, build_argv, check_spec
 
 from tests.unit.test_monitor_follow import Collect
 
@@ -196,7 +196,7 @@ def test_a_follower_resumes_each_rank_log_at_its_own_offset(tmp_path):
 def dry_run(tmp_path, playbook, *extra):
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.app import main
 
     repo = __import__("pathlib").Path(__file__).resolve().parents[2]
     inventory = tmp_path / "inv.yaml"
@@ -260,8 +260,8 @@ def test_the_specforge_run_config_renders_to_its_sections(tmp_path):
 
 
 def test_one_step_said_twice_becomes_one_point_with_both():
-    from orchestrator.logformats import LogPoint
-    from orchestrator.monitor_classify import LogClassifier
+    from orchestrator.watch.logformats import LogPoint
+    from orchestrator.watch.classify import LogClassifier
 
     classifier = LogClassifier("dev", metrics_from_lines=False)
     first = classifier.observe(LogPoint(step=20, loss=5.4, metrics={"grad_norm": 1.8}), 1.0)
@@ -275,9 +275,9 @@ def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
 
     from rich.console import Console
 
-    from orchestrator.logformats import LogPoint
-    from orchestrator.monitor_classify import LogClassifier
-    from orchestrator.console.run import ConsoleReporter
+    from orchestrator.watch.logformats import LogPoint
+    from orchestrator.watch.classify import LogClassifier
+    from orchestrator.ground.console.run import ConsoleReporter
 
     out = io.StringIO()
     reporter = ConsoleReporter(Console(file=out, width=120, force_terminal=False), live=False, echo="events")
@@ -303,8 +303,8 @@ def test_the_live_view_says_when_no_metric_line_was_recognised():
 
     from rich.console import Console
 
-    from orchestrator.console.run import ConsoleReporter
-    from orchestrator.monitor_classify import LogClassifier
+    from orchestrator.ground.console.run import ConsoleReporter
+    from orchestrator.watch.classify import LogClassifier
 
     reporter = ConsoleReporter(Console(file=io.StringIO(), width=160, force_terminal=False), live=False,
                                echo="events")

@@ -10,8 +10,12 @@ import json
 
 import pytest
 
-from orchestrator import __version__, inventory_check, payload_api
-from orchestrator.errors import (ConnectionProblem, HostUnreachable, OrchError, PayloadError,
+from orchestrator import __version__
+
+from orchestrator.targets import inventory_check
+
+from orchestrator.remote import payload_api
+from orchestrator.ground.errors import (ConnectionProblem, HostUnreachable, OrchError, PayloadError,
                                  PayloadNoResult, PythonUnavailable)
 from orchestrator.payloads import payload_source
 from orchestrator.remote.base import Result, Transport
@@ -153,7 +157,7 @@ def test_fx_patch_sends_the_version_and_refuses_an_unknown_action():
 
 
 def test_a_busy_patch_lock_is_its_own_error_and_exit_code():
-    from orchestrator.errors import ExitCode, PatchBusy
+    from orchestrator.ground.errors import ExitCode, PatchBusy
     busy = json.dumps({"event": "error", "kind": "busy",
                        "message": "another orch patch action is changing torch"})
     t, host = target((1, [busy], ""))

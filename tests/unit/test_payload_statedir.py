@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from orchestrator.errors import PayloadError
-from orchestrator.payload_api import bootstrap, launcher, stop_run
+from orchestrator.ground.errors import PayloadError
+from orchestrator.remote.payload_api import bootstrap, launcher, stop_run
 from orchestrator.payloads import _statedir
 from orchestrator.payloads._statedir import UnsafePath, open_new, secure_dir
 from orchestrator.remote.container import Target

@@ -7,8 +7,8 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import main
-from orchestrator.errors import ConfigError
+from orchestrator.cli.app import main
+from orchestrator.ground.errors import ConfigError
 from orchestrator.playbook.loader import load_playbook, parse_extra_vars
 
 GOOD = """\

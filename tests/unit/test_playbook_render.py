@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config.yamlsrc import load_yaml
-from orchestrator.errors import ConfigError
+from orchestrator.ground.errors import ConfigError
 from orchestrator.playbook.render import (Loc, Unknown, UnknownAtPlanTime, evaluate_condition,
                                           render)
-from orchestrator.steps.shell import flatten
+from orchestrator.playbook.steps.shell import flatten
 
 
 def loc_of(tmp_path, text: str, path=()):

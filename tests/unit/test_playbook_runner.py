@@ -16,7 +16,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 from orchestrator.runs.store import RunStore
 
 FAKE_TRAINER = r'''
@@ -233,7 +233,7 @@ def test_step_options(project):
 
 def _orch_process(*args, **kwargs):
     env = dict(os.environ)
-    return subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import main; main()",
+    return subprocess.Popen([sys.executable, "-c", "from orchestrator.cli.app import main; main()",
                              "-i", "inv.yaml", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, **kwargs)
 

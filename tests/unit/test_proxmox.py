@@ -6,8 +6,8 @@ import json
 import pytest
 
 from orchestrator.config.inventory import HostSpec
-from orchestrator.errors import ConfigError, NoSuchContainer, OrchError
-from orchestrator.proxmox import ProxmoxClient, TaskFailed
+from orchestrator.ground.errors import ConfigError, NoSuchContainer, OrchError
+from orchestrator.targets.proxmox import ProxmoxClient, TaskFailed
 from orchestrator.remote.base import Result, Transport
 
 CONTAINERS = [{"vmid": 201, "name": "b", "status": "stopped", "type": "lxc"},
@@ -103,7 +103,7 @@ def test_a_failed_start_task_is_reported_with_its_error_and_log():
 
 
 def test_cpus_given_as_text_become_numbers():
-    from orchestrator.proxmox import typed
+    from orchestrator.targets.proxmox import typed
     assert typed({"cpus": "2", "vmid": "200"}) == {"cpus": 2, "vmid": 200}
     assert typed({"cpus": "1.5"})["cpus"] == 1.5
 
@@ -124,20 +124,20 @@ def test_https_refuses_verification_off_and_bad_pins(monkeypatch):
     ("https://[fe80::2%orch-SB1]:8443/", ("fe80::2%orch-SB1", 8443)),   # zone kept as is
 ])
 def test_https_urls_with_link_local_ipv6(url, expected):
-    from orchestrator.proxmox import _split_url
+    from orchestrator.targets.proxmox import _split_url
     assert _split_url("pve", url) == expected
 
 
 @pytest.mark.parametrize("url", ["http://pve:8006", "pve:8006", "https://fe80::2:8006",
                                  "https://pve:8006/api2/json"])
 def test_bad_https_urls_are_config_errors(url):
-    from orchestrator.proxmox import _split_url
+    from orchestrator.targets.proxmox import _split_url
     with pytest.raises(ConfigError, match="must look like https://HOST"):
         _split_url("pve", url)
 
 
 def test_fingerprints_in_either_spelling():
-    from orchestrator.proxmox import normalise_fingerprint
+    from orchestrator.targets.proxmox import normalise_fingerprint
     digest = "ab" * 32
     assert normalise_fingerprint(":".join(["AB"] * 32)) == digest.upper()
     assert normalise_fingerprint(digest) == digest.upper()
@@ -167,7 +167,7 @@ def starting_client(statuses, **kwargs):
 
 
 def test_ensure_running_starts_then_waits_until_it_runs(monkeypatch):
-    monkeypatch.setattr("orchestrator.proxmox.RUNNING_POLL_S", 0.01)
+    monkeypatch.setattr("orchestrator.targets.proxmox.RUNNING_POLL_S", 0.01)
     client, fake = starting_client(["stopped", "stopped", "stopped", "running"])
     assert client.ensure_running(200, wait_s=5) is True
     assert fake.started() and fake.statuses == ["running"]
@@ -180,7 +180,7 @@ def test_ensure_running_leaves_a_running_container_alone():
 
 
 def test_ensure_running_says_when_a_started_container_never_runs(monkeypatch):
-    monkeypatch.setattr("orchestrator.proxmox.RUNNING_POLL_S", 0.01)
+    monkeypatch.setattr("orchestrator.targets.proxmox.RUNNING_POLL_S", 0.01)
     client, _ = starting_client(["stopped"])
     with pytest.raises(OrchError, match=r"^ct1 \(CT 200 on host pve\): its start task ended OK but "
                                         r"it does not run after 0.2 s$"):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orchestrator.payload_api import launcher, stop_run
+from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.runs.store import RunStore

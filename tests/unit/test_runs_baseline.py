@@ -8,9 +8,9 @@ import json
 
 from click.testing import CliRunner
 
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 from orchestrator.runs.baseline import choose_baseline, run_shape
-from orchestrator.nightly import nightly
+from orchestrator.nightly.rerun import nightly
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import synthetic_run
 

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from orchestrator import paths
-from orchestrator.cli import main
+from orchestrator.ground import paths
+from orchestrator.cli.app import main
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import FREEZE, synthetic_run

@@ -15,11 +15,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from orchestrator import paths
-from orchestrator.cli import main
-from orchestrator.errors import ConfigError, ExitCode
-from orchestrator import nightly as nightly_mod
-from orchestrator.nightly import (NightlyConfig, NightlyLock, NightlyLocked, NotifyConfig,
+from orchestrator.ground import paths
+from orchestrator.cli.app import main
+from orchestrator.ground.errors import ConfigError, ExitCode
+from orchestrator.nightly import rerun as nightly_mod
+from orchestrator.nightly.rerun import (NightlyConfig, NightlyLock, NightlyLocked, NotifyConfig,
                                        load_config, nightly, parse_threshold, redact_url)
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import synthetic_run
@@ -36,7 +36,7 @@ RUNS = iter(range(1, 10_000))
 
 
 def fake_runner(**kw):
-    """A stand-in for orchestrator.nightly.run_playbook that records one synthetic run."""
+    """A stand-in for orchestrator.nightly.rerun.run_playbook that records one synthetic run."""
     calls = []
 
     def run(playbook, *, targets, extra_vars, **options):
@@ -124,7 +124,7 @@ def test_locks_are_per_playbook(tmp_path, playbook):
 
 CONCURRENT = textwrap.dedent("""
     import sys, time
-    from orchestrator import nightly as n
+    from orchestrator.nightly import rerun as n
     from tests.fixtures.synthetic import synthetic_run
     from orchestrator.runs.store import RunStore
     def slow_run(playbook, *, targets, extra_vars, **options):
@@ -134,7 +134,7 @@ CONCURRENT = textwrap.dedent("""
             s.begin(record)
         return record
     n.run_playbook = slow_run
-    from orchestrator.cli import main
+    from orchestrator.cli.app import main
     main(["nightly", sys.argv[1]], prog_name="orch")
 """)
 
@@ -158,7 +158,7 @@ def test_two_nightly_processes_at_once_exactly_one_runs(playbook):
 def test_lock_is_released_when_the_holder_is_killed(playbook):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from orchestrator.nightly import NightlyLock
+        from orchestrator.nightly.rerun import NightlyLock
         lock = NightlyLock({playbook!r}).acquire()
         print("locked", flush=True)
         time.sleep(60)

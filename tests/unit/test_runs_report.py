@@ -146,7 +146,7 @@ def test_notes_are_apart_from_problems():
 
 
 def test_a_torchrun_run_is_reported_in_ranks_with_its_killed_finding():
-    from orchestrator.monitor_classify import EndState, LogClassifier
+    from orchestrator.watch.classify import EndState, LogClassifier
 
     classifier = LogClassifier("ct200", metrics_from_lines=False)
     classifier.worker_word = "rank"

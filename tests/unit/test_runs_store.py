@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from orchestrator.errors import OrchError
+from orchestrator.ground.errors import OrchError
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo
 from orchestrator.runs.store import SCHEMA_VERSION, RunStore
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import main
-from orchestrator.commands.sandbox import SANDBOX_NOT_INSTALLED_EXIT
+from orchestrator.cli.app import main
+from orchestrator.cli.commands.sandbox import SANDBOX_NOT_INSTALLED_EXIT
 
 SUBCOMMANDS = [["up"], ["up", "--hosts", "1", "--json"], ["down"], ["down", "--purge"],
                ["status"], ["status", "--json"], ["build-root"]]
@@ -51,7 +51,7 @@ def test_help_still_lists_the_sandbox_without_it(no_sandbox):
 def test_orch_does_not_import_the_sandbox_until_a_sandbox_command_runs():
     # A fresh interpreter: this session's other tests may have imported orch_sandbox already.
     code = ("import sys\n"
-            "from orchestrator.cli import main\n"
+            "from orchestrator.cli.app import main\n"
             "main(['--help'], standalone_mode=False)\n"
             "print('orch_sandbox' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

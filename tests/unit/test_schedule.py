@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.cli import main
-from orchestrator.errors import ConfigError
-from orchestrator import schedule as sched
+from orchestrator.cli.app import main
+from orchestrator.ground.errors import ConfigError
+from orchestrator.nightly import schedule as sched
 
 HOSTILE = ["50%", "$HOME", "a b", 'q"uote', "back\\slash", "semi;colon", "'single'", "$(id)",
            "`id`", "%n%%", "tab\there", "*", "~", "-e", "é ü"]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator.errors import CommandTimeout, HostUnreachable, OrchError
+from orchestrator.ground.errors import CommandTimeout, HostUnreachable, OrchError
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.session import ExecSession, SessionPool, SessionUnavailable

@@ -3,7 +3,7 @@
 import textwrap
 
 from orchestrator.config.inventory import load_inventory
-from orchestrator.fleet import Fleet
+from orchestrator.targets.fleet import Fleet
 
 SSH_CONFIG = """\
 Host pve-alias

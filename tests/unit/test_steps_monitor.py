@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.monitor_classify import Verdict
+from orchestrator.ground.errors import ConfigError
+from orchestrator.watch.classify import Verdict
 from orchestrator.runs.model import Finding
-from orchestrator.steps import monitor as monitor_step
-from orchestrator.torchrun import RANK_LOGS
+from orchestrator.playbook.steps import monitor as monitor_step
+from orchestrator.watch.torchrun import RANK_LOGS
 from tests.unit.step_fakes import planned, harness
 
 TORCHRUN = """\

@@ -7,11 +7,11 @@ import hashlib
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.payload_api import REMOTE_ROOT
+from orchestrator.ground.errors import ConfigError
+from orchestrator.remote.payload_api import REMOTE_ROOT
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
-from orchestrator.steps.base import StepFailed
+from orchestrator.playbook.steps.base import StepFailed
 from tests.unit.step_fakes import payload_failure, planned, RUN_ID, Reply, harness
 
 PUSH = """\

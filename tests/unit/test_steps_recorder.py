@@ -5,10 +5,10 @@ from __future__ import annotations
 import inspect
 
 from orchestrator.mcp.tools import LiveReporter
-from orchestrator.console.run import ConsoleReporter
+from orchestrator.ground.console.run import ConsoleReporter
 from orchestrator.runs.model import Finding, RunRecord, StepResult, TargetInfo
 from orchestrator.runs.recorder import RunRecorder, masked
-from orchestrator.steps.base import Reporter
+from orchestrator.playbook.steps.base import Reporter
 from tests.unit.step_fakes import FakeReporter, harness
 
 

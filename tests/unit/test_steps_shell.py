@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError, ConnectionLost, ExitCode
+from orchestrator.ground.errors import ConfigError, ConnectionLost, ExitCode
 from orchestrator.runs.model import exit_code_for
-from orchestrator.steps.base import StepFailed
+from orchestrator.playbook.steps.base import StepFailed
 from tests.unit.step_fakes import Reply, harness
 
 TWO_STEPS = """\

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 
-from orchestrator import paths
+from orchestrator.ground import paths
 from tests.unit.step_fakes import payload_failure, planned, RUN_ID, harness
 
 ENSURE = "name: t\ntargets: [dev]\nsteps:\n  - ensure: {}\n"

@@ -7,7 +7,7 @@ import sqlite3
 
 from click.testing import CliRunner
 
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 from orchestrator.runs import store as store_module
 from orchestrator.runs.model import RunRecord
 from orchestrator.runs.store import RunStore

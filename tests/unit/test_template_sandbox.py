@@ -11,9 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 from orchestrator.config.yamlsrc import load_yaml
-from orchestrator.errors import ConfigError
+from orchestrator.ground.errors import ConfigError
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.playbook.render import Loc, Unknown, render
 from tests.unit.step_fakes import Reply, harness

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from orchestrator.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
-from orchestrator.payload_api import launcher
+from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
+from orchestrator.remote.payload_api import launcher
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 
@@ -271,7 +271,7 @@ def test_a_trainer_state_json_gives_the_points_a_log_did_not(tmp_path):
 
 
 def test_a_missing_or_broken_trainer_state_json_is_said_not_raised(tmp_path):
-    from orchestrator.logformats import TrainerStateError, log_history_points
+    from orchestrator.watch.logformats import TrainerStateError, log_history_points
 
     target = Target("here", LocalTransport("here"))
     monitor = Monitor(target, str(tmp_path), MonitorSettings(trainer_state=str(tmp_path / "none.json")), Sink())

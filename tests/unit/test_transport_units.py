@@ -14,7 +14,7 @@ import time
 import paramiko
 import pytest
 
-from orchestrator.errors import BadArgument, ChannelRefused
+from orchestrator.ground.errors import BadArgument, ChannelRefused
 from orchestrator.payloads import compact_source, payload_source
 from orchestrator.remote.base import Result, validate_env
 from orchestrator.remote.local import LocalTransport

@@ -1,0 +1,316 @@
+"""orch exec, orch ct list|status|start, orch inventory check."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+import click
+
+from orchestrator.ground import console
+from orchestrator.ground.errors import ConfigError, ExitCode
+from orchestrator.ground.lazy import lazy
+from orchestrator.remote.base import LineSplitter, stdin_bytes
+from orchestrator.remote.container import require_vmid
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.targets.fleet import GroupResult
+
+pass_app = click.pass_obj
+# imported when first called: `orch exec --help` needs no SSH code
+fan_out = lazy("orchestrator.targets.fleet", "fan_out")
+check_targets = lazy("orchestrator.targets.inventory_check", "check_targets")
+row_texts = lazy("orchestrator.targets.inventory_check", "row_texts")
+
+
+# ---------------------------------------------------------------- orch exec
+# After TARGET everything is the command's, as with ssh and docker exec: orch's own options
+# go before TARGET (`orch exec --timeout 5 CT python3 x.py --timeout 1`).
+@click.command("exec", context_settings={"ignore_unknown_options": True,
+                                         "allow_interspersed_args": False})
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="Kill the command (its whole process group) after this long "
+                   "(default: no limit).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON when it ends.")
+@click.argument("target")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_app
+def exec_command(app, target, command, timeout, as_json):
+    """Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live.
+
+    Options go before TARGET; everything after TARGET (an optional `--` first) is the
+    command, passed exactly as typed: orch quotes once, no shell in between. Output and
+    standard input (a pipe or a file) stream as they arrive. When the timeout fires or orch
+    is interrupted (Ctrl-C, SIGTERM), the command's process group in the container is
+    killed. orch exits with the command's exit code; its own errors exit 255, as ssh's do
+    (a host unreachable, a connection lost mid-command or a dead link, a timeout), except a
+    bad command line (2) and a container that does not exist or is not running (4).
+
+    \b
+    Examples:
+      orch exec drafters -- nvidia-smi
+      orch exec pve:200 python3 -c 'import sys; print(sys.argv)' 'a b' '$HOME'
+      orch exec --timeout 60 all-drafters -- df -h /
+    """
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise click.UsageError("no command given after the target")
+    if command[0].startswith("-"):
+        raise click.UsageError(f"the command starts with {command[0]!r}: orch's options go "
+                               "before TARGET (orch exec --timeout 5 TARGET -- COMMAND...)")
+    signal.signal(signal.SIGTERM, _terminated)
+    targets = app.fleet.targets([target])
+    try:
+        if len(targets) == 1 and not as_json:
+            _exec_streaming(targets[0], command, timeout)
+        _exec_many(app, targets, command, timeout, as_json)
+    except _OutputClosed:
+        # like ssh under `| head`: the reader left, the remote command is stopped with us
+        if threading.current_thread() is threading.main_thread():  # not in the agent
+            sys.stdout = open(os.devnull, "w")
+        sys.exit(128 + signal.SIGPIPE)
+
+
+def _exec_streaming(target, command, timeout):
+    result = target.run(command, stdin=_forwarded_stdin(), timeout=timeout, capture=False,
+                        kill_on_close=True, on_stdout=_writer(sys.stdout),
+                        on_stderr=_writer(sys.stderr))
+    sys.exit(result.exit_code)
+
+
+def _exec_many(app, targets, command, timeout, as_json):
+    stdin = stdin_bytes(_forwarded_stdin())  # every target gets the same input
+
+    def run_one(target):
+        if as_json:
+            return target.run(command, stdin=stdin, timeout=timeout, capture=True,
+                              kill_on_close=True)
+        out, err = _prefixed(target.name, sys.stdout), _prefixed(target.name, sys.stderr)
+        try:
+            return target.run(command, stdin=stdin, timeout=timeout, capture=False,
+                              kill_on_close=True, on_stdout=out.feed, on_stderr=err.feed)
+        finally:   # a last line without a newline is a line too
+            out.flush()
+            err.flush()
+    results = fan_out(targets, run_one, on_interrupt=app.fleet.close)
+    if as_json:
+        console.print_json([_result_json(t, results) for t in targets])
+    for t, error in results.failed.items():
+        console.error(_naming(t.name, str(error)))
+    codes = [ExitCode.EXEC_ORCH_ERROR if t in results.failed else results.succeeded[t].exit_code
+             for t in targets]
+    sys.exit(max(codes))
+
+
+def _naming(name: str, message: str) -> str:
+    """An error of one target of many, said with the target's name first (once)."""
+    return message if message.startswith(name) else f"{name}: {message}"
+
+
+def _terminated(number, frame):
+    raise SystemExit(128 + number)  # unwinds like Ctrl-C: channels close, commands die
+
+
+class _OutputClosed(Exception):
+    """orch's own stdout or stderr was closed by its reader (`orch exec ... | head`)."""
+
+
+def _forwarded_stdin():
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return None
+    if stat.S_ISFIFO(mode) or stat.S_ISREG(mode):
+        return sys.stdin.buffer
+    return None
+
+
+def _writer(stream):
+    lock = threading.Lock()
+
+    def write(chunk: bytes) -> None:
+        with lock:
+            try:
+                stream.buffer.write(chunk)
+                stream.flush()
+            except BrokenPipeError:
+                raise _OutputClosed() from None
+    return write
+
+
+def _prefixed(name: str, stream) -> LineSplitter:
+    lock = threading.Lock()
+
+    def line(text: str) -> None:
+        with lock:
+            try:
+                stream.write(f"[{name}] {text}\n")
+                stream.flush()
+            except BrokenPipeError:
+                raise _OutputClosed() from None
+    return LineSplitter(line)
+
+
+def _result_json(target, results: GroupResult) -> dict:
+    if target in results.failed:
+        return {"target": target.name, "error": _naming(target.name, str(results.failed[target])),
+                "exit_code": None}
+    result = results.succeeded[target]
+    return {"target": target.name, "argv": result.argv, "exit_code": result.exit_code,
+            "stdout": result.text, "stderr": result.error_text, "duration_s": round(result.duration, 4)}
+
+
+# ---------------------------------------------------------------- orch ct ...
+@click.group("ct")
+def ct():
+    """Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token).
+
+    \b
+    Examples:
+      orch ct list pve
+      orch ct status drafters --json
+      orch ct start drafters
+    """
+
+
+@ct.command("list")
+@click.argument("hosts", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def ct_list(app, hosts, as_json):
+    """List the containers of HOSTS or CLUSTERS (default: every SSH host of the
+    inventory), with the node each one is on. A cluster is asked once, through the first
+    of its hosts that answers (/cluster/resources).
+
+    \b
+    Examples:
+      orch ct list pve --json
+      orch ct list lab
+    """
+    inventory = app.fleet.inventory
+    names = list(hosts) or [n for n, h in inventory.hosts.items() if h.transport == "ssh"]
+    for name in names:
+        if name not in inventory.hosts and name not in inventory.clusters:
+            raise ConfigError(f"unknown host or cluster {name!r}",
+                              hint="hosts: " + ", ".join(inventory.hosts)
+                                   + ("; clusters: " + ", ".join(inventory.clusters)
+                                      if inventory.clusters else ""))
+    known = {(c.cluster or c.host, c.vmid): c.name
+             for c in inventory.containers.values() if c.vmid}
+    results = fan_out(names, lambda n: app.fleet.containers_of(n, warn=console.warn))
+    rows = []
+    for name in names:
+        if name in results.failed:
+            rows.append({"host": name, "error": str(results.failed[name])})
+            continue
+        for item in results.succeeded[name]:
+            vmid = int(item["vmid"])
+            rows.append({"host": item["host"], "node": item.get("node"), "vmid": vmid,
+                         "name": item.get("name"), "status": item.get("status"),
+                         "cpus": item.get("cpus", item.get("maxcpu")),
+                         "inventory": known.get((name, vmid)) or known.get((item["host"], vmid))})
+    if as_json:
+        console.print_json(rows)
+    else:
+        console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
+                      [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
+                        r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
+    sys.exit(ExitCode.OK if results.ok else ExitCode.FAILED)
+
+
+def _single_container(app, name: str):
+    targets = app.fleet.targets([name])
+    if len(targets) != 1:
+        raise ConfigError(f"{name!r} names {len(targets)} containers; name one")
+    require_vmid(targets[0])
+    return targets[0]
+
+
+@ct.command("status")
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def ct_status(app, target, as_json):
+    """Show the status of one container.
+
+    \b
+    Example:
+      orch ct status drafters
+    """
+    container = _single_container(app, target)
+    status = app.fleet.proxmox(container.host.name, warn=console.warn).status(container.vmid)
+    if as_json:
+        console.print_json(status)
+    else:
+        console.out.print(f"{container.describe()}: {status.get('status')}"
+                          + (f" (uptime {status.get('uptime')} s)" if status.get("uptime") else ""))
+
+
+@ct.command("start")
+@click.argument("target")
+@click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the start task and until it runs.")
+@pass_app
+def ct_start(app, target, wait_s):
+    """Start one container: follow Proxmox's start task to its end (its error is
+    reported as soon as it fails), then wait until the container runs.
+
+    \b
+    Example:
+      orch ct start drafters --wait 120
+    """
+    container = _single_container(app, target)
+    client = app.fleet.proxmox(container.host.name, warn=console.warn)
+    started = client.ensure_running(container.vmid, wait_s, label=container.describe())
+    console.info(f"{container.describe()} is {'running' if started else 'already running'}")
+
+
+# ---------------------------------------------------------------- orch inventory check
+@click.group("inventory")
+def inventory():
+    """Inspect the inventory.
+
+    \b
+    Example:
+      orch inventory check
+    """
+
+
+@inventory.command("check")
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="Only these containers or groups (default: every container).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def inventory_check(app, targets, as_json):
+    """Check every container at once: reachable, running, python, venv, GPUs.
+
+    A container without python3 is reported with its distribution's install command
+    (read from /etc/os-release), e.g. `orch exec CT -- apt-get install -y python3`.
+    Exit code: 0 all ok, 1 a container has a problem.
+
+    \b
+    Example:
+      orch inventory check --json
+      orch inventory check -t drafters
+    """
+    fleet = app.fleet
+    chosen = fleet.targets(list(targets) or list(fleet.inventory.containers))
+    rows = check_targets(chosen)
+    if as_json:
+        console.print_json(rows)
+    else:
+        console.table(["TARGET", "WHERE", "OK", "PYTHON", "VENV", "GPUS", "PROBLEM"],
+                      [_check_row(r) for r in rows])
+    sys.exit(ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED)
+
+
+def _check_row(row: dict) -> list:
+    texts = row_texts(row)
+    return [row["target"], row["where"], "yes" if row["ok"] else "NO",
+            texts["python"], texts["venv"], texts["gpus"], texts["problem"]]

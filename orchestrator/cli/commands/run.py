@@ -1,0 +1,193 @@
+"""orch run, orch validate, orch attach, orch stop: playbooks and the runs they launch."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from orchestrator.ground import console
+from orchestrator.ground.console.run import ConsoleReporter
+from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.ground.lazy import lazy
+
+pass_app = click.pass_obj
+# imported when first called: `orch run --help` needs no SSH, jinja2 or engine code
+inventory_path = lazy("orchestrator.config.inventory", "inventory_path")
+load_inventory = lazy("orchestrator.config.inventory", "load_inventory")
+attach_run = lazy("orchestrator.playbook.attach", "attach_run")
+stop_recorded_run = lazy("orchestrator.playbook.attach", "stop_recorded_run")
+resolve_specs = lazy("orchestrator.playbook.engine", "resolve_specs")
+run_playbook = lazy("orchestrator.playbook.engine", "run_playbook")
+load_playbook = lazy("orchestrator.playbook.loader", "load_playbook")
+normalize_extra_vars = lazy("orchestrator.playbook.loader", "normalize_extra_vars")
+ECHO_CHOICE = click.Choice(["auto", "all", "events", "none"])
+
+
+def _reporter(as_json: bool, echo: str):
+    return ConsoleReporter(json_mode=as_json, echo=echo)
+
+
+def _record_json(record) -> dict:
+    data = record.to_dict()
+    data.pop("metrics", None)  # `orch runs show RUN --json` has the series
+    data["metric_points"] = len(record.metrics)
+    return data
+
+
+@click.command("run")
+@click.argument("playbook", type=click.Path(dir_okay=False))
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="Run on this container or group instead of the playbook's targets (repeatable).")
+@click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
+              help="Set a playbook variable (VALUE read as YAML: 50, true, [a, b]); @FILE.yaml too.")
+@click.option("--dry-run", is_flag=True, help="Print every step with its rendered commands; touch nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Progress on stderr, the run's record as JSON on stdout.")
+@click.option("--echo", type=ECHO_CHOICE, default="auto", show_default=True,
+              help="Log lines the monitor prints: all, events (not metric lines), none; auto: "
+                   "events on a terminal (a live table shows the metrics), all otherwise.")
+@pass_app
+def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo):
+    """Run PLAYBOOK: bootstrap, patch, launch detached, monitor, collect, record.
+
+    Every run is recorded (`orch runs list`). A launched training run is detached: it
+    survives a dropped SSH link and orch's own exit; `orch attach RUN` follows it again.
+
+    \b
+    Exit codes:
+      0   ok                        11  hang (stopped after hang_after)
+      2   bad playbook or options   12  degraded throughput / recompile limit
+      10  failed (FX race, traceback, OOM, NCCL, non-zero exit, killed, a failed step)
+      13  a target was unreachable
+
+    \b
+    Examples:
+      orch run playbooks/dflash.yaml
+      orch run playbooks/dflash-demo.yaml                    # the whole story on this machine
+      orch run playbooks/dflash-local.yaml -e race=true -e patch=false
+      orch -i sandbox run playbooks/dflash-sandbox.yaml
+      orch run playbooks/dflash.yaml -t drafters -e steps=500 -e hang_after=300
+      orch run playbooks/dflash.yaml --dry-run
+    """
+    record = run_playbook(playbook, targets=list(targets), extra_vars=list(extra_vars),
+                          inventory=app.inventory_option, trust_on_first_use=app.trust_on_first_use,
+                          reporter=_reporter(as_json, echo), dry_run=dry_run)
+    if as_json:
+        console.print_json(_record_json(record) if not dry_run else {"dry_run": True, "run_id": record.run_id})
+    sys.exit(ExitCode.OK if dry_run else record.exit_code)
+
+
+@click.command("validate")
+@click.argument("playbook", type=click.Path(dir_okay=False))
+@click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
+              help="Variables the run would get with -e (they count as defined).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def validate_command(app, playbook, extra_vars, as_json):
+    """Check PLAYBOOK without running it: keys, types, step kinds, templates, targets.
+
+    Every mistake is reported as FILE:LINE:COL with what is wrong; exit code 2.
+
+    \b
+    Examples:
+      orch validate playbooks/dflash.yaml
+      orch validate playbooks/dflash.yaml -e race=true --json
+    """
+    try:
+        book = load_playbook(playbook, normalize_extra_vars(list(extra_vars)))
+        warnings = _check_targets(app, book)
+    except OrchError as error:
+        if as_json:
+            console.print_json({"ok": False, "playbook": playbook, "error": str(error)})
+            sys.exit(error.exit_code)
+        raise
+    steps = [{"index": s.index + 1, "kind": s.kind, "name": s.name, "where": s.loc.where()}
+             for s in book.steps]
+    if as_json:
+        console.print_json({"ok": True, "playbook": playbook, "name": book.name,
+                            "targets": book.targets, "vars": sorted(book.vars), "steps": steps,
+                            "warnings": warnings, "sha256": book.sha256})
+        return
+    console.out.print(f"[green]ok[/]: {console.escape(playbook)}: {book.name}, {len(steps)} steps "
+                      f"({', '.join(s['kind'] for s in steps)}); targets: "
+                      f"{', '.join(book.targets) or '(give -t)'}")
+    for warning in warnings:
+        console.warn(warning)
+
+
+def _check_targets(app, book) -> list[str]:
+    """Playbook targets against the inventory, when there is one to check against (the
+    engine's own resolution: an unknown name is an error at its file:line:col)."""
+    if not book.targets:
+        return ["the playbook names no targets: `orch run` will need -t TARGET"]
+    path = inventory_path(app.inventory_option)
+    if os.path.exists(path):
+        resolve_specs(book, load_inventory(path))
+    return []
+
+
+@click.command("attach")
+@click.argument("run", default="last")
+@click.option("--json", "as_json", is_flag=True, help="Progress on stderr, the record as JSON on stdout.")
+@click.option("--echo", type=ECHO_CHOICE, default="auto", show_default=True,
+              help="Which log lines to print (see orch run --help).")
+@pass_app
+def attach_command(app, run, as_json, echo):
+    """Follow a launched run again: its log from the start, live progress, the verdict.
+
+    For a run whose orch was killed, interrupted or lost its link: the training went on in
+    its container; attach monitors it to its end, runs the playbook's collect steps and
+    records the verdict. RUN is a run id, a unique prefix, or 'last' (the default).
+    A run whose orch was killed before it launched anything is recorded as abandoned.
+    Exit codes as for `orch run` (abandoned: 10).
+
+    \b
+    Examples:
+      orch attach last
+      orch attach 20261129-0915
+    """
+    record = attach_run(run, inventory=app.inventory_option,
+                        trust_on_first_use=app.trust_on_first_use, reporter=_reporter(as_json, echo))
+    if as_json:
+        console.print_json(_record_json(record))
+    sys.exit(record.exit_code if record.exit_code is not None else ExitCode.FAILED)
+
+
+@click.command("stop")
+@click.argument("run", default="last")
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="Stop it on these targets only.")
+@click.option("--grace", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def stop_command(app, run, targets, grace, as_json):
+    """Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period.
+
+    A run whose orch was killed before it launched anything is recorded as abandoned.
+
+    \b
+    Examples:
+      orch stop last
+      orch stop 20261129-0915 --grace 30
+    """
+    record, results = stop_recorded_run(run, grace=grace, target_names=list(targets),
+                                        inventory=app.inventory_option,
+                                        trust_on_first_use=app.trust_on_first_use)
+    if as_json:
+        console.print_json({"run_id": record.run_id, "verdict": record.verdict, "targets": results})
+    elif not results:
+        console.info(f"run {record.run_id} launched nothing: recorded as {record.verdict}")
+    else:
+        for item in results:
+            if "error" in item:
+                console.target_error(item["target"], item["error"])
+            elif item.get("already"):
+                console.out.print(f"{item['target']}: not running ({item.get('state')}"
+                                  + (f", exit {item.get('exit_code')}" if item.get("exit_code") is not None else "")
+                                  + ")")
+            else:
+                console.out.print(f"{item['target']}: stopped with {item.get('sent')} "
+                                  f"(exit {item.get('exit_code')}, signal {item.get('signal')})")
+    sys.exit(ExitCode.FAILED if any("error" in r for r in results) else ExitCode.OK)

@@ -1,0 +1,451 @@
+"""orch grep-torch / grep-pkg, orch patch fx-tls, orch verify fx-race."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+import click
+
+from orchestrator.ground import console, fx_states
+
+from orchestrator.remote import payload_api
+from orchestrator.ground.errors import ExitCode
+from orchestrator.ground.lazy import lazy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.targets.fleet import GroupResult
+
+pass_app = click.pass_obj
+fan_out = lazy("orchestrator.targets.fleet", "fan_out")  # no SSH code for --help
+TARGET_OPTION = click.option(
+    "-t", "--target", "targets", multiple=True, metavar="TARGET",
+    help="Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+# ---------------------------------------------------------------- grep-torch / grep-pkg
+def _search_options(command):
+    for option in reversed([
+        TARGET_OPTION,
+        click.option("-F", "--fixed-strings", "fixed", is_flag=True, help="PATTERN is a plain string."),
+        click.option("-w", "--word", is_flag=True, help="Match whole words only."),
+        click.option("-i", "--ignore-case", is_flag=True, help="Ignore case."),
+        click.option("-C", "--context", type=click.IntRange(0, 50), default=0, metavar="N",
+                     help="Show N lines around each hit."),
+        click.option("--def", "definition", is_flag=True,
+                     help="PATTERN is a name (or Class.method): find where it is defined."),
+        click.option("--show", is_flag=True, help="With --def: print each definition's whole body."),
+        click.option("--engine", type=click.Choice(["auto", "rg", "python"]), default="auto",
+                     show_default=True, help="ripgrep when the container has it, else Python."),
+        click.option("--max-hits", type=click.IntRange(1), default=200, show_default=True,
+                     help="Stop after this many hits per target (the output says so)."),
+        JSON_OPTION,
+    ]):
+        command = option(command)
+    return command
+
+
+@click.command("grep-torch")
+@click.argument("pattern")
+@_search_options
+@pass_app
+def grep_torch(app, pattern, **options):
+    """Search the installed torch source in each target's venv (torch is never imported).
+
+    PATTERN is a regular expression (Python syntax), or a plain string with -F; it is data,
+    never shell. Hits print as torch/fx/_symbolic_trace.py:70:<line>.
+    Exit code: 0 hits found, 1 none, other codes for errors (docs/reference/exit-codes.md).
+
+    \b
+    Examples:
+      orch grep-torch _is_fx_tracing_flag
+      orch grep-torch --def is_fx_symbolic_tracing --show
+      orch grep-torch --def Tracer.trace --show -t drafters
+      orch grep-torch -F 'config.error_on_nested_fx_trace' -C 2 -t all-drafters --json
+    """
+    _search(app, "torch", pattern, **options)
+
+
+@click.command("grep-pkg")
+@click.argument("package")
+@click.argument("pattern")
+@_search_options
+@pass_app
+def grep_pkg(app, package, pattern, **options):
+    """Search any installed package's source (transformers, triton, ...) like grep-torch.
+
+    \b
+    Examples:
+      orch grep-pkg transformers 'flex_attention' -w
+      orch grep-pkg triton --def autotune --show
+    """
+    _search(app, package, pattern, **options)
+
+
+def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context, definition,
+            show, engine, max_hits, as_json):
+    if show and not definition:
+        raise click.UsageError("--show goes with --def (it prints a definition's body)")
+    chosen = app.fleet.targets(targets)
+    results = fan_out(chosen, lambda target: payload_api.search(
+        target, pattern, package=package, fixed=fixed, word=word, ignore_case=ignore_case,
+        context=context, mode="def" if definition else "grep", show=show, engine=engine,
+        max_hits=max_hits))
+    _print_each(results, as_json, lambda target, outcome: _print_search(target, outcome, max_hits))
+    sys.exit(_search_exit_code(results))
+
+
+def _print_each(results: GroupResult, as_json: bool, print_outcome) -> None:
+    """One JSON list of every target's outcome, or each target's in turn, its error said once."""
+    if as_json:
+        console.print_json(results.rows())
+        return
+    for target in results.items:
+        if target in results.failed:
+            console.target_error(target.name, results.failed[target])
+        else:
+            print_outcome(target, results.succeeded[target])
+
+
+def _print_search(target, outcome, max_hits) -> None:
+    console.out.print(f"[bold]== {console.escape(target.describe())}[/]: "
+                      f"{outcome.get('package', 'torch')} {outcome.get('version')} in "
+                      f"{console.escape(str(outcome.get('site_packages')))} "
+                      f"(engine: {outcome.get('engine')}"
+                      f"{', ' + outcome['engine_reason'] if outcome.get('engine_reason') else ''})")
+    for match in outcome["matches"]:
+        if match["event"] == "def":
+            _print_definition(match)
+        else:
+            _print_hit(match)
+    if outcome.get("truncated"):
+        console.warn(f"{target.name}: output cut at {max_hits} hits; narrow the pattern or raise --max-hits")
+    elif not outcome["matches"]:
+        console.info(f"{target.name}: no match")
+
+
+def _print_hit(hit: dict) -> None:
+    for line, text in hit.get("before", []):
+        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
+    sys.stdout.write(f"{hit['path']}:{hit['line']}:{hit['text']}\n")
+    for line, text in hit.get("after", []):
+        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
+    if hit.get("before") or hit.get("after"):
+        sys.stdout.write("--\n")
+
+
+def _print_definition(found: dict) -> None:
+    sys.stdout.write(f"{found['path']}:{found['line']}: {found.get('kind')} {found.get('qualname')}\n")
+    body = found.get("body")
+    if body:
+        for number, text in enumerate(body.splitlines(), start=found["line"]):
+            sys.stdout.write(f"{number:>6}  {text}\n")
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _search_exit_code(results: GroupResult) -> int:
+    if not results.ok:
+        return results.first_error().exit_code
+    return ExitCode.OK if any(o["matches"] for o in results.succeeded.values()) else ExitCode.FAILED
+
+
+# ---------------------------------------------------------------- patch fx-tls
+@click.group("patch")
+def patch():
+    """Patches orch applies to the installed torch of a container.
+
+    \b
+    Example:
+      orch patch fx-tls status
+    """
+
+
+@contextlib.contextmanager
+def finish_before_interrupt(action: str):
+    """While a patch apply/revert runs, the first Ctrl-C lets it finish instead of leaving it
+    behind: the payload goes on in the target anyway (a channel closing does not stop it), so
+    leaving at once would report "interrupted" for a change that then completes. Yields a
+    list that is non-empty once Ctrl-C was pressed; a second Ctrl-C raises KeyboardInterrupt
+    (the caller says the outcome is not known)."""
+    pressed: list[float] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed          # signal handlers belong to the main thread
+        return
+
+    def on_interrupt(number, frame):
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(1.0)
+        console.warn(f"interrupted: letting the {action} in progress finish (it takes seconds "
+                     "and leaves no half-patched file); Ctrl-C again to leave without knowing "
+                     "its outcome")
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+PATCH_EXIT_CODES = """\b
+Exit code: 0 when every target ended fine; 1 when one is vulnerable, drifted or unknown
+(status, diff) or the action was refused; 21 when another orch patch action on that
+torch held its lock past the payload's 15 s wait (readers share the lock: concurrent
+status calls never refuse each other); other codes for errors (docs/reference/exit-codes.md)."""
+
+STATUS_LINES = """\b
+status  vulnerable, fixed-upstream, patched (when, which orch), drifted, or unknown;
+        then one row per shared state: VULNERABLE, thread-local upstream, patched by
+        orch, DRIFTED, not in this release, or UNKNOWN shape, with file:line and why
+diff    what apply would change; changes nothing
+apply   back up, rewrite atomically, check it compiles and imports, record it
+revert  restore the original bytes, checked against the wheel's RECORD hashes"""
+
+
+def _patch_command(patch_set: str, summary: str, examples: str):
+    @click.argument("action", type=click.Choice(list(payload_api.PATCH_ACTIONS)))
+    @TARGET_OPTION
+    @JSON_OPTION
+    @pass_app
+    def command(app, action, targets, as_json):
+        _run_patch(app, patch_set, action, targets, as_json)
+
+    parts = (summary, STATUS_LINES, PATCH_EXIT_CODES, examples)
+    command.__doc__ = "\n\n".join(inspect.cleandoc(part) for part in parts)
+    return patch.command(patch_set)(command)
+
+
+fx_threads = _patch_command("fx-threads", """Make every FX state that concurrent compiles share thread-local: status | diff | apply | revert.
+
+    The FX tracing flag (torch 2.1-2.13; upstream since 2.14), FX's node-meta state of
+    torch/fx/traceback.py (current_meta and its flags; still shared in 2.14.1: `KeyError:
+    'custom'` from annotate() in one thread while another leaves preserve_node_meta()),
+    and FX's trace-time patching (nn.Module.__call__/__getattr__, math.* and
+    CURRENT_PATCHER: made to act only in the tracing thread).
+    Over a torch patched by `orch patch fx-tls`, apply adds the rest; revert undoes both.""",
+    """\b
+    Examples:
+      orch patch fx-threads status -t all-drafters
+      orch patch fx-threads diff -t drafters
+      orch patch fx-threads apply -t drafters
+      orch verify fx-threads -t drafters
+      orch patch fx-threads revert -t drafters --json""")
+
+fx_tls = _patch_command("fx-tls", """Make torch's FX tracing flag thread-local: status | diff | apply | revert.
+
+    The flag alone (orch's first patch); `orch patch fx-threads` covers every FX state
+    threads share, and status here names those the flag patch leaves shared.""",
+    """\b
+    Examples:
+      orch patch fx-tls status -t all-drafters
+      orch patch fx-tls diff -t drafters
+      orch patch fx-tls apply -t drafters
+      orch patch fx-tls revert -t drafters --json""")
+
+
+def _run_patch(app, patch_set, action, targets, as_json):
+    chosen = app.fleet.targets(targets)
+    changes = action in ("apply", "revert")
+    with (finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
+        try:
+            results = fan_out(chosen, lambda target: payload_api.fx_patch(
+                target, action, patch_set=patch_set))
+        except KeyboardInterrupt:
+            # The second Ctrl-C: the payload goes on without us; say what is known.
+            names = " ".join(f"-t {t.name}" for t in chosen)
+            console.error(f"interrupted twice: left while the {action} was in progress; whether it "
+                          f"completed is not known: `orch patch {patch_set} status {names}` tells")
+            sys.exit(ExitCode.INTERRUPTED)
+        # still under the handler: a Ctrl-C while the outcome is printed is "after it
+        # finished", never Python's bare KeyboardInterrupt ("interrupted" for a done change)
+        _print_each(results, as_json, lambda target, outcome: _print_patch(target, action, outcome))
+        if changes and ctrl_c:
+            done = [t.name for t in results.succeeded]
+            console.warn(f"interrupted, after the {action} finished"
+                         + (f" on {', '.join(done)} (its outcome is above)" if done else ""))
+            sys.exit(ExitCode.INTERRUPTED)
+        sys.exit(_patch_exit_code(action, results))
+
+
+def _print_patch(target, action, outcome) -> None:
+    header = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
+    console.out.print(header + fx_states.meaning(outcome.get("status")))
+    _print_state_rows(outcome.get("states") or [])
+    if action == "diff":
+        sys.stdout.write(outcome.get("diff") or "(no change)\n")
+        return
+    message = outcome.get("message")
+    if message:
+        console.out.print("  " + console.escape(message))
+    for item in outcome.get("files", []) or []:
+        details = [f"{key}={item[key]}" for key in ("state", "action", "dist_record") if key in item]
+        console.out.print(f"  {console.escape(item.get('path', '?'))}  {' '.join(details)}")
+        if item.get("why"):
+            console.out.print(f"    why: {console.escape(item['why'])}")
+    for key, words in (("leftover_temp_files", "left by a killed orch (apply/revert remove it)"),
+                       ("orphan_backups", "a backup without a record (orch never deletes it)")):
+        for path in outcome.get(key) or []:
+            console.out.print(f"  {console.escape(path)}  {words}")
+
+
+def _print_state_rows(rows) -> None:
+    """One row per shared state: what it is, where it stands, where and why."""
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        outside = "" if row.get("in_set", True) else "  (not in this patch set)"
+        console.out.print(f"  {console.escape(str(row.get('title', row.get('state'))))}: "
+                          f"{fx_states.row_meaning(row.get('status'))}  "
+                          f"{console.escape(str(row.get('where', '')))}{outside}")
+        if row.get("why"):
+            console.out.print(f"    {console.escape(str(row['why']))}")
+
+
+def _patch_exit_code(action, results: GroupResult) -> int:
+    if not results.ok:
+        return results.first_error().exit_code
+    if action in ("status", "diff"):
+        bad = [o for o in results.succeeded.values() if o.get("status") in fx_states.UNSAFE]
+        return ExitCode.FAILED if bad else ExitCode.OK
+    return ExitCode.OK
+
+
+# ---------------------------------------------------------------- verify fx-race
+@click.group("verify")
+def verify():
+    """Checks that run a reproducer inside the container.
+
+    \b
+    Example:
+      orch verify fx-race
+    """
+
+
+@verify.command("fx-race")
+@TARGET_OPTION
+@click.option("--trials", type=click.IntRange(1, 100), default=10, show_default=True,
+              help="Runs of the cross-thread reproducer and of its same-thread control.")
+@JSON_OPTION
+@pass_app
+def fx_race(app, targets, trials, as_json):
+    """Run the deterministic FX race reproducer with each target's venv python.
+
+    Thread A holds an FX trace open; thread B calls a freshly compiled function. A vulnerable
+    torch raises in every trial; a patched or upstream-fixed one in none, while the
+    same-thread control must still raise (the guard is still on).
+    Exit code: 0 when safe (fixed), 1 when vulnerable, the guard is off, or inconclusive.
+
+    \b
+    Examples:
+      orch verify fx-race -t drafters
+      orch verify fx-race -t all-drafters --trials 20 --json
+    """
+    chosen = app.fleet.targets(targets)
+    lock = threading.Lock()
+
+    def progress(name):
+        def on_event(event):
+            if not as_json and event.get("event") == "trial":
+                with lock:
+                    console.info(f"{name}: trial {event.get('index')}: cross-thread "
+                                 f"{'RAISED' if event.get('cross_thread_raised') else 'ok'}, "
+                                 f"same-thread control "
+                                 f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}")
+        return on_event
+
+    results = fan_out(chosen, lambda target: payload_api.fx_race(
+        target, trials, on_event=progress(target.name)))
+    _print_each(results, as_json, _print_race)
+    if not results.ok:
+        sys.exit(results.first_error().exit_code)
+    sys.exit(ExitCode.OK if all(o.get("verdict") == "fixed" for o in results.succeeded.values())
+             else ExitCode.FAILED)
+
+
+def _print_race(target, outcome) -> None:
+    console.out.print(
+        f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}: "
+        f"cross-thread raised {outcome.get('cross_thread_raised')}/{outcome.get('trials')}, "
+        f"same-thread control raised {outcome.get('same_thread_raised')}/"
+        f"{outcome.get('same_thread_trials')} -> [bold]{outcome.get('verdict')}[/]")
+    if outcome.get("cross_thread_other_fx_leak"):
+        console.out.print(f"  {outcome['cross_thread_other_fx_leak']} cross-thread call(s) failed with "
+                          "FX's other process-wide leak (its patched torch.nn.Module.__call__: "
+                          "'module is not installed as a submodule'), not the flag")
+
+
+RACE_TITLES = fx_states.STATE_TITLES
+
+
+@verify.command("fx-threads")
+@TARGET_OPTION
+@click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Runs of each state's reproducer and of its same-thread control.")
+@JSON_OPTION
+@pass_app
+def fx_threads_race(app, targets, trials, as_json):
+    """Run a deterministic reproducer per FX state threads share, and its same-thread control.
+
+    \b
+    FX tracing flag: thread A holds an FX trace open, thread B calls a freshly compiled
+      function (vulnerable: B raises); control: the same call inside a trace in one
+      thread still raises.
+    FX node-meta state: B enters preserve_node_meta(), A opens annotate(), B leaves, A
+      leaves (vulnerable: KeyError 'custom' in A, and B sees A's annotation); control:
+      nested preserve_node_meta()/annotate() in one thread restore what they saved.
+    FX trace-time patching: A holds a symbolic_trace open, B calls a plain nn.Linear
+      (vulnerable: NameError 'module is not installed as a submodule'); control: a trace
+      in one thread still records its submodule calls.
+    Each state is reported on its own line: vulnerable, fixed, not-applicable (this torch
+    has no such state), inconclusive, or guard-disabled/control-failed.
+    Exit code: 0 when every state is fixed (or not applicable), 1 otherwise.
+
+    \b
+    Examples:
+      orch verify fx-threads -t drafters
+      orch verify fx-threads -t all-drafters --trials 10 --json
+    """
+    chosen = app.fleet.targets(targets)
+    lock = threading.Lock()
+
+    def progress(name):
+        def on_event(event):
+            if not as_json and event.get("event") == "trial":
+                with lock:
+                    console.info(f"{name}: {RACE_TITLES.get(event.get('state', 'fx-tracing-flag'))}"
+                                 f" trial {event.get('index')}/{event.get('trials')}"
+                                 + (f": {event['problem']}" if event.get("problem") else ""))
+        return on_event
+
+    results = fan_out(chosen, lambda target: payload_api.fx_race(
+        target, trials, on_event=progress(target.name), states=list(fx_states.SHARED_STATES)))
+    _print_each(results, as_json, _print_state_races)
+    if not results.ok:
+        sys.exit(results.first_error().exit_code)
+    sys.exit(ExitCode.OK if all(o.get("overall_verdict") == "fixed"
+                                for o in results.succeeded.values()) else ExitCode.FAILED)
+
+
+def _print_state_races(target, outcome) -> None:
+    head = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}"
+    for row in outcome.get("states") or []:
+        title = RACE_TITLES.get(row.get("state"), str(row.get("state")))
+        if row.get("state") == "node-meta":
+            figures = (f"KeyError 'custom' {row.get('raised')}/{row.get('trials')}, "
+                       f"annotation leaked {row.get('leaked')}/{row.get('trials')}, "
+                       f"same-thread control held {row.get('control_held')}/{row.get('trials')}")
+        elif row.get("state") == "trace-patching":
+            figures = (f"other thread's module call failed {row.get('raised')}/{row.get('trials')}, "
+                       f"same-thread control held {row.get('control_held')}/{row.get('trials')}")
+        else:
+            figures = (f"cross-thread raised {row.get('raised')}/{row.get('trials')}, "
+                       f"same-thread control raised {row.get('control_held')}/{row.get('trials')}")
+        console.out.print(f"{head}: {title}: {figures} -> [bold]{row.get('verdict')}[/]")
+        for problem in (row.get("problems") or [])[:3]:
+            console.out.print(f"  {console.escape(str(problem))}")

@@ -1,0 +1,244 @@
+"""What `orch run` shows: step lines, live per-drafter progress (rich), the verdict.
+
+On a terminal the monitor shows a live table (step, loss, tok/s per drafter) and prints
+only the log lines that are not metric lines; elsewhere (CI, a pipe) every log line is
+printed as `TARGET | line`, so a log can be read back exactly. With --json all of this
+goes to stderr and stdout carries one JSON document at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.ground.console import escape, make_console
+
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
+VERDICT_STYLE = {"ok": "bold green", "degraded": "bold yellow", "recompile-limit": "bold yellow"}
+
+
+class ConsoleReporter:
+    def __init__(self, console: Optional[Console] = None, *, json_mode: bool = False,
+                 live: Optional[bool] = None, echo: str = "auto"):
+        self.json_mode = json_mode
+        self.out = console or make_console(stderr=json_mode)
+        self.live_enabled = self.out.is_terminal if live is None else live
+        self.echo = echo
+        # Two small locks, never held while calling into rich: rich's Live refreshes from its
+        # own thread and calls _render(); holding a lock of ours across a print there would
+        # deadlock against it (lock order inversion).
+        self._state_lock = threading.Lock()   # self._monitors
+        self._live_lock = threading.Lock()    # starting/stopping the Live display
+        self._monitors: dict[str, dict] = {}
+        self._live: Optional[Live] = None
+        self._total_steps = 0
+
+    # ------------------------------------------------------------------- run
+    def run_started(self, info, targets) -> None:
+        self._total_steps = len(info.playbook.steps)
+        mode = " (dry run: nothing is touched)" if info.dry_run else ""
+        self._print(f"[bold]orch run[/] {escape(info.playbook.name)} "
+                    f"({escape(info.playbook_arg)}){mode}\n"
+                    f"  run {info.run_id}  targets: "
+                    + ", ".join(escape(t.describe()) for t in targets))
+
+    def _where(self, target: str, spec) -> str:
+        return f"[cyan]{escape(target)}[/] {spec.index + 1}/{self._total_steps} [bold]{spec.kind}[/]" + \
+            (f" {escape(spec.name)}" if spec.name else "")
+
+    def step_started(self, target: str, spec) -> None:
+        self._print(f"> {self._where(target, spec)}")
+
+    def step_plan(self, target: str, spec, lines: list[str]) -> None:
+        extras = []
+        if spec.when is not None:
+            extras.append(f"when: {spec.when}")
+        if spec.register:
+            extras.append(f"register: {spec.register}")
+        if spec.continue_on_error:
+            extras.append("continue_on_error")
+        if spec.always:
+            extras.append("always")
+        self._print(f"- {self._where(target, spec)}" + (f"  [dim]({escape('; '.join(extras))})[/]" if extras else ""))
+        for line in lines:
+            self._print(f"    {escape(line)}")
+
+    def step_progress(self, target: str, spec, text: str) -> None:
+        self._print(f"  [dim]{escape(target)}: {escape(text)}[/]")
+
+    def step_output(self, target: str, spec, line: str, stream: str) -> None:
+        self._print(f"  [dim]{escape(target)} |[/] {escape(line)}")
+
+    def step_skipped(self, target: str, spec, why: str) -> None:
+        self._print(f"  [dim]{self._where(target, spec)}: skipped ({escape(why)})[/]")
+
+    def step_finished(self, target: str, spec, result, outcome) -> None:
+        style = STATUS_STYLE.get(result.status, "")
+        self._print(f"  {self._where(target, spec)}: [{style}]{result.status}[/] "
+                    f"{escape(result.message)} [dim]({result.duration_s:.1f} s)[/]")
+        if result.status != "failed" or not outcome.findings:
+            return
+        if spec.kind == "monitor" and not spec.continue_on_error:
+            return  # its diagnosis comes with the verdict, at the end
+        for finding in outcome.findings:
+            if finding.remediation:
+                if spec.kind == "monitor":
+                    self._print(f"    [bold]{escape(finding.signature)}[/]: {escape(finding.message)}")
+                self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
+
+    def interrupted(self, info, launched: Optional[dict] = None) -> None:
+        self._stop_live()
+        if not launched:
+            self._print(f"[yellow]interrupted[/] before anything was launched: nothing runs on "
+                        f"the targets; run {info.run_id} is recorded as interrupted.")
+            return
+        where = ", ".join(f"{name} ({run_dir})" for name, run_dir in sorted(launched.items()))
+        self._print(f"[yellow]interrupted.[/] The launched run goes on: {escape(where)}; "
+                    f"`{info.cli} attach {info.run_id}` follows it again, "
+                    f"`{info.cli} stop {info.run_id}` stops it.")
+
+    def run_finished(self, info, record, runs) -> None:
+        self._stop_live()
+        if info.dry_run:
+            self._print("[dim]dry run: nothing was run, nothing recorded[/]")
+            return
+        style = VERDICT_STYLE.get(record.verdict, "bold red")
+        self._print(f"\nverdict: [{style}]{record.verdict}[/] (exit {record.exit_code})")
+        for run in runs:
+            monitor = info.monitor_result(run.target.name) or {}
+            line = f"  {escape(run.target.name)}: {run.final_verdict()}"
+            if run.failed_step:
+                line += f" (failed step: {escape(run.failed_step)})"
+            if monitor.get("total_tok_s"):
+                line += f", {monitor['total_tok_s']:,.0f} tok/s total"
+            self._print(line)
+        shown = set()
+        verdicts = {run.target.name: run.final_verdict() for run in runs}
+        for finding in record.findings:
+            verdict = verdicts.get(finding.target, record.verdict)
+            if verdict == "ok" or not finding.remediation or \
+                    finding.signature not in (verdict, "hang", "degraded", "recompile-limit"):
+                continue
+            key = (finding.target, finding.signature, finding.remediation)
+            if key in shown:
+                continue
+            shown.add(key)
+            self._print(f"  [bold]{escape(finding.signature)}[/] on {escape(finding.target)}: "
+                        f"{escape(finding.message)}")
+            for line in finding.evidence[:3]:
+                self._print(f"    [dim]| {escape(line)}[/]")
+            self._print(f"    [yellow]fix:[/] {escape(finding.remediation)}")
+        self._print(f"record: `{info.cli} runs show {record.run_id}`"
+                    + (f"; files: {escape(record.artifacts_dir)}" if record.artifacts_dir else ""))
+
+    # --------------------------------------------------------------- monitor
+    def monitor_started(self, target: str, run_dir: str, settings) -> None:
+        with self._state_lock:
+            self._monitors[target] = {"classifier": None, "status": {}, "settings": settings,
+                                      "started": time.monotonic(), "run_dir": run_dir}
+        self._print(f"  [dim]{escape(target)}: following {escape(run_dir)}/output.log[/]")
+        if self.live_enabled:
+            with self._live_lock:
+                if self._live is None:
+                    self._live = Live(console=self.out, refresh_per_second=4, transient=True,
+                                      get_renderable=self._render)
+                    self._live.start()
+
+    def monitor_ended(self, target: str) -> None:
+        with self._state_lock:
+            state = self._monitors.pop(target, None)
+            others = bool(self._monitors)
+        if not others:
+            self._stop_live()
+        if state and state.get("classifier") is not None:
+            self._print_table({target: state})
+
+    def _stop_live(self) -> None:
+        with self._live_lock:
+            live, self._live = self._live, None
+        if live is not None:
+            live.stop()
+
+    def monitor_progress(self, target: str, classifier, status: dict) -> None:
+        with self._state_lock:
+            state = self._monitors.get(target)
+            if state is not None:
+                state["classifier"] = classifier
+                if status:
+                    state["status"] = status
+
+    def log_line(self, target: str, line: str) -> None:
+        if self.echo == "none":
+            return
+        if self.echo == "events" or (self.live_enabled and self.echo == "auto"):
+            with self._state_lock:
+                state = self._monitors.get(target)
+                classifier = state and state.get("classifier")
+            if classifier is not None and classifier.is_metric_line(line):
+                return  # the table shows it
+        # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
+        self.out.out(f"{target} | {line}", highlight=False)
+
+    def note(self, target: str, text: str, level: str = "info") -> None:
+        style = {"warn": "yellow", "error": "bold red"}.get(level, "dim")
+        self._print(f"  [{style}]{escape(target)}: {escape(text)}[/]")
+
+    def _render(self):
+        with self._state_lock:
+            monitors = {name: dict(state) for name, state in self._monitors.items()}
+        return self._table(monitors)
+
+    def _print_table(self, monitors: dict) -> None:
+        if self.live_enabled:
+            self.out.print(self._table(monitors))
+
+    def _table(self, monitors: dict):
+        table = Table(show_edge=False, header_style="bold", box=None, pad_edge=False)
+        words = {getattr(state.get("classifier"), "worker_word", "drafter") for state in monitors.values()}
+        worker = "rank" if words == {"rank"} else "drafter" if words <= {"drafter"} else "worker"
+        for column in ("target", worker, "step", "loss", "tok/s", "state"):
+            table.add_column(column, justify="right" if column in ("step", "loss", "tok/s") else "left")
+        footer = []
+        for target, state in monitors.items():
+            classifier = state.get("classifier")
+            status = state.get("status") or {}
+            settings = state.get("settings")
+            if classifier is None:
+                table.add_row(target, "-", "-", "-", "-", "waiting for the first line")
+                continue
+            drafters = sorted(list(classifier.drafters.values()), key=lambda d: d.drafter)
+            note = classifier.metric_note() if classifier.lines else None
+            if note and not drafters:
+                table.add_row(target, "-", "-", "-", "-", note)
+            for drafter in drafters:
+                table.add_row(target, str(drafter.drafter), str(drafter.step),
+                              "-" if drafter.loss is None else f"{drafter.loss:.4f}",
+                              "-" if drafter.tok_s is None else f"{drafter.tok_s:,.0f}",
+                              Text(drafter.status if not drafter.error else f"ERROR {drafter.error[:60]}",
+                                   style="red" if drafter.error else ""))
+            live_rates = [d.tok_s for d in drafters if d.tok_s is not None and d.rates]
+            total = sum(live_rates) if live_rates else None
+            bits = [f"{target}: {status.get('state', '?')}"]
+            if total:
+                bits.append(f"total {total:,.0f} tok/s")
+            if settings is not None and getattr(settings, "expected_tok_s", None):
+                bits.append(f"expected ~{settings.expected_tok_s:,.0f}")
+            silent = classifier.silent_for(time.monotonic())
+            if silent > 10 and settings is not None:
+                bits.append(f"no progress for {silent:.0f} s (hang at {settings.hang_after:g} s)")
+            gpus = status.get("gpus")
+            if gpus:
+                bits.append("GPU " + " ".join(f"{g['index']}:{g.get('utilization_pct') or 0:.0f}%" for g in gpus))
+            footer.append(" | ".join(bits))
+        return Group(table, Text("\n".join(footer), style="dim"))
+
+    # ----------------------------------------------------------------- output
+    def _print(self, text: str) -> None:
+        self.out.print(text, highlight=False)  # rich's console serialises its own writes

@@ -1,0 +1,353 @@
+"""The step engine: a playbook's steps, one after another on each target (targets side by
+side), with when/register/retries, and --dry-run plans. What the run learns goes to its
+RunRecorder (runs/recorder.py), what happens to the Reporter (the console).
+
+The engine takes plain values (a Fleet, the CLI prefix for hints), never the CLI's objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import traceback
+from typing import Optional
+
+from orchestrator.config.inventory import ContainerSpec, Inventory
+from orchestrator.config.schema import check_value
+from orchestrator.config.yamlsrc import Loc, OptionSource
+from orchestrator.ground.errors import ConfigError, ConnectionProblem, ExitCode, OrchError
+from orchestrator.targets.fleet import Fleet, fan_out
+from orchestrator.watch.monitor import RunUnreachable
+from orchestrator.remote.payload_api import launcher
+from orchestrator.playbook.loader import (BUILTIN_NAMES, Playbook, StepSpec, load_playbook,
+                                          normalize_extra_vars, order_vars)
+from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, contains_unknown,
+                                          evaluate_condition, render)
+from orchestrator.remote.container import Target
+from orchestrator.runs.model import RunRecord, TargetInfo, exit_code_for, new_run_id
+from orchestrator.runs.recorder import (RunRecorder, controller_entry, json_safe, masked, stamp,
+                                        step_result, worst)
+from orchestrator.runs.store import RunStore
+from orchestrator.playbook.steps import STEP_KINDS
+from orchestrator.playbook.steps.base import (Reporter, RunInfo, StepContext, StepFailed, StepOutcome,
+                                     cli_prefix, rerun_options)
+
+
+def resolve_specs(book: Playbook, inventory: Inventory, target_names=()) -> list[ContainerSpec]:
+    """The containers a run works on: the -t names, else the playbook's targets (a name the
+    inventory does not know is an error at its file:line:col)."""
+    names = list(target_names) or book.targets
+    if not names:
+        loc = book.targets_loc
+        where = f"{book.path}: " if loc is None else f"{loc.where()}: "
+        raise ConfigError(where + "no targets: give targets: in the playbook or -t TARGET")
+    specs: list[ContainerSpec] = []
+    for index, name in enumerate(names):
+        try:
+            found = inventory.resolve([name])
+        except ConfigError as error:
+            loc = book.targets_loc
+            if target_names or loc is None:
+                raise
+            loc = loc.child(index) if isinstance(loc.source.data.get("targets"), list) else loc
+            raise loc.error(error.message, hint=error.hint) from None
+        specs += [s for s in found if s.name not in {x.name for x in specs}]
+    return specs
+
+
+class TargetRun:
+    """The state of one target's pass through the steps."""
+
+    def __init__(self, target: Target, variables: dict):
+        self.target = target
+        self.variables = variables
+        self.verdict: Optional[str] = None         # from a failed step
+        self.monitor_verdict: Optional[str] = None  # from the last monitor that ran
+        self.failed_step: Optional[str] = None
+        self.usage_error = False
+
+    def final_verdict(self) -> str:
+        return self.verdict or self.monitor_verdict or "ok"
+
+
+class Engine:
+    """Runs one playbook's steps on its targets; run() returns the finished record."""
+
+    def __init__(self, run: RunInfo, fleet: Fleet, reporter: Reporter, *,
+                 extra_vars: Optional[dict] = None, target_names=()):
+        self.run_info = run
+        self.playbook = run.playbook
+        self.recorder = run.recorder
+        self.fleet = fleet
+        self.reporter = reporter
+        self.extra_vars = dict(extra_vars or {})
+        self.target_names = list(target_names)
+
+    # ------------------------------------------------------------ targets and vars
+    def resolve_targets(self) -> list[Target]:
+        specs = resolve_specs(self.playbook, self.fleet.inventory, self.target_names)
+        return [self.fleet.target(spec) for spec in specs]
+
+    def base_context(self, target: Target) -> dict:
+        run_id = self.run_info.run_id
+        return {
+            "target": {"name": target.name, "host": target.host.name, "vmid": target.vmid,
+                       "venv": target.venv, "gpus": list(target.gpus), "env": dict(target.env),
+                       "cuda_visible_devices": ",".join(str(g) for g in target.gpus)},
+            "run_id": run_id,
+            "playbook_dir": self.playbook.directory,
+            "inventory_dir": os.path.dirname(os.path.abspath(self.fleet.inventory.path)),
+            "remote_dir": f"{target.state_dir()}/runs/{run_id}",
+            "state_dir": target.state_dir(),
+        }
+
+    def render_vars(self, target: Target) -> dict:
+        context = self.base_context(target)
+        merged = {**self.playbook.vars, **self.extra_vars}
+        for name in order_vars(self.playbook.vars, self.playbook.var_locs, self.extra_vars):
+            loc = self.playbook.var_locs.get(name) if name not in self.extra_vars else None
+            loc = loc or Loc(OptionSource(f"-e {name}", merged[name]), ())
+            context[name] = render(merged[name], context, loc)
+        return context
+
+    # ------------------------------------------------------------------------ run
+    def run(self) -> RunRecord:
+        targets = self.resolve_targets()
+        contexts = {t.name: self.render_vars(t) for t in targets}
+        for target in targets:
+            # A playbook's `venv` var (or -e venv=...) is the venv every step works on, not
+            # only bootstrap: grep, patch and verify must look at the torch it installed.
+            venv = contexts[target.name].get("venv")
+            if isinstance(venv, str) and venv:
+                target.venv = venv
+        first = contexts[targets[0].name]
+        self.recorder.begin(RunRecord(
+            run_id=self.run_info.run_id, playbook=os.path.abspath(self.playbook.path),
+            playbook_sha256=self.playbook.sha256, name=self.playbook.name,
+            vars=masked(json_safe({k: v for k, v in first.items() if k not in BUILTIN_NAMES})),
+            targets=[TargetInfo(name=t.name, host=t.host.name, vmid=t.vmid) for t in targets],
+            launch={"controller": controller_entry(),
+                    "targets": {}, "cli": self.run_info.cli,
+                    "inventory": os.path.abspath(self.fleet.inventory.path)}))
+        self.reporter.run_started(self.run_info, targets)
+        runs = [TargetRun(t, contexts[t.name]) for t in targets]
+        try:
+            group = fan_out(runs, self._run_target)
+        except KeyboardInterrupt:
+            launched = self._launched_when_interrupted()
+            if not launched:
+                # Nothing runs on the targets: the record must not stay "running" for ever.
+                self.recorder.finish("interrupted", exit_code_for("interrupted"), self._summary(runs))
+            # Else the record stays "running": a launched run goes on and `orch attach` finds it.
+            self.reporter.interrupted(self.run_info, launched)
+            raise
+        for run, error in group.failed.items():
+            run.verdict = "unreachable" if isinstance(error, ConnectionProblem) else "failed"
+        return self.finish(runs)
+
+    def _launched_when_interrupted(self) -> dict[str, str]:
+        """target -> run dir of each launch that started (or may have): a launch step that
+        was in flight when Ctrl-C came is asked about, once, so that it is neither claimed
+        nor forgotten."""
+        launched = {}
+        for name, (target, run_dir) in self.recorder.launches_starting().items():
+            if self.recorder.launch_info(name) is not None:
+                launched[name] = run_dir
+                continue
+            try:
+                status = launcher(target, "status", run_dir, timeout=15)
+            except (OrchError, KeyboardInterrupt):
+                launched[name] = run_dir + " (it may have started: asking failed)"
+                continue
+            if status.get("state") not in ("missing", None):
+                launched[name] = run_dir
+                self.recorder.note_launch(name, {"run_dir": run_dir, "pid": status.get("pid"),
+                                                 "started_at": status.get("started_at"),
+                                                 "host": target.host.name, "vmid": target.vmid,
+                                                 "log": f"{run_dir}/output.log"})
+        return launched
+
+    def finish(self, runs: list[TargetRun]) -> RunRecord:
+        verdict = worst(r.final_verdict() for r in runs)
+        exit_code = ExitCode.USAGE if any(r.usage_error for r in runs) else exit_code_for(verdict)
+        record = self.recorder.finish(verdict, exit_code, self._summary(runs))
+        self.reporter.run_finished(self.run_info, record, runs)
+        return record
+
+    @staticmethod
+    def _summary(runs: list[TargetRun]) -> dict[str, dict]:
+        return {r.target.name: {"verdict": r.final_verdict(), "failed_step": r.failed_step}
+                for r in runs}
+
+    def _run_target(self, run: TargetRun) -> TargetRun:
+        for spec in self.playbook.steps:
+            if run.verdict is not None and not spec.always:
+                self._skip(run, spec, "an earlier step failed")
+                continue
+            self.run_step(run, spec)
+        return run
+
+    def _skip(self, run: TargetRun, spec: StepSpec, why: str) -> None:
+        if spec.register:
+            run.variables[spec.register] = {"skipped": True, "status": "skipped", "changed": False,
+                                            "failed": False, "message": why}
+        self.reporter.step_skipped(run.target.name, spec, why)
+        if not self.run_info.dry_run:
+            self.recorder.save_step(step_result(spec, run.target.name,
+                                                StepOutcome(status="skipped", message=why), stamp()))
+
+    def run_step(self, run: TargetRun, spec: StepSpec) -> None:
+        """One step on one target: when, the rendered params, attempts, record, register."""
+        step = STEP_KINDS[spec.kind]()
+        target = run.target
+        context = run.variables
+        if spec.when is not None:
+            try:
+                wanted = evaluate_condition(spec.when, context, spec.loc.child("when"))
+            except UnknownAtPlanTime as unknown:
+                self.reporter.step_plan(target.name, spec, [f"when: {spec.when}  (decided at run "
+                                                            f"time: needs {unknown.name})"]
+                                        + self._plan_lines(step, run, spec))
+                return
+            except ConfigError as error:
+                self._usage_failure(run, spec, error)
+                return
+            if not wanted:
+                self._skip(run, spec, f"when: {spec.when} is false")
+                return
+        if self.run_info.dry_run:
+            self.reporter.step_plan(target.name, spec, self._plan_lines(step, run, spec))
+            if spec.register:
+                context[spec.register] = Unknown(spec.register)
+            return
+        try:
+            params = self._params(step, spec, context)
+        except ConfigError as error:
+            self._usage_failure(run, spec, error)
+            return
+        started_at, started = stamp(), time.monotonic()
+        self.reporter.step_started(target.name, spec)
+        outcome = self._attempts(step, run, spec, params)
+        result = step_result(spec, target.name, outcome, started_at, time.monotonic() - started)
+        if outcome.verdict and spec.kind == "monitor":
+            result.data["verdict"] = outcome.verdict
+        self.recorder.save_step(result)
+        if outcome.findings:
+            self.recorder.add_findings(outcome.findings)
+        if spec.register:
+            context[spec.register] = {**outcome.data, "status": outcome.status,
+                                      "changed": outcome.status == "changed",
+                                      "failed": outcome.failed, "skipped": False,
+                                      "message": outcome.message,
+                                      **({"verdict": outcome.verdict} if outcome.verdict else {})}
+        if spec.kind == "monitor" and outcome.verdict:
+            run.monitor_verdict = outcome.verdict
+        self.reporter.step_finished(target.name, spec, result, outcome)
+        if outcome.failed and not spec.continue_on_error:
+            run.verdict = outcome.verdict or "failed"
+            run.failed_step = spec.label()
+
+    def _context(self, run: TargetRun, spec: StepSpec) -> StepContext:
+        return StepContext(self.run_info, self.reporter, run.target, spec, run.variables,
+                           timeout=spec.timeout)
+
+    def _plan_lines(self, step, run: TargetRun, spec: StepSpec) -> list[str]:
+        try:
+            params = self._params(step, spec, run.variables)
+        except UnknownAtPlanTime as unknown:
+            return [f"(its settings depend on {unknown.name}, known at run time)"]
+        except ConfigError as error:
+            return [f"(error: {error})"]
+        try:
+            return step.plan(self._context(run, spec), params)
+        except UnknownAtPlanTime as unknown:
+            return [f"(its settings depend on {unknown.name}, known at run time)"]
+        except (StepFailed, OrchError) as error:
+            return [f"(would fail: {getattr(error, 'message', error)})"]
+
+    def _params(self, step, spec: StepSpec, context: dict) -> dict:
+        rendered = render(spec.params, context, spec.params_loc)
+        params = {}
+        for name, param in step.params.items():
+            if name in rendered:
+                value = rendered[name]
+                if not contains_unknown(value):
+                    check_value(name, param, value, spec.params_loc.child(name))
+                params[name] = value
+            else:
+                params[name] = copy.deepcopy(param.default)
+        return params
+
+    def _attempts(self, step, run: TargetRun, spec: StepSpec, params: dict) -> StepOutcome:
+        attempts = spec.retries + 1
+        outcome = StepOutcome(status="failed", message="not run")
+        for attempt in range(1, attempts + 1):
+            outcome = self._attempt(step, self._context(run, spec), params)
+            if not outcome.failed or attempt == attempts:
+                break
+            self.reporter.step_progress(run.target.name, spec,
+                                        f"attempt {attempt}/{attempts} failed: {outcome.message}; "
+                                        f"retrying in {spec.retry_delay:g} s")
+            time.sleep(spec.retry_delay)
+        if outcome.failed and outcome.verdict == "usage":
+            run.usage_error = True
+            outcome.verdict = "failed"
+        return outcome
+
+    @staticmethod
+    def _attempt(step, ctx: StepContext, params: dict) -> StepOutcome:
+        try:
+            return step.run(ctx, params)
+        except StepFailed as failure:
+            return StepOutcome(status="failed", message=failure.message, data=failure.data,
+                               verdict=failure.verdict, findings=failure.findings)
+        except (ConnectionProblem, RunUnreachable) as error:
+            return StepOutcome(status="failed", message=str(error), verdict="unreachable")
+        except ConfigError as error:
+            return StepOutcome(status="failed", message=str(error), verdict="usage")
+        except OrchError as error:
+            return StepOutcome(status="failed", message=str(error), verdict="failed")
+        except Exception as error:  # noqa: BLE001 - a bug in a step must not leave the record open
+            return StepOutcome(status="failed", verdict="failed",
+                               message=f"internal error in the {ctx.spec.kind} step: "
+                                       f"{type(error).__name__}: {error} (please report it)",
+                               data={"traceback": traceback.format_exc()})
+
+    def _usage_failure(self, run: TargetRun, spec: StepSpec, error: ConfigError) -> None:
+        run.usage_error = True
+        run.verdict = "failed"
+        run.failed_step = spec.label()
+        outcome = StepOutcome(status="failed", message=str(error))
+        result = step_result(spec, run.target.name, outcome, stamp())
+        if not self.run_info.dry_run:
+            self.recorder.save_step(result)
+        self.reporter.step_finished(run.target.name, spec, result, outcome)
+
+
+# ------------------------------------------------------------------- entry points
+def run_playbook(playbook: str, *, reporter: Reporter, inventory: Optional[str] = None,
+                 trust_on_first_use: bool = False, fleet: Optional[Fleet] = None, targets=(),
+                 extra_vars=None, store: Optional[RunStore] = None, dry_run: bool = False,
+                 cli: Optional[str] = None) -> RunRecord:
+    """Load, check and run a playbook; the one entry point for `orch run` and `orch nightly`.
+    Without a fleet, the inventory file (-i, None: the default one) is opened once the
+    playbook has loaded. cli is how the user called orch, for the commands hints print."""
+    extra = normalize_extra_vars(extra_vars)
+    book = load_playbook(playbook, extra)
+    own_fleet = fleet is None
+    own_store = store is None and not dry_run
+    store = store if store is not None else (None if dry_run else RunStore())
+    try:
+        fleet = fleet or Fleet.from_path(inventory, trust_on_first_use=trust_on_first_use)
+        run_id = new_run_id()
+        recorder = RunRecorder(run_id, None if dry_run else store)
+        run = RunInfo(run_id=run_id, playbook=book, recorder=recorder, playbook_arg=playbook,
+                      dry_run=dry_run, cli=cli or cli_prefix(inventory),
+                      rerun_args=rerun_options(targets, extra_vars), inventory=fleet.inventory)
+        return Engine(run, fleet, reporter, extra_vars=extra, target_names=list(targets)).run()
+    finally:
+        if own_fleet and fleet is not None:
+            fleet.close()
+        if own_store and store is not None:
+            store.close()

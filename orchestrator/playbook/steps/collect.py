@@ -1,0 +1,97 @@
+"""collect: the run's log, pip freeze, nvidia-smi and the JSON summary into a local run folder
+(the data directory's runs/RUN_ID/TARGET/), recorded as the run's artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+
+from orchestrator.ground import paths
+from orchestrator.ground.errors import OrchError
+from orchestrator.playbook.steps.base import Param, Step, StepContext, StepOutcome
+
+_HAS_SMI = "command -v nvidia-smi >/dev/null 2>&1"
+
+
+class CollectStep(Step):
+    kind = "collect"
+    summary = "logs, pip freeze, nvidia-smi, summary.json into the local run folder"
+    params = {
+        "log": Param((bool,), default=True, doc="the training log, as output.log"),
+        "freeze": Param((bool,), default=True, doc="the venv's pip freeze, as pip-freeze.txt"),
+        "nvidia_smi": Param((bool,), default=True, doc="nvidia-smi's output, as nvidia-smi.txt"),
+        "summary": Param((bool,), default=True, doc="the run's summary, as summary.json"),
+        "files": Param((list,), default=[], items=(str,), doc="more files from the target"),
+        "max_log_mb": Param((int, float), default=64, doc="keep the last this-many MB of the log"),
+    }
+
+    def _dest(self, ctx: StepContext) -> str:
+        return os.path.join(paths.run_dir(ctx.run_id), ctx.target.name)
+
+    def plan(self, ctx: StepContext, params: dict) -> list[str]:
+        items = [name for name, on in (("output.log", params["log"]), ("pip-freeze.txt", params["freeze"]),
+                                       ("nvidia-smi.txt", params["nvidia_smi"]),
+                                       ("summary.json", params["summary"])) if on]
+        return [f"into {self._dest(ctx)}: {', '.join(items + [posixpath.basename(f) for f in params['files']])}"]
+
+    def run(self, ctx: StepContext, params: dict) -> StepOutcome:
+        target = ctx.target
+        dest = self._dest(ctx)
+        os.makedirs(dest, exist_ok=True)
+        saved, problems = [], []
+        launch = ctx.recorder.launch_info(target.name) or {}
+        run_dir = launch.get("run_dir")
+
+        def save(name: str, data: bytes) -> None:
+            with open(os.path.join(dest, name), "wb") as handle:
+                handle.write(data)
+            saved.append(name)
+
+        if params["log"] and run_dir:
+            limit = int(float(params["max_log_mb"]) * 1024 * 1024)
+            result = target.run(["tail", "-c", str(limit), posixpath.join(run_dir, "output.log")],
+                                timeout=ctx.remaining(300))
+            if result.ok:
+                save("output.log", result.stdout)
+            else:
+                problems.append(f"log: {' '.join(result.stderr_tail(1))}")
+            for name in ("cmd.json", "pid.json", "exit.json"):
+                extra = target.run(["cat", posixpath.join(run_dir, name)], timeout=ctx.remaining(60))
+                if extra.ok:
+                    save(name, extra.stdout)
+        if params["freeze"]:
+            try:
+                python = target.python()
+                result = target.run([python, "-m", "pip", "freeze", "--all",
+                                     "--disable-pip-version-check"], timeout=ctx.remaining(300))
+                if result.ok:
+                    save("pip-freeze.txt", result.stdout)
+                    if ctx.info is not None:
+                        ctx.info.pip_freeze = result.text.splitlines()
+                        ctx.recorder.save_targets()
+                else:
+                    problems.append(f"pip freeze: {' '.join(result.stderr_tail(1))}")
+            except OrchError as error:
+                problems.append(f"pip freeze: {error}")
+        if params["nvidia_smi"]:
+            probe = target.run(["sh", "-c", _HAS_SMI], timeout=ctx.remaining(30))
+            if probe.ok:
+                result = target.run(["nvidia-smi"], timeout=ctx.remaining(60))
+                save("nvidia-smi.txt", result.stdout + result.stderr)
+        for path in params["files"]:
+            result = target.run(["cat", "--", path], timeout=ctx.remaining(300))
+            if result.ok:
+                save(posixpath.basename(path) or "file", result.stdout)
+            else:
+                problems.append(f"{path}: {' '.join(result.stderr_tail(1))}")
+        if params["summary"]:
+            summary = {"run_id": ctx.run_id, "target": target.name,
+                       "monitor": ctx.recorder.monitor_result(target.name), "launch": launch,
+                       "torch_version": getattr(ctx.info, "torch_version", None),
+                       "fx_tls_state": getattr(ctx.info, "fx_tls_state", None)}
+            save("summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str).encode())
+        ctx.recorder.note_artifacts(paths.run_dir(ctx.run_id))
+        message = f"{len(saved)} file(s) in {dest}" + (f"; missing: {'; '.join(problems)}" if problems else "")
+        return StepOutcome(status="changed" if saved else "ok", message=message,
+                           data={"dir": dest, "files": saved, "problems": problems})

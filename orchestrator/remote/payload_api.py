@@ -1,0 +1,200 @@
+"""The controller's side of the payloads: one function per payload.
+
+Each function ships its payload (orchestrator/payloads/, one self-contained stdlib script) to
+a Target, runs it with the container's python, reads its JSON lines and returns the final
+result event, or raises a typed error:
+- PayloadError: the payload reported an error it found (its `error` line; .kind says which);
+- PayloadNoResult: it ended (crashed, was killed) without a result or error line;
+- PythonUnavailable: the interpreter it needs cannot run (no venv, no python3).
+Transport errors (unreachable host, stopped container, timeout) pass through as they are.
+CLI commands, playbook steps and MCP tools all call these functions, so a step does exactly
+what the command does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Optional, Union
+
+from orchestrator import __version__
+from orchestrator.ground.errors import PatchBusy, PayloadError, PayloadNoResult, PythonUnavailable
+from orchestrator.payloads import payload_source, with_args
+from orchestrator.payloads._statedir import STATE_DIR
+from orchestrator.remote.base import LineSplitter
+from orchestrator.remote.container import Target
+
+EventCallback = Callable[[dict], None]
+
+LOCATE_TIMEOUT = 60.0
+SEARCH_TIMEOUT = 300.0
+READ_TIMEOUT = 60.0
+PATCH_TIMEOUT = 600.0
+RACE_TIMEOUT = 900.0
+PROBE_TIMEOUT = 60.0
+PATCH_ACTIONS = ("status", "diff", "apply", "revert")
+CPU_LIMIT_EXIT = 128 + 24          # SIGXCPU: the payload's RLIMIT_CPU ran out (Linux numbering)
+SYSTEM_PYTHON = "python3"          # stdlib-only payloads: the container's own python is enough
+REMOTE_ROOT = f"{STATE_DIR}/runs"  # where the launcher keeps a run's pid, exit and log files
+
+
+# ------------------------------------------------------------------ running a payload
+def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] = None,
+                timeout: float = 300.0, on_event: Optional[EventCallback] = None,
+                args_on_stdin: bool = False) -> dict:
+    """Run payload `name` on target and return its result event.
+    on_event gets every event before the last; args_on_stdin ships the arguments inside the
+    script on stdin instead of in argv (for secrets; see payloads.with_args)."""
+    python = python or target.python()
+    events: list[dict] = []
+
+    def on_line(line: str) -> None:
+        event = parse_event(line)
+        if event is None:
+            return
+        events.append(event)
+        if on_event and event.get("event") not in ("result", "error"):
+            on_event(event)
+
+    splitter = LineSplitter(on_line)
+    if args_on_stdin:
+        argv, script = [python, "-"], with_args(payload_source(name), args)
+    else:
+        argv, script = [python, "-", json.dumps(args)], payload_source(name)
+    result = target.run(argv, stdin=script, timeout=timeout, on_stdout=splitter.feed)
+    splitter.flush()
+    final = events[-1] if events else None
+    if final and final.get("event") == "result":
+        return final
+    if final and final.get("event") == "error":
+        raise error_event(target, final)
+    if result.exit_code == CPU_LIMIT_EXIT:
+        raise PayloadError(f"{target.name}: payload {name} used up its CPU time limit and was "
+                           "killed (a pattern that backtracks without end?)", kind="cpu-limit")
+    if result.exit_code in (126, 127) or "No such file or directory" in result.error_text[:500]:
+        raise PythonUnavailable(f"{target.name}: cannot run {python}: {result.stderr_tail(1)}",
+                                hint="is the venv bootstrapped? (the venv: key of the inventory, "
+                                     "or a bootstrap step in the playbook)")
+    raise PayloadNoResult(f"{target.name}: payload {name} ended with exit code {result.exit_code} "
+                          "and no result:\n" + "\n".join("  | " + l for l in result.stderr_tail()))
+
+
+def parse_event(line: Union[str, bytes]) -> Optional[dict]:
+    """One protocol line as an event; None for anything else (a library printing its own)."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "replace")
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None
+
+
+def error_event(target: Target, event: dict) -> PayloadError:
+    """The typed error for a payload's `error` line."""
+    return PayloadError(f"{target.name}: {event.get('message', 'the payload failed')}",
+                        kind=event.get("kind"))
+
+
+# ------------------------------------------------------------------ torch forensics
+def locate(target: Target, package: str = "torch") -> dict:
+    """Where a package is installed (site-packages, version, dist-info), without importing it."""
+    return run_payload(target, "torch_locate", {"package": package}, timeout=LOCATE_TIMEOUT)
+
+
+def search(target: Target, pattern: str, *, package: str = "torch", fixed: bool = False,
+           word: bool = False, ignore_case: bool = False, context: int = 0,
+           mode: str = "grep", show: bool = False, engine: str = "auto",
+           max_hits: int = 1000, on_event: Optional[EventCallback] = None,
+           timeout: float = SEARCH_TIMEOUT) -> dict:
+    """Search a package's installed Python source; returns the result with 'matches' added.
+    The search may use `timeout` seconds of wall-clock time (the reaper kills it after) and
+    as much CPU (RLIMIT_CPU in the container: a pattern that backtracks for ever)."""
+    matches: list[dict] = []
+
+    def collect(event: dict) -> None:
+        if event.get("event") in ("hit", "def"):
+            matches.append(event)
+        if on_event:
+            on_event(event)
+
+    args = {"package": package, "pattern": pattern, "fixed": fixed, "word": word,
+            "ignore_case": ignore_case, "context": context, "mode": mode, "show": show,
+            "engine": engine, "max_hits": max_hits, "cpu_seconds": max(1, int(timeout))}
+    result = run_payload(target, "source_search", args, timeout=timeout, on_event=collect)
+    return {**result, "matches": matches}
+
+
+def source_read(target: Target, package: str, path: str, start_line: int = 1,
+                end_line: Optional[int] = None, max_bytes: int = 64 << 10) -> dict:
+    """Lines of one file of a package's installed source."""
+    return run_payload(target, "source_read", {
+        "package": package, "path": path, "start_line": start_line, "end_line": end_line,
+        "max_bytes": max_bytes}, timeout=READ_TIMEOUT)
+
+
+def fx_patch(target: Target, action: str, patch_set: str = "fx-tls") -> dict:
+    """An fx patch set (fx-tls: the FX tracing flag; fx-threads: every FX state threads share):
+    status, diff, apply or revert. Raises PatchBusy when another action holds the tree."""
+    if action not in PATCH_ACTIONS:
+        raise ValueError(f"unknown {patch_set} action {action!r}")
+    try:
+        return run_payload(target, "fx_patch", {"action": action, "patch_set": patch_set,
+                                                "orch_version": __version__},
+                           timeout=PATCH_TIMEOUT)
+    except PayloadError as exc:
+        if exc.kind == "busy":
+            raise PatchBusy(exc.message, kind=exc.kind,
+                            hint="readers share the lock; an apply or revert holds it alone "
+                                 "for seconds") from None
+        raise
+
+
+def fx_race(target: Target, trials: int = 5, on_event: Optional[EventCallback] = None,
+            states: Optional[list] = None) -> dict:
+    """The FX race reproducers, `trials` times each, with the target's torch: the tracing
+    flag's (default), or each of `states` ("fx-tracing-flag", "node-meta")."""
+    args = {"trials": trials, "timeout": 120}
+    if states:
+        args["states"] = list(states)
+    return run_payload(target, "fx_race", args, timeout=RACE_TIMEOUT, on_event=on_event)
+
+
+# ------------------------------------------------------------------ containers and venvs
+def probe(target: Target) -> dict:
+    """What the container offers: python, the inventory's venv, GPUs, ripgrep."""
+    return run_payload(target, "probe", {"venv": target.venv}, python=SYSTEM_PYTHON,
+                       timeout=PROBE_TIMEOUT)
+
+
+def bootstrap(target: Target, action: str, *, python: str = SYSTEM_PYTHON, timeout: float = 300.0,
+              on_event: Optional[EventCallback] = None, **args) -> dict:
+    """The bootstrap payload: check or install a venv, or list a wheelhouse folder."""
+    # On stdin: an index URL may hold credentials, and argv is visible in `ps`.
+    return run_payload(target, "bootstrap", {"action": action, **args}, python=python,
+                       timeout=timeout, on_event=on_event, args_on_stdin=True)
+
+
+# ------------------------------------------------------------------ detached runs
+def launcher(target: Target, action: str, run_dir: str, timeout: float = 60.0, **args) -> dict:
+    """The launcher payload: start, status or stop a detached command (see its docstring)."""
+    # The arguments travel on stdin: a start's env holds secrets (HF_TOKEN, ...), and the
+    # supervisor it forks keeps this argv for the whole run.
+    return run_payload(target, "launcher", {"action": action, "run_dir": run_dir, **args},
+                       python=SYSTEM_PYTHON, timeout=timeout, args_on_stdin=True)
+
+
+def stop_run(target: Target, run_dir: str, grace: float = 10.0, reason: str = "orch stop") -> dict:
+    """SIGTERM to the run's process group, SIGKILL after grace seconds."""
+    return launcher(target, "stop", run_dir, timeout=grace + 30.0, grace=grace, reason=reason)
+
+
+def start_tail(target: Target, run_dir: str, **args):
+    """A long-lived launcher `tail` on its own channel; returns the process, whose stdout lines
+    are events (parse_event). The caller reads, reconnects and closes it (monitor.LogFollower)."""
+    args = {"action": "tail", "run_dir": run_dir, **args}
+    # -c SOURCE instead of `-`: the payload must start without waiting for stdin's end.
+    return target.spawn([SYSTEM_PYTHON, "-u", "-c", payload_source("launcher").decode(),
+                         json.dumps(args)])

@@ -1,0 +1,855 @@
+"""Reading real trainers' logs: named formats that all give the same metric points.
+
+A playbook picks one (`monitor: {format: specforge}`), or leaves the default:
+
+    auto        the first of the shapes below (orch, specforge, hf-trainer, jsonl, keyvalue)
+                that reads a step from a line; the record says which
+    orch        the stand-in trainer: `drafter=1 step=20 loss=3.21 tok_s=1234`
+    regex       the playbook's own `metric_regex` (named groups step, loss, tok_s, worker, ...)
+    specforge   SpecForge's `specforge train`: `step 50: {'loss': 2.1, 'acc': 0.45, ...}`, and
+                its old train_dflash.py: `Train - Step 50 [50/6000?], Loss: 2.1, Acc: 0.45`
+    hf-trainer  Hugging Face Trainer dicts: `{'loss': '2.31', 'grad_norm': '1.2', 'epoch': '0.5'}`
+    tqdm        any tqdm bar: `Epoch 1: 12%|#   | 120/1000 [00:40<04:50, 3.01it/s, loss=2.1]`
+    jsonl       one JSON object per line: `{"step": 20, "loss": 3.2, "rank": 1}`
+    keyvalue    `step=20 loss=3.2` or `step: 20, loss: 3.2`
+
+Container output is untrusted: every pattern here is linear in its input, and a line is
+parsed only up to MAX_LINE characters.
+
+Two layers, both pure (no I/O, no clock):
+- LogStream cuts the raw byte stream into segments: at newlines, at carriage returns (tqdm
+  redraws its bar with `\\r`), and at torchrun's worker prefixes (`[default1]:` with `--tee`,
+  `[rank1]:` on a rank's traceback), which torchrun may glue in the middle of a line. The
+  text is only cut at a delimiter, so how the bytes arrive in chunks never changes what
+  comes out.
+- A LogFormat turns a segment into LogPoints. A tqdm bar anywhere in a segment is progress
+  (the live view's step counter), never a line to store; the text around it is a line.
+  Under `tqdm` the bar is the trainer's only report, so a bar at a new step is a point.
+
+What each real trainer prints is described in docs/design/trainer-logs.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Iterable, Optional
+
+# The stand-in trainer's step lines (the `orch` format; watch/classify.py reads them too).
+DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
+                        r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
+FORMATS = ("auto", "orch", "regex", "specforge", "hf-trainer", "tqdm", "jsonl", "keyvalue")
+# Of a longer line only this much is parsed, kept in the record and shown (a tensor repr, a
+# writer that never prints a newline); the run's copy of its log keeps every byte.
+MAX_LINE = 16 * 1024
+
+
+@dataclass
+class LogPoint:
+    """One observation of a worker's training: what the record and the live view keep."""
+
+    step: int
+    worker: int = 0                      # drafter thread or torchrun rank
+    loss: Optional[float] = None
+    metrics: dict = field(default_factory=dict)   # the other numbers: acc, lr, grad_norm, ...
+    tok_s: Optional[float] = None
+    derived: bool = False                # tok_s computed by orch, not printed by the trainer
+    derived_from: str = "step times"     # ... from step times x tokens_per_step, or samples/s
+    total: Optional[int] = None          # the run's step count, where the trainer says it
+    at: Optional[float] = None           # the log's own time (epoch seconds), where it has one
+    progress: bool = False               # a progress-bar redraw: live view only, not stored
+
+
+@dataclass
+class Segment:
+    text: str
+    worker: Optional[int]                # from a torchrun prefix, else None (the caller's)
+    ends_line: bool = True               # ended by a newline (not a redraw's \r or a prefix)
+    dropped: int = 0                     # characters past MAX_LINE, not kept
+
+
+# ----------------------------------------------------------------------------- stream
+_DELIMITER = re.compile(r"\r\n|\r|\n")
+_WORKER_PREFIX = re.compile(r"\[(?:default|rank)(\d{1,6})\]:")
+
+
+class LogStream:
+    """Cuts a log's text into segments; feed it chunks as they arrive, in order.
+
+    Linear in the text and bounded in memory: only the delimiters of each new chunk are
+    looked for, and of a line longer than MAX_LINE only its first MAX_LINE characters are
+    kept (the rest is counted in Segment.dropped; the raw log keeps every byte)."""
+
+    def __init__(self, worker: Optional[int] = None):
+        self.worker = worker
+        self._pending: list[str] = []
+        self._kept = 0
+        self._dropped = 0
+        self._held_cr = False       # a \r at a chunk's end may be the first half of \r\n
+
+    def feed(self, text: str) -> list[Segment]:
+        if self._held_cr:
+            text, self._held_cr = "\r" + text, False
+        if text.endswith("\r"):
+            text, self._held_cr = text[:-1], True
+        out: list[Segment] = []
+        position = 0
+        for match in _DELIMITER.finditer(text):
+            self._keep(text, position, match.start())
+            self._cut(out, newline=match.group() != "\r")
+            position = match.end()
+        self._keep(text, position, len(text))
+        return out
+
+    def finish(self) -> list[Segment]:
+        """The last words of a log that ended without a newline."""
+        out: list[Segment] = []
+        held, self._held_cr = self._held_cr, False
+        if self._kept or self._dropped or held:
+            self._cut(out, newline=not held)
+        return out
+
+    def _keep(self, text: str, start: int, end: int) -> None:
+        room = MAX_LINE - self._kept
+        take = min(end - start, max(room, 0))
+        if take:
+            self._pending.append(text[start:start + take])
+            self._kept += take
+        self._dropped += end - start - take
+
+    def _cut(self, out: list, newline: bool) -> None:
+        piece, dropped = "".join(self._pending), self._dropped
+        self._pending, self._kept, self._dropped = [], 0, 0
+        start = 0
+        for marker in _WORKER_PREFIX.finditer(piece):
+            self._add(out, piece[start:marker.start()], False)
+            self.worker = int(marker.group(1))
+            start = marker.end()
+        self._add(out, piece[start:], newline, dropped)
+
+    def _add(self, out: list, text: str, newline: bool, dropped: int = 0) -> None:
+        # A blank line is a line of the log; a blank redraw (tqdm clearing its bar) is not.
+        if text.strip() or newline or dropped:
+            out.append(Segment(text, self.worker, newline, dropped))
+
+
+# ------------------------------------------------------------------------------ tqdm
+# `desc: 12%|bar| 120/1000 [00:40<04:50, 3.01it/s, loss=2.1, acc=0.41]` and the forms
+# without a total (`120it [00:40, 3.01it/s]`). Found in linear time: Python's regex engine
+# backtracks, so one pattern for the whole bar is quadratic on a long digit run. The tail
+# `[elapsed<remaining, rate, postfix]` starts with a literal `[` and has bounded parts; the
+# count, the bar and the description before it are read backwards from there, each within
+# a bounded window.
+_TQDM_TAIL = re.compile(
+    r"\[(?P<elapsed>[\d:]{1,20}|\d{1,6}d \d{1,2}:\d{2}:\d{2})(?:<(?P<remaining>[\d:?]{1,20}))?,\s{0,8}"
+    r"(?P<rate>\?|\d{1,20}(?:\.\d{1,20})?[kMGTPEZY]?)\s{0,8}(?P<rate_unit>[^,\]\s]{0,40})")
+_COUNT = re.compile(r"(?P<n>\d{1,30}(?:\.\d{1,10})?[kMGTPEZY]?)"
+                    r"(?:/(?P<total>\d{1,30}(?:\.\d{1,10})?[kMGTPEZY]?))?(?P<unit_n>[A-Za-z]{0,20})\Z")
+_COUNT_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ./")
+_DIGITS = frozenset("0123456789")
+_COUNT_WIDTH = 64         # the most `4.5k/10.0kB` before the tail may span
+_POSTFIX_WIDTH = 2000
+_BAR_WIDTH = 400          # the most a drawn bar `|####    |` may span
+_DESC_WIDTH = 200
+_DESC_STOP = frozenset("|:[]\r\n")
+_SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "Z": 1e21, "Y": 1e24}
+_POSTFIX_ITEM = re.compile(r"([\w./-]{1,100})=([^,]{0,200})")
+
+
+@dataclass
+class Bar:
+    n: int
+    total: Optional[int]
+    desc: str
+    rate: Optional[float]         # iterations per second, whatever tqdm's display unit
+    postfix: dict
+    span: tuple
+
+
+def find_bars(text: str) -> list[Bar]:
+    bars: list[Bar] = []
+    if "[" not in text or "]" not in text:
+        return bars   # the cheap test first: most lines are not bars
+    floor = 0         # bars do not overlap: the next one starts after the last one's end
+    close = -2        # the next `]` (found once per stretch: the search never goes back)
+    for tail in _TQDM_TAIL.finditer(text):
+        after = tail.end()
+        if close < after and close != -1:
+            close = text.find("]", after)
+        if close < 0 or (close > after and (text[after] != "," or close - after > _POSTFIX_WIDTH)):
+            continue
+        head = _bar_head(text, tail.start(), floor)
+        if head is None:
+            continue
+        start, count, pct, desc = head
+        if pct is None and count["total"] is None and not count["unit_n"]:
+            continue  # `3 [00:01, ...]` alone is too loose to be a bar
+        postfix = text[after + 1:close] if close > after else ""
+        bars.append(Bar(n=int(_scaled(count["n"]) or 0), total=_int(_scaled(count["total"])),
+                        desc=desc, rate=_rate(tail["rate"], tail["rate_unit"]),
+                        postfix=_postfix(postfix), span=(start, close + 1)))
+        floor = close + 1
+    return bars
+
+
+def _bar_head(text: str, end: int, floor: int):
+    """What precedes a bar's `[elapsed...]` tail: (start, count match, pct, desc), or None."""
+    stop = _skip_back(text, end, floor, " \t")
+    count = _count(text, stop, floor)
+    if count is None:
+        return None
+    start, pct = count.start(), None
+    before = _skip_back(text, start, floor, " \t")
+    if before > floor and text[before - 1] == "|":
+        opening = text.rfind("|", max(floor, before - 1 - _BAR_WIDTH), before - 1)
+        digits = _skip_back(text, opening - 1, max(floor, opening - 4), "0123456789") if opening > 0 else -1
+        if opening > 0 and text[opening - 1] == "%" and digits < opening - 1:
+            start, pct = digits, text[digits:opening - 1]
+    desc = ""
+    colon = _skip_back(text, start, floor, " \t")
+    if colon > floor and text[colon - 1] == ":":
+        first = colon - 1
+        limit = max(floor, first - _DESC_WIDTH)
+        while first > limit and text[first - 1] not in _DESC_STOP:
+            first -= 1
+        if first == floor or text[first - 1] in _DESC_STOP:
+            desc, start = text[first:colon - 1].strip(), first
+    return start, count, pct, desc
+
+
+def _count(text: str, stop: int, floor: int):
+    """`120/1000` or `4.5kit` right before stop: tried from each number's first digit."""
+    limit = max(floor, stop - _COUNT_WIDTH)
+    first = stop
+    while first > limit and text[first - 1] in _COUNT_CHARS:
+        first -= 1
+    # a token going on past the window: the number at its edge is not whole
+    cut = first == limit and first > floor and text[first - 1] in _COUNT_CHARS
+    for at in range(first, stop):
+        if text[at] in _DIGITS and (not text[at - 1] in _DIGITS if at > first else not cut):
+            match = _COUNT.match(text, at, stop)
+            if match:
+                return match
+    return None
+
+
+def _skip_back(text: str, end: int, floor: int, chars: str) -> int:
+    """The index after the last character before end that is not in chars (not below floor)."""
+    while end > floor and text[end - 1] in chars:
+        end -= 1
+    return end
+
+
+def _scaled(text: Optional[str]) -> Optional[float]:
+    """tqdm's unit_scale numbers: `1.2k` -> 1200."""
+    if not text:
+        return None
+    amount = number(text.rstrip("kMGTPEZY"))
+    return amount * _SCALE.get(text[-1], 1.0) if amount is not None else None
+
+
+def _int(value: Optional[float]) -> Optional[int]:
+    return int(value) if value is not None else None
+
+
+def _rate(value: str, unit: str) -> Optional[float]:
+    amount = _scaled(value) if value != "?" else None
+    if amount is None:
+        return None
+    if unit.startswith("s/"):          # tqdm shows slow loops as seconds per iteration
+        return 1.0 / amount if amount else None
+    return amount
+
+
+def _postfix(text: str) -> dict:
+    return {key: value.strip() for key, value in _POSTFIX_ITEM.findall(text)}
+
+
+# --------------------------------------------------------------------------- helpers
+_NUMBER = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# Python logging's asctime: its default (`2026-11-30 12:22:33,235`, ISO) and the
+# `datefmt="%m/%d/%Y %H:%M:%S"` SpecForge's old scripts set (`08/08/2026 17:44:20`).
+_LOG_TIMES = ((re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?"), "%Y-%m-%d"),
+              (re.compile(r"(\d{2}/\d{2}/\d{4}) (\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?"), "%m/%d/%Y"))
+_LOG_TIME_AT = 80          # a log's own time is at the start of its line
+
+
+def number(value) -> Optional[float]:
+    """A float from a number or from text that starts with one (`0.33s` -> 0.33); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if not isinstance(value, str):
+        return None
+    match = _NUMBER.match(value)
+    if not match:
+        return None
+    result = float(match.group(0))
+    return result if math.isfinite(result) else None
+
+
+def log_time(text: str) -> Optional[float]:
+    """Python logging's asctime near a line's start (`2026-11-30 12:22:33,235`, or
+    `11/30/2026 12:22:33` as SpecForge's datefmt has it), as naive local epoch seconds."""
+    head = text[:_LOG_TIME_AT]
+    for pattern, date_format in _LOG_TIMES:
+        match = pattern.search(head)
+        if not match:
+            continue
+        try:
+            moment = datetime.strptime(f"{match.group(1)} {match.group(2)}", date_format + " %H:%M:%S")
+        except ValueError:
+            return None
+        fraction = float("0." + match.group(3)) if match.group(3) else 0.0
+        return moment.timestamp() + fraction
+    return None
+
+
+def numeric_fields(fields: dict, skip: Iterable[str] = ()) -> dict:
+    skip = set(skip)
+    out = {}
+    for key, value in fields.items():
+        value = number(value)
+        if key not in skip and value is not None:
+            out[str(key)] = value
+    return out
+
+
+# --------------------------------------------------------------------------- formats
+class LogFormat:
+    """Turns segments into points. Stateful where a format needs it (hf-trainer, tqdm)."""
+
+    name = "base"
+    shape = ""                 # what its metric lines look like (the record says which was read)
+    bars_are_points = False
+
+    def __init__(self):
+        self._bars: dict[int, tuple[str, int, int]] = {}   # worker -> (desc stem, n, offset)
+
+    def read(self, segment: Segment, default_worker: int = 0) -> tuple[Optional[str], list[LogPoint]]:
+        """The segment as a log line worth storing (None for a bare progress redraw; the
+        text as written otherwise, without the bars glued to it) and the points it carries."""
+        worker = segment.worker if segment.worker is not None else default_worker
+        points: list[LogPoint] = []
+        bars = find_bars(segment.text)
+        line: Optional[str] = segment.text
+        if bars:
+            kept, last = [], 0
+            for bar in bars:
+                if worker == 0:
+                    # Only rank 0's bar is the training's: other ranks' bars (tokenizing a
+                    # dataset, loading shards) are their output, not steps.
+                    points.extend(self.on_bar(self._continued(bar, worker), worker))
+                kept.append(segment.text[last:bar.span[0]])
+                last = bar.span[1]
+            kept.append(segment.text[last:])
+            line = "".join(kept).strip() or None
+        if line and line.strip():
+            points.extend(self.on_line(line.strip(), worker))
+        if segment.dropped:
+            line = (line or "") + f" [... {segment.dropped:,} more characters, in the run's log copy]"
+        return line, points
+
+    def _continued(self, bar: Bar, worker: int) -> Bar:
+        """A bar per epoch (`Training Epoch 1`) restarts its count: carry the steps on."""
+        stem = _DIGIT_RUN.sub("#", bar.desc)
+        before = self._bars.get(worker)
+        offset = 0
+        if before is not None:
+            offset = before[2]
+            if stem == before[0] and bar.n < before[1] and bar.desc and "#" in stem:
+                offset += before[1]
+        self._bars[worker] = (stem, bar.n, offset)
+        if offset:
+            bar = Bar(n=bar.n + offset, total=None, desc=bar.desc, rate=bar.rate,
+                      postfix=bar.postfix, span=bar.span)
+        return bar
+
+    def on_bar(self, bar: Bar, worker: int) -> list[LogPoint]:
+        loss = number(bar.postfix.get("loss"))
+        return [LogPoint(step=bar.n, worker=worker, loss=loss, total=bar.total,
+                         metrics=numeric_fields(bar.postfix, skip=("loss",)),
+                         progress=not self.bars_are_points)]
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        return []
+
+    def finish(self) -> list[LogPoint]:
+        return []
+
+    def is_metric_line(self, line: str) -> bool:
+        """Whether a stored line carries a point; no state is touched (the live view asks)."""
+        return False
+
+    def describe(self) -> str:
+        """The format as the record and the live view name it."""
+        return self.name
+
+
+_DIGIT_RUN = re.compile(r"\d+")
+
+
+class RegexFormat(LogFormat):
+    """A regex with named groups: step (required), loss, tok_s, worker/rank/drafter; any
+    other named group that holds a number is an extra metric. `orch` is this with the
+    stand-in trainer's regex (DEFAULT_METRIC_REGEX)."""
+
+    name = "regex"
+    shape = "the playbook's metric_regex"
+    _WORKER_GROUPS = ("worker", "rank", "drafter")
+
+    def __init__(self, pattern: Optional[str] = None):
+        super().__init__()
+        self.pattern = re.compile(pattern or DEFAULT_METRIC_REGEX)
+        if "step" not in self.pattern.groupindex:
+            raise ValueError("the metric regex needs a named group (?P<step>...)")
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self.pattern.search(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        match = self.pattern.search(line)
+        if not match:
+            return []
+        groups = {k: v for k, v in match.groupdict().items() if v is not None}
+        step = number(groups.get("step"))
+        if step is None:
+            return []
+        for key in self._WORKER_GROUPS:
+            if number(groups.get(key)) is not None:
+                worker = int(number(groups[key]))
+                break
+        extra = numeric_fields(groups, skip=("step", "loss", "tok_s", *self._WORKER_GROUPS))
+        return [LogPoint(step=int(step), worker=worker, loss=number(groups.get("loss")),
+                         tok_s=number(groups.get("tok_s")), metrics=extra, at=log_time(line))]
+
+
+class OrchFormat(RegexFormat):
+    name = "orch"
+    shape = "drafter=N step=N loss=X tok_s=X"
+
+    def __init__(self):
+        super().__init__(DEFAULT_METRIC_REGEX)
+
+
+class SpecForgeFormat(LogFormat):
+    """Both SpecForge releases' metric lines (docs/design/trainer-logs.md):
+
+    - `specforge train` (since 2026-07): `step 50: {'loss': 2.12, 'acc': 0.45, ...}` on
+      stdout, a Python dict repr (plain keys, or `train/` ones with tracking on);
+    - scripts/train_dflash.py before it: `Train - Step 50 [50/6000?], Loss: 2.1234, Acc:
+      0.4567` through logging (rank 0's logger; loss and accuracy averaged over ranks).
+      `Eval - Step ...` lines are metrics too."""
+
+    name = "specforge"
+    shape = "Train - Step N [N/M?], Loss: X (train_dflash.py) or step N: {...} (specforge train)"
+    _OLD = re.compile(r"\b(?P<mode>Train|Eval) - Step (?P<step>\d{1,15})\s{0,4}\[\d{1,15}/(?P<total>\d{1,15})\??\]")
+    _NEW = re.compile(r"^step (?P<step>\d{1,15}): (?=\{)")
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self._OLD.search(line) or self._NEW.match(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        new = self._NEW.match(line)
+        if new:
+            return self._new(int(new["step"]), line[new.end():], worker)
+        match = self._OLD.search(line)
+        if not match:
+            return []
+        fields = {}
+        for part in line[match.end():].split(","):      # `, Loss: 2.1, Acc: 0.4`
+            name, colon, value = part.partition(":")
+            if colon and name.strip():
+                fields[name.strip().lower()] = value.strip()
+        loss = number(fields.pop("loss", None))
+        prefix = "" if match["mode"] == "Train" else "eval_"
+        metrics = {prefix + key: value for key, value in numeric_fields(fields).items()}
+        if prefix and loss is not None:
+            metrics["eval_loss"], loss = loss, None
+        return [LogPoint(step=int(match["step"]), worker=worker, loss=loss, metrics=metrics,
+                         total=int(match["total"]), at=log_time(line))]
+
+    @staticmethod
+    def _new(step: int, text: str, worker: int) -> list[LogPoint]:
+        fields = literal_dict(text)
+        if fields is None:
+            return []
+        metrics = {}
+        for key, value in numeric_fields(fields).items():
+            metrics[key[len("train/"):] if key.startswith("train/") else key] = value
+        loss = metrics.pop("loss", None)
+        return [LogPoint(step=step, worker=worker, loss=loss, metrics=metrics)]
+
+
+MAX_LITERAL = 8 * 1024      # the longest dict repr given to ast.literal_eval
+
+
+def literal_dict(text: str) -> Optional[dict]:
+    """A Python dict repr (`{'loss': 2.1}`) at the start of text, read with
+    ast.literal_eval (never eval) on a bounded string; None if it is not one."""
+    text = text.strip()
+    if not text.startswith("{") or not text.endswith("}") or len(text) > MAX_LITERAL:
+        return None
+    try:
+        fields = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def _dict_span(line: str) -> Optional[tuple[int, int]]:
+    """Where `{'...}` (a dict repr with no dict inside) is in line, found in linear time."""
+    start = line.find("{'")
+    while start >= 0:
+        end = line.find("}", start)
+        if end < 0:
+            return None
+        inner = line.find("{", start + 1, end)
+        if inner < 0:
+            return start, end + 1
+        start = line.find("{'", inner)
+    return None
+
+
+class HfTrainerFormat(LogFormat):
+    """Hugging Face Trainer's log dicts. They carry no step. With a bar, the Trainer writes
+    each dict with tqdm.write, which redraws the bar right after it, at the step just logged:
+    a dict waits for the next bar of its worker (or, at the end, takes the last bar's step).
+    Without one (`disable_tqdm=True`) a worker's dicts are numbered in the order they come,
+    times `logging_steps` when the playbook says it (else 1: the step is the log's count)."""
+
+    name = "hf-trainer"
+    shape = "{'loss': X, ...} dicts (Hugging Face Trainer)"
+
+    def __init__(self, logging_steps: Optional[int] = None):
+        super().__init__()
+        self.logging_steps = logging_steps
+        self._waiting: dict[int, list[dict]] = {}
+        self._last_step: dict[int, int] = {}
+        self._counted: dict[int, int] = {}       # dicts seen without a bar, per worker
+        self.counted = False                     # some steps came from the order of the dicts
+
+    def is_metric_line(self, line: str) -> bool:
+        span = _dict_span(line)
+        return bool(span) and bool(numeric_fields(literal_dict(line[span[0]:span[1]]) or {}))
+
+    def describe(self) -> str:
+        if not self.counted:
+            return self.name
+        every = f"x logging_steps {self.logging_steps}" if self.logging_steps else "(logging_steps unknown)"
+        return f"{self.name}, no progress bar: steps numbered in log order {every}"
+
+    def on_bar(self, bar: Bar, worker: int) -> list[LogPoint]:
+        self._last_step[worker] = bar.n
+        out = [self._point(fields, bar.n, worker) for fields in self._waiting.pop(worker, [])]
+        return out + super().on_bar(bar, worker)
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        span = _dict_span(line)
+        fields = literal_dict(line[span[0]:span[1]]) if span else None
+        if not fields or not numeric_fields(fields):
+            return []
+        if _closing(fields):
+            # The closing summary comes after the bar is closed: its step is the last one.
+            return [self._point(fields, self._last_step.get(worker, 0), worker)]
+        if worker not in self._last_step:
+            # No bar: the dict is its own step, numbered in the order the Trainer logs them.
+            self.counted = True
+            self._counted[worker] = self._counted.get(worker, 0) + 1
+            step = self._counted[worker] * (self.logging_steps or 1)
+            return [self._point(fields, step, worker)]
+        self._waiting.setdefault(worker, []).append(fields)
+        return []
+
+    def finish(self) -> list[LogPoint]:
+        out = [self._point(fields, self._last_step.get(worker, 0), worker)
+               for worker, waiting in sorted(self._waiting.items()) for fields in waiting]
+        self._waiting.clear()
+        return out
+
+    def _point(self, fields: dict, step: int, worker: int) -> LogPoint:
+        if _closing(fields) and worker not in self._last_step:
+            step = self._counted.get(worker, 0) * (self.logging_steps or 1)
+        step = int(number(fields.get("step")) or step)
+        metrics = numeric_fields(fields, skip=("loss", "step"))
+        tok_s = metrics.pop("train_tokens_per_second", None)
+        return LogPoint(step=step, worker=worker, loss=number(fields.get("loss")),
+                        metrics=metrics, tok_s=tok_s)
+
+
+def _closing(fields: dict) -> bool:
+    """The Trainer's end-of-training dict (`train_loss`, `train_samples_per_second`); with
+    include_num_input_tokens_seen every log dict has `train_runtime` and tokens/s too."""
+    return "train_loss" in fields or "train_samples_per_second" in fields
+
+
+class TqdmFormat(LogFormat):
+    """Any tqdm bar is the report: a point each time a worker's bar reaches a new step."""
+
+    name = "tqdm"
+    shape = "tqdm bars"
+    bars_are_points = True
+
+    def __init__(self):
+        super().__init__()
+        self._last_step: dict[int, int] = {}
+
+    def on_bar(self, bar: Bar, worker: int) -> list[LogPoint]:
+        if self._last_step.get(worker) == bar.n:
+            return []
+        self._last_step[worker] = bar.n
+        points = super().on_bar(bar, worker)
+        for point in points:
+            point.tok_s = None
+            if bar.rate is not None:
+                point.metrics["it_s"] = bar.rate
+        return points
+
+
+class JsonlFormat(LogFormat):
+    """One JSON object per line: step (or global_step, iter), loss, tok_s (or tokens_per_s,
+    throughput), worker (or rank); every other number is a metric."""
+
+    name = "jsonl"
+    shape = '{"step": N, ...} JSON lines'
+    _STEP_KEYS = ("step", "global_step", "iter", "iteration")
+    _RATE_KEYS = ("tok_s", "tokens_per_s", "tokens_per_second", "throughput")
+    _WORKER_KEYS = ("worker", "rank", "drafter")
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self.on_line(line, 0))     # stateless: a JSON object with a step
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        start = line.find("{")
+        if start < 0 or '"' not in line[start:start + 3]:
+            return []
+        try:
+            fields = json.loads(line[start:])
+        except (ValueError, RecursionError):
+            return []
+        if not isinstance(fields, dict):
+            return []
+        step = _first(fields, self._STEP_KEYS)
+        if step is None:
+            return []
+        found = _first(fields, self._WORKER_KEYS)
+        worker = int(found) if found is not None else worker
+        skip = ("loss", *self._STEP_KEYS, *self._RATE_KEYS, *self._WORKER_KEYS)
+        return [LogPoint(step=int(step), worker=worker, loss=number(fields.get("loss")),
+                         tok_s=_first(fields, self._RATE_KEYS), metrics=numeric_fields(fields, skip),
+                         at=number(fields.get("time")))]
+
+
+class KeyValueFormat(LogFormat):
+    """`step=20 loss=3.2 lr=1e-4` or `step: 20, loss: 3.2` (a line with a step key and
+    numbers): the shape many hand-written loops print."""
+
+    name = "keyvalue"
+    shape = "step=N loss=X / step: N, loss: X lines"
+    _PAIR = re.compile(r"(?<![\w./-])([A-Za-z_][\w./-]{0,63})\s{0,4}[=:]\s{0,4}"
+                       r"([-+]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][-+]?\d{1,4})?)(?![\w.])")
+    _STEP_KEYS = ("step", "global_step", "iter", "iteration")
+    _RATE_KEYS = ("tok_s", "tokens_per_s", "tokens_per_second", "tok/s", "throughput")
+    _WORKER_KEYS = ("worker", "rank", "drafter")
+
+    def _fields(self, line: str) -> dict:
+        return {key.lower(): value for key, value in self._PAIR.findall(line)}
+
+    def is_metric_line(self, line: str) -> bool:
+        return _first(self._fields(line), self._STEP_KEYS) is not None
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        fields = self._fields(line)
+        step = _first(fields, self._STEP_KEYS)
+        if step is None:
+            return []
+        found = _first(fields, self._WORKER_KEYS)
+        skip = ("loss", *self._STEP_KEYS, *self._RATE_KEYS, *self._WORKER_KEYS)
+        return [LogPoint(step=int(step), worker=int(found) if found is not None else worker,
+                         loss=number(fields.get("loss")), tok_s=_first(fields, self._RATE_KEYS),
+                         metrics=numeric_fields(fields, skip), at=log_time(line))]
+
+
+def _first(fields: dict, keys: Iterable[str]) -> Optional[float]:
+    for key in keys:
+        value = number(fields.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+class AutoFormat(LogFormat):
+    """The default: each line is offered to the known shapes, most specific first; the
+    first that reads a step from one is the run's format from then on (the record and the
+    live view say which). Until then bars are progress and every line is kept."""
+
+    name = "auto"
+
+    def __init__(self, logging_steps: Optional[int] = None):
+        super().__init__()
+        self.candidates: list[LogFormat] = [OrchFormat(), SpecForgeFormat(), HfTrainerFormat(logging_steps),
+                                            JsonlFormat(), KeyValueFormat()]
+        self.picked: Optional[LogFormat] = None
+
+    @property
+    def shape(self) -> str:
+        return self.picked.shape if self.picked else "any known shape"
+
+    def describe(self) -> str:
+        return f"auto: {self.picked.describe()}" if self.picked else "auto"
+
+    def tried(self) -> str:
+        return ", ".join(c.name for c in self.candidates) + " (and tqdm bars as progress)"
+
+    def read(self, segment: Segment, default_worker: int = 0) -> tuple[Optional[str], list[LogPoint]]:
+        if self.picked is not None:
+            return self.picked.read(segment, default_worker)
+        text = _without_bars(segment.text)
+        for candidate in self.candidates:
+            if text and candidate.is_metric_line(text):
+                self.picked = candidate
+                return candidate.read(segment, default_worker)
+        line, points = super().read(segment, default_worker)
+        # The Trainer's dicts need the bars seen before them: the hf candidate watches.
+        hf = self.candidates[2]
+        for point in points:
+            hf._last_step[point.worker] = point.step
+        return line, points
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self.picked and self.picked.is_metric_line(line))
+
+    def finish(self) -> list[LogPoint]:
+        return self.picked.finish() if self.picked else []
+
+
+def _without_bars(text: str) -> str:
+    bars = find_bars(text)
+    if not bars:
+        return text.strip()
+    kept, last = [], 0
+    for bar in bars:
+        kept.append(text[last:bar.span[0]])
+        last = bar.span[1]
+    kept.append(text[last:])
+    return "".join(kept).strip()
+
+
+def make_format(name: str, metric_regex: Optional[str] = None,
+                logging_steps: Optional[int] = None) -> LogFormat:
+    """The parser for a playbook's `format` (and its `metric_regex`, for `regex`)."""
+    if name == "regex" or (name == "orch" and metric_regex):
+        if not metric_regex:
+            raise ValueError("format regex needs a metric_regex")
+        return RegexFormat(metric_regex)
+    if name == "auto" and metric_regex:
+        return RegexFormat(metric_regex)
+    factories = {"orch": OrchFormat, "specforge": SpecForgeFormat, "tqdm": TqdmFormat,
+                 "jsonl": JsonlFormat, "keyvalue": KeyValueFormat,
+                 "hf-trainer": lambda: HfTrainerFormat(logging_steps),
+                 "auto": lambda: AutoFormat(logging_steps)}
+    if name not in factories:
+        raise ValueError(f"unknown log format {name!r}; known: {', '.join(FORMATS)}")
+    return factories[name]()
+
+
+# ------------------------------------------------------------ what trainers write as data
+class TrainerStateError(ValueError):
+    """A trainer_state.json that is not one (the message says what is wrong)."""
+
+
+def log_history_points(text: str, worker: int = 0) -> list[LogPoint]:
+    """A Hugging Face trainer_state.json's `log_history` as points: each entry has its step,
+    the loss and the other numbers (train_tokens_per_second as tok/s). Entries said at one
+    step (the closing summary after the last log) are kept apart, as the log prints them."""
+    try:
+        state = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise TrainerStateError(f"not JSON: {error}") from None
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list):
+        raise TrainerStateError("no log_history list in it")
+    points = []
+    for entry in history:
+        step = number(entry.get("step")) if isinstance(entry, dict) else None
+        if step is None:
+            continue
+        metrics = numeric_fields(entry, skip=("loss", "step", "total_flos"))
+        points.append(LogPoint(step=int(step), worker=worker, loss=number(entry.get("loss")),
+                               tok_s=metrics.pop("train_tokens_per_second", None), metrics=metrics))
+    return points
+
+
+# ----------------------------------------------------------------------- throughput
+SAMPLE_RATES = ("perf/global_samples_per_second", "train_samples_per_second")
+
+
+class DerivedThroughput:
+    """tok/s for trainers that print none: the samples per second a trainer prints
+    (SpecForge's perf/global_samples_per_second) x tokens_per_sample where both are known,
+    else steps per second between a worker's logged points (by the log's own time where it
+    has one, else by arrival) x tokens_per_step."""
+
+    def __init__(self, tokens_per_step: Optional[float], tokens_per_sample: Optional[float] = None):
+        self.tokens_per_step = tokens_per_step
+        self.tokens_per_sample = tokens_per_sample
+        self._last: dict[int, tuple[float, int]] = {}
+
+    def fill(self, point: LogPoint, arrived: float) -> LogPoint:
+        if point.progress or point.tok_s is not None:
+            return point
+        samples = next((point.metrics[k] for k in SAMPLE_RATES if k in point.metrics), None)
+        if samples is not None and self.tokens_per_sample:
+            point.tok_s = round(samples * float(self.tokens_per_sample), 1)
+            point.derived, point.derived_from = True, "samples/s x tokens_per_sample"
+            return point
+        if not self.tokens_per_step:
+            return point
+        moment = point.at if point.at is not None else arrived
+        previous = self._last.get(point.worker)
+        self._last[point.worker] = (moment, point.step)
+        if previous is None:
+            return point
+        seconds, steps = moment - previous[0], point.step - previous[1]
+        if seconds > 0 and steps > 0:
+            point.tok_s = round(steps / seconds * float(self.tokens_per_step), 1)
+            point.derived = True
+        return point
+
+
+# -------------------------------------------------------------------------- parsing
+class LogParser:
+    """A stream and a format together: bytes in, (stored lines, points) out."""
+
+    def __init__(self, fmt: LogFormat, worker: Optional[int] = None):
+        self.format = fmt
+        self.stream = LogStream(worker)
+        self.default_worker = worker if worker is not None else 0
+
+    def feed(self, text: str) -> tuple[list[str], list[LogPoint]]:
+        return self._read(self.stream.feed(text))
+
+    def finish(self) -> tuple[list[str], list[LogPoint]]:
+        lines, points = self._read(self.stream.finish())
+        return lines, points + self.format.finish()
+
+    def _read(self, segments: list[Segment]) -> tuple[list[str], list[LogPoint]]:
+        lines, points = [], []
+        for segment in segments:
+            text, found = self.format.read(segment, self.default_worker)
+            if text is not None:
+                lines.append(text)
+            points.extend(found)
+        return lines, points
+
+
+def parse_text(text: str, fmt: LogFormat, worker: Optional[int] = None) -> list[LogPoint]:
+    """Every point in a whole log (tests, and reading a collected log again)."""
+    parser = LogParser(fmt, worker)
+    _, points = parser.feed(text)
+    return points + parser.finish()[1]
