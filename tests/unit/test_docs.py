@@ -6,12 +6,14 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shlex
 from typing import Iterator
 
 import click
 import pytest
 
 from orchestrator.cli import reference
+from orchestrator.cli.app import main as orch_command
 from orchestrator.config.schema import Param
 from orchestrator.playbook.steps import STEP_KINDS
 from orchestrator.playbook.steps.base import Step
@@ -21,6 +23,7 @@ README_BUDGET = 150
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
+EXAMPLE = re.compile(r"^ {4,}(?:\.venv/bin/)?(orch .*[^\\])$", re.M)   # one whole line of a code block
 
 
 def markdown_files() -> list[str]:
@@ -131,6 +134,48 @@ def test_ci_runs_the_readme_s_test_command():
     ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
     command = re.search(r"^exec (bash scripts/test\.sh)", ci, re.M).group(1)
     assert f"\n    {command}\n" in readme
+
+
+def parse_orch_command(line: str) -> None:
+    """Parse LINE as orch would, down to its last subcommand: an unknown command or option,
+    or a missing argument, raises click's usage error. Nothing runs."""
+    args = shlex.split(line, comments=True)[1:]
+    command, context = orch_command, orch_command.make_context("orch", args)
+    while isinstance(command, click.Group):
+        # the words after the group's options: click 8.2+ keeps the first in _protected_args
+        # (its public name is deprecated), click 8.1 in protected_args
+        first = vars(context).get("_protected_args", None)
+        rest = [*(first if first is not None else context.protected_args), *context.args]
+        if not rest:
+            return
+        sub = command.get_command(context, rest[0])
+        if sub is None:
+            raise click.UsageError(f"no command {rest[0]!r}")
+        command, context = sub, sub.make_context(rest[0], rest[1:], parent=context)
+
+
+@pytest.mark.parametrize("path", [os.path.join(ROOT, "README.md")]
+                         + sorted(glob.glob(os.path.join(ROOT, "docs", "guide", "*.md"))),
+                         ids=lambda p: os.path.relpath(p, ROOT))
+def test_the_commands_shown_are_real(path):
+    """Every `orch ...` line of a code block in the README and the guide parses: the command,
+    its subcommands and options exist, the arguments are there."""
+    with open(path, encoding="utf-8") as handle:
+        lines = EXAMPLE.findall(handle.read())
+    wrong = []
+    for line in lines:
+        try:
+            parse_orch_command(line)
+        except click.ClickException as error:
+            wrong.append(f"{line}: {error.format_message()}")
+    assert wrong == []
+
+
+def test_a_command_that_is_not_there_is_found():
+    for line in ("orch grep-torch --nope x", "orch runz list", "orch run"):
+        with pytest.raises(click.UsageError):
+            parse_orch_command(line)
+    parse_orch_command("orch -i sandbox runs compare last~1 last   # a comment")
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
