@@ -23,6 +23,11 @@ README_BUDGET = 150
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
+# A path into this repository, as docs name one (`orchestrator/remote/ssh.py`, tests/unit/x.py)
+REPO_PATH = re.compile(r"(?<![\w/.-])(?:orchestrator|tests|scripts|benchmarks|playbooks|sandbox|templates)"
+                       r"/[\w./-]*\w\.(?:py|yaml|sh|j2|toml|txt)\b")
+# Paths the docs name in other repositories: SpecForge's old training script.
+NOT_OURS = {"scripts/train_dflash.py"}
 EXAMPLE = re.compile(r"^ {4,}(?:\.venv/bin/)?(orch .*[^\\])$", re.M)   # one whole line of a code block
 
 
@@ -176,6 +181,14 @@ def test_a_command_that_is_not_there_is_found():
         with pytest.raises(click.UsageError):
             parse_orch_command(line)
     parse_orch_command("orch -i sandbox runs compare last~1 last   # a comment")
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_file_of_this_repository_the_docs_name_exists(path):
+    """After code moves (the layers as folders), a page naming the old path is wrong."""
+    with open(path, encoding="utf-8") as handle:
+        named = set(REPO_PATH.findall(handle.read())) - NOT_OURS
+    assert sorted(p for p in named if not os.path.exists(os.path.join(ROOT, p))) == []
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
