@@ -26,8 +26,10 @@ CODE_SPAN = re.compile(r"`[^`\n]*`")
 # A path into this repository, as docs name one (`orchestrator/remote/ssh.py`, tests/unit/x.py)
 REPO_PATH = re.compile(r"(?<![\w/.-])(?:orchestrator|tests|scripts|benchmarks|playbooks|sandbox|templates)"
                        r"/[\w./-]*\w\.(?:py|yaml|sh|j2|toml|txt)\b")
-# Paths the docs name in other repositories: SpecForge's old training script.
-NOT_OURS = {"scripts/train_dflash.py"}
+# Paths named in other repositories: SpecForge's old training script and its training docs.
+NOT_OURS = {"scripts/train_dflash.py", "docs/basic_usage/training.md"}
+DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w/-]+\.md\b")
+SOURCE_FOLDERS = ("orchestrator", "sandbox", "tests", "scripts", "benchmarks", "playbooks", "templates", ".ci")
 EXAMPLE = re.compile(r"^ {4,}(?:\.venv/bin/)?(orch .*[^\\])$", re.M)   # one whole line of a code block
 
 
@@ -189,6 +191,29 @@ def test_every_file_of_this_repository_the_docs_name_exists(path):
     with open(path, encoding="utf-8") as handle:
         named = set(REPO_PATH.findall(handle.read())) - NOT_OURS
     assert sorted(p for p in named if not os.path.exists(os.path.join(ROOT, p))) == []
+
+
+def docs_named_in_the_sources() -> dict[str, list[str]]:
+    """docs/...md path -> the files (code comments, help texts, tests) that name it."""
+    named: dict[str, list[str]] = {}
+    for folder in SOURCE_FOLDERS:
+        for where, dirs, files in os.walk(os.path.join(ROOT, folder)):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+            for name in files:
+                if name.endswith((".py", ".md", ".yaml", ".sh", ".toml", ".j2", ".txt")) or "." not in name:
+                    path = os.path.join(where, name)
+                    with open(path, encoding="utf-8", errors="replace") as handle:
+                        for page in DOCS_PATH.findall(handle.read()):
+                            named.setdefault(page, []).append(os.path.relpath(path, ROOT))
+    return named
+
+
+def test_every_docs_page_the_code_names_exists():
+    """A page moved or renamed takes every mention along: comments, --help texts, tests."""
+    named = docs_named_in_the_sources()
+    assert "docs/guide/agent.md" in named        # the walk sees the code's mentions
+    assert {page: files for page, files in named.items()
+            if page not in NOT_OURS and not os.path.exists(os.path.join(ROOT, page))} == {}
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
