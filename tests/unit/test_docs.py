@@ -1,5 +1,7 @@
-"""The docs a user looks things up in: the reference is the code's, the README stays short,
-and every relative link (README.md, docs/**/*.md) reaches a file and, with #, a heading."""
+"""The docs a user looks things up in: the reference is the code's (regenerated, nothing
+missing), the README stays short and keeps CI's test command, the commands shown are real,
+every relative link (README.md, docs/**/*.md) reaches a file and, with #, a heading, and
+every page or file named on either side of docs/ exists."""
 
 from __future__ import annotations
 
