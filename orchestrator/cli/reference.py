@@ -1,7 +1,8 @@
 """The reference pages under docs/reference/, written from the code itself.
 
 Every command and option (the click tree, every lazily loaded command included), every step
-kind and parameter (STEP_KINDS: `summary` and `Param.doc`), every verdict and exit code. The
+kind and parameter (STEP_KINDS: `summary` and `Param.doc`), every verdict and exit code, every
+MCP tool and parameter (as the MCP SDK lists them to a client). The
 text lives next to what it documents; this module only lays it out, so a page can never
 describe an option that is gone. tests/unit/test_docs.py checks the committed pages against
 a fresh rendering and fails on a parameter without a doc or a command without an example.
@@ -11,6 +12,9 @@ a fresh rendering and fails on a parameter without a doc or a command without an
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ import click
 from orchestrator.cli.app import LAZY_COMMANDS
 from orchestrator.cli.app import main as orch_command
 from orchestrator.ground.errors import EXIT_CODE_MEANINGS, ExitCode
+from orchestrator.mcp.policy import ALLOWANCES, Policy
 from orchestrator.playbook.loader import COMMON_KEYS
 from orchestrator.playbook.steps import STEP_KINDS
 from orchestrator.runs.model import VERDICT_MEANINGS, VERDICTS, exit_code_for
@@ -255,6 +260,65 @@ def exit_codes_page() -> str:
     return _page(lines)
 
 
+def mcp_tools() -> list:
+    """The tools `orch mcp` lists with every allowance given, as the MCP SDK describes them to
+    a client (name, description, input JSON schema, annotations)."""
+    try:
+        # the MCP SDK is an extra (orch[mcp]); the test extra has it
+        from orchestrator.mcp.server import build_server
+    except ModuleNotFoundError as error:
+        raise MissingDocs(f"the MCP tools need the MCP SDK ({error.name}): pip install -e '.[mcp]'") from None
+    everything = Policy(allow=frozenset(ALLOWANCES))
+    # listing registers no call: the tools' own objects (fleet, store, audit) are never used
+    server = build_server(tools=None, policy=everything, audit=None)
+    return asyncio.run(server.list_tools())
+
+
+def _schema_type(schema: dict) -> str:
+    if "anyOf" in schema:
+        kinds = [_schema_type(option) for option in schema["anyOf"]]
+        return " or ".join(kind for kind in kinds if kind != "null") + (" or null" if "null" in kinds else "")
+    kind = schema.get("type", "any")
+    if kind == "array" and isinstance(schema.get("items"), dict):
+        kind = f"list of {_schema_type(schema['items'])}"
+    bounds = [f"{sign} {schema[key]}" for key, sign in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                                       ("maximum", "<="), ("exclusiveMaximum", "<"))
+              if key in schema]
+    return ", ".join([kind] + bounds)
+
+
+def mcp_page() -> str:
+    allowance_of = {tool: name for name, tools in ALLOWANCES.items() for tool in tools}
+    tools = mcp_tools()
+    lines = [HEADER, "# MCP tools", "",
+             "The tools `orch mcp` serves an AI agent ([guide](../guide/mcp.md)). A tool is listed "
+             "only when the server's allowance includes it: read-only tools always, the others with "
+             "`--allow exec` or `--allow write`.", ""]
+    lines += [f"- [{tool.name}](#{anchor(tool.name)})" for tool in tools]
+    lines.append("")
+    for tool in tools:
+        allowed = allowance_of.get(tool.name)
+        listed = f"listed with `--allow {allowed}`" if allowed else "read-only, always listed"
+        if not tool.description:
+            raise MissingDocs(f"the MCP tool {tool.name!r} has no description (its docstring)")
+        lines += [f"## {tool.name}", "", " ".join(inspect.cleandoc(tool.description).split()), "",
+                  f"*{listed}.*", ""]
+        properties = tool.input_schema.get("properties", {})
+        required = set(tool.input_schema.get("required", []))
+        if properties:
+            lines += ["| parameter | type | default | what |", "| --- | --- | --- | --- |"]
+            for name, schema in properties.items():
+                if not schema.get("description"):
+                    raise MissingDocs(f"the parameter {name!r} of the MCP tool {tool.name!r} has no "
+                                      "description (Field(description=...))")
+                default = "required" if name in required else (
+                    f"`{json.dumps(schema['default'])}`" if "default" in schema else "")
+                lines.append(f"| `{name}` | {_cell(_schema_type(schema))} | {_cell(default)} | "
+                             f"{_cell(schema.get('description', ''))} |")
+            lines.append("")
+    return _page(lines)
+
+
 def exit_codes() -> list[tuple[str, int]]:
     return [(name, value) for name, value in vars(ExitCode).items()
             if name.isupper() and isinstance(value, int)]
@@ -268,7 +332,7 @@ def _page(lines: list[str]) -> str:
 
 
 PAGES = {"commands.md": commands_page, "steps.md": steps_page, "verdicts.md": verdicts_page,
-         "exit-codes.md": exit_codes_page}
+         "exit-codes.md": exit_codes_page, "mcp-tools.md": mcp_page}
 
 
 def render_all() -> dict[str, str]:

@@ -9,6 +9,7 @@ import glob
 import os
 import re
 import shlex
+from types import SimpleNamespace
 from typing import Iterator
 
 import click
@@ -17,6 +18,7 @@ import pytest
 from orchestrator.cli import reference
 from orchestrator.cli.app import main as orch_command
 from orchestrator.config.schema import Param
+from orchestrator.mcp.policy import ALLOWANCES, READ_TOOLS
 from orchestrator.playbook.steps import STEP_KINDS
 from orchestrator.playbook.steps.base import Step
 
@@ -95,6 +97,9 @@ def test_the_reference_covers_every_command_step_parameter_verdict_and_code():
     for kind, cls in STEP_KINDS.items():
         section = pages["steps.md"].split(f"## {kind}\n", 1)[1].split("\n## ", 1)[0]
         assert all(f"| `{name}` |" in section for name in cls.params), kind
+    for tool in READ_TOOLS + sum(ALLOWANCES.values(), ()):
+        assert f"\n## {tool}\n" in pages["mcp-tools.md"], tool
+    assert "| `argv` | list of string | required |" in pages["mcp-tools.md"]
     assert "| `cuda-oom` | 10 |" in pages["verdicts.md"]
     assert "| 21 | `LOCKED` |" in pages["exit-codes.md"]
 
@@ -123,6 +128,14 @@ def test_an_option_without_help_fails_the_reference():
     doc = reference.CommandDoc(("bare",), command, click.Context(command, info_name="bare"))
     with pytest.raises(reference.MissingDocs, match="`--loud` of `bare` has no help"):
         reference.command_section(doc)
+
+
+def test_an_mcp_parameter_without_a_description_fails_the_reference(monkeypatch):
+    tool = SimpleNamespace(name="peek", description="Look at something.",
+                           input_schema={"properties": {"depth": {"type": "integer"}}})
+    monkeypatch.setattr(reference, "mcp_tools", lambda: [tool])
+    with pytest.raises(reference.MissingDocs, match="'depth' of the MCP tool 'peek'"):
+        reference.mcp_page()
 
 
 def test_every_exit_code_has_its_meaning():
