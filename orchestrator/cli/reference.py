@@ -61,8 +61,7 @@ def command_tree() -> Iterator[CommandDoc]:
     for name in sorted(LAZY_COMMANDS):
         command = orch_command.get_command(root, name)
         if command is None:
-            raise MissingDocs(f"the command {name!r} could not be loaded (is orch_sandbox installed? "
-                              "pip install -e ./sandbox)")
+            raise MissingDocs(f"the command {name!r} of LAZY_COMMANDS could not be loaded")
         yield from _subtree((name,), command, root)
 
 
