@@ -63,7 +63,9 @@ class ReattachedJudge(JudgeStep):
 
     def run(self, ctx, params):
         return StepOutcome(status="failed", message=f"judged {self.launch['run_dir']} again",
-                           verdict="degraded")
+                           verdict="degraded", findings=[Finding(target=ctx.target.name,
+                                                                 signature="degraded",
+                                                                 message="judged again")])
 
 
 class NeedsFileStep(Step):
@@ -152,19 +154,46 @@ def test_a_kind_checks_what_needs_the_whole_playbook_at_load_time(tmp_path):
     assert load_playbook(book).steps[0].kind == "needs_file"
 
 
-def test_attach_follows_again_with_the_kind_and_runs_the_kinds_that_run_after_it(tmp_path):
-    book_path, inventory = write_project(tmp_path, JUDGED.replace("  - note: {}\n",
-                                                                  "  - gather: {}\n  - note: {}\n"))
+ATTACHED = JUDGED.replace("  - note: {}\n", "  - gather: {}\n  - note: {}\n")
+
+
+def _recorded(tmp_path, **fields) -> RunRecord:
+    book_path, _ = write_project(tmp_path, ATTACHED)
     book = load_playbook(book_path)
-    record = RunRecord(run_id="20261130-120000-hooks0", playbook=book_path,
-                       playbook_sha256=book.sha256, name=book.name,
-                       targets=[TargetInfo(name="dev", host="here", vmid=None)],
-                       launch={"targets": {"dev": {"run_dir": "/runs/r1", "monitor_step": 0}}})
-    reporter = FakeReporter()
+    return RunRecord(run_id="20261130-120000-hooks0", playbook=book_path,
+                     playbook_sha256=book.sha256, name=book.name,
+                     targets=[TargetInfo(name="dev", host="here", vmid=None)],
+                     launch={"targets": {"dev": {"run_dir": "/runs/r1", "monitor_step": 0}}},
+                     **fields)
+
+
+def _attach(tmp_path, record: RunRecord) -> tuple[RunRecord, RunRecord]:
+    """attach_run on the stored record: what it returns, and the record stored after it."""
     with RunStore() as store:
         store.begin(record)
-        final = attach_run(record.run_id, reporter=reporter, store=store,
-                           fleet=FakeFleet(inventory, FakeHost()))
-    assert [(s.name, s.kind, s.message) for s in final.steps] == [
-        ("attach: judge it", "judge", "judged /runs/r1 again"), ("gather", "gather", "gathered")]
-    assert final.verdict == "degraded"
+        if record.verdict != "running":
+            store.finish(record)
+        fleet = FakeFleet(str(tmp_path / "inv.yaml"), FakeHost())
+        returned = attach_run(record.run_id, reporter=FakeReporter(), store=store, fleet=fleet)
+        return returned, store.get(record.run_id)
+
+
+def test_attach_follows_again_with_the_kind_and_runs_the_kinds_that_run_after_it(tmp_path):
+    returned, stored = _attach(tmp_path, _recorded(tmp_path))
+    for final in (returned, stored):
+        assert [(s.name, s.kind, s.message) for s in final.steps] == [
+            ("attach: judge it", "judge", "judged /runs/r1 again"), ("gather", "gather", "gathered")]
+        assert final.verdict == "degraded" and final.exit_code == 12
+        assert [f.message for f in final.findings] == ["judged again"]
+
+
+def test_attach_replays_an_ended_run_without_rewriting_or_doubling_its_findings(tmp_path):
+    old = Finding(target="dev", signature="hang", message="judged")
+    returned, stored = _attach(tmp_path, _recorded(tmp_path, verdict="hang", exit_code=11,
+                                                   ended_at="2026-11-30T12:01:00+00:00",
+                                                   findings=[old]))
+    assert returned.verdict == "degraded"
+    assert [f.message for f in returned.findings] == ["judged again"]   # replaced, not added
+    assert [s.name for s in returned.steps] == ["attach: judge it"]    # no later steps on replay
+    assert stored.verdict == "hang" and [f.message for f in stored.findings] == ["judged"]
+    assert stored.steps == []
