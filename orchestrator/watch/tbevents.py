@@ -11,7 +11,7 @@ they are parsed here, after two bounds of our own, since the files are container
 - size: at most TAGS distinct tags are kept (the rest counted), and the bytes were bounded
   when collected.
 The loader stops quietly at a corrupt record (a CRC that does not match): the bytes it did
-not consume say so. docs/trainer-logs.md has the tags SpecForge and the Trainer write.
+not consume say so. docs/design/trainer-logs.md has the tags SpecForge and the Trainer write.
 """
 
 from __future__ import annotations
