@@ -3,6 +3,8 @@
 A tensor repr of a megabyte in one line, a writer that never prints a newline: the monitor
 must keep up (its verdict within seconds of the run's end) with flat memory. Each test has
 its own timeout so the quadratic patterns these replace fail instead of hanging the suite.
+The bounds are on the test process's CPU time: on a loaded machine wall-clock time also
+counts the time it waited for a core (a full suite beside other work failed them).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ MB = 1 << 20
     " " * MB + "5/9 [00:01, 1it/s]" * (MB // 18),
 ])
 def test_finding_bars_is_linear(text):
-    began = time.monotonic()
+    began = time.process_time()
     find_bars(text)
-    assert time.monotonic() - began < 3
+    assert time.process_time() - began < 3
 
 
 @pytest.mark.timeout(20)
@@ -39,11 +41,11 @@ def test_every_format_reads_a_megabyte_line_in_bounded_time(name):
     lines = ["Train - Step 5 [5/9?], " + "Loss" * (MB // 4), "step 5: {'" + "9" * MB,
              "{'" * (MB // 2), "x" * MB + ": 1", "a=" * (MB // 2)]
     parser = LogParser(make_format(name))
-    began = time.monotonic()
+    began = time.process_time()
     for line in lines:
         shown, _ = parser.feed(line + "\n")
         assert all(len(text) < MAX_LINE + 200 for text in shown)
-    assert time.monotonic() - began < 5
+    assert time.process_time() - began < 5
 
 
 @pytest.mark.timeout(30)
@@ -51,13 +53,13 @@ def test_a_stream_without_newlines_is_held_to_a_bounded_line():
     stream = LogStream()
     chunk = "y" * MB
     tracemalloc.start()
-    began = time.monotonic()
+    began = time.process_time()
     for _ in range(64):
         assert stream.feed(chunk) == []
     [segment] = stream.feed("\nnext\n")[:1]
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert time.monotonic() - began < 5
+    assert time.process_time() - began < 5
     assert peak < 8 * MB                        # one chunk in flight, not 64 MB pending
     assert len(segment.text) == MAX_LINE and segment.dropped == 64 * MB - MAX_LINE
 
@@ -66,11 +68,11 @@ def test_a_stream_without_newlines_is_held_to_a_bounded_line():
 def test_the_line_splitter_is_linear_and_capped():
     pieces = []
     splitter = LineSplitter(pieces.append, max_line=4 * MB)
-    began = time.monotonic()
+    began = time.process_time()
     for _ in range(32 * 16):
         splitter.feed(b"z" * (64 * 1024))
     splitter.feed(b"\nend\n")
-    assert time.monotonic() - began < 3
+    assert time.process_time() - began < 3
     assert sum(len(p) for p in pieces[:-1]) == 32 * MB     # nothing lost: cut into pieces
     assert max(len(p) for p in pieces) <= 4 * MB and pieces[-1] == "end"
 
@@ -135,10 +137,10 @@ def test_failure_signatures_are_bounded_on_a_long_repeating_line(word):
 
     classifier = LogClassifier("t", metrics_from_lines=False)
     line = word * (MAX_LINE // len(word))
-    began = time.monotonic()
+    began = time.process_time()
     for _ in range(20):
         classifier.feed(line, 0.0)
-    assert time.monotonic() - began < 1.0
+    assert time.process_time() - began < 1.0
 
 
 # ------------------------------------------------------------ worker ids from the log
@@ -184,9 +186,9 @@ def test_a_start_line_announcing_a_billion_drafters_is_not_counted_to(tmp_path):
 
     monitor, _ = hostile_monitor(tmp_path)
     monitor.classifier.feed("start drafters=1000000000 torch=2.13.0", 0.0)
-    began = time.monotonic()
+    began = time.process_time()
     assert len(monitor.classifier.never_stepped()) == MAX_WORKERS
-    assert time.monotonic() - began < 2
+    assert time.process_time() - began < 2
 
 
 @pytest.mark.timeout(60)
