@@ -35,6 +35,7 @@ import ast
 import json
 import math
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Optional
@@ -46,6 +47,7 @@ FORMATS = ("auto", "orch", "regex", "specforge", "hf-trainer", "tqdm", "jsonl", 
 # Of a longer line only this much is parsed, kept in the record and shown (a tensor repr, a
 # writer that never prints a newline); the run's copy of its log keeps every byte.
 MAX_LINE = 16 * 1024
+_HELD = 4096           # a worker's dicts (or bar steps) waiting for their pair, at most
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Segment:
     worker: Optional[int]                # from a torchrun prefix, else None (the caller's)
     ends_line: bool = True               # ended by a newline (not a redraw's \r or a prefix)
     dropped: int = 0                     # characters past MAX_LINE, not kept
+    source: Optional[str] = None         # the log it came from (a followed file's name)
+    after_clear: bool = False            # tqdm cleared its bar just before (a tqdm.write)
 
 
 # ----------------------------------------------------------------------------- stream
@@ -84,8 +88,10 @@ class LogStream:
     looked for, and of a line longer than MAX_LINE only its first MAX_LINE characters are
     kept (the rest is counted in Segment.dropped; the raw log keeps every byte)."""
 
-    def __init__(self, worker: Optional[int] = None):
+    def __init__(self, worker: Optional[int] = None, source: Optional[str] = None):
         self.worker = worker
+        self.source = source
+        self._cleared = False       # a blank redraw was dropped: the next segment follows it
         self._pending: list[str] = []
         self._kept = 0
         self._dropped = 0
@@ -132,9 +138,13 @@ class LogStream:
         self._add(out, piece[start:], newline, dropped)
 
     def _add(self, out: list, text: str, newline: bool, dropped: int = 0) -> None:
-        # A blank line is a line of the log; a blank redraw (tqdm clearing its bar) is not.
+        # A blank line is a line of the log; a blank redraw (tqdm clearing its bar) is not,
+        # but the redraw after it is the bar tqdm.write puts back under a message.
         if text.strip() or newline or dropped:
-            out.append(Segment(text, self.worker, newline, dropped))
+            out.append(Segment(text, self.worker, newline, dropped, self.source, self._cleared))
+            self._cleared = False
+        elif text:
+            self._cleared = True
 
 
 # ------------------------------------------------------------------------------ tqdm
@@ -533,6 +543,11 @@ class HfTrainerFormat(LogFormat):
         self._last_step: dict[int, int] = {}
         self._counted: dict[int, int] = {}       # dicts seen without a bar, per worker
         self.counted = False                     # some steps came from the order of the dicts
+        self._segment: Optional[Segment] = None  # the segment being read
+        self._bar_log: dict[int, Optional[str]] = {}   # worker -> the log its bars are in
+        self._cleared: dict[int, deque] = {}     # worker -> steps of redraws after a clear
+        self._apart: dict[int, deque] = {}       # worker -> dicts from a log without its bar
+        self._dict_step: dict[int, int] = {}     # worker -> the step its last such dict got
 
     def is_metric_line(self, line: str) -> bool:
         span = _dict_span(line)
@@ -544,32 +559,80 @@ class HfTrainerFormat(LogFormat):
         every = f"x logging_steps {self.logging_steps}" if self.logging_steps else "(logging_steps unknown)"
         return f"{self.name}, no progress bar: steps numbered in log order {every}"
 
+    def read(self, segment: Segment, default_worker: int = 0) -> tuple[Optional[str], list[LogPoint]]:
+        self._segment = segment      # on_bar and on_line need to know which log, and the clear
+        return super().read(segment, default_worker)
+
     def on_bar(self, bar: Bar, worker: int) -> list[LogPoint]:
         self._last_step[worker] = bar.n
-        out = [self._point(fields, bar.n, worker) for fields in self._waiting.pop(worker, [])]
+        out = self.saw_bar(bar.n, worker)
+        out += [self._point(fields, bar.n, worker) for fields in self._waiting.pop(worker, [])]
         return out + super().on_bar(bar, worker)
+
+    def saw_bar(self, step: int, worker: int) -> list[LogPoint]:
+        """A bar of `worker` in the log now read: which log has its bars, and a redraw after
+        a clear (tqdm.write's) is the step of a dict written meanwhile to another log."""
+        segment = self._segment
+        self._bar_log[worker] = segment.source if segment else None
+        if segment is None or not segment.after_clear:
+            return []
+        cleared = self._cleared.setdefault(worker, deque(maxlen=_HELD))
+        cleared.append(step)
+        return self._pair_apart(worker)
+
+    def _pair_apart(self, worker: int) -> list[LogPoint]:
+        """The dicts of a log without the bar, in order, each with the step of the next
+        cleared redraw in the bar's log (the closing summary: the step before it)."""
+        out, apart, cleared = [], self._apart.get(worker, deque()), self._cleared.get(worker, deque())
+        while apart and (cleared or _closing(apart[0])):
+            fields = apart.popleft()
+            step = self._dict_step.get(worker, 0) if _closing(fields) else cleared.popleft()
+            self._dict_step[worker] = step
+            out.append(self._point(fields, step, worker))
+        return out
+
+    def _apart_log(self, worker: int) -> bool:
+        """The dicts come from a log that is not the one with this worker's bar: torchrun's
+        --redirects 3 puts a rank's stdout (the dicts) and stderr (the bar) in two files,
+        read as they grow, so which arrives first says nothing."""
+        source = self._segment.source if self._segment else None
+        if worker in self._bar_log:
+            return self._bar_log[worker] != source
+        return bool(source) and source.endswith("stdout.log")
 
     def on_line(self, line: str, worker: int) -> list[LogPoint]:
         span = _dict_span(line)
         fields = literal_dict(line[span[0]:span[1]]) if span else None
         if not fields or not numeric_fields(fields):
             return []
+        if self._apart_log(worker):
+            if self.logging_steps:
+                return [self._counted_point(fields, worker)]   # exact, whatever the order
+            self._apart.setdefault(worker, deque(maxlen=_HELD)).append(fields)
+            return self._pair_apart(worker)
         if _closing(fields):
             # The closing summary comes after the bar is closed: its step is the last one.
             return [self._point(fields, self._last_step.get(worker, 0), worker)]
         if worker not in self._last_step:
             # No bar: the dict is its own step, numbered in the order the Trainer logs them.
-            self.counted = True
-            self._counted[worker] = self._counted.get(worker, 0) + 1
-            step = self._counted[worker] * (self.logging_steps or 1)
-            return [self._point(fields, step, worker)]
+            return [self._counted_point(fields, worker)]
         self._waiting.setdefault(worker, []).append(fields)
         return []
+
+    def _counted_point(self, fields: dict, worker: int) -> LogPoint:
+        self.counted = True
+        if not _closing(fields):
+            self._counted[worker] = self._counted.get(worker, 0) + 1
+        step = self._counted.get(worker, 0) * (self.logging_steps or 1)
+        return self._point(fields, step, worker)
 
     def finish(self) -> list[LogPoint]:
         out = [self._point(fields, self._last_step.get(worker, 0), worker)
                for worker, waiting in sorted(self._waiting.items()) for fields in waiting]
         self._waiting.clear()
+        for worker, apart in sorted(self._apart.items()):   # no cleared redraw came for them
+            out += [self._counted_point(fields, worker) for fields in apart]
+        self._apart.clear()
         return out
 
     def _point(self, fields: dict, step: int, worker: int) -> LogPoint:
@@ -717,8 +780,10 @@ class AutoFormat(LogFormat):
         line, points = super().read(segment, default_worker)
         # The Trainer's dicts need the bars seen before them: the hf candidate watches.
         hf = self.candidates[2]
+        hf._segment = segment
         for point in points:
             hf._last_step[point.worker] = point.step
+            hf.saw_bar(point.step, point.worker)   # no dict is held yet: nothing to pair
         return line, points
 
     def is_metric_line(self, line: str) -> bool:
@@ -859,9 +924,9 @@ class LogParser:
     for all of a run's parsers (and its classifier) bounds the workers they track."""
 
     def __init__(self, fmt: LogFormat, worker: Optional[int] = None,
-                 workers: Optional[WorkerCap] = None):
+                 workers: Optional[WorkerCap] = None, source: Optional[str] = None):
         self.format = fmt
-        self.stream = LogStream(worker)
+        self.stream = LogStream(worker, source)
         self.default_worker = worker if worker is not None else 0
         self.workers = workers if workers is not None else WorkerCap()
 

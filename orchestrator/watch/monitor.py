@@ -493,7 +493,7 @@ class Monitor(FollowHandler):
     def _parser(self, name: Optional[str]) -> LogParser:
         if name not in self.parsers:
             self.parsers[name] = LogParser(self.log_format, worker=worker_of(name),
-                                           workers=self.classifier.workers)
+                                           workers=self.classifier.workers, source=name)
         return self.parsers[name]
 
     def _read(self, name: Optional[str], data: bytes) -> None:

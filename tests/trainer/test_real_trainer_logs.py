@@ -236,3 +236,43 @@ def test_a_trainer_without_a_bar_through_the_monitor_gives_its_log_history(pytho
         assert point.tok_s == pytest.approx(entry["train_tokens_per_second"], rel=1e-3)
     assert sink.points[-1].extra["train_loss"] == pytest.approx(closing["train_loss"], rel=1e-3)
     assert verdict.summary["format"].startswith("auto: hf-trainer, no progress bar")
+
+
+def test_hf_trainer_under_torchrun_redirects_pairs_dicts_and_bar_in_any_order(python, tmp_path):
+    """torchrun --log-dir D --redirects 3: a rank's dicts go to stdout.log, its bar to
+    stderr.log, two files the monitor reads as they grow. Whichever arrives first, in
+    whatever pieces, the points' steps are the Trainer's log_history (with and without
+    logging_steps given)."""
+    from orchestrator.watch.logformats import LogParser
+
+    history = tmp_path / "history.json"
+    assert run(torchrun(python, "--master-port", "29613", "--log-dir", str(tmp_path / "logs"),
+                        "--redirects", "3", str(REAL / "hf_tiny_trainer.py"), "--output-dir",
+                        str(tmp_path / "out"), "--history", str(history), "--steps", "20",
+                        "--logging-steps", "5"), tmp_path / "agent.log", 300, tmp_path) == 0
+    [rank0] = (tmp_path / "logs").glob("*/attempt_0/0")
+    texts = {name: raw(rank0 / f"{name}.log") for name in ("stdout", "stderr")}
+    assert "{'loss'" in texts["stdout"] and "%|" in texts["stderr"]
+    truth = [(e["step"], e.get("loss")) for e in json.loads(history.read_text())]
+
+    def read(order: list[tuple[str, str]], logging_steps=None) -> list[tuple]:
+        fmt = make_format("auto", logging_steps=logging_steps)
+        parsers = {name: LogParser(fmt, worker=0, source=f"r/attempt_0/0/{name}.log") for name in texts}
+        points = []
+        for name, text in order:
+            points += parsers[name].feed(text)[1]
+        for parser in parsers.values():
+            points += parser.finish()[1]
+        return [(p.step, None if p.loss is None else round(p.loss, 2)) for p in stored(points)]
+
+    def pieces(name: str, count: int) -> list[tuple[str, str]]:
+        size = len(texts[name]) // count + 1
+        return [(name, texts[name][i:i + size]) for i in range(0, len(texts[name]), size)]
+
+    expected = [(step, None if loss is None else round(loss, 2)) for step, loss in truth]
+    assert [s for s, _ in expected] == [5, 10, 15, 20, 20]
+    alternating = [piece for pair in zip(pieces("stdout", 9), pieces("stderr", 9)) for piece in pair]
+    for order in ([("stdout", texts["stdout"]), ("stderr", texts["stderr"])],
+                  [("stderr", texts["stderr"]), ("stdout", texts["stdout"])], alternating):
+        assert read(order) == expected
+        assert read(order, logging_steps=5) == expected

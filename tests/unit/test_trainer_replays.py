@@ -279,3 +279,38 @@ def test_a_missing_or_broken_trainer_state_json_is_said_not_raised(tmp_path):
     for text, message in [("{", "not JSON"), ('{"global_step": 3}', "no log_history")]:
         with pytest.raises(TrainerStateError, match=message):
             log_history_points(text)
+
+
+# torchrun --redirects 3 with a Trainer: rank 0's stdout.log has the dicts, its stderr.log the
+# bar; tqdm.write clears the bar (a blank redraw), the dict goes to stdout, the bar comes back
+# at the step just logged. The shapes as a real run wrote them (tests/trainer/ runs one).
+REDIRECTED_STDOUT = "".join(f"{{'loss': '{5.4 - i / 100:.3f}', 'grad_norm': '1.1', 'epoch': '{i * 0.625}'}}\n"
+                            for i in (1, 2, 3, 4)) + \
+    "{'train_runtime': '0.4', 'train_samples_per_second': '397.2', 'train_loss': '5.38', 'epoch': '2.5'}\n"
+BLANK = "\r" + " " * 38 + "\r"
+REDIRECTED_STDERR = ("[transformers] a warning\n\r  0%|          | 0/20 [00:00<?, ?it/s]"
+                     + "".join(f"{BLANK}\r {n * 5}%|##  | {n}/20 [00:00<00:00, 55.17it/s]"
+                               f"\r {n * 5 + 5}%|##  | {n + 1}/20 [00:00<00:00, 58.99it/s]"
+                               for n in (5, 10, 15))
+                     + f"{BLANK}\r100%|####| 20/20 [00:00<00:00, 60.1it/s]\r100%|####| 20/20 [00:00<00:00, 60.1it/s]\n")
+
+
+@pytest.mark.parametrize("logging_steps", [None, 5])
+@pytest.mark.parametrize("order", ["dicts first", "bar first", "in pieces"])
+def test_a_trainers_dicts_and_bar_in_two_rank_logs_pair_in_any_order(order, logging_steps):
+    from orchestrator.watch.logformats import LogParser, make_format
+
+    fmt = make_format("auto", logging_steps=logging_steps)
+    logs = {"stdout": REDIRECTED_STDOUT, "stderr": REDIRECTED_STDERR}
+    parsers = {name: LogParser(fmt, worker=0, source=f"d/attempt_0/0/{name}.log") for name in logs}
+    if order == "in pieces":
+        chunks = [(name, text[i:i + 23]) for i in range(0, 2000, 23) for name, text in logs.items()]
+    else:
+        chunks = list(logs.items()) if order == "dicts first" else list(logs.items())[::-1]
+    points = []
+    for name, text in chunks:
+        points += parsers[name].feed(text)[1]
+    for parser in parsers.values():
+        points += parser.finish()[1]
+    steps = [(p.step, p.loss) for p in points if not p.progress]
+    assert steps == [(5, 5.39), (10, 5.38), (15, 5.37), (20, 5.36), (20, None)]
