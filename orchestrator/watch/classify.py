@@ -21,10 +21,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.watch.distributed import (COLLECTIVE_REMEDIATION, COLLECTIVE_TIMEOUT, RENDEZVOUS_REMEDIATION,
-                                      RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, ChildFailedReader, handled_signal,
-                                      rank_failure_remediation, signal_name, stuck_message)
+from orchestrator.ground import verdicts
 from orchestrator.ground.fx_states import THREAD_LOCAL
+from orchestrator.ground.verdicts import (COLLECTIVE_TIMEOUT, CUDA_OOM, DEGRADED, FAILED, FIRST_COMPILE_HANG,
+                                          FX_NODE_META, FX_NODE_META_FRAME, FX_RACE, FX_TRACE_PATCHER, HANG,
+                                          KILLED, NCCL_ERROR, NCCL_WARN, NONZERO_EXIT, OK, RANK_FAILED,
+                                          RECOMPILE_LIMIT, RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, STUCK_RANK,
+                                          TIMEOUT, TRACEBACK, WORKER_ERROR, Evidence, remedy)
+from orchestrator.watch.distributed import (ChildFailedReader, handled_signal, rank_failure_remediation,
+                                            signal_name, stuck_message)
 from orchestrator.watch.logformats import DEFAULT_METRIC_REGEX, LogPoint
 from orchestrator.runs.model import Finding, MetricPoint
 
@@ -34,42 +39,11 @@ _ERROR = re.compile(r"drafter=(?P<drafter>\d+)\s+ERROR\s+(?P<error>.*)")
 _KEYVALUES = re.compile(r"(\w+)=(\S+)")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*")
 
-FX_NODE_META = "fx-race:node-meta"
-FX_NODE_META_FRAME = "fx-node-meta-frame"        # evidence only: where the KeyError came from
-FX_TRACE_PATCHER = "fx-race:trace-patcher"
-FX_OTHER_STATES = (FX_NODE_META, FX_TRACE_PATCHER)
-
-# Failure signatures, most specific first. Each names the verdict it leads to.
-SIGNATURES: list[tuple[str, re.Pattern]] = [
-    ("fx-race", re.compile(r"Detected that you are using FX to symbolically trace a "
-                           r"dynamo-optimized function")),
-    # The other FX state threads share (verdict fx-race too; docs/torch-releases.md): the
-    # node-meta race raises KeyError 'custom' from annotate() in torch/fx/traceback.py; FX's
-    # process-wide trace-time patching shows as CURRENT_PATCHER errors or another thread's
-    # "module is not installed as a submodule".
-    (FX_NODE_META, re.compile(r"KeyError: '?custom'?(?:\W|$)")),
-    (FX_NODE_META_FRAME, re.compile(r"torch/fx/traceback\.py\S*, line \d+, in \w+")),
-    (FX_TRACE_PATCHER, re.compile(r"CURRENT_PATCHER|module is not installed as a submodule")),
-    ("cuda-oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
-                            r"CUDA error: out of memory")),
-    ("collective-timeout", COLLECTIVE_TIMEOUT),
-    ("rendezvous-timeout", RENDEZVOUS_TIMEOUT),
-    ("rendezvous-retry", RENDEZVOUS_RETRY),
-    ("nccl-error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
-                              r"ncclRemoteError|Watchdog caught collective operation timeout|"
-                              r"ProcessGroupNCCL.{0,400}?(?:[Tt]imeout|[Ee]rror)")),
-    ("nccl-warn", re.compile(r"NCCL WARN")),
-    ("recompile-limit", re.compile(r"hit config\.(?:recompile_limit|cache_size_limit|"
-                                   r"accumulated_recompile_limit)")),
-    ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
-]
 EVIDENCE_LINES = 5
 TAIL_LINES = 40
 # What a seen signature is called in a run that ended well: a warning in the record.
-WARNINGS = {"fx-race": "the FX tracing race error", "cuda-oom": "CUDA out of memory",
-            "collective-timeout": "a collective timeout", "rendezvous-timeout": "a rendezvous timeout",
-            "nccl-error": "an NCCL error", "nccl-warn": "NCCL warnings (common in healthy runs)",
-            "recompile-limit": "torch._dynamo's recompile limit", "traceback": "a Python traceback"}
+WARNINGS = {s.name: s.warning for s in verdicts.SIGNATURES if s.warning}
+FX_OTHER_STATES = (FX_NODE_META, FX_TRACE_PATCHER)
 
 
 @dataclass
@@ -192,10 +166,10 @@ class LogClassifier:
     def dflash(self) -> bool:
         """The DFlash stand-in trainer (its start line or its step lines, or the FX race)."""
         if self.explicit_word == "rank" or self.rank_logs_expected or self.child_failed.failures \
-                or "rendezvous-retry" in self.seen or "rendezvous-timeout" in self.seen:
+                or RENDEZVOUS_RETRY in self.seen or RENDEZVOUS_TIMEOUT in self.seen:
             return False      # torchrun's ranks: one process each, no drafter threads
         return (self.metric is not None or self.format_name in ("orch", "auto: orch")
-                or "drafters" in self.start_fields or "fx-race" in self.seen)
+                or "drafters" in self.start_fields or FX_RACE in self.seen)
 
     def metric_note(self) -> Optional[str]:
         """Said live and in the record while no step line has been recognised."""
@@ -216,9 +190,9 @@ class LogClassifier:
         self.tail.append(line)
         if self.first_line_at is None:
             self.first_line_at = now
-        for name, pattern in SIGNATURES:
-            if pattern.search(line):
-                kept = self.seen.setdefault(name, [])
+        for signature in verdicts.SIGNATURES:
+            if signature.pattern.search(line):
+                kept = self.seen.setdefault(signature.name, [])
                 if len(kept) < EVIDENCE_LINES:
                     kept.append(line.strip())
         self.child_failed.feed(line)
@@ -232,7 +206,7 @@ class LogClassifier:
         if error:
             progress = self._drafter(int(error["drafter"]), now)
             progress.error = progress.error or error["error"].strip()
-            self.seen.setdefault("drafter-error", []).append(line.strip())
+            self.seen.setdefault(WORKER_ERROR, []).append(line.strip())
             return None
         done = _DONE.search(line)
         if done:
@@ -313,7 +287,7 @@ class LogClassifier:
         """Seconds without progress: without a recognised step yet, without any output
         (parsing never decides liveness); once steps flow, without a new step. Ranks retrying
         a rendezvous store they cannot reach print all along: that output is not life."""
-        if not self.steps_seen and "rendezvous-retry" not in self.seen:
+        if not self.steps_seen and RENDEZVOUS_RETRY not in self.seen:
             return now - max(self.last_progress, self.last_output)
         return now - self.last_progress
 
@@ -376,13 +350,13 @@ class LogClassifier:
                     or self.summary_fields.get("status") in ("failed", "timeout")
                     or self.child_failed.root_cause() is not None
                     or any(d.error for d in self.drafters.values())
-                    or (end.state == "running" and ({"fx-race", "cuda-oom"} & set(self.seen))))
+                    or (end.state == "running" and ({FX_RACE, CUDA_OOM} & set(self.seen))))
 
     def _warnings(self, end: EndState) -> list[dict]:
-        demote = ("nccl-warn",) if self.failed_end(end) else tuple(WARNINGS)
+        demote = (NCCL_WARN,) if self.failed_end(end) else tuple(WARNINGS)
         return [{"signature": name, "message": f"{WARNINGS[name]} seen; the run ended well"
-                 if name != "nccl-warn" else WARNINGS[name], "evidence": list(self.seen[name])}
-                for name in demote if name in self.seen and name != "recompile-limit"]
+                 if name != NCCL_WARN else WARNINGS[name], "evidence": list(self.seen[name])}
+                for name in demote if name in self.seen and name != RECOMPILE_LIMIT]
 
     def _settle(self, end: EndState) -> None:
         """Once the process has ended, no worker is still "running"."""
@@ -413,7 +387,6 @@ class LogClassifier:
         findings: list[Finding] = []
         total = self.total_tok_s()
         summary = self.summary(end, total)
-        failed_exit = end.exit_code not in (None, 0)
 
         def add(signature: str, message: str, remediation: str = "", evidence=None) -> None:
             findings.append(Finding(target=self.target, signature=signature, message=message,
@@ -421,141 +394,126 @@ class LogClassifier:
                                     evidence=list(evidence if evidence is not None
                                                   else self.seen.get(signature, []))))
 
-        if "fx-race" in self.seen:
-            add("fx-race", self._fx_message(facts), fx_remediation(self.target, facts, cli, playbook))
+        hang = end.stopped_for == "hang" or (
+            self.summary_fields.get("status") == "timeout" and
+            int(_number(self.summary_fields.get("stalled")) or 0) > 0)
+        self._signature_findings(add, hang, end, facts, cli, playbook)
+        override = self._distributed_findings(add, hang, end, cli)
+        evidence = self._evidence(end, hang)
+        verdict = verdicts.decide(evidence)
+        self._ending_finding(add, verdict, evidence, end, total, cli)
+        message = self._message(verdict, end, total)
+        if override and verdict != OK:
+            message = f"{verdict}: {override}"
+        if verdict != OK and not any(verdicts.verdict_of(f.signature) == verdict for f in findings):
+            # The report lists findings: every failed verdict is one, with what to do.
+            related = [f for f in findings if f.signature == RANK_FAILED] + findings
+            add(verdict, message.split(": ", 1)[-1], remedy(verdict, cli, self.target),
+                evidence=related[0].evidence if related else list(self.tail)[-5:])
+        summary["verdict"] = verdict
+        return Verdict(verdict=verdict, message=message, findings=findings, summary=summary)
+
+    def _evidence(self, end: EndState, hang: bool) -> Evidence:
+        """The run's end in the words of the verdict table's detectors."""
+        aborted_on_timeout = COLLECTIVE_TIMEOUT in self.seen and (
+            end.signal == signals.SIGABRT or end.exit_code == -signals.SIGABRT)
+        handled = handled_signal(end.exit_code) if not end.stopped_for else None
+        done = sum(d.done for d in self.drafters.values())
+        return Evidence(
+            signs=frozenset(filter(None, (verdicts.SIGNATURE_VERDICT.get(name) for name in self.seen))),
+            hang=hang, never_met=hang and self.never_met, rank_killed=self._rank_killed(end),
+            signalled=handled is not None and not self.child_failed.failures,
+            stopped_for=end.stopped_for,
+            ended_killed=end.state in ("vanished", "missing") or (
+                end.signal is not None and not end.stopped_for and not aborted_on_timeout),
+            failed_exit=end.exit_code not in (None, 0) or self.summary_fields.get("status") == "failed",
+            traceback=TRACEBACK in self.seen or WORKER_ERROR in self.seen,
+            workers_short=bool(self.expect_drafters) and end.state == "exited" and done < self.expect_drafters,
+            degraded=self.degraded(live=end.state == "running"))
+
+    def _signature_findings(self, add, hang: bool, end: EndState, facts: dict, cli: str,
+                            playbook: Optional[str]) -> None:
+        """A finding for each failure signature the log showed, and for a hang."""
+        if FX_RACE in self.seen:
+            add(FX_RACE, self._fx_message(facts), fx_remediation(self.target, facts, cli, playbook))
         for signature in FX_OTHER_STATES:
             if signature in self.seen:
                 message, remediation = fx_state_finding(signature, self.target, facts, cli,
                                                         playbook, self.seen)
                 add(signature, message, remediation)
-        hang = end.stopped_for == "hang" or (
-            self.summary_fields.get("status") == "timeout" and
-            int(_number(self.summary_fields.get("stalled")) or 0) > 0)
         if hang:
-            silent = end.hang_seconds if end.hang_seconds is not None else self.hang_after
-            errored = [d for d in self.drafters.values() if d.error]
-            cause = (f"; drafter {errored[0].drafter} had raised {errored[0].error!r} first"
-                     if errored else "")
-            ended_by = ("orch stopped it (SIGTERM, then SIGKILL)" if end.stopped_for == "hang"
-                        else "the trainer's watchdog ended it")
-            evidence = [line for line in self.seen.get("drafter-error", [])][:EVIDENCE_LINES] \
-                or list(self.tail)[-5:]
-            thread_local = facts.get("fx_tls_state") in THREAD_LOCAL
-            stuck = self.never_stepped()
-            if thread_local and stuck and not errored:
-                add(FIRST_COMPILE_HANG, self._first_compile_message(stuck, silent, facts) + ended_by,
-                    first_compile_remediation(cli, playbook), evidence=evidence)
-            elif not self.dflash:
-                quiet = self.silent_workers(self._hang_now(end)) if self.steps_seen else None
-                what = (f"no new step line for {silent:.0f} s while the process lived"
-                        if self.steps_seen else f"no output at all for {silent:.0f} s while the process lived")
-                add("hang", what + (f": {quiet}" if quiet else "") + "; " + ended_by,
-                    "see what the process is doing before it is gone next time: `py-spy dump --pid PID` "
-                    f"(`{cli} exec {self.target} -- py-spy dump --pid PID`), or run with a timeout "
-                    "in the trainer's own collectives; the last lines it printed are the evidence",
-                    evidence=list(self.tail)[-5:])
-            else:
-                fix_race = ("" if thread_local else
-                            f"If it is the FX race, apply `{cli} patch fx-threads apply -t {self.target}`; ")
-                add("hang", f"no new step line for {silent:.0f} s while the process lived{cause}; "
-                            + ended_by,
-                    "look at the first drafter error above; a drafter that died inside a compile can "
-                    "leave the others waiting on its lock. " + fix_race +
-                    "serialising each drafter's first step (--serialize-compile) also avoids it.",
-                    evidence=evidence)
-        if "cuda-oom" in self.seen:
-            add("cuda-oom", "CUDA ran out of memory",
-                "lower --batch or --seq, check for other processes on the GPUs "
-                f"(`{cli} exec {self.target} -- nvidia-smi`), or use fewer drafters per GPU")
-        if "nccl-error" in self.seen:
-            add("nccl-error", "NCCL reported an error",
-                "rerun with NCCL_DEBUG=INFO in the launch env; check that every rank sees its GPU "
-                "(CUDA_VISIBLE_DEVICES from the inventory's gpus) and that P2P/IB work in the container")
-        if "recompile-limit" in self.seen:
-            add("recompile-limit", "torch._dynamo hit its recompile limit: the function runs "
-                                   "uncompiled from then on (slow)",
-                "Dynamo config is per thread since torch 2.12: set torch._dynamo.config."
-                "recompile_limit inside each drafter thread (worker threads get the default of 8), "
-                "or mark the varying dimension dynamic")
-        override = self._distributed_findings(add, hang, end)
-        exception = self._last_exception()
-        traceback_seen = "traceback" in self.seen or "drafter-error" in self.seen
-        stopped_by_user = end.stopped_for == "user"
-        aborted_on_timeout = "collective-timeout" in self.seen and (
-            end.signal == signals.SIGABRT or end.exit_code == -signals.SIGABRT)
-        killed = end.state in ("vanished", "missing") or (
-            end.signal is not None and not end.stopped_for and not aborted_on_timeout)
-        handled = handled_signal(end.exit_code) if not end.stopped_for else None
-        verdict = None
-        if "fx-race" in self.seen or any(s in self.seen for s in FX_OTHER_STATES):
-            verdict = "fx-race"
-        elif hang and self.never_met:
-            verdict = "rendezvous-timeout"
-        elif hang:
-            verdict = "hang"
-        elif "cuda-oom" in self.seen:
-            verdict = "cuda-oom"
-        elif self._rank_killed(end):
-            verdict = "killed"
-        elif "rendezvous-timeout" in self.seen:
-            verdict = "rendezvous-timeout"
-        elif "collective-timeout" in self.seen:
-            verdict = "collective-timeout"
-        elif "nccl-error" in self.seen:
-            verdict = "nccl-error"
-        elif handled is not None and not self.child_failed.failures:
-            verdict = "killed"
-            add("killed", f"the process was stopped by {signal_name(handled)}: it handled the signal "
-                          f"and exited with {end.exit_code} (128+{handled})",
-                "someone or something sent it the signal (a scheduler's preemption, a supervisor, "
-                "an `orch stop` from elsewhere): look there", evidence=list(self.tail)[-5:])
-        elif end.stopped_for == "timeout":
-            verdict = "timeout"
-            add("timeout", "the monitor's time limit ran out; orch stopped the run")
-        elif stopped_by_user:
-            verdict = "killed"
-            add("killed", "stopped with `orch stop`")
-        elif traceback_seen and (failed_exit or killed or self.summary_fields.get("status") == "failed"):
-            verdict = "traceback"
-            add("traceback", f"the run failed with {exception or 'a Python traceback'}",
-                "read the traceback in the collected log (orch collects it into the run folder)",
-                evidence=self.seen.get("drafter-error", [])[:EVIDENCE_LINES]
-                + ([exception] if exception else []))
-        elif killed:
-            verdict = "killed"
-            how = (f"by signal {end.signal}" if end.signal is not None
-                   else "without an exit status (its supervisor was killed too)")
-            add("killed", f"the process was killed {how}",
-                "look for the OOM killer (`dmesg` on the host) or someone's kill")
-        elif failed_exit or self.summary_fields.get("status") == "failed":
-            verdict = "nonzero-exit"
-            add("nonzero-exit", f"the process exited with code {end.exit_code}",
-                evidence=list(self.tail)[-8:])
-        elif self.expect_drafters and end.state == "exited" and \
-                sum(d.done for d in self.drafters.values()) < self.expect_drafters:
-            verdict = "failed"
-            done = sum(d.done for d in self.drafters.values())
-            add("failed", f"{done} of the expected {self.expect_drafters} drafters finished")
-        elif self.degraded(live=end.state == "running"):
-            verdict = "recompile-limit" if "recompile-limit" in self.seen else "degraded"
-            add("degraded", f"throughput {total or self.total_tok_s(True) or 0:,.0f} tok/s is under the "
-                            f"playbook's threshold of {float(self.degraded_below):,.0f}"
-                            + (f" (expected about {float(self.expected_tok_s):,.0f})"
-                               if self.expected_tok_s else ""),
-                "check that the kernels compiled (no --uncompiled, no recompile-limit warnings), "
-                "the GPUs' use (nvidia-smi) and that each drafter has its own GPU")
+            self._hang_finding(add, end, facts, cli, playbook)
+        if CUDA_OOM in self.seen:
+            add(CUDA_OOM, "CUDA ran out of memory", remedy(CUDA_OOM, cli, self.target))
+        if NCCL_ERROR in self.seen:
+            add(NCCL_ERROR, "NCCL reported an error", remedy(NCCL_ERROR, cli, self.target))
+        if RECOMPILE_LIMIT in self.seen:
+            add(RECOMPILE_LIMIT, "torch._dynamo hit its recompile limit: the function runs "
+                                 "uncompiled from then on (slow)", remedy(RECOMPILE_LIMIT, cli, self.target))
+
+    def _hang_finding(self, add, end: EndState, facts: dict, cli: str, playbook: Optional[str]) -> None:
+        silent = end.hang_seconds if end.hang_seconds is not None else self.hang_after
+        errored = [d for d in self.drafters.values() if d.error]
+        cause = (f"; drafter {errored[0].drafter} had raised {errored[0].error!r} first"
+                 if errored else "")
+        ended_by = ("orch stopped it (SIGTERM, then SIGKILL)" if end.stopped_for == "hang"
+                    else "the trainer's watchdog ended it")
+        evidence = [line for line in self.seen.get(WORKER_ERROR, [])][:EVIDENCE_LINES] \
+            or list(self.tail)[-5:]
+        thread_local = facts.get("fx_tls_state") in THREAD_LOCAL
+        stuck = self.never_stepped()
+        if thread_local and stuck and not errored:
+            add(FIRST_COMPILE_HANG, self._first_compile_message(stuck, silent, facts) + ended_by,
+                first_compile_remediation(cli, playbook), evidence=evidence)
+        elif not self.dflash:
+            quiet = self.silent_workers(self._hang_now(end)) if self.steps_seen else None
+            what = (f"no new step line for {silent:.0f} s while the process lived"
+                    if self.steps_seen else f"no output at all for {silent:.0f} s while the process lived")
+            add(HANG, what + (f": {quiet}" if quiet else "") + "; " + ended_by,
+                remedy(HANG, cli, self.target), evidence=list(self.tail)[-5:])
         else:
-            verdict = "ok"
-        message = self._message(verdict, end, total)
-        if override and verdict != "ok":
-            message = f"{verdict}: {override}"
-        if verdict != "ok" and not any(f.signature.split(":", 1)[0] == verdict for f in findings):
-            # The report lists findings: every failed verdict is one, with what to do.
-            related = [f for f in findings if f.signature == "rank-failed"] + findings
-            add(verdict, message.split(": ", 1)[-1], related[0].remediation if related else "",
-                evidence=related[0].evidence if related else list(self.tail)[-5:])
-        summary["verdict"] = verdict
-        return Verdict(verdict=verdict, message=message, findings=findings, summary=summary)
+            fix_race = ("" if thread_local else
+                        f"If it is the FX race, apply `{cli} patch fx-threads apply -t {self.target}`; ")
+            add(HANG, f"no new step line for {silent:.0f} s while the process lived{cause}; "
+                      + ended_by,
+                "look at the first drafter error above; a drafter that died inside a compile can "
+                "leave the others waiting on its lock. " + fix_race +
+                "serialising each drafter's first step (--serialize-compile) also avoids it.",
+                evidence=evidence)
+
+    def _ending_finding(self, add, verdict: str, e: Evidence, end: EndState, total: Optional[float],
+                        cli: str) -> None:
+        """The finding for a verdict that no signature explained: how the run ended."""
+        fix = remedy(verdict, cli, self.target)
+        if verdict == KILLED and not e.rank_killed:
+            if e.signalled:
+                handled = handled_signal(end.exit_code)
+                add(KILLED, f"the process was stopped by {signal_name(handled)}: it handled the signal "
+                            f"and exited with {end.exit_code} (128+{handled})", fix,
+                    evidence=list(self.tail)[-5:])
+            elif e.stopped_for == "user":
+                add(KILLED, "stopped with `orch stop`", fix)
+            else:
+                how = (f"by signal {end.signal}" if end.signal is not None
+                       else "without an exit status (its supervisor was killed too)")
+                add(KILLED, f"the process was killed {how}", fix)
+        elif verdict == TIMEOUT:
+            add(TIMEOUT, "the monitor's time limit ran out; orch stopped the run", fix)
+        elif verdict == TRACEBACK:
+            exception = self._last_exception()
+            add(TRACEBACK, f"the run failed with {exception or 'a Python traceback'}", fix,
+                evidence=self.seen.get(WORKER_ERROR, [])[:EVIDENCE_LINES] + ([exception] if exception else []))
+        elif verdict == NONZERO_EXIT:
+            add(NONZERO_EXIT, f"the process exited with code {end.exit_code}", fix,
+                evidence=list(self.tail)[-8:])
+        elif verdict == FAILED:
+            done = sum(d.done for d in self.drafters.values())
+            add(FAILED, f"{done} of the expected {self.expect_drafters} drafters finished", fix)
+        elif verdict in (DEGRADED, RECOMPILE_LIMIT):
+            add(DEGRADED, f"throughput {total or self.total_tok_s(True) or 0:,.0f} tok/s is under the "
+                          f"playbook's threshold of {float(self.degraded_below):,.0f}"
+                          + (f" (expected about {float(self.expected_tok_s):,.0f})"
+                             if self.expected_tok_s else ""), remedy(DEGRADED, cli, self.target))
 
     def _rank_killed(self, end: EndState) -> bool:
         """A rank died by a signal orch did not send (a stop ends the ranks with SIGTERM), or
@@ -564,43 +522,43 @@ class LogClassifier:
         root = self.child_failed.root_cause()
         if root is None or end.stopped_for:
             return False
-        if root.signal == signals.SIGABRT and "collective-timeout" in self.seen:
+        if root.signal == signals.SIGABRT and COLLECTIVE_TIMEOUT in self.seen:
             return False
         return root.signal is not None or root.handled_signal is not None
 
-    def _distributed_findings(self, add, hang: bool, end: EndState) -> Optional[str]:
+    def _distributed_findings(self, add, hang: bool, end: EndState, cli: str) -> Optional[str]:
         """torchrun's failed rank, collective and rendezvous timeouts, the rank a hang is
         about. Returns what the verdict's message should say, if these explain the end."""
         said = None
         self.never_met = False
         stuck = stuck_message({d.drafter: d.step for d in self.drafters.values()},
                               self.worker_word) if len(self.drafters) > 1 else None
-        if "rendezvous-timeout" in self.seen:
-            add("rendezvous-timeout", "the rendezvous never completed: not every rank joined",
-                RENDEZVOUS_REMEDIATION)
+        if RENDEZVOUS_TIMEOUT in self.seen:
+            add(RENDEZVOUS_TIMEOUT, "the rendezvous never completed: not every rank joined",
+                remedy(RENDEZVOUS_TIMEOUT, cli, self.target))
             said = "the rendezvous never completed (not every rank joined)"
         elif hang and not any(d.step for d in self.drafters.values()) and (
-                "rendezvous-retry" in self.seen or (self.rank_logs_expected and not self.rank_logs_seen)):
+                RENDEZVOUS_RETRY in self.seen or (self.rank_logs_expected and not self.rank_logs_seen)):
             # torch retries the store for 15 min by default, and torchrun starts its workers
             # (and their logs) only once the rendezvous is complete: the hang is the rendezvous
             self.never_met = True
-            unreachable = "rendezvous-retry" in self.seen
-            add("rendezvous-timeout",
+            unreachable = RENDEZVOUS_RETRY in self.seen
+            add(RENDEZVOUS_TIMEOUT,
                 "the ranks never met: " + ("no step was logged while they kept failing to reach "
                                            "their rendezvous store" if unreachable else
                                            "torchrun started no rank (no rank log appeared): its "
                                            "rendezvous never completed"),
-                RENDEZVOUS_REMEDIATION + "; in a container, check that its loopback is up "
+                remedy(RENDEZVOUS_TIMEOUT, cli, self.target) + "; in a container, check that its loopback is up "
                 "(`ip link set lo up`) when the master address is 127.0.0.1",
-                evidence=self.seen.get("rendezvous-retry") or list(self.tail)[-5:])
+                evidence=self.seen.get(RENDEZVOUS_RETRY) or list(self.tail)[-5:])
             said = ("the ranks never met: their rendezvous store could not be reached" if unreachable
                     else "the ranks never met: torchrun's rendezvous never completed")
-        if "collective-timeout" in self.seen:
-            add("collective-timeout", "a collective timed out" + (f": {stuck}" if stuck else ""),
-                COLLECTIVE_REMEDIATION)
+        if COLLECTIVE_TIMEOUT in self.seen:
+            add(COLLECTIVE_TIMEOUT, "a collective timed out" + (f": {stuck}" if stuck else ""),
+                remedy(COLLECTIVE_TIMEOUT, cli, self.target))
             said = "a collective timed out" + (f"; {stuck}" if stuck else "")
         elif hang and stuck:
-            add("hang:stuck-rank", stuck, COLLECTIVE_REMEDIATION, evidence=list(self.tail)[-5:])
+            add(STUCK_RANK, stuck, remedy(COLLECTIVE_TIMEOUT, cli, self.target), evidence=list(self.tail)[-5:])
             said = f"{stuck}; no progress for {self.hang_after:.0f} s or more"
         root = self.child_failed.root_cause()
         if root is not None:
@@ -609,7 +567,7 @@ class LogClassifier:
                 f", the first failure; torchrun then stopped {len(others)} other rank(s)" if others else "")
             if root.signal == 9:
                 text += " (SIGKILL from outside: most likely the host's OOM killer)"
-            add("rank-failed", text, rank_failure_remediation(root),
+            add(RANK_FAILED, text, rank_failure_remediation(root),
                 evidence=[f.describe() + (f": {f.traceback}" if f.traceback else "")
                           for f in self.child_failed.failures][:EVIDENCE_LINES])
             if said is None or self._rank_killed(end):
@@ -624,7 +582,7 @@ class LogClassifier:
         how = " and ".join(sorted(self.derived_from)) or "step times"
         rate = (f", {total:,.0f} tok/s total" + (f" (derived from {how})" if self.derived else "")
                 if total else "")
-        if verdict == "ok":
+        if verdict == OK:
             going = "training; the run goes on" if end.watch_ended else "trained"
             return f"ok: {count} {word} {going} to step {last}{rate}"
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
@@ -673,7 +631,7 @@ class LogClassifier:
                       "patched": "patched by orch, yet the error appeared",
                       "fixed-upstream": "fixed upstream, yet the error appeared"}.get(
             state, state or "not checked")
-        count = len({line for line in self.seen.get("drafter-error", []) if "FX" in line}) or 1
+        count = len({line for line in self.seen.get(WORKER_ERROR, []) if "FX" in line}) or 1
         return (f"FX tracing race: {count} drafter(s) raised \"Detected that you are using FX to "
                 f"symbolically trace a dynamo-optimized function\"; torch {version} on "
                 f"{self.target}: its FX state {state_text}")
@@ -692,16 +650,13 @@ class LogClassifier:
         done = sum(d.done and not d.error for d in drafters)
         expected = self.expected_drafters()
         rate = f", {total:,.0f} tok/s total" if total else ""
-        if verdict == "ok":
+        if verdict == OK:
             if end.watch_ended:
                 return f"healthy: {len(drafters)} drafters training{rate}; the run goes on"
             return f"ok: {done}/{len(drafters)} drafters trained{rate}"
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
                   else "still running" if end.state == "running" else end.state)
         return f"{verdict}: {done}/{expected} drafters finished{rate} ({ending})"
-
-
-FIRST_COMPILE_HANG = "hang:first-compile"   # a hang (verdict hang, exit 11) of its own kind
 
 
 def first_compile_remediation(cli: str = "orch", playbook: Optional[str] = None) -> str:
