@@ -12,28 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from orchestrator.ground.errors import ExitCode
+from orchestrator.ground.verdicts import RUNNING
 
-# Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
-VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
-            "collective-timeout", "rendezvous-timeout", "traceback", "nonzero-exit", "killed", "timeout",
-            "failed", "unreachable", "interrupted", "abandoned", "running")
-
-VERDICT_EXIT = {
-    "ok": ExitCode.OK,
-    "degraded": ExitCode.RUN_DEGRADED,
-    "recompile-limit": ExitCode.RUN_DEGRADED,
-    "hang": ExitCode.RUN_HANG,
-    "unreachable": ExitCode.RUN_UNREACHABLE,
-    "interrupted": ExitCode.INTERRUPTED,   # Ctrl-C before anything was launched
-    # "abandoned" (its controller died without a verdict; settled by attach, stop or
-    # `orch runs abandon`) is a failure: 10
-}
-
-
-def exit_code_for(verdict: str) -> int:
-    """ok 0, hang 11, degraded 12, unreachable 13, every other failure 10 (errors.ExitCode)."""
-    return VERDICT_EXIT.get(verdict, ExitCode.RUN_FAILED)
+# The verdicts, their order and exit codes: the verdict table, orchestrator/ground/verdicts.py.
 
 
 def now_iso() -> str:
@@ -72,7 +53,7 @@ class MetricPoint:
 @dataclass
 class Finding:
     target: str
-    signature: str              # fx-race | hang | degraded | recompile-limit | cuda-oom | ...
+    signature: str              # a verdict, or VERDICT:kind, or a note (ground/verdicts.py)
     message: str
     remediation: str = ""
     evidence: list[str] = field(default_factory=list)
@@ -98,7 +79,7 @@ class RunRecord:
     targets: list[TargetInfo] = field(default_factory=list)
     started_at: str = field(default_factory=now_iso)
     ended_at: Optional[str] = None
-    verdict: str = "running"
+    verdict: str = RUNNING
     exit_code: Optional[int] = None
     steps: list[StepResult] = field(default_factory=list)
     metrics: list[MetricPoint] = field(default_factory=list)

@@ -27,6 +27,7 @@ from orchestrator.ground import paths
 from orchestrator.ground.errors import ExitCode, OrchError
 from orchestrator.watch.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
                                      make_format)
+from orchestrator.ground.verdicts import FX_RACE
 from orchestrator.watch.classify import EndState, LogClassifier, Verdict
 from orchestrator.remote.payload_api import error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
@@ -610,7 +611,7 @@ def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
     info = recorder.target_info(target.name)
     if info is not None:
         facts = {"torch_version": info.torch_version, "fx_tls_state": info.fx_tls_state}
-    if "fx-race" in monitor.classifier.seen and fresh_facts is not None:
+    if FX_RACE in monitor.classifier.seen and fresh_facts is not None:
         facts.update(fresh_facts(target))
         if info is not None and facts.get("fx_tls_state"):
             info.fx_tls_state = facts["fx_tls_state"]

@@ -14,6 +14,7 @@ from orchestrator.ground import console, paths
 from orchestrator.ground.console.run import ConsoleReporter
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.lazy import LazyModule, lazy
+from orchestrator.ground.verdicts import RUNNING
 from orchestrator.runs import controller
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
@@ -177,7 +178,7 @@ def runs_show(run, with_metrics, as_json):
               + "  ".join(f"{k} {_tok(v)}" for k, v in tp["per_drafter"].items()))
     if record.artifacts_dir:
         out.print(f"files {console.escape(record.artifacts_dir)}")
-    if record.verdict == "running":
+    if record.verdict == RUNNING:
         gone = controller.controller_state(record) == controller.GONE
         out.print(("[yellow]" if gone else "") + console.escape(controller.describe(record))
                   + ("[/]" if gone else ""))

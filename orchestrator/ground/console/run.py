@@ -17,11 +17,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.ground import verdicts
 from orchestrator.ground.console import escape, make_console
+from orchestrator.ground.verdicts import DEGRADED, HANG, OK, RECOMPILE_LIMIT
 
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
-VERDICT_STYLE = {"ok": "bold green", "degraded": "bold yellow", "recompile-limit": "bold yellow"}
+TONE_STYLE = {"ok": "bold green", "warn": "bold yellow"}   # a verdict's tone: ground/verdicts.py
 
 
 class ConsoleReporter:
@@ -109,7 +111,7 @@ class ConsoleReporter:
         if info.dry_run:
             self._print("[dim]dry run: nothing was run, nothing recorded[/]")
             return
-        style = VERDICT_STYLE.get(record.verdict, "bold red")
+        style = TONE_STYLE.get(verdicts.rule(record.verdict).tone, "bold red")
         self._print(f"\nverdict: [{style}]{record.verdict}[/] (exit {record.exit_code})")
         for run in runs:
             monitor = info.monitor_result(run.target.name) or {}
@@ -123,8 +125,8 @@ class ConsoleReporter:
         verdicts = {run.target.name: run.final_verdict() for run in runs}
         for finding in record.findings:
             verdict = verdicts.get(finding.target, record.verdict)
-            if verdict == "ok" or not finding.remediation or \
-                    finding.signature not in (verdict, "hang", "degraded", "recompile-limit"):
+            if verdict == OK or not finding.remediation or \
+                    finding.signature not in (verdict, HANG, DEGRADED, RECOMPILE_LIMIT):
                 continue
             key = (finding.target, finding.signature, finding.remediation)
             if key in shown:
