@@ -17,9 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.ground import verdicts
 from orchestrator.ground.console import escape, make_console
-from orchestrator.ground.verdicts import DEGRADED, HANG, OK, RECOMPILE_LIMIT
+from orchestrator.ground.verdicts import DEGRADED, HANG, OK, RECOMPILE_LIMIT, rule
 
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
@@ -111,7 +110,7 @@ class ConsoleReporter:
         if info.dry_run:
             self._print("[dim]dry run: nothing was run, nothing recorded[/]")
             return
-        style = TONE_STYLE.get(verdicts.rule(record.verdict).tone, "bold red")
+        style = TONE_STYLE.get(rule(record.verdict).tone, "bold red")
         self._print(f"\nverdict: [{style}]{record.verdict}[/] (exit {record.exit_code})")
         for run in runs:
             monitor = info.monitor_result(run.target.name) or {}
