@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.ground.errors import CommandTimeout, ExitCode, OrchError
 from orchestrator.watch.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
                                      make_format)
 from orchestrator.ground.verdicts import FX_RACE
@@ -93,11 +93,13 @@ class LogFollower:
             if handler.should_stop():
                 return None
             process = None
+            timed_out = False
             try:
                 process = self._spawn()
                 outcome, final = self._pump(process, handler, down_since)
             except OrchError as error:
                 outcome, final = "error", str(error)
+                timed_out = isinstance(error, CommandTimeout)   # by type: not by its wording
             finally:
                 if process is not None:
                     _close_quietly(process)
@@ -126,8 +128,7 @@ class LogFollower:
                 down_since = self._last_event if outcome == "connected-lost" else now
                 self.reconnects += 1
                 handler.on_connection(False, final if isinstance(final, str) else outcome)
-            if outcome in ("stalled", "connected-lost") or "timed out" in str(final) or \
-                    "did not open a channel" in str(final):
+            if outcome in ("stalled", "connected-lost") or timed_out:
                 # A silent channel on a dead link leaves the SSH connection half-open: drop it
                 # so the next try connects afresh instead of waiting out TCP's back-off.
                 _drop_connection(self.target)
