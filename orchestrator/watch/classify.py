@@ -19,7 +19,7 @@ import re
 import signal as signals
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from orchestrator.ground import verdicts
 from orchestrator.ground.fx_states import THREAD_LOCAL
@@ -71,6 +71,46 @@ class DrafterProgress:
         if self.rates:
             return sum(self.rates) / len(self.rates)
         return None
+
+
+@dataclass(frozen=True)
+class WorkerSnapshot:
+    """One worker's progress at one moment (a copy: reporters keep it while the run goes on)."""
+
+    worker: int
+    step: int
+    loss: Optional[float]
+    tok_s: Optional[float]          # its latest rate
+    status: str                     # running | done | failed | stopped | ended
+    error: Optional[str]
+    warmed: bool                    # past its warmup steps: its rate counts in the live total
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """A run's live progress, frozen: what reporters (the console's table, the MCP server's
+    progress, records) read. The classifier itself belongs to the monitor's thread, which goes
+    on changing it while they read."""
+
+    target: str
+    worker_word: str
+    workers: tuple[WorkerSnapshot, ...]
+    lines: int
+    metric_note: Optional[str]
+    silent_since: float             # the clock (monotonic) of the last sign of life
+    metric_line: Callable[[str], bool] = field(repr=False, default=lambda line: False)
+
+    def silent_for(self, now: float) -> float:
+        return now - self.silent_since
+
+    def is_metric_line(self, line: str) -> bool:
+        """Whether the line carries a metric point (a live table shows those)."""
+        return self.metric_line(line)
+
+    def live_tok_s(self) -> Optional[float]:
+        """The total of the workers past warmup (a compile step does not count)."""
+        rates = [w.tok_s for w in self.workers if w.tok_s is not None and w.warmed]
+        return sum(rates) if rates else None
 
 
 @dataclass
@@ -307,6 +347,19 @@ class LogClassifier:
                else "the run")
         return (f"the steps stopped: {names}, while {who} kept printing "
                 f"(last output {now - latest:.0f} s ago)")
+
+    def snapshot(self) -> ProgressSnapshot:
+        """A frozen copy of the live progress, for reporters."""
+        workers = tuple(WorkerSnapshot(d.drafter, d.step, d.loss, d.tok_s, d.status, d.error, bool(d.rates))
+                        for d in sorted(self.drafters.values(), key=lambda d: d.drafter))
+        since = self.last_progress if self.steps_seen or RENDEZVOUS_RETRY in self.seen \
+            else max(self.last_progress, self.last_output)
+        pattern = self.metric
+        metric_line = ((lambda line: bool(pattern.search(line))) if pattern is not None
+                       else self.metric_lines or (lambda line: False))
+        return ProgressSnapshot(target=self.target, worker_word=self.worker_word, workers=workers,
+                                lines=self.lines, metric_note=self.metric_note() if self.lines else None,
+                                silent_since=since, metric_line=metric_line)
 
     def hung(self, now: float, alive: bool) -> bool:
         return alive and self.silent_for(now) >= self.hang_after

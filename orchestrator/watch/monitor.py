@@ -28,7 +28,7 @@ from orchestrator.ground.errors import CommandTimeout, ExitCode, OrchError
 from orchestrator.watch.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
                                      make_format)
 from orchestrator.ground.verdicts import FX_RACE
-from orchestrator.watch.classify import EndState, LogClassifier, Verdict
+from orchestrator.watch.classify import EndState, LogClassifier, ProgressSnapshot, Verdict
 from orchestrator.remote.payload_api import error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.runs.gpu import append_sample, gpu_sample, gpu_stats
@@ -277,7 +277,7 @@ class MonitorSink:
     """Where a monitor reports: the console and the run store (the runner provides one)."""
 
     def log_line(self, target: str, line: str) -> None: ...
-    def progress(self, target: str, classifier: LogClassifier, status: dict) -> None: ...
+    def progress(self, target: str, snapshot: ProgressSnapshot, status: dict) -> None: ...
     def note(self, target: str, text: str, level: str = "info") -> None: ...
     def metrics(self, target: str, points: list[MetricPoint]) -> None: ...
 
@@ -463,7 +463,7 @@ class Monitor(FollowHandler):
                 self._points.append(metric)
         self.classifier.format_name = self.log_format.describe()   # auto says what it picked
         if lines or points:
-            self.sink.progress(self.target.name, self.classifier, self._state)
+            self.sink.progress(self.target.name, self.classifier.snapshot(), self._state)
         self._flush_metrics()
 
     def _flush_metrics(self, force: bool = False) -> None:
@@ -480,7 +480,7 @@ class Monitor(FollowHandler):
         self._alive = event.get("state") == "running"
         if event.get("cpu_s") is not None:
             self.cpu_s = event["cpu_s"]
-        self.sink.progress(self.target.name, self.classifier, event)
+        self.sink.progress(self.target.name, self.classifier.snapshot(), event)
 
     def on_gpu(self, event: dict) -> None:
         self.gpus_seen = event.get("gpus") or []
@@ -567,7 +567,7 @@ class MonitorReporter(Protocol):
 
     def monitor_started(self, target: str, run_dir: str, settings: MonitorSettings) -> None: ...
     def monitor_ended(self, target: str) -> None: ...
-    def monitor_progress(self, target: str, classifier: LogClassifier, status: dict) -> None: ...
+    def monitor_progress(self, target: str, snapshot: ProgressSnapshot, status: dict) -> None: ...
     def log_line(self, target: str, line: str) -> None: ...
     def note(self, target: str, text: str, level: str = "info") -> None: ...
 
@@ -582,8 +582,8 @@ class ReportingSink(MonitorSink):
     def log_line(self, target: str, line: str) -> None:
         self.reporter.log_line(target, line)
 
-    def progress(self, target: str, classifier: LogClassifier, status: dict) -> None:
-        self.reporter.monitor_progress(target, classifier, status)
+    def progress(self, target: str, snapshot: ProgressSnapshot, status: dict) -> None:
+        self.reporter.monitor_progress(target, snapshot, status)
 
     def note(self, target: str, text: str, level: str = "info") -> None:
         self.reporter.note(target, text, level)

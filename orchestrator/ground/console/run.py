@@ -142,7 +142,7 @@ class ConsoleReporter:
     # --------------------------------------------------------------- monitor
     def monitor_started(self, target: str, run_dir: str, settings) -> None:
         with self._state_lock:
-            self._monitors[target] = {"classifier": None, "status": {}, "settings": settings,
+            self._monitors[target] = {"progress": None, "status": {}, "settings": settings,
                                       "started": time.monotonic(), "run_dir": run_dir}
         self._print(f"  [dim]{escape(target)}: following {escape(run_dir)}/output.log[/]")
         if self.live_enabled:
@@ -158,7 +158,7 @@ class ConsoleReporter:
             others = bool(self._monitors)
         if not others:
             self._stop_live()
-        if state and state.get("classifier") is not None:
+        if state and state.get("progress") is not None:
             self._print_table({target: state})
 
     def _stop_live(self) -> None:
@@ -167,11 +167,12 @@ class ConsoleReporter:
         if live is not None:
             live.stop()
 
-    def monitor_progress(self, target: str, classifier, status: dict) -> None:
+    def monitor_progress(self, target: str, snapshot, status: dict) -> None:
+        """snapshot: a frozen ProgressSnapshot (watch/classify.py), never the live classifier."""
         with self._state_lock:
             state = self._monitors.get(target)
             if state is not None:
-                state["classifier"] = classifier
+                state["progress"] = snapshot
                 if status:
                     state["status"] = status
 
@@ -181,8 +182,8 @@ class ConsoleReporter:
         if self.echo == "events" or (self.live_enabled and self.echo == "auto"):
             with self._state_lock:
                 state = self._monitors.get(target)
-                classifier = state and state.get("classifier")
-            if classifier is not None and classifier.is_metric_line(line):
+                progress = state and state.get("progress")
+            if progress is not None and progress.is_metric_line(line):
                 return  # the table shows it
         # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
         self.out.out(f"{target} | {line}", highlight=False)
@@ -202,36 +203,33 @@ class ConsoleReporter:
 
     def _table(self, monitors: dict):
         table = Table(show_edge=False, header_style="bold", box=None, pad_edge=False)
-        words = {getattr(state.get("classifier"), "worker_word", "drafter") for state in monitors.values()}
+        words = {getattr(state.get("progress"), "worker_word", "drafter") for state in monitors.values()}
         worker = "rank" if words == {"rank"} else "drafter" if words <= {"drafter"} else "worker"
         for column in ("target", worker, "step", "loss", "tok/s", "state"):
             table.add_column(column, justify="right" if column in ("step", "loss", "tok/s") else "left")
         footer = []
         for target, state in monitors.items():
-            classifier = state.get("classifier")
+            progress = state.get("progress")
             status = state.get("status") or {}
             settings = state.get("settings")
-            if classifier is None:
+            if progress is None:
                 table.add_row(target, "-", "-", "-", "-", "waiting for the first line")
                 continue
-            drafters = sorted(list(classifier.drafters.values()), key=lambda d: d.drafter)
-            note = classifier.metric_note() if classifier.lines else None
-            if note and not drafters:
-                table.add_row(target, "-", "-", "-", "-", note)
-            for drafter in drafters:
-                table.add_row(target, str(drafter.drafter), str(drafter.step),
-                              "-" if drafter.loss is None else f"{drafter.loss:.4f}",
-                              "-" if drafter.tok_s is None else f"{drafter.tok_s:,.0f}",
-                              Text(drafter.status if not drafter.error else f"ERROR {drafter.error[:60]}",
-                                   style="red" if drafter.error else ""))
-            live_rates = [d.tok_s for d in drafters if d.tok_s is not None and d.rates]
-            total = sum(live_rates) if live_rates else None
+            if progress.metric_note and not progress.workers:
+                table.add_row(target, "-", "-", "-", "-", progress.metric_note)
+            for one in progress.workers:
+                table.add_row(target, str(one.worker), str(one.step),
+                              "-" if one.loss is None else f"{one.loss:.4f}",
+                              "-" if one.tok_s is None else f"{one.tok_s:,.0f}",
+                              Text(one.status if not one.error else f"ERROR {one.error[:60]}",
+                                   style="red" if one.error else ""))
+            total = progress.live_tok_s()
             bits = [f"{target}: {status.get('state', '?')}"]
             if total:
                 bits.append(f"total {total:,.0f} tok/s")
             if settings is not None and getattr(settings, "expected_tok_s", None):
                 bits.append(f"expected ~{settings.expected_tok_s:,.0f}")
-            silent = classifier.silent_for(time.monotonic())
+            silent = progress.silent_for(time.monotonic())
             if silent > 10 and settings is not None:
                 bits.append(f"no progress for {silent:.0f} s (hang at {settings.hang_after:g} s)")
             gpus = status.get("gpus")
