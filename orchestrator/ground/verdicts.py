@@ -120,70 +120,87 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule(RUNNING, ExitCode.RUN_FAILED, GENERIC, "the run has no verdict yet: its controller "
-         "still follows it", "", None, tone="running"),
-    Rule(ABANDONED, ExitCode.RUN_FAILED, GENERIC, "its controller died without a verdict; "
-         "settled by attach, stop or `orch runs abandon`",
+    Rule(RUNNING, ExitCode.RUN_FAILED, GENERIC,
+         "the run is still going (its record has no verdict yet).", "", None, tone="running"),
+    Rule(ABANDONED, ExitCode.RUN_FAILED, GENERIC,
+         "its orch (the controller) died without a verdict: settled by `orch attach`, `orch stop` "
+         "or `orch runs abandon`.",
          "the run itself may have gone on: `{cli} attach RUN` follows it again if it is still there",
          None),
-    Rule(INTERRUPTED, ExitCode.INTERRUPTED, GENERIC, "Ctrl-C before anything was launched",
+    Rule(INTERRUPTED, ExitCode.INTERRUPTED, GENERIC, "Ctrl-C before anything was launched.",
          "nothing was launched; run the playbook again when ready", None),
-    Rule(UNREACHABLE, ExitCode.RUN_UNREACHABLE, GENERIC, "a target could not be reached during "
-         "the run", "check the host and the container (`{cli} inventory check`); a launched run "
-         "goes on there: `{cli} attach RUN` follows it again", None),
-    Rule(FX_RACE, ExitCode.RUN_FAILED, GENERIC, "threads compiling at once tripped over FX state "
-         "torch keeps process-wide (its tracing flag, node meta, trace-time patches)",
+    Rule(UNREACHABLE, ExitCode.RUN_UNREACHABLE, GENERIC,
+         "a target could not be reached during the run.",
+         "check the host and the container (`{cli} inventory check`); a launched run goes on "
+         "there: `{cli} attach RUN` follows it again", None),
+    Rule(FX_RACE, ExitCode.RUN_FAILED, GENERIC,
+         "the FX race: threads compiling side by side shared torch's FX state (the tracing flag's "
+         "RuntimeError, `KeyError: 'custom'` from fx/traceback.py, CURRENT_PATCHER errors). "
+         "FX-race advice only for DFlash runs.",
          "make FX's shared state thread-local: `{cli} patch fx-threads apply -t {target}`, then "
          "rerun (check with `{cli} verify fx-threads -t {target}`)",
          lambda e: FX_RACE in e.signs),
-    Rule(RENDEZVOUS_TIMEOUT, ExitCode.RUN_FAILED, TORCHRUN, "the ranks never all met at their "
-         "rendezvous", "the ranks never all met: check that every node started with the same "
-         "--nnodes, --rdzv-endpoint / --master-addr and --master-port, that the port is reachable "
-         "from every node, and that no stale run holds the port", _rendezvous),
-    Rule(HANG, ExitCode.RUN_HANG, GENERIC, "no progress for hang_after seconds while the "
-         "process lived", "see what the process is doing before it is gone next time: `py-spy "
-         "dump --pid PID` (`{cli} exec {target} -- py-spy dump --pid PID`), or run with a timeout "
-         "in the trainer's own collectives; the last lines it printed are the evidence",
+    Rule(RENDEZVOUS_TIMEOUT, ExitCode.RUN_FAILED, TORCHRUN,
+         "the ranks never met: the rendezvous never completed, or its store could not be reached.",
+         "the ranks never all met: check that every node started with the same --nnodes, "
+         "--rdzv-endpoint / --master-addr and --master-port, that the port is reachable from every "
+         "node, and that no stale run holds the port", _rendezvous),
+    Rule(HANG, ExitCode.RUN_HANG, GENERIC,
+         "no progress for `hang_after` seconds while the process lived; it was stopped "
+         "(`stop_on_hang`). Once steps flow, steps that stop while output goes on are a hang that "
+         "names the silent worker.",
+         "see what the process is doing before it is gone next time: `py-spy dump --pid PID` "
+         "(`{cli} exec {target} -- py-spy dump --pid PID`), or run with a timeout in the trainer's "
+         "own collectives; the last lines it printed are the evidence",
          lambda e: e.hang),
-    Rule(CUDA_OOM, ExitCode.RUN_FAILED, GENERIC, "CUDA ran out of memory",
+    Rule(CUDA_OOM, ExitCode.RUN_FAILED, GENERIC, "CUDA ran out of memory.",
          "lower the batch size or sequence length, check for other processes on the GPUs "
          "(`{cli} exec {target} -- nvidia-smi`), or put fewer workers on each GPU",
          lambda e: CUDA_OOM in e.signs),
-    Rule(KILLED, ExitCode.RUN_FAILED, GENERIC, "a signal orch did not send ended the run (or a "
-         "rank), or `orch stop` did", "find who ended it: the host's OOM killer (`dmesg` on the "
-         "host), a scheduler's preemption, a supervisor, or an `orch stop` from elsewhere", _killed),
-    Rule(COLLECTIVE_TIMEOUT, ExitCode.RUN_FAILED, TORCHRUN, "a collective waited past its timeout",
+    Rule(KILLED, ExitCode.RUN_FAILED, GENERIC,
+         "the process (or a rank) was killed by a signal, or stopped with `orch stop` (a worker's "
+         "exit 143 is a stop by SIGTERM, named).",
+         "find who ended it: the host's OOM killer (`dmesg` on the host), a scheduler's "
+         "preemption, a supervisor, or an `orch stop` from elsewhere", _killed),
+    Rule(COLLECTIVE_TIMEOUT, ExitCode.RUN_FAILED, TORCHRUN,
+         "a collective timed out (torchrun's SIGABRT after NCCL's watchdog line included).",
          "a collective waited past its timeout: one rank did not join it (stuck, slower, or dead). "
          "Look at the rank that fell behind; set TORCH_DISTRIBUTED_DEBUG=DETAIL (and NCCL_DEBUG=INFO "
          "on GPUs) in the launch env to see which collective each rank was in",
          lambda e: COLLECTIVE_TIMEOUT in e.signs),
-    Rule(NCCL_ERROR, ExitCode.RUN_FAILED, TORCHRUN, "NCCL reported an error",
+    Rule(NCCL_ERROR, ExitCode.RUN_FAILED, TORCHRUN,
+         "NCCL reported an error (an `NCCL WARN` in a run that exits 0 is a warning).",
          "rerun with NCCL_DEBUG=INFO in the launch env; check that every rank sees its GPU "
          "(CUDA_VISIBLE_DEVICES from the inventory's gpus) and that P2P/IB work in the container",
          lambda e: NCCL_ERROR in e.signs),
-    Rule(TIMEOUT, ExitCode.RUN_FAILED, GENERIC, "the monitor's time limit ran out; orch stopped "
-         "the run", "raise the monitor step's timeout if the run needs longer, or find out why it "
-         "was slow (its throughput in the record)", lambda e: e.stopped_for == "timeout"),
-    Rule(TRACEBACK, ExitCode.RUN_FAILED, GENERIC, "the run failed with a Python traceback",
+    Rule(TIMEOUT, ExitCode.RUN_FAILED, GENERIC,
+         "the monitor's time limit ran out; orch stopped the run.",
+         "raise the monitor step's timeout if the run needs longer, or find out why it was slow "
+         "(its throughput in the record)", lambda e: e.stopped_for == "timeout"),
+    Rule(TRACEBACK, ExitCode.RUN_FAILED, GENERIC, "the run failed with a Python traceback.",
          "read the traceback in the collected log (orch collects it into the run folder)",
          lambda e: e.traceback and (e.failed_exit or e.ended_killed)),
-    Rule(NONZERO_EXIT, ExitCode.RUN_FAILED, GENERIC, "the process exited with a non-zero code",
+    Rule(NONZERO_EXIT, ExitCode.RUN_FAILED, GENERIC,
+         "the process exited with a non-zero code and no known signature.",
          "read the last lines of its log (`{cli} runs show RUN`, the collected output.log): the "
          "trainer's own words say why it stopped", lambda e: e.failed_exit),
-    Rule(FAILED, ExitCode.RUN_FAILED, GENERIC, "a step failed, or fewer workers finished than "
-         "the playbook expects", "read the failed step's message and the log in the record "
-         "(`{cli} runs show RUN`)", lambda e: e.workers_short),
-    Rule(RECOMPILE_LIMIT, ExitCode.RUN_DEGRADED, GENERIC, "slow because torch._dynamo hit its "
-         "recompile limit and runs the function uncompiled",
+    Rule(FAILED, ExitCode.RUN_FAILED, GENERIC,
+         "a step failed, or fewer workers finished than `expect_drafters`.",
+         "read the failed step's message and the log in the record (`{cli} runs show RUN`)",
+         lambda e: e.workers_short),
+    Rule(RECOMPILE_LIMIT, ExitCode.RUN_DEGRADED, GENERIC,
+         "degraded because torch._dynamo hit its recompile limit: the function runs uncompiled "
+         "from then on.",
          "Dynamo config is per thread since torch 2.12: set torch._dynamo.config.recompile_limit "
          "inside each worker thread (worker threads get the default of 8), or mark the varying "
          "dimension dynamic", lambda e: e.degraded and RECOMPILE_LIMIT in e.signs, tone="warn"),
-    Rule(DEGRADED, ExitCode.RUN_DEGRADED, GENERIC, "it ran, under the playbook's throughput "
-         "threshold", "check that the kernels compiled (no --uncompiled, no recompile-limit "
-         "warnings), the GPUs' use (nvidia-smi) and that each worker has its own GPU",
-         lambda e: e.degraded, tone="warn"),
-    Rule(OK, ExitCode.OK, GENERIC, "it ran to its end (or is training well) within its "
-         "thresholds", "", lambda e: True, tone="ok"),
+    Rule(DEGRADED, ExitCode.RUN_DEGRADED, GENERIC,
+         "it ran, below the playbook's throughput threshold (`degraded_below`).",
+         "check that the kernels compiled (no --uncompiled, no recompile-limit warnings), the GPUs' "
+         "use (nvidia-smi) and that each worker has its own GPU", lambda e: e.degraded, tone="warn"),
+    Rule(OK, ExitCode.OK, GENERIC,
+         "the run trained: every worker finished (or is healthy when `watch_for` left it going).",
+         "", lambda e: True, tone="ok"),
 )
 
 BY_NAME = {rule.name: rule for rule in RULES}
@@ -208,7 +225,7 @@ class Signature:
 SIGNATURES: tuple[Signature, ...] = (
     Signature(FX_RACE, re.compile(r"Detected that you are using FX to symbolically trace a "
                                   r"dynamo-optimized function"), FX_RACE, "the FX tracing race error"),
-    # The other FX state threads share (verdict fx-race too; docs/torch-releases.md): the
+    # The other FX state threads share (verdict fx-race too; docs/design/torch-releases.md): the
     # node-meta race raises KeyError 'custom' from annotate() in torch/fx/traceback.py; FX's
     # process-wide trace-time patching shows as CURRENT_PATCHER errors or another thread's
     # "module is not installed as a submodule".
@@ -218,7 +235,7 @@ SIGNATURES: tuple[Signature, ...] = (
               FX_RACE),
     Signature(CUDA_OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                                    r"CUDA error: out of memory"), CUDA_OOM, "CUDA out of memory"),
-    # torch 2.13's own formats, checked on real runs (docs/trainer-logs.md): gloo's `Timed out
+    # torch 2.13's own formats, checked on real runs (docs/design/trainer-logs.md): gloo's `Timed out
     # waiting 5000ms for recv operation`, NCCL's watchdog; a rendezvous that never completes.
     Signature(COLLECTIVE_TIMEOUT, re.compile(
         r"Timed out waiting \d+ ?ms for (?:recv|send) operation|gloo.{0,400}?[Tt]imed? ?out|"
@@ -286,12 +303,14 @@ def remedy(verdict: str, cli: str = "orch", target: str = "TARGET") -> str:
 
 
 def verdict_rules() -> list[dict]:
-    """The rules in order, as plain data for the generated reference (docs/reference/):
-    name, precedence, exit code, workload, description, remediation, whether a log line or
-    the engine decides it, and the log signatures that lead to it."""
+    """The rules in order, as plain data for the generated reference (docs/reference/verdicts.md,
+    orchestrator/cli/reference.py): name, precedence, exit code, workload, description,
+    remediation (for the placeholder target TARGET), whether the classifier or the engine
+    decides it, and the log signatures that lead to it (names and patterns)."""
     return [{"name": r.name, "precedence": r.precedence, "exit_code": int(r.exit_code),
              "workload": r.workload, "description": r.description,
              "remediation": r.remediation.format(cli="orch", target="TARGET"),
              "decided_by": "classifier" if r.detector is not None else "engine",
-             "signatures": [s.name for s in SIGNATURES if s.verdict == r.name]}
+             "signatures": [s.name for s in SIGNATURES if s.verdict == r.name],
+             "patterns": [s.pattern.pattern for s in SIGNATURES if s.verdict == r.name]}
             for r in RULES]

@@ -9,9 +9,9 @@
 - a hang where one rank stopped while the others went on to a collective and wait there:
   the rank behind is the one to look at.
 
-The formats are torch's own (torch 2.13, checked on real runs; docs/trainer-logs.md). The
-log signatures of collective and rendezvous timeouts, and what to do about them, are rules of
-the verdict table (ground/verdicts.py).
+The formats are torch's own (torch 2.13, checked on real runs; docs/design/trainer-logs.md).
+The log signatures of collective and rendezvous timeouts, and what to do about them, are rules
+of the verdict table (ground/verdicts.py).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# The layers, bottom first: a room imports only rooms listed before it (docs/architecture.md).
+# The layers, bottom first: a room imports only rooms listed before it (docs/design/architecture.md).
 LAYERS = [
     "ground",    # errors, paths, console, lazy, fx_states: nothing of orch's
     "config",    # the inventory and YAML sources, jinja2's sandbox
@@ -152,7 +152,7 @@ LAYERS = [
 SUBLAYERS = {
     "playbook": ["render", "steps", "loader", "engine", "attach"],
     "watch": ["logformats", "distributed", "torchrun", "classify", "monitor"],
-    "cli": ["commands", "app", "main"],  # main names app in a string: the hand-off
+    "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["rerun", "schedule"],
 }
 

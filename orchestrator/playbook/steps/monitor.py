@@ -52,11 +52,12 @@ class MonitorStep(Step):
         "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
         "expect_drafters": Param((int,), doc="fail unless this many drafters finish"),
         "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),
-        "stop_on_hang": Param((bool,), default=True),
+        "stop_on_hang": Param((bool,), default=True, doc="stop a hung run (SIGTERM, then SIGKILL)"),
         "grace": Param((int, float), default=10, doc="seconds between SIGTERM and SIGKILL"),
         "gpu_every": Param((int, float), default=5, doc="seconds between nvidia-smi samples, kept as a series (0: off)"),
         "stall_after": Param((int, float), default=8, doc="silent seconds before reconnecting"),
-        "unreachable_after": Param((int, float), default=300),
+        "unreachable_after": Param((int, float), default=300,
+                                   doc="seconds out of reach before the verdict is unreachable"),
     }
 
     def check(self, params: dict, loc: Loc) -> None:
