@@ -137,8 +137,8 @@ RULES: tuple[Rule, ...] = (
          "the FX race: threads compiling side by side shared torch's FX state (the tracing flag's "
          "RuntimeError, `KeyError: 'custom'` from fx/traceback.py, CURRENT_PATCHER errors). "
          "FX-race advice only for DFlash runs.",
-         "make FX's shared state thread-local: `{cli} patch fx-threads apply -t {target}`, then "
-         "rerun (check with `{cli} verify fx-threads -t {target}`)",
+         "make FX's shared state thread-local: `{cli} patch fx-threads apply -t {target}` (check "
+         "with `{cli} verify fx-threads -t {target}`), then rerun",
          lambda e: FX_RACE in e.signs),
     Rule(RENDEZVOUS_TIMEOUT, ExitCode.RUN_FAILED, TORCHRUN,
          "the ranks never met: the rendezvous never completed, or its store could not be reached.",

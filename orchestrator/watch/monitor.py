@@ -521,7 +521,7 @@ class Monitor(FollowHandler):
         if s.watch_for and now - self.started >= s.watch_for and self._alive:
             self._watch_ended = True
         if not self._warned_degraded and self.classifier.degraded(live=True) and \
-                len([d for d in self.classifier.drafters.values() if d.rates]) > 0 and \
+                len([d for d in self.classifier.workers.values() if d.rates]) > 0 and \
                 now - self.started > 30:
             self._warned_degraded = True
             total = self.classifier.total_tok_s(live=True) or 0
