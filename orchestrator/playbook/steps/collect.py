@@ -17,6 +17,7 @@ _HAS_SMI = "command -v nvidia-smi >/dev/null 2>&1"
 class CollectStep(Step):
     kind = "collect"
     summary = "logs, pip freeze, nvidia-smi, summary.json into the local run folder"
+    runs_on_attach = True   # the logs of a run `orch attach` followed to its end
     params = {
         "log": Param((bool,), default=True, doc="the training log, as output.log"),
         "freeze": Param((bool,), default=True, doc="the venv's pip freeze, as pip-freeze.txt"),

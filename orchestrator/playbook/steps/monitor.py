@@ -28,6 +28,7 @@ from orchestrator.playbook.steps.base import (Param, Reporter, RunInfo, Step, St
 class MonitorStep(Step):
     kind = "monitor"
     summary = "follow the launched run, live progress, verdict with remediation"
+    judges_run = True   # its verdict is the run's (ok, fx-race, hang, ...)
     params = {
         "run_dir": Param((str,), doc="the run to follow (default: this target's last launch)"),
         "hang_after": Param((int, float), default=120, doc="seconds without a new step line"),
@@ -118,6 +119,25 @@ class MonitorStep(Step):
             raise StepFailed(f"monitor: {error}") from None
         ctx.recorder.note_monitor(target.name, ctx.spec.index, settings.to_dict())
         return follow_run(ctx.run, ctx.reporter, target, run_dir, settings)
+
+
+    def reattach(self, launch: dict) -> "FollowAgain":
+        return FollowAgain(launch)
+
+
+class FollowAgain(MonitorStep):
+    """`orch attach`: the monitor again, on a recorded launch, with the settings its monitor
+    step recorded, from the log's start (metrics and signatures need the whole log)."""
+
+    params: dict = {}   # nothing to render: what it follows, and how, comes from the record
+
+    def __init__(self, launch: dict):
+        self.launch = launch
+
+    def run(self, ctx: StepContext, params: dict) -> StepOutcome:
+        settings = MonitorSettings.from_params(self.launch.get("monitor") or {})
+        settings.offset = 0
+        return follow_run(ctx.run, ctx.reporter, ctx.target, self.launch["run_dir"], settings)
 
 
 def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
