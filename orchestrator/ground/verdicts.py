@@ -160,8 +160,8 @@ RULES: tuple[Rule, ...] = (
     Rule(KILLED, ExitCode.RUN_FAILED, GENERIC,
          "the process (or a rank) was killed by a signal, or stopped with `orch stop` (a worker's "
          "exit 143 is a stop by SIGTERM, named).",
-         "find who ended it: the host's OOM killer (`dmesg` on the host), a scheduler's "
-         "preemption, a supervisor, or an `orch stop` from elsewhere", _killed),
+         "unless you stopped it, find who did: the host's OOM killer (`dmesg` on the host), a "
+         "scheduler's preemption, a supervisor, or an `orch stop` from elsewhere", _killed),
     Rule(COLLECTIVE_TIMEOUT, ExitCode.RUN_FAILED, TORCHRUN,
          "a collective timed out (torchrun's SIGABRT after NCCL's watchdog line included).",
          "a collective waited past its timeout: one rank did not join it (stuck, slower, or dead). "

@@ -538,7 +538,7 @@ class LogClassifier:
                             f"and exited with {end.exit_code} (128+{handled})", fix,
                     evidence=list(self.tail)[-5:])
             elif e.stopped_for == "user":
-                add(KILLED, "stopped with `orch stop`", fix)
+                add(KILLED, "stopped with `orch stop`")     # nothing to fix: someone asked
             else:
                 how = (f"by signal {end.signal}" if end.signal is not None
                        else "without an exit status (its supervisor was killed too)")
