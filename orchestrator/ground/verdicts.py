@@ -57,7 +57,8 @@ RENDEZVOUS_RETRY = "rendezvous-retry"           # retries to reach the store: ex
 NCCL_WARN = "nccl-warn"                         # a warning, common in healthy runs
 WORKER_ERROR = "drafter-error"                  # the DFlash trainer's `drafter=N ERROR` line
 
-# The workloads a rule belongs to: any trainer, torchrun's ranks, the DFlash threads.
+# The workloads a rule belongs to: any trainer, torchrun's ranks, the DFlash threads (the
+# reference says whose runs show a verdict).
 GENERIC, TORCHRUN, DFLASH = "generic", "torchrun", "dflash"
 
 
@@ -133,7 +134,9 @@ RULES: tuple[Rule, ...] = (
          "a target could not be reached during the run.",
          "check the host and the container (`{cli} inventory check`); a launched run goes on "
          "there: `{cli} attach RUN` follows it again", None),
-    Rule(FX_RACE, ExitCode.RUN_FAILED, GENERIC,
+    # The DFlash layout (drafter threads compiling side by side in one process) is where
+    # threads share FX's state; a torchrun rank is a process of its own.
+    Rule(FX_RACE, ExitCode.RUN_FAILED, DFLASH,
          "the FX race: threads compiling side by side shared torch's FX state (the tracing flag's "
          "RuntimeError, `KeyError: 'custom'` from fx/traceback.py, CURRENT_PATCHER errors). "
          "FX-race advice only for DFlash runs.",
