@@ -23,11 +23,8 @@ from collections.abc import MutableMapping
 from contextlib import contextmanager
 from typing import Optional
 
-from rich.console import Console
-
 from orchestrator.cli import app as cli
-
-from orchestrator.ground import console
+from orchestrator.ground.invocation import Invocation
 from orchestrator.remote.paramiko_lib import paramiko
 
 _local = threading.local()
@@ -98,28 +95,14 @@ class Request:
         self.thread_id: Optional[int] = None
         self._stdio = message.get("stdio") or [{}, {}, {}]
         self.stdin = self.stdout = self.stderr = None   # attach(): the client's own fds
-        self._consoles: dict[str, Console] = {}
+        self.invocation: Optional[Invocation] = None
 
     def attach(self, fds: list[int]) -> None:
         """The client's stdin, stdout and stderr (they come with its "go")."""
         self.stdin, self.stdout, self.stderr = _streams(fds, self._stdio)
-
-    def console(self, which: str) -> Console:
-        """orch's rich console for this request, made as console.py makes its own but for
-        the client's stream, environment and terminal size."""
-        if which not in self._consoles:
-            # rich reads the size from fds 0-2, the agent's own: pass the client's (a new
-            # pseudo-terminal says 0 x 0, which rich takes as unknown: so do we)
-            columns, lines = self.term_size or (0, 0)
-            options = {}
-            if columns > 0 and "COLUMNS" not in self.env:
-                options["width"] = columns
-            if lines > 0 and "LINES" not in self.env:
-                options["height"] = lines
-            self._consoles[which] = console.make_console(
-                file=self.stdout if which == "out" else self.stderr, stderr=which == "err",
-                _environ=self.env, **options)
-        return self._consoles[which]
+        size = self.term_size
+        self.invocation = Invocation(self.stdin, self.stdout, self.stderr, env=self.env,
+                                     cwd=self.cwd, term_size=tuple(size) if size else None)
 
     def run(self) -> int:
         _local.request = self
@@ -140,7 +123,7 @@ class Request:
 
     def _click(self) -> int:
         try:
-            cli.main.main(args=self.argv, prog_name=self.prog_name)
+            cli.main.main(args=self.argv, prog_name=self.prog_name, obj=self.invocation)
             return 0
         except SystemExit as done:
             return _exit_code(done.code, self.stderr)
@@ -259,19 +242,6 @@ class _RequestStream:
         return getattr(self._target(), name)
 
 
-class _RequestConsole:
-    """Stands for console.out / console.err: the request's own rich Console."""
-
-    def __init__(self, which: str, fallback: Console):
-        self._which = which
-        self._fallback = fallback
-
-    def __getattr__(self, name):
-        request = current()
-        target = self._fallback if request is None or request.finished else request.console(self._which)
-        return getattr(target, name)
-
-
 class _RequestEnviron(MutableMapping):
     """Stands for os.environ: a request's threads see the client's environment."""
 
@@ -318,8 +288,6 @@ def install_process_hooks() -> None:
     for name in ("stdin", "stdout", "stderr"):
         _STD_STREAMS[name] = _RequestStream(name, getattr(sys, name))
     _restore_std_streams()
-    console.out = _RequestConsole("out", console.out)
-    console.err = _RequestConsole("err", console.err)
     os.environ = _RequestEnviron(os.environ)
 
     # threads a request starts (each_concurrently's pool, stdin feeders) work for it too

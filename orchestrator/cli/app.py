@@ -11,8 +11,9 @@ import click
 
 from orchestrator import __version__
 
-from orchestrator.ground import console, paths
+from orchestrator.ground import console, invocation, paths
 from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.ground.invocation import Invocation
 from orchestrator.ground.lazy import lazy
 
 # SSH (paramiko) is imported when a command first needs a host: `orch --help` stays instant.
@@ -20,13 +21,16 @@ open_fleet = lazy("orchestrator.targets.fleet", "Fleet.from_path")
 
 
 class App:
-    """What every command shares: the chosen inventory and, once needed, the open hosts."""
+    """What every command shares: the invocation (its streams, environment, folder and
+    interrupt: ground/invocation.py), the chosen inventory and, once needed, the open hosts."""
 
     # Set inside the agent (orchestrator.agentd.server): it lends warm fleets, and a lent fleet's
     # close() closes only this command's channels. None: each command opens its own Fleet.
     fleet_lender = None
 
-    def __init__(self, inventory: Optional[str], trust_on_first_use: bool):
+    def __init__(self, inventory: Optional[str], trust_on_first_use: bool,
+                 invocation: Invocation):
+        self.invocation = invocation
         self.inventory_option = inventory
         self.trust_on_first_use = trust_on_first_use
         self._fleet = None
@@ -46,9 +50,16 @@ class App:
 
 
 class OrchGroup(click.Group):
-    """Turns every OrchError into its message and documented exit code, never a traceback."""
+    """Runs the command under its invocation (the agent passes one as `obj`; the direct path
+    is the process's own) and turns every OrchError into its message and documented exit
+    code, never a traceback."""
 
     def invoke(self, ctx):
+        given = ctx.obj if isinstance(ctx.obj, Invocation) else invocation.from_process()
+        with invocation.using(given):
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except OrchError as error:
@@ -197,7 +208,7 @@ def main(ctx, inventory, trust_new_host_keys, no_agent):
       orch run playbooks/dflash.yaml
       orch --no-agent exec sb1-200 -- true     # skip the warm agent (docs/agent.md)
     """
-    app = App(inventory, trust_new_host_keys)
+    app = App(inventory, trust_new_host_keys, invocation.current())
     ctx.obj = app
     if ctx.invoked_subcommand != "sandbox":   # it builds container roots: their modes are theirs
         ctx.with_resource(paths.private_files())
