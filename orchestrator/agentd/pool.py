@@ -11,6 +11,7 @@ from typing import Optional
 
 from orchestrator.agentd.requests import Request, current, detached, holding
 from orchestrator.config.inventory import inventory_path
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import OrchError
 from orchestrator.targets.fleet import SSH_CONFIG, Fleet
 from orchestrator.remote.session import SessionPool
@@ -64,39 +65,34 @@ class FleetPool:
     def __init__(self):
         self._pooled: dict[tuple, _Pooled] = {}
         self._lock = threading.Lock()
-        self._cwd_lock = threading.Lock()
+        self._opening = threading.Lock()
         self._per_folder: set[tuple] = set()   # keys whose inventory has relative paths
 
     def lend(self, inventory_option: Optional[str], trust_on_first_use: bool) -> LentFleet:
         request = current()
-        # the inventory's path is relative to the client's directory: resolve and read it
-        # there, one request at a time (the working directory is the process's)
-        with self._cwd_lock:
-            os.chdir(request.cwd)
-            try:
-                path = os.path.abspath(inventory_path(inventory_option))
-                key = (path, trust_on_first_use, os.environ.get("HOME"),
-                       os.environ.get("SSH_AUTH_SOCK"))
-                if key in self._per_folder:
+        # the inventory's path is the client's (its environment, relative to its folder):
+        # the request's invocation says which file it is
+        path = request.invocation.path(inventory_path(inventory_option))
+        key = (path, trust_on_first_use, request.env.get("HOME"), request.env.get("SSH_AUTH_SOCK"))
+        with self._opening:   # one fleet per key, when two requests ask at once
+            if key in self._per_folder:
+                key += (request.cwd,)
+            pooled = self._usable(key)
+            if pooled is None:
+                fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use,
+                                        sessions=SessionPool(detached=detached, holding=holding),
+                                        cwd=request.cwd)
+                stamp = _stamp(fleet, path)   # resolves every host's paths
+                if fleet.depends_on_cwd and len(key) == 4:
+                    # relative key or known_hosts paths: one fleet per caller's folder
+                    self._per_folder.add(key)
                     key += (request.cwd,)
-                pooled = self._usable(key)
-                if pooled is None:
-                    fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use,
-                                            sessions=SessionPool(detached=detached, holding=holding),
-                                            cwd=request.cwd)
-                    stamp = _stamp(fleet, path)   # resolves every host's paths
-                    if fleet.depends_on_cwd and len(key) == 4:
-                        # relative key or known_hosts paths: one fleet per caller's folder
-                        self._per_folder.add(key)
-                        key += (request.cwd,)
-                    pooled = _Pooled(key, fleet, stamp)
-                    with self._lock:
-                        self._pooled[key] = pooled
+                pooled = _Pooled(key, fleet, stamp)
                 with self._lock:
-                    pooled.leases += 1
-                    pooled.last_used = time.time()
-            finally:
-                os.chdir("/")
+                    self._pooled[key] = pooled
+            with self._lock:
+                pooled.leases += 1
+                pooled.last_used = time.time()
         request.lent.append(pooled)
         # the cluster cache lives for one command, as on the direct path (a container may
         # have moved to another node since the last command)
@@ -155,7 +151,7 @@ class FleetPool:
 def _stamp(fleet: Fleet, inventory_file: str) -> tuple:
     """What the direct path reads to open the fleet's connections, as (file, content hash):
     the inventory, ~/.ssh/config, each host's known_hosts and identity files."""
-    files = [inventory_file, os.path.expanduser(SSH_CONFIG)]
+    files = [inventory_file, invocation.current().expanduser(SSH_CONFIG)]
     for spec in fleet.inventory.hosts.values():
         if spec.transport != "ssh":
             continue

@@ -216,7 +216,7 @@ def _first(value):
 
 
 def _read_ssh_config(path: str) -> Optional[paramiko.SSHConfig]:
-    path = os.path.expanduser(path)
+    path = invocation.current().expanduser(path)
     if not os.path.exists(path):
         return None
     try:

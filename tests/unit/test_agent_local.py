@@ -97,6 +97,39 @@ def test_environment_is_the_callers(env, inventory):
         assert out.stdout == f"{value}\n", out.stderr
 
 
+def test_concurrent_requests_each_see_their_own_environment_and_folder(env, tmp_path):
+    """Two commands in the agent at once, each with its own environment, folder and
+    ./inventory.yaml: each reads its own, as on the direct path (the local command runs in
+    the caller's folder there; the agent once ran it in its own, /)."""
+    script = 'sleep 1; echo "$ORCH_TEST_VALUE $(pwd)"'
+    folders = {}
+    for name in ("one", "two"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "inventory.yaml").write_text(
+            f"hosts:\n  here: {{transport: local}}\ncontainers:\n  ct-{name}: {{host: here}}\n")
+        folders[name] = folder
+    assert subprocess.run([*ORCH, "exec", "ct-one", "--", "true"], env={**env, "ORCH_INVENTORY": ""},
+                          cwd=folders["one"], timeout=60).returncode == 0   # the agent is warm
+    runs = {}
+    for mode in ("require", "off"):
+        processes = {name: subprocess.Popen(
+            [*ORCH, "exec", f"ct-{name}", "--", "sh", "-c", script], cwd=folder,
+            env={**env, "ORCH_INVENTORY": "", "ORCH_TEST_VALUE": name, "ORCH_AGENT": mode},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, folder in folders.items()}
+        runs[mode] = {name: (p.communicate(timeout=60), p.returncode) for name, p in processes.items()}
+    for name, folder in folders.items():
+        assert runs["require"][name] == runs["off"][name] == ((f"{name} {folder}\n", ""), 0)
+    assert status_of(env)["commands_served"] == 3
+
+
+def status_of(env) -> dict:
+    out = subprocess.run([*ORCH, "agent", "status", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    return json.loads(out.stdout)
+
+
 def test_an_agent_that_refuses_means_the_direct_path(env, inventory):
     """Before "accepted" any trouble falls back (ORCH_AGENT=on); require makes it an error."""
     directory = env["ORCH_AGENT_DIR"]

@@ -68,7 +68,7 @@ def exec_command(app, target, command, timeout, as_json):
     targets = app.fleet.targets([target])
     try:
         if len(targets) == 1 and not as_json:
-            _exec_streaming(targets[0], command, timeout)
+            _exec_streaming(app.invocation, targets[0], command, timeout)
         _exec_many(app, targets, command, timeout, as_json)
     except _OutputClosed:
         # like ssh under `| head`: the reader left, the remote command is stopped with us
@@ -77,21 +77,22 @@ def exec_command(app, target, command, timeout, as_json):
         sys.exit(128 + signal.SIGPIPE)
 
 
-def _exec_streaming(target, command, timeout):
-    result = target.run(command, stdin=_forwarded_stdin(), timeout=timeout, capture=False,
-                        kill_on_close=True, on_stdout=_writer(sys.stdout),
-                        on_stderr=_writer(sys.stderr))
+def _exec_streaming(invocation, target, command, timeout):
+    result = target.run(command, stdin=_forwarded_stdin(invocation.stdin), timeout=timeout,
+                        capture=False, kill_on_close=True, on_stdout=_writer(invocation.stdout),
+                        on_stderr=_writer(invocation.stderr))
     sys.exit(result.exit_code)
 
 
 def _exec_many(app, targets, command, timeout, as_json):
-    stdin = stdin_bytes(_forwarded_stdin())  # every target gets the same input
+    invocation = app.invocation
+    stdin = stdin_bytes(_forwarded_stdin(invocation.stdin))  # every target gets the same input
 
     def run_one(target):
         if as_json:
             return target.run(command, stdin=stdin, timeout=timeout, capture=True,
                               kill_on_close=True)
-        out, err = _prefixed(target.name, sys.stdout), _prefixed(target.name, sys.stderr)
+        out, err = _prefixed(target.name, invocation.stdout), _prefixed(target.name, invocation.stderr)
         try:
             return target.run(command, stdin=stdin, timeout=timeout, capture=False,
                               kill_on_close=True, on_stdout=out.feed, on_stderr=err.feed)
@@ -121,13 +122,13 @@ class _OutputClosed(Exception):
     """orch's own stdout or stderr was closed by its reader (`orch exec ... | head`)."""
 
 
-def _forwarded_stdin():
+def _forwarded_stdin(stdin):
     try:
-        mode = os.fstat(sys.stdin.fileno()).st_mode
+        mode = os.fstat(stdin.fileno()).st_mode
     except (OSError, ValueError, AttributeError):
         return None
     if stat.S_ISFIFO(mode) or stat.S_ISREG(mode):
-        return sys.stdin.buffer
+        return stdin.buffer
     return None
 
 

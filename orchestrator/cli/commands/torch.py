@@ -131,22 +131,22 @@ def _print_search(target, outcome, max_hits) -> None:
 
 def _print_hit(hit: dict) -> None:
     for line, text in hit.get("before", []):
-        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
-    sys.stdout.write(f"{hit['path']}:{hit['line']}:{hit['text']}\n")
+        console.write(f"{hit['path']}-{line}-{text}\n")
+    console.write(f"{hit['path']}:{hit['line']}:{hit['text']}\n")
     for line, text in hit.get("after", []):
-        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
+        console.write(f"{hit['path']}-{line}-{text}\n")
     if hit.get("before") or hit.get("after"):
-        sys.stdout.write("--\n")
+        console.write("--\n")
 
 
 def _print_definition(found: dict) -> None:
-    sys.stdout.write(f"{found['path']}:{found['line']}: {found.get('kind')} {found.get('qualname')}\n")
+    console.write(f"{found['path']}:{found['line']}: {found.get('kind')} {found.get('qualname')}\n")
     body = found.get("body")
     if body:
         for number, text in enumerate(body.splitlines(), start=found["line"]):
-            sys.stdout.write(f"{number:>6}  {text}\n")
-        sys.stdout.write("\n")
-    sys.stdout.flush()
+            console.write(f"{number:>6}  {text}\n")
+        console.write("\n")
+    console.flush()
 
 
 def _search_exit_code(results: GroupResult) -> int:
@@ -278,7 +278,7 @@ def _print_patch(target, action, outcome) -> None:
     console.out.print(header + fx_states.meaning(outcome.get("status")))
     _print_state_rows(outcome.get("states") or [])
     if action == "diff":
-        sys.stdout.write(outcome.get("diff") or "(no change)\n")
+        console.write(outcome.get("diff") or "(no change)\n")
         return
     message = outcome.get("message")
     if message:

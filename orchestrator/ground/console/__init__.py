@@ -50,6 +50,15 @@ def print_json(data: Any) -> None:
     stdout.flush()
 
 
+def write(text: str) -> None:
+    """Plain text on the current invocation's stdout (grep's lines, a diff), no rich."""
+    invocation.current().stdout.write(text)
+
+
+def flush() -> None:
+    invocation.current().stdout.flush()
+
+
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
     """Cells are data, never rich markup: a step message or an MCP argument holding `[/]`
     prints as typed (as markup it would raise MarkupError)."""
