@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from typing import Optional
 
 import click
@@ -60,8 +59,10 @@ class OrchGroup(click.Group):
             return self._invoke(ctx)
 
     def _invoke(self, ctx):
+        """The command's exit code (what it returned, or its error's) becomes the exit
+        status here, once: commands return codes, they never exit."""
         try:
-            return super().invoke(ctx)
+            code = super().invoke(ctx)
         except OrchError as error:
             console.error(str(error))
             code = error.exit_code
@@ -70,10 +71,10 @@ class OrchGroup(click.Group):
             if ctx.invoked_subcommand == "exec" and code not in (ExitCode.USAGE,
                                                                   ExitCode.NO_CONTAINER):
                 code = ExitCode.EXEC_ORCH_ERROR
-            sys.exit(code)
         except KeyboardInterrupt:
             console.error("interrupted")
-            sys.exit(130)
+            code = ExitCode.INTERRUPTED
+        ctx.exit(int(code or 0))
 
 
 # The commands, loaded only when one runs: `orch --help` and `orch CMD --help` import no SSH,

@@ -167,6 +167,20 @@ class Invocation:
             options["height"] = lines
         return options
 
+    def discard_stdout(self) -> None:
+        """The reader of stdout left (`orch exec ... | head`): what is still buffered goes
+        to /dev/null, so the flush at the end cannot fail with a broken pipe (Python's
+        signal docs, "Note on SIGPIPE")."""
+        try:
+            fd = self.stdout.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
     # -- signals ----------------------------------------------------------------------
     @contextmanager
     def signal_handler(self, number: int, handler):

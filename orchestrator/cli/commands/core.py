@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import stat
-import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -68,20 +67,19 @@ def exec_command(app, target, command, timeout, as_json):
     targets = app.fleet.targets([target])
     try:
         if len(targets) == 1 and not as_json:
-            _exec_streaming(app.invocation, targets[0], command, timeout)
-        _exec_many(app, targets, command, timeout, as_json)
+            return _exec_streaming(app.invocation, targets[0], command, timeout)
+        return _exec_many(app, targets, command, timeout, as_json)
     except _OutputClosed:
         # like ssh under `| head`: the reader left, the remote command is stopped with us
-        if threading.current_thread() is threading.main_thread():  # not in the agent
-            sys.stdout = open(os.devnull, "w")
-        sys.exit(128 + signal.SIGPIPE)
+        app.invocation.discard_stdout()
+        return 128 + signal.SIGPIPE
 
 
 def _exec_streaming(invocation, target, command, timeout):
     result = target.run(command, stdin=_forwarded_stdin(invocation.stdin), timeout=timeout,
                         capture=False, kill_on_close=True, on_stdout=_writer(invocation.stdout),
                         on_stderr=_writer(invocation.stderr))
-    sys.exit(result.exit_code)
+    return result.exit_code
 
 
 def _exec_many(app, targets, command, timeout, as_json):
@@ -106,7 +104,7 @@ def _exec_many(app, targets, command, timeout, as_json):
         console.error(_naming(t.name, str(error)))
     codes = [ExitCode.EXEC_ORCH_ERROR if t in results.failed else results.succeeded[t].exit_code
              for t in targets]
-    sys.exit(max(codes))
+    return max(codes)
 
 
 def _naming(name: str, message: str) -> str:
@@ -222,7 +220,7 @@ def ct_list(app, hosts, as_json):
         console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
                       [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
                         r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
-    sys.exit(ExitCode.OK if results.ok else ExitCode.FAILED)
+    return ExitCode.OK if results.ok else ExitCode.FAILED
 
 
 def _single_container(app, name: str):
@@ -308,7 +306,7 @@ def inventory_check(app, targets, as_json):
     else:
         console.table(["TARGET", "WHERE", "OK", "PYTHON", "VENV", "GPUS", "PROBLEM"],
                       [_check_row(r) for r in rows])
-    sys.exit(ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED)
+    return ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED
 
 
 def _check_row(row: dict) -> list:
