@@ -37,7 +37,8 @@ class App:
     @property
     def fleet(self):
         if self._fleet is None and App.fleet_lender is not None:
-            self._fleet = App.fleet_lender.lend(self.inventory_option, self.trust_on_first_use)
+            self._fleet = App.fleet_lender.lend(self.invocation, self.inventory_option,
+                                                self.trust_on_first_use)
         if self._fleet is None:
             self._fleet = open_fleet(self.inventory_option,
                                      trust_on_first_use=self.trust_on_first_use)

@@ -65,6 +65,14 @@ class Interrupt:
                 return
         _quietly(closable.close)
 
+    def close_filed(self) -> None:
+        """Close what is filed now without setting the token (the command's fleet closing:
+        its channels, never the shared connections)."""
+        with self._lock:
+            closables = list(self._closables)
+        for closable in closables:
+            _quietly(closable.close)
+
     def forget(self, closable) -> None:
         with self._lock:
             self._closables.discard(closable)

@@ -37,6 +37,8 @@ class LocalTransport(Transport):
         if options.stdin is not None:
             threading.Thread(target=_feed_stdin, args=(process.stdin, options.stdin),
                              daemon=True).start()
+        # the command's interrupt kills it, as Ctrl-C in a shell would its process group
+        forget = command.interrupt.on_set(lambda: _kill_group(process))
         try:
             exit_code = process.wait(timeout=options.timeout)
         except subprocess.TimeoutExpired:
@@ -45,6 +47,8 @@ class LocalTransport(Transport):
             raise CommandTimeout(
                 f"command {result.display()} on {self.name} did not finish within "
                 f"{options.timeout:g} s and was killed", result=result) from None
+        finally:
+            forget()
         return _collect(argv, exit_code, readers, started, self.name)
 
 

@@ -130,6 +130,7 @@ class SshHost(Transport):
                     if not self._connecting and len(self._connections) < self._connection_limit:
                         self._connecting = True
                         break
+                    invocation.current().interrupt.check()
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise CommandTimeout(
@@ -283,12 +284,17 @@ class SshHost(Transport):
         waits for a free slot until wait_until (None: as long as it takes), then gives the
         server `timeout` seconds to open the channel."""
         reconnected, refusals = False, 0
+        interrupt = invocation.current().interrupt
         while True:
+            interrupt.check()
             connection = self._reserve(wait_until)
             asked = time.monotonic()
             deadline = asked + timeout
             try:
                 channel = connection.transport.open_session(timeout=timeout)
+                # the command's interrupt closes it: the reaper (or the session's server)
+                # then kills the remote command, and the waiting thread wakes
+                interrupt.file(channel)
                 return connection, channel
             except (paramiko.SSHException, OSError, EOFError) as error:
                 others = self._release(connection)

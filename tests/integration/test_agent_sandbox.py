@@ -122,6 +122,33 @@ def test_agent_killed_mid_command_is_an_error_and_never_a_rerun(sandbox, agent_e
     ct.run(["rm", "-f", mark])
 
 
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_command_stops_at_once_and_the_agent_serves_the_next(
+        sandbox, agent_env, fleet, number):
+    """Ctrl-C (or SIGTERM) of a command the agent runs in a warm session: the request's
+    interrupt closes the session, the remote command dies, the client gets the direct path's
+    exit at once, and the same agent runs the next command."""
+    ct = fleet.targets(["sb1-200"])[0]
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    pid = the_agent(agent_env)
+    marker = f"sleep {420 + int(number)}"
+    process = subprocess.Popen(
+        [*ORCH, "-i", str(sandbox.inventory_path), "exec", "sb1-200", "--", "sh", "-c",
+         f"echo started; exec {marker}"], env=agent_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == b"started\n"
+    sent = time.monotonic()
+    process.send_signal(number)
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - sent < 3
+    assert process.returncode == 128 + number, stderr
+    assert stderr == (b"orch: error: interrupted\n" if number == signal.SIGINT else b"")
+    wait_for(lambda: marker not in ct.run(COMMAND_LINES).text.splitlines(), 10,
+             "the remote command outlived its interrupt")
+    after = orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "echo", "next")
+    assert (after.returncode, after.stdout) == (0, "next\n"), after.stderr
+    assert the_agent(agent_env) == pid
+
+
 def test_agent_killed_between_commands_is_replaced(sandbox, agent_env):
     assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
     first = the_agent(agent_env)

@@ -63,7 +63,12 @@ def exec_command(app, target, command, timeout, as_json):
     if command[0].startswith("-"):
         raise click.UsageError(f"the command starts with {command[0]!r}: orch's options go "
                                "before TARGET (orch exec --timeout 5 TARGET -- COMMAND...)")
-    signal.signal(signal.SIGTERM, _terminated)
+    # SIGTERM unwinds like Ctrl-C; in the agent the client's SIGTERM comes as the interrupt
+    with app.invocation.signal_handler(signal.SIGTERM, _terminated):
+        return _exec(app, target, command, timeout, as_json)
+
+
+def _exec(app, target, command, timeout, as_json):
     targets = app.fleet.targets([target])
     try:
         if len(targets) == 1 and not as_json:

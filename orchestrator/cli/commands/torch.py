@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.ground import console, fx_states
+from orchestrator.ground import console, fx_states, invocation
 
 from orchestrator.remote import payload_api
 from orchestrator.ground.errors import ExitCode
@@ -173,9 +173,6 @@ def finish_before_interrupt(action: str):
     list that is non-empty once Ctrl-C was pressed; a second Ctrl-C raises KeyboardInterrupt
     (the caller says the outcome is not known)."""
     pressed: list[float] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield pressed          # signal handlers belong to the main thread
-        return
 
     def on_interrupt(number, frame):
         if pressed:
@@ -185,11 +182,10 @@ def finish_before_interrupt(action: str):
                      "and leaves no half-patched file); Ctrl-C again to leave without knowing "
                      "its outcome")
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
+    # only where the command owns the process's signals (the direct path): these commands
+    # never run in the agent
+    with invocation.current().signal_handler(signal.SIGINT, on_interrupt):
         yield pressed
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 PATCH_EXIT_CODES = """\b
