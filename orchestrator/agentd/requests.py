@@ -7,7 +7,7 @@ as the command's Invocation (orchestrator/ground/invocation.py), handed to click
 nothing process-wide is swapped, so requests running at once never see each other's. The
 client's signals set the invocation's interrupt token, which closes the request's channels
 and sessions; the command's thread wakes and stops as the direct path would
-(docs/agent.md).
+(docs/guide/agent.md).
 """
 
 from __future__ import annotations

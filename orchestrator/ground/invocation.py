@@ -2,7 +2,7 @@
 interrupt, as one object handed down instead of read from process globals.
 
 The direct path builds it from the process (`from_process`: sys.*, os.environ, the working
-directory); the agent builds one per request from what the client sent (docs/agent.md), so
+directory); the agent builds one per request from what the client sent (docs/guide/agent.md), so
 two commands running at once in one process each see their own. The click group puts it
 on the context (`App.invocation`) and makes it current for the command's thread (`using`);
 code below the commands that needs it without a parameter (the consoles, a transport filing

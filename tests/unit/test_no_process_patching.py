@@ -1,5 +1,5 @@
 """No code depends on swapping process globals: a command's streams, environment, folder and
-interrupt travel in its Invocation (orchestrator/ground/invocation.py, docs/agent.md).
+interrupt travel in its Invocation (orchestrator/ground/invocation.py, docs/guide/agent.md).
 
 The first test is the check of issue 26, as written there (a regex over the source); the
 others read the syntax tree, so an assignment split over lines, `setattr(...)` or an
