@@ -41,9 +41,6 @@ class Interrupt:
     def is_set(self) -> bool:
         return self._event.is_set()
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._event.wait(timeout)
-
     def set(self, number: int = signal.SIGINT) -> None:
         with self._lock:
             if self._event.is_set():

@@ -393,6 +393,38 @@ def test_each_client_connects_with_its_own_environment(sandbox, agent_env, tmp_p
     assert "ORCH_AGENT" not in names and "PYTEST_CURRENT_TEST" not in names
 
 
+def test_the_ssh_agent_and_home_are_the_clients(sandbox, agent_env, tmp_path):
+    """No identity in the inventory: the key comes from the ssh-agent at the client's
+    SSH_AUTH_SOCK (paramiko would look in the agent process's os.environ, which has none),
+    or from the default keys under the client's HOME; a client with neither is refused, as
+    on the direct path."""
+    inventory = _inventory_with(sandbox, tmp_path / "inventory.yaml", identity=None)
+    socket_path = str(tmp_path / "ssh-agent.sock")
+    ssh_agent = subprocess.Popen(["ssh-agent", "-D", "-a", socket_path], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.path.exists(socket_path), 10, "ssh-agent did not start")
+        subprocess.run(["ssh-add", "-q", str(sandbox.identity)], env={**os.environ, "SSH_AUTH_SOCK": socket_path},
+                       check=True, timeout=30, capture_output=True)
+        homes = {}
+        for name in ("keyless", "keyed"):
+            (tmp_path / name / ".ssh").mkdir(parents=True)
+            homes[name] = tmp_path / name
+        shutil.copy(sandbox.identity, homes["keyed"] / ".ssh" / "id_ed25519")
+        base = {k: v for k, v in agent_env.items() if k != "SSH_AUTH_SOCK"}
+        clients = [({**base, "HOME": str(homes["keyless"]), "SSH_AUTH_SOCK": socket_path}, 0),
+                   ({**base, "HOME": str(homes["keyless"])}, 255),
+                   ({**base, "HOME": str(homes["keyed"])}, 0)]
+        for env, code in clients:
+            got = orch(env, inventory, "exec", "sb1-200", "--", "echo", "hi")
+            direct = orch({**env, "ORCH_AGENT": "off"}, inventory, "exec", "sb1-200", "--", "echo", "hi")
+            assert (got.returncode, got.stdout, got.stderr) == (direct.returncode, direct.stdout, direct.stderr)
+            assert got.returncode == code, got.stderr
+        assert status(agent_env)["commands_served"] == 3
+    finally:
+        ssh_agent.terminate()
+        ssh_agent.wait(timeout=10)
+
+
 def test_a_frozen_agent_costs_a_quick_command_its_accept_bound(sandbox, agent_env):
     """A SIGSTOPped agent once hung every quick command past 40 s: the client falls back
     in-process after ACCEPT_WAIT_S, and the woken agent never runs the command too."""
