@@ -46,11 +46,6 @@ class Request:
         self.invocation = Invocation(self.stdin, self.stdout, self.stderr, env=self.env,
                                      cwd=self.cwd, term_size=self.term_size)
 
-    @property
-    def interrupted(self) -> Optional[int]:
-        """The signal the client forwarded, if any."""
-        return self.invocation.interrupt.signal if self.invocation else None
-
     def run(self) -> int:
         code = self._click()
         self.finish()

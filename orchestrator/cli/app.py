@@ -64,6 +64,9 @@ class OrchGroup(click.Group):
         status here, once: commands return codes, they never exit."""
         try:
             code = super().invoke(ctx)
+            # an interrupt that closed nothing (the command was between commands, or in
+            # an HTTPS call) still ends it as the signal would: at the latest, here
+            invocation.current().interrupt.check()
         except OrchError as error:
             console.error(str(error))
             code = error.exit_code
