@@ -48,6 +48,7 @@ class StepView:
     noted: float
     lines: int = 0
     progress: str = ""
+    last: str = ""                      # the last line that is not blank
     recent: deque = field(default_factory=lambda: deque(maxlen=SHOWN_LINES))
 
     def live_line(self, now: float) -> Text:
@@ -58,8 +59,8 @@ class StepView:
         text.append(f"  ({counted}{now - self.started:.0f} s)", style="dim")
         if self.progress:
             text.append(f"  {self.progress}")
-        if self.recent:
-            text.append(f"  {self.recent[-1]}", style="dim")
+        if self.last:
+            text.append(f"  {self.last}", style="dim")
         text.no_wrap, text.overflow = True, "ellipsis"
         return text
 
@@ -133,6 +134,7 @@ class ConsoleReporter:
         with self._state_lock:
             view.lines += 1
             view.recent.append(line[:SHOWN_WIDTH])
+            view.last = line.strip()[:SHOWN_WIDTH] or view.last
             note = not self.verbose and not self.live_enabled and now - view.noted >= NOTE_EVERY_S
             if note:
                 view.noted = now
@@ -140,7 +142,7 @@ class ConsoleReporter:
             self._print_output(target, line)
         elif note:
             self._print(f"  [dim]{view.where}: {view.lines} lines so far; last: "
-                        f"{escape(line[:SHOWN_WIDTH])}[/]")
+                        f"{escape(view.last)}[/]")
 
     def _view(self, target: str, spec) -> StepView:
         """The running step's view, made when it starts (or on its first word, for a step
