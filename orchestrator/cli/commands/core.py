@@ -218,9 +218,14 @@ def ct_list(app, hosts, as_json):
     if as_json:
         console.print_json(rows)
     else:
+        # an unreachable host's error is a sentence: below the table, not wrapped in a cell
         console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
                       [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
-                        r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
+                        r.get("status") or ("error" if "error" in r else None),
+                        r.get("inventory")] for r in rows])
+        for row in rows:
+            if "error" in row:
+                console.out.print(console.escape(f"{row['host']}: {row['error']}"))
     sys.exit(ExitCode.OK if results.ok else ExitCode.FAILED)
 
 
