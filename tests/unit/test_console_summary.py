@@ -168,3 +168,17 @@ def test_a_bootstrap_shows_pip_in_a_few_lines_and_keeps_all_of_it(tmp_path):
     assert f"    output: 298 lines in {path}" in shown
     with open(path) as handle:
         assert handle.read().splitlines() == PIP
+
+
+def test_an_interrupted_step_keeps_its_log_to_the_last_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(steplog, "HEAD_BYTES", 100)   # the rest waits in the tail until closed
+    h = harness(tmp_path, NOISY)
+    reporter = ConsoleReporter(make_console(file=io.StringIO(), width=80), live=False)
+    reporter.run_started(h.run, [])
+    spec = h.run.playbook.steps[0]
+    reporter.step_started("dev", spec)
+    for line in LINES:
+        reporter.step_output("dev", spec, line, "stdout")
+    reporter.interrupted(h.run)                       # Ctrl-C: no step_finished comes
+    with open(step_log()) as handle:
+        assert handle.read().splitlines()[-1] == LINES[-1]

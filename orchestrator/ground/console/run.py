@@ -172,6 +172,14 @@ class ConsoleReporter:
             view.log.close()
         return view
 
+    def _close_logs(self) -> None:
+        """Steps cut short (Ctrl-C): their logs keep what came, tail included."""
+        with self._state_lock:
+            views, self._steps = list(self._steps.values()), {}
+        for view in views:
+            if view.log is not None:
+                view.log.close()
+
     def _show_output(self, target: str, view: Optional[StepView], failed: bool) -> None:
         """A step's last lines, when it printed few or failed (-v printed them all)."""
         if view is None or self.verbose or not view.lines or \
@@ -213,6 +221,7 @@ class ConsoleReporter:
 
     def interrupted(self, info, launched: Optional[dict] = None) -> None:
         self._stop_live()
+        self._close_logs()
         if not launched:
             self._print(f"[yellow]interrupted[/] before anything was launched: nothing runs on "
                         f"the targets; run {info.run_id} is recorded as interrupted.")
