@@ -5,7 +5,7 @@ take turns (round robin) so that a slow moment of the machine hits them all alik
 and p95 in milliseconds.
 
     orch:     orch --version; orch exec CT -- true and grep-torch --def, each on the direct
-              path (--no-agent: imports + SSH handshake) and with a warm agent (docs/agent.md)
+              path (--no-agent: imports + SSH handshake) and with a warm agent (docs/guide/agent.md)
     manual:   ssh HOST 'pct exec VMID -- true' and ... -- rg -n 'def ...' TREE, each with a new
               SSH connection and through an OpenSSH ControlMaster kept open (ControlPersist)
 
