@@ -182,3 +182,33 @@ def test_an_interrupted_step_keeps_its_log_to_the_last_line(tmp_path, monkeypatc
     reporter.interrupted(h.run)                       # Ctrl-C: no step_finished comes
     with open(step_log()) as handle:
         assert handle.read().splitlines()[-1] == LINES[-1]
+
+
+def test_on_a_terminal_the_running_step_and_the_monitor_share_one_live_display(tmp_path):
+    import time
+    h = harness(tmp_path, NOISY)
+    screen = io.StringIO()
+    reporter = ConsoleReporter(make_console(file=screen, width=80, force_terminal=True,
+                                            color_system=None))
+    assert reporter.live_enabled
+    reporter.run_started(h.run, [])
+    spec = h.run.playbook.steps[0]
+    reporter.step_started("dev", spec)
+    for line in LINES[:40]:
+        reporter.step_output("dev", spec, line, "stdout")
+    reporter.monitor_started("dev", "/runs/r1", None)   # a second live part: no second Live
+    time.sleep(0.6)                                     # a few refreshes (4 a second)
+    reporter.monitor_ended("dev")
+    assert reporter._live is not None                   # the step still runs
+    reporter.step_progress("dev", spec, "half way")
+    time.sleep(0.4)
+    from types import SimpleNamespace
+    reporter.step_finished("dev", spec, SimpleNamespace(status="ok", message="done",
+                                                        duration_s=1.0), SimpleNamespace(findings=[]))
+    assert reporter._live is None
+    drawn = screen.getvalue()
+    assert "dev 1/2 shell noisy  (40 lines, " in drawn and "line 40 of the build" in drawn
+    assert "waiting for the first line" in drawn        # the monitor's table, drawn with it
+    assert "half way" in drawn
+    assert "line 1 of the build" not in drawn           # lines are not printed, only the last
+    assert f"output: 40 lines in {step_log()}" in drawn
