@@ -58,6 +58,13 @@ def test_show(two_runs):
     assert human.exit_code == 0 and "verdict ok" in human.output and "bootstrap" in human.output
 
 
+def test_show_names_the_folder_of_the_step_logs(two_runs):
+    assert "step output" not in invoke("runs", "show", B).output
+    folder = os.path.join(paths.run_dir(B), "steps")
+    os.makedirs(folder)
+    assert f"step output {folder}" in invoke("runs", "show", B).output
+
+
 def test_show_unknown_run_is_a_sentence():
     result = invoke("runs", "show", "nope")
     assert result.exit_code == 1 and "no run 'nope'" in result.output

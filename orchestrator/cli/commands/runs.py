@@ -180,6 +180,9 @@ def runs_show(run, with_metrics, as_json):
               + "  ".join(f"{k} {_tok(v)}" for k, v in tp["per_drafter"].items()))
     if record.artifacts_dir:
         out.print(f"files {console.escape(record.artifacts_dir)}")
+    step_logs = os.path.join(paths.run_dir(record.run_id), "steps")
+    if os.path.isdir(step_logs):   # each step's whole output, kept by `orch run`'s console
+        out.print(f"step output {console.escape(step_logs)}")
     if record.verdict == "running":
         gone = controller.controller_state(record) == controller.GONE
         out.print(("[yellow]" if gone else "") + console.escape(controller.describe(record))
