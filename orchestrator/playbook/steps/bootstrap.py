@@ -36,7 +36,7 @@ PIP_WHEEL_CACHE = "~/.cache/orch/pip-wheels"
 
 class BootstrapStep(Step):
     kind = "bootstrap"
-    summary = "a venv with pinned packages (pip output streamed, pip freeze recorded)"
+    summary = "a venv with pinned packages (pip's output in the run's folder, pip freeze recorded)"
     params = {
         "venv": Param((str,), doc="where the venv lives (default: the inventory's venv)"),
         "python": Param((str,), default="python3", doc="the interpreter that creates the venv"),
