@@ -145,8 +145,8 @@ class ConsoleReporter:
                         f"{escape(view.last)}[/]")
 
     def _view(self, target: str, spec) -> StepView:
-        """The running step's view, made when it starts (or on its first word, for a step
-        whose start the console was not told: attach's steps)."""
+        """The running step's view, made when it starts (or on its first line, should a step
+        speak before the console was told it started)."""
         key = (target, spec.index)
         with self._state_lock:
             view = self._steps.get(key)
