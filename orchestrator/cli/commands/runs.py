@@ -561,9 +561,14 @@ def schedule_list(dest, crontab_file, as_json):
     if not entries:
         console.info("no orch schedules installed")
         return
-    console.table(["PLAYBOOK", "AT", "KIND", "FILES"],
-                  [[e.get("playbook"), e.get("at"), e.get("kind"), ", ".join(e.get("files", []))]
-                   for e in entries])
+    left_out = console.table(["PLAYBOOK", "AT", "KIND", "FILES"],
+                             [[e.get("playbook"), e.get("at"), e.get("kind"),
+                               ", ".join(e.get("files", []))] for e in entries],
+                             optional=["FILES"])
+    if left_out:   # the unit files' paths, rather than wrapped into the table
+        for entry in entries:
+            for path in entry.get("files", []):
+                console.out.print(console.escape(f"  {entry.get('playbook')}: {path}"))
 
 
 @schedule.command("remove")
