@@ -168,11 +168,11 @@ def test_a_log_naming_a_hundred_thousand_workers_tracks_only_the_first_ones(tmp_
         monitor.on_data("".join(line.format(r=r) for r in range(start, start + 10_000)).encode())
     monitor._flush_lines(final=True)
     classifier = monitor.classifier
-    assert len(classifier.drafters) == MAX_WORKERS
+    assert len(classifier.workers) == MAX_WORKERS
     assert len(classifier._last_points) <= MAX_WORKERS
     assert len({p.drafter for p in monitor._points + sink.points}) <= MAX_WORKERS
     for fmt in [monitor.log_format, *monitor.log_format.candidates]:
-        for state in ("_bars", "_waiting", "_counted", "_last_step"):
+        for state in ("_bars", "_waiting", "_counted", "_last_step", "_bar_log", "_cleared", "_apart"):
             assert len(getattr(fmt, state, {})) <= MAX_WORKERS, (fmt, state)
     summary = classifier.summary(EndState(state="exited", exit_code=0), None)
     assert len(summary["drafters"]) == MAX_WORKERS
@@ -202,7 +202,7 @@ def test_a_run_that_makes_thousands_of_rank_logs_gets_a_bounded_number_followed(
         monitor.on_file_data(f"x/attempt_0/{rank}/stdout.log", b"step 1: {'loss': 1.0}\n")
     assert len(monitor.parsers) <= MAX_WORKERS + 1 and len(monitor._decoders) <= MAX_WORKERS + 1
     assert len(monitor._copies) <= MAX_WORKERS
-    assert monitor.classifier.workers.refused > 0
+    assert monitor.classifier.worker_cap.refused > 0
     for copy in monitor._copies.values():
         copy.close()
 
