@@ -74,6 +74,8 @@ LAZY_COMMANDS = {
                "Follow a launched run again: its log from the start, live progress, the verdict."),
     "agent": ("orchestrator.cli.commands.agent", "agent",
               "The warm agent that runs the quick commands in milliseconds (docs/guide/agent.md)."),
+    "cp": ("orchestrator.cli.commands.debug", "cp_command",
+           "Copy files and folders into containers (a group: each of them) or out of one."),
     "ct": ("orchestrator.cli.commands.core", "ct",
            "Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token)."),
     "exec": ("orchestrator.cli.commands.core", "exec_command",
