@@ -50,12 +50,17 @@ def remote_path(target: Target, path: str) -> str:
 
 
 def push(target: Target, source: str, dest: str, *, recursive: bool = False,
-         on_data: Optional[DataCallback] = None, timeout: Optional[float] = None) -> dict:
+         on_data: Optional[DataCallback] = None,
+         on_size: Optional[Callable[[dict], None]] = None,
+         timeout: Optional[float] = None) -> dict:
     """Copy the local file or tree `source` to `dest` in target; returns what was written
-    (files, dirs, links, bytes, digest, path, skipped, seconds)."""
+    (files, dirs, links, bytes, digest, path, skipped, seconds). on_size gets the total
+    ({"bytes", "files"}) first, on_data every piece of file data as it is sent."""
     problem = source_problem(source, recursive)
     if problem:
         raise BadArgument(str(problem))
+    if on_size:
+        on_size(measure(source))
     started = time.monotonic()
     hashes: dict = {}
     skipped: list = []

@@ -17,7 +17,6 @@ pass_app = click.pass_obj
 fan_out = lazy("orchestrator.targets.fleet", "fan_out")
 push = lazy("orchestrator.remote.transfer", "push")
 pull = lazy("orchestrator.remote.transfer", "pull")
-measure = lazy("orchestrator.payloads._tarstream", "measure")
 
 # TARGET:PATH as scp reads it: a colon before any slash. HOST:VMID:PATH names a container by
 # its host and vmid; a local path with a colon is written ./name:x.
@@ -68,32 +67,31 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
     if remote_dest:
         name, path = remote_dest
         targets = app.fleet.targets([name])
-        total = measure(source)["bytes"] if len(targets) == 1 and not as_json else None
 
         def work(target, progress):
             return push(target, source, path, recursive=recursive, timeout=timeout,
-                        on_data=progress.add if progress else None)
+                        on_data=progress.add if progress else None,
+                        on_size=progress.sized if progress else None)
     else:
         name, path = remote_source
         targets = app.fleet.targets([name])
         if len(targets) != 1:
             raise click.UsageError(f"{name!r} names {len(targets)} targets: copy out of one")
-        total = None
 
         def work(target, progress):
             return pull(target, path, dest, recursive=recursive, timeout=timeout,
                         on_data=progress.add if progress else None,
                         on_size=progress.sized if progress else None)
-    outcomes = _each(app, targets, work, total, show_progress=not as_json)
+    outcomes = _each(app, targets, work, show_progress=not as_json)
     _report(outcomes, as_json)
     sys.exit(ExitCode.FAILED if any(not isinstance(o, dict) for _, o in outcomes) else ExitCode.OK)
 
 
-def _each(app, targets, work, total, show_progress):
+def _each(app, targets, work, show_progress):
     """[(target, result or OrchError)]. One target: its error is the command's, with its own
     exit code, and it shows progress; a group copies to all at once, without."""
     if len(targets) == 1:
-        progress = _Progress(total) if show_progress else None
+        progress = _Progress() if show_progress else None
         try:
             return [(targets[0], work(targets[0], progress))]
         finally:
@@ -154,8 +152,8 @@ class _Progress:
     """One line on stderr, rewritten at most 5 times a second, only on a terminal and only
     once a transfer has run for PROGRESS_AFTER_S."""
 
-    def __init__(self, total):
-        self.total = total
+    def __init__(self):
+        self.total = None
         self.done = 0
         self.started = self.shown = time.monotonic()
         self.active = sys.stderr.isatty()
