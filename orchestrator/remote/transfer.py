@@ -13,7 +13,6 @@ controller compares the two tree digests once more.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -60,7 +59,10 @@ def push(target: Target, source: str, dest: str, *, recursive: bool = False,
     if problem:
         raise BadArgument(str(problem))
     if on_size:
-        on_size(measure(source))
+        try:
+            on_size(measure(source))
+        except OSError as error:   # a folder we may not list: the stream says it, as X
+            on_size({"bytes": None, "files": None, "error": error.strerror})
     started = time.monotonic()
     hashes: dict = {}
     skipped: list = []
@@ -115,6 +117,9 @@ def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
 def _restated(target: Target, error: BaseException, result) -> BaseException:
     """The receiver's error said about the target; a payload that could not start (no
     python3) is said as every payload says it."""
+    if isinstance(error, OSError):   # this machine's side: a full disk, a folder we may not write
+        return OrchError(f"{target.name}: writing {error.filename or 'the copy'}: "
+                         f"{error.strerror or error}")
     if not isinstance(error, TransferError):
         return error
     if result is not None and result.exit_code != 0 and error.kind in ("bad-stream", "truncated"):

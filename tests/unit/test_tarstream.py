@@ -4,6 +4,7 @@ and remote/transfer.py against this machine (a host Target on the local transpor
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -15,7 +16,7 @@ import tarfile
 
 import pytest
 
-from orchestrator.ground.errors import BadArgument, PayloadError
+from orchestrator.ground.errors import BadArgument, OrchError, PayloadError
 from orchestrator.payloads import _tarstream as tarstream
 from orchestrator.payloads import compact_source
 from orchestrator.payloads._tarstream import (MAX_TAR_FRAME, MAX_TAR_HEADER, TEMP_MARK, FrameReader, Receiver,
@@ -267,3 +268,15 @@ def test_bad_sources_and_destinations_are_said_before_anything_runs(tmp_path, he
     with pytest.raises(PayloadError, match="copy it with -r"):
         transfer.pull(here, str(tmp_path), str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
+
+
+def test_a_full_disk_on_a_pull_is_a_sentence_and_leaves_nothing(tmp_path, here, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device", "big.bin")
+    monkeypatch.setattr(tarstream, "_write_all", full)
+    source = tmp_path / "big.bin"
+    source.write_bytes(b"x" * 1000)
+    (tmp_path / "into").mkdir()
+    with pytest.raises(OrchError, match="here: writing big.bin: No space left on device"):
+        transfer.pull(here, str(source), str(tmp_path / "into") + "/")
+    assert os.listdir(tmp_path / "into") == []
