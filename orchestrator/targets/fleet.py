@@ -19,13 +19,15 @@ from orchestrator.remote.ssh import (DEFAULT_ALIVE_COUNT_MAX, DEFAULT_ALIVE_INTE
                                      DEFAULT_CONNECTIONS, DEFAULT_KNOWN_HOSTS,
                                      DEFAULT_MAX_SESSIONS, SshHost, SshSettings)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.targets.proxmox import ProxmoxClient
-
 # The Proxmox API (proxmoxer, http.client: ~20 ms) is imported when a command first asks for
 # it: `exec`, `grep-torch` and the patch commands reach containers without it.
-api_backend = lazy("orchestrator.targets.proxmox", "api_backend")
-proxmox_client = lazy("orchestrator.targets.proxmox", "ProxmoxClient")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.targets.proxmox import ProxmoxClient
+    from orchestrator.targets.proxmox import ProxmoxClient as proxmox_client
+    from orchestrator.targets.proxmox import api_backend
+else:
+    api_backend = lazy("orchestrator.targets.proxmox", "api_backend")
+    proxmox_client = lazy("orchestrator.targets.proxmox", "ProxmoxClient")
 
 T = TypeVar("T")
 SSH_CONFIG = "~/.ssh/config"
