@@ -14,6 +14,7 @@ import sys
 
 from orchestrator.agent import protocol
 from orchestrator.agent.client import ENV_SWITCH, OFF_VALUES, is_fast_command, run_in_agent
+from orchestrator.remote import early
 
 
 def main() -> None:
@@ -32,6 +33,9 @@ def main() -> None:
 
 
 def run_here() -> None:
-    """The direct path: the whole click command line, in this process."""
+    """The direct path: the whole click command line, in this process. The SSH connection
+    of a command that needs one known host starts first, so that the host's waits overlap
+    the imports (orchestrator/remote/early.py)."""
+    early.start(sys.argv[1:])
     cli = importlib.import_module("orchestrator.cli.app")
     cli.main(prog_name="orch")

@@ -18,11 +18,11 @@ before it runs anything there, so a migrated container is still found.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from orchestrator.config.inventory_file import inventory_path
 from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Source, load_yaml
 from orchestrator.ground.errors import ConfigError
@@ -36,7 +36,6 @@ API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_
 TOP_KEYS = ("hosts", "containers", "groups", "clusters", "default_target", "defaults")
 VMID_PATTERN = re.compile(r"^[1-9][0-9]{2,8}$")  # the ids pct accepts
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-SANDBOX_DIR_DEFAULT = "/var/lib/orch-sandbox"
 
 
 @dataclass
@@ -119,19 +118,6 @@ class Inventory:
         known = sorted(self.containers) + sorted(self.groups) + sorted(self.hosts)
         raise ConfigError(f"unknown target {name!r} in {self.path}",
                           hint="known targets: " + ", ".join(known) + " (or HOST:VMID)")
-
-
-def inventory_path(explicit: Optional[str] = None) -> str:
-    """-i/--inventory, then $ORCH_INVENTORY, then ./inventory.yaml, then ~/.config/orch/."""
-    chosen = explicit or os.environ.get("ORCH_INVENTORY")
-    if chosen == "sandbox":
-        return os.path.join(os.environ.get("ORCH_SANDBOX_DIR", SANDBOX_DIR_DEFAULT), "inventory.yaml")
-    if chosen:
-        return chosen
-    for candidate in ("inventory.yaml", os.path.expanduser("~/.config/orch/inventory.yaml")):
-        if os.path.exists(candidate):
-            return candidate
-    return "inventory.yaml"
 
 
 def load_inventory(path: Optional[str] = None) -> Inventory:
