@@ -38,6 +38,7 @@ INDEX_NAME = "early-hosts.json"
 INDEX_VERSION = 1
 INDEX_INVENTORIES = 8       # the index keeps the most recently used inventories only
 SSH_CONFIG = "~/.ssh/config"
+DEFAULT_TARGET = ""   # the key of the inventory's default_target in an entry's targets
 _lock = threading.Lock()
 _pending: "EarlyConnection | None" = None
 
@@ -49,12 +50,19 @@ def start(args: list[str]) -> None:
     fields = guess(args)
     if fields is None:
         return
-    early = EarlyConnection(fields)
+    try:
+        early = EarlyConnection(fields)
+    except (KeyError, TypeError, ValueError):   # an entry orch did not write: no guess
+        return
     # Imported here, in the main thread, before the CLI: paramiko is what the handshake
     # needs first, and only one thread imports at a time (no contention on import locks).
     ssh = importlib.import_module("orchestrator.remote.ssh")
-    # never trust on first use here, whatever the index says: that needs the user's option
-    settings = ssh.SshSettings(**{**fields, "trust_on_first_use": False})
+    try:
+        # never trust on first use here, whatever the index says: that needs the user's option
+        settings = ssh.SshSettings(**{**fields, "trust_on_first_use": False})
+    except TypeError:
+        early.discard()
+        return
     early.go(ssh.SshHost(settings))
     with _lock:
         previous, _pending = _pending, early
@@ -72,16 +80,20 @@ def guess(args: list[str]) -> dict | None:
     entry = _read_index().get(_index_key(inventory_file))
     if not entry or entry.get("signature") is None or entry["signature"] != signature(inventory_file):
         return None
-    targets = entry.get("targets", {})
+    targets, hosts = entry.get("targets"), entry.get("hosts")
+    if not isinstance(targets, dict) or not isinstance(hosts, dict):
+        return None
     host = targets.get(target)
     if host is None and ":" in target:   # HOST:VMID
         host = targets.get(target.partition(":")[0])
-    return entry.get("hosts", {}).get(host) if host else None
+    fields = hosts.get(host) if isinstance(host, str) else None
+    return fields if isinstance(fields, dict) else None
 
 
 def _inventory_and_target(args: list[str]) -> tuple[str | None, str] | None:
     """(-i value, TARGET) of `orch [-i FILE] [--no-agent] exec [--timeout S] [--json] TARGET
-    ...`, else None. A guess (click parses the line for real): a wrong one costs only a
+    ...` or `orch [...] grep-torch|grep-pkg ... [-t TARGET]` (DEFAULT_TARGET without -t),
+    else None. A guess (click parses the line for real): a wrong one costs only a
     connection that is closed unused."""
     inventory, index = None, 0
     while index < len(args) and args[index].startswith("-"):
@@ -96,17 +108,34 @@ def _inventory_and_target(args: list[str]) -> tuple[str | None, str] | None:
             index += 1
         else:   # --trust-new-host-keys (never early: it may write known_hosts), --help, ...
             return None
-    if args[index:index + 1] != ["exec"]:
-        return None
-    index += 1
-    while index < len(args) and args[index].startswith("-"):   # exec's options (cli/commands/core.py)
-        if args[index] == "--timeout":
+    command, rest = args[index:index + 1], args[index + 1:]
+    target = (_exec_target(rest) if command == ["exec"] else
+              _option_target(rest) if command in (["grep-torch"], ["grep-pkg"]) else None)
+    return None if target is None else (inventory, target)
+
+
+def _exec_target(rest: list[str]) -> str | None:
+    index = 0
+    while index < len(rest) and rest[index].startswith("-"):   # exec's options (cli/commands/core.py)
+        if rest[index] == "--timeout":
             index += 2
-        elif args[index] == "--json" or args[index].startswith("--timeout="):
+        elif rest[index] == "--json" or rest[index].startswith("--timeout="):
             index += 1
-        else:
+        else:   # --help, or an option exec does not have
             return None
-    return (inventory, args[index]) if index < len(args) else None
+    return rest[index] if index < len(rest) else None
+
+
+def _option_target(rest: list[str]) -> str | None:
+    """The one -t/--target of a command line (DEFAULT_TARGET when there is none); None for
+    several (they may be on several hosts) or --help."""
+    if "--help" in rest or "-h" in rest:
+        return None
+    found = [rest[i + 1] for i in range(len(rest) - 1) if rest[i] in ("-t", "--target")]
+    found += [word.partition("=")[2] for word in rest if word.startswith("--target=")]
+    if len(found) > 1:
+        return None
+    return found[0] if found else DEFAULT_TARGET
 
 
 # ------------------------------------------------------------------ the fleet's side
@@ -242,17 +271,16 @@ class EarlyConnection:
         return self._client
 
     def discard(self) -> None:
-        """Close it, unused (a wrong guess, or a command that opened no host)."""
+        """Close it, unused (a wrong guess, or a command that opened no host). It waits for
+        nothing: a handshake under way fails on the shut socket, and what the thread still
+        makes it closes itself (a connect to a host that does not answer dies with us)."""
         self._discarded = True
         self._go.set()
         sock = self._sock
         if sock is not None:
-            _quietly(lambda: sock.shutdown(socket.SHUT_RDWR))   # ends a handshake under way
-        self._thread.join(timeout=2.0)
+            _quietly(lambda: sock.shutdown(socket.SHUT_RDWR))
         if self._client is not None:
             _quietly(self._client.close)
-        if self._sock is not None:   # the thread may have connected meanwhile
-            _quietly(self._sock.close)
 
     def _run(self) -> None:
         tcp_error = None
@@ -271,6 +299,9 @@ class EarlyConnection:
             self._client = self._host.open_client(self._sock)
         except BaseException as error:   # handed to the thread that claims the connection
             self._error = error
+            return
+        if self._discarded:   # while it shook hands
+            _quietly(self._client.close)
 
 
 def _quietly(action) -> None:

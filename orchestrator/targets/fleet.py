@@ -96,6 +96,8 @@ class Fleet:
         targets = {name: name for name in hosts}
         targets.update({name: spec.host for name, spec in self.inventory.containers.items()
                         if spec.host in hosts})
+        if self.inventory.default_target in targets:
+            targets[early.DEFAULT_TARGET] = targets[self.inventory.default_target]
         early.remember(self.inventory.path, hosts, targets)
 
     def target(self, spec: ContainerSpec) -> Target:

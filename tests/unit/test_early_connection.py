@@ -117,6 +117,31 @@ def test_a_right_guess_is_the_connection_the_fleet_uses(world):
         assert early._pending is None
 
 
+@pytest.mark.parametrize("line, host", [
+    (["exec", "ct1", "--", "true"], "h1"),
+    (["exec", "--json", "--timeout=3", "ct2", "true"], "h2"),
+    (["exec", "h2:250", "--", "true"], "h2"),
+    (["grep-torch", "--def", "x", "-t", "ct2"], "h2"),
+    (["grep-pkg", "numpy", "--target=ct1"], "h1"),
+    (["grep-torch", "--def", "x"], "h2"),   # the inventory's default_target
+])
+def test_the_host_guessed_from_a_command_line(world, line, host):
+    with open(world["inventory"], "a") as inventory:
+        inventory.write("default_target: ct2\n")
+    remember_hosts(world["inventory"])
+    assert early.guess(["-i", world["inventory"], "--no-agent", *line])["name"] == host
+
+
+@pytest.mark.parametrize("line", [
+    ["exec", "--help"], ["exec", "--no-such-option", "ct1", "true"], ["exec"],
+    ["grep-torch", "--def", "x", "-t", "ct1", "-t", "ct2"], ["grep-torch", "--help"],
+    ["ct", "status", "ct1"], ["run", "playbook.yaml"], ["exec", "nosuch", "--", "true"],
+])
+def test_no_guess_for_other_command_lines(world, line):
+    remember_hosts(world["inventory"])
+    assert early.guess(["-i", world["inventory"], *line]) is None
+
+
 def test_a_wrong_guess_is_closed_and_the_right_host_opened(world):
     server = world["server"]
     remember_hosts(world["inventory"])
@@ -136,6 +161,7 @@ def test_a_wrong_guess_closed_before_its_handshake_leaves_nothing_open(world):
     pending = early._pending
     with Fleet.from_path(world["inventory"]) as fleet:
         fleet.host("h1")   # claims at once: the early thread may not have begun its handshake
+    pending._thread.join(timeout=5)
     assert not pending._thread.is_alive()
     assert pending._sock is None or pending._sock.fileno() == -1
     assert pending._client is None or not pending._client.get_transport().is_active()
@@ -203,3 +229,30 @@ def test_an_unclaimed_connection_is_closed(world):
     assert transport.is_active()
     early._discard_unclaimed()   # what runs at exit when no fleet asked for a host
     assert not transport.is_active() and early._pending is None
+
+
+@pytest.mark.parametrize("damage", [
+    lambda index: "not json {",
+    lambda index: json.dumps({**index, "inventories": []}),
+    lambda index: json.dumps(_each_host(index, lambda host: {"address": "127.0.0.1"})),
+    lambda index: json.dumps(_each_host(index, lambda host: {**host, "port": "ssh"})),
+    lambda index: json.dumps(_each_host(index, lambda host: {**host, "colour": "blue"})),
+])
+def test_a_damaged_index_means_no_guess_and_no_error(world, damage):
+    remember_hosts(world["inventory"])
+    index_file = os.path.join(os.environ["ORCH_DATA_DIR"], early.INDEX_NAME)
+    with open(index_file) as handle:
+        index = json.load(handle)
+    with open(index_file, "w") as handle:
+        handle.write(damage(index))
+    early.start(exec_args(world["inventory"], "ct1"))
+    assert early._pending is None
+    remember_hosts(world["inventory"])   # and the next direct command writes it anew
+    early.start(exec_args(world["inventory"], "ct1"))
+    assert early._pending is not None
+
+
+def _each_host(index: dict, change) -> dict:
+    for entry in index["inventories"].values():
+        entry["hosts"] = {name: change(host) for name, host in entry["hosts"].items()}
+    return index
