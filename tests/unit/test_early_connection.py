@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import threading
 
 import pytest
@@ -106,6 +107,8 @@ def test_a_right_guess_is_the_connection_the_fleet_uses(world):
     server = world["server"]
     remember_hosts(world["inventory"])
     assert server.accepted == 0   # opening a host connects nothing yet
+    index_file = os.path.join(os.environ["ORCH_DATA_DIR"], early.INDEX_NAME)
+    assert stat.S_IMODE(os.stat(index_file).st_mode) == 0o600
     early.start(exec_args(world["inventory"], "ct1"))
     pending = early._pending
     assert pending is not None
