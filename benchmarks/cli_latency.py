@@ -5,9 +5,9 @@ take turns (round robin) so that a slow moment of the machine hits them all alik
 and p95 in milliseconds.
 
     orch:     orch --version; orch exec CT -- true and grep-torch --def, each on the direct
-              path (--no-agent: imports + SSH handshake) and with a warm agent (docs/agent.md);
-              the direct exec also without its early connection (docs/transport.md: no index
-              of hosts to start it from, as on a first run)
+              path (--no-agent: imports + SSH handshake) and with a warm agent (docs/guide/agent.md);
+              the direct exec also without its early connection (docs/design/transport.md: no
+              index of hosts to start it from, as on a first run)
     manual:   ssh HOST 'pct exec VMID -- true' and ... -- rg -n 'def ...' TREE, each with a new
               SSH connection and through an OpenSSH ControlMaster kept open (ControlPersist)
 
@@ -109,7 +109,7 @@ def main() -> int:
     orch = os.path.join(os.path.dirname(sys.executable), "orch")
     scratch = tempfile.mkdtemp(prefix="orch-cli-bench-")
     open(os.path.join(scratch, "a-file"), "w").close()
-    # the direct rows' index of hosts (docs/transport.md) lives in a data folder of their own
+    # the direct rows' index of hosts (docs/design/transport.md) lives in a data folder of their own
     env = {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent"),
            "ORCH_DATA_DIR": os.path.join(scratch, "data")}
     search = not args.exec_only

@@ -44,7 +44,7 @@ def clients(inventory_path: str, target: str, ssh_config: str, size_mb: int) -> 
     remote = ["head", "-c", str(size_mb * 1024 * 1024), "/dev/zero"]
     return {
         # in-process: the memory of orch streaming the output itself, not of the thin client
-        # that hands the command to the warm agent (docs/agent.md)
+        # that hands the command to the warm agent (docs/guide/agent.md)
         "orch exec": [sys.executable, "-m", "orchestrator", "--no-agent", "-i", inventory_path,
                       "exec", target, "--", *remote],
         "ssh + pct exec (manual)": ["ssh", "-F", ssh_config, spec.host,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Repeats the GPU validation of docs/gpu-validation.md on a machine with an NVIDIA GPU whose
+# Repeats the GPU validation of docs/benchmarks/gpu-validation.md on a machine with an NVIDIA GPU whose
 # python already holds a CUDA torch: orch's local transport, that machine as host and
 # "container". Each step's output, JSON and the run records go to RESULTS (default
 # ./gpu-validation), with each run's Markdown and HTML report (the monitor's GPU series, the

@@ -1,3 +1,3 @@
 from orchestrator.cli.main import main
 
-main()  # `python -m orchestrator` is `orch`: the quick commands go to the agent (docs/agent.md)
+main()  # `python -m orchestrator` is `orch`: the quick commands go to the agent (docs/guide/agent.md)

@@ -15,7 +15,7 @@ Getting the sources: the wheels are 0.5-0.9 GB CUDA builds. By default only the 
 members are read from the registry with HTTP range requests (the zip central directory at
 the end of the wheel, then the blocks holding the .py members: 2-5% of the wheel).
 ``--fetch pip`` uses ``pip download --no-deps`` instead (one wheel at a time, deleted once
-extracted). docs/torch-releases.md has the measured cost of both.
+extracted). docs/design/torch-releases.md has the measured cost of both.
 
 Usage:
     scripts/torch-matrix.py                      # every release, a table; exit 1 on failure

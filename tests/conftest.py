@@ -17,7 +17,7 @@ def pytest_configure(config):
     # give the whole session a data directory of its own too, never the user's store.
     os.environ["ORCH_DATA_DIR"] = _SESSION_DATA_DIR
     os.environ.pop("ORCH_STORE", None)
-    # The warm agent (docs/agent.md): the session's own socket folder, never the user's agent;
+    # The warm agent (docs/guide/agent.md): the session's own socket folder, never the user's agent;
     # stopped at the end. Commands run on the direct path unless a test asks for the agent
     # (the cli_path fixture runs the exec and forensics tests both ways).
     os.environ["ORCH_AGENT_DIR"] = _SESSION_AGENT_DIR

@@ -1,4 +1,4 @@
-"""The warm agent's client side (docs/agent.md): what the `orch` entry point (orchestrator/cli/main.py)
+"""The warm agent's client side (docs/guide/agent.md): what the `orch` entry point (orchestrator/cli/main.py)
 and `orch agent` (cli/commands/agent.py) need to reach the agent. Stdlib only, no click, no paramiko.
 
 protocol.py  where the socket lives, the messages and their framing

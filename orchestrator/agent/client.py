@@ -2,7 +2,7 @@
 environment, the caller's fds), starting the agent on first use.
 
 This module imports neither click nor paramiko: handing a command to the agent costs a
-Python start and a few stdlib imports. The rules (docs/agent.md):
+Python start and a few stdlib imports. The rules (docs/guide/agent.md):
 - before the agent says "accepted", any trouble (no agent, one that will not start in
   time, a refused request, a dead socket) means: run the command here instead;
 - after "accepted", the command belongs to the agent: if the agent is lost, orch says so
@@ -199,7 +199,7 @@ def _wait_for_exit(sock: socket.socket, reader: protocol.Reader,
 def connect(path: str | None = None) -> socket.socket | None:
     """A connection to this installation's agent; None when none listens (no socket file,
     or a stale one left by an agent that died). Nothing is sent here: UntrustedAgent when
-    the folder is unsafe or the listener is another uid (docs/agent.md, Security model)."""
+    the folder is unsafe or the listener is another uid (docs/guide/agent.md, Security model)."""
     path = path or protocol.socket_path()
     problem = protocol.unsafe_dir(os.path.dirname(path))
     if problem:

@@ -1,4 +1,4 @@
-"""The warm agent process (docs/agent.md): a per-user daemon that runs orch's quick commands
+"""The warm agent process (docs/guide/agent.md): a per-user daemon that runs orch's quick commands
 with its SSH connections already open. It runs the CLI's own click commands, so it sits above
 the CLI; its clients reach it through orchestrator/agent/.
 

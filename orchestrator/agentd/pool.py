@@ -1,5 +1,5 @@
 """Warm fleets: the inventory and its open SSH connections, lent to one command at a time
-and kept between commands while nothing they rest on changes (docs/agent.md)."""
+and kept between commands while nothing they rest on changes (docs/guide/agent.md)."""
 
 from __future__ import annotations
 

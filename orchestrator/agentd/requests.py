@@ -5,7 +5,7 @@ what the client handed over: its stdin/stdout/stderr (the fds themselves, so out
 straight to the caller), its environment, working directory and terminal size.
 install_process_hooks() makes sys.stdin/stdout/stderr, os.environ, orch's rich consoles and
 signal.signal dispatch to the request the running thread belongs to (threads a request
-starts work for it too). docs/agent.md says why each is needed.
+starts work for it too). docs/guide/agent.md says why each is needed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The agent: one background process per user and installation that runs orch's quick
-commands with warm SSH connections (docs/agent.md).
+commands with warm SSH connections (docs/guide/agent.md).
 
 It listens on a Unix socket in a folder only its user can enter, checks every peer's uid,
 and runs each accepted command in a thread of its own (requests.py) with a fleet lent from

@@ -77,7 +77,7 @@ LAZY_COMMANDS = {
     "attach": ("orchestrator.cli.commands.run", "attach_command",
                "Follow a launched run again: its log from the start, live progress, the verdict."),
     "agent": ("orchestrator.cli.commands.agent", "agent",
-              "The warm agent that runs the quick commands in milliseconds (docs/agent.md)."),
+              "The warm agent that runs the quick commands in milliseconds (docs/guide/agent.md)."),
     "ct": ("orchestrator.cli.commands.core", "ct",
            "Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token)."),
     "exec": ("orchestrator.cli.commands.core", "exec_command",
@@ -199,7 +199,7 @@ def main(ctx, inventory, trust_new_host_keys, no_agent):
       orch inventory check
       orch grep-torch --def is_fx_symbolic_tracing --show
       orch run playbooks/dflash.yaml
-      orch --no-agent exec sb1-200 -- true     # skip the warm agent (docs/agent.md)
+      orch --no-agent exec sb1-200 -- true     # skip the warm agent (docs/guide/agent.md)
     """
     app = App(inventory, trust_new_host_keys)
     ctx.obj = app

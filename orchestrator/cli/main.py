@@ -2,7 +2,7 @@
 when it can; anything else, or when the agent cannot take it, runs here as always.
 
 This module imports neither click nor paramiko: handing a command to the agent costs a
-Python start and a few stdlib imports (docs/agent.md). The CLI is imported by name only when
+Python start and a few stdlib imports (docs/guide/agent.md). The CLI is imported by name only when
 the command runs here.
 """
 

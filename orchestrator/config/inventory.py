@@ -56,7 +56,7 @@ class HostSpec:
     description: str = ""
     max_sessions: Optional[int] = None   # sshd's MaxSessions there (default 10, OpenSSH's)
     connections: Optional[int] = None    # SSH connections orch may open to it at once
-    alive_interval: Optional[float] = None   # OpenSSH's ServerAliveInterval (docs/transport.md)
+    alive_interval: Optional[float] = None   # OpenSSH's ServerAliveInterval (docs/design/transport.md)
     alive_count_max: Optional[int] = None    # OpenSSH's ServerAliveCountMax
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 class ExitCode:
-    """Documented exit codes (README, "Exit codes")."""
+    """Documented exit codes: EXIT_CODE_MEANINGS below, docs/reference/exit-codes.md."""
 
     OK = 0
     FAILED = 1            # the thing ran and failed (a check failed, a verdict is "failed")
@@ -28,6 +28,37 @@ class ExitCode:
     INTERRUPTED = 130     # Ctrl-C (128 + SIGINT), as shells report it
     # orch exec: the remote exit code is passed through; orch's own failures use 255, as ssh does
     EXEC_ORCH_ERROR = 255
+
+
+# What each code means to a user: the text of docs/reference/exit-codes.md (orchestrator.cli.reference).
+EXIT_CODE_MEANINGS = {
+    ExitCode.OK: "ok",
+    ExitCode.FAILED: "failed: a check failed, no grep hit, a target vulnerable, a command refused",
+    ExitCode.USAGE: "usage: bad command line, inventory or playbook (the message names file:line:col)",
+    ExitCode.UNREACHABLE: "unreachable: host down, authentication refused, host key unknown or changed",
+    ExitCode.NO_CONTAINER: "no such container, or it is not running",
+    ExitCode.TIMEOUT: "a remote command timed out",
+    ExitCode.REMOTE_FAILED: "a remote command orch needed failed (exit code and last stderr lines shown)",
+    ExitCode.RUN_FAILED: "run failed: FX race, traceback, OOM, non-zero exit, killed, collective or "
+                         "rendezvous timeout; abandoned (its orch died without a verdict: settled by "
+                         "attach, stop or `runs abandon`)",
+    ExitCode.RUN_HANG: "run hung (no progress for `hang_after` s; the process was stopped)",
+    ExitCode.RUN_DEGRADED: "run degraded (below the playbook's throughput threshold), or the "
+                           "recompile limit was hit",
+    ExitCode.RUN_UNREACHABLE: "a target was unreachable during the run",
+    ExitCode.REGRESSION: "nightly: a regression against the baseline",
+    ExitCode.LOCKED: "busy: another nightly of the same playbook is still running, or another "
+                     "`patch` apply/revert held the torch tree's lock for 15 s",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C): `orch run` says whether a launched run goes on (the "
+                          "record stays running for `orch attach`) or nothing was launched (recorded "
+                          "as interrupted); `patch ... apply`/`revert` let the change finish and print "
+                          "its outcome",
+    ExitCode.EXEC_ORCH_ERROR: "`orch exec`: orch's own errors (host unreachable, a connection lost or "
+                              "a dead link mid-command, a timeout; an agent that accepted `exec "
+                              "--timeout N` and did not answer within N + 8 s); any quick command: the "
+                              "warm agent ended while it ran the command (its outcome is unknown; it "
+                              "is never run a second time)",
+}
 
 
 class OrchError(Exception):

@@ -8,7 +8,7 @@ reads page by page as an MCP resource:
 
     orch://outputs/{output}/{stream}{?offset,length}     stream: stdout | stderr
 
-So the server's memory does not grow with a command's output (docs/mcp.md has the figures),
+So the server's memory does not grow with a command's output (docs/design/mcp.md has the figures),
 and nothing of it lands on disk unless it is larger than the answer. The files live in a
 0700 directory under the run store's directory (its name holds the server's pid), removed
 when the server stops, or by the next server when the first was killed.

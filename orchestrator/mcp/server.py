@@ -47,6 +47,7 @@ _CALL: contextvars.ContextVar[dict] = contextvars.ContextVar("orch_mcp_call")
 
 Target = Annotated[str, Field(description="An inventory container name (list_targets), or HOST:VMID "
                                           "(a host itself only where the server allows it)")]
+RunId = Annotated[str, Field(description="A run id, a unique prefix, or 'last'")]
 
 
 class ExecResult(TypedDict):
@@ -174,11 +175,14 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             pattern: Annotated[str, Field(description="A Python regex, or a plain string with fixed; "
                                                       "with definition: a name or Class.method")],
             package: Annotated[str, Field(description="An installed package")] = "torch",
-            fixed: bool = False, word: bool = False, ignore_case: bool = False,
+            fixed: Annotated[bool, Field(description="pattern is a plain string, not a regex")] = False,
+            word: Annotated[bool, Field(description="Match whole words only")] = False,
+            ignore_case: Annotated[bool, Field(description="Ignore case")] = False,
             context: Annotated[int, Field(ge=0, le=50, description="Lines around each hit")] = 0,
             definition: Annotated[bool, Field(description="Find where pattern is defined")] = False,
             show: Annotated[bool, Field(description="With definition: include each body")] = False,
-            max_hits: Annotated[int, Field(ge=1, le=5000)] = 200,
+            max_hits: Annotated[int, Field(ge=1, le=5000, description="Stop after this many hits "
+                                                                      "(truncated says so)")] = 200,
     ) -> dict[str, Any]:
         """Search an installed package's Python source in the container (never imported).
         Matches carry path (relative to site-packages), line and text; truncated says when
@@ -200,10 +204,11 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             target: Target,
             path: Annotated[str, Field(description="Relative to the package directory, e.g. "
                                                    "fx/_symbolic_trace.py (no '..', not absolute)")],
-            package: str = "torch",
-            start_line: Annotated[int, Field(ge=1)] = 1,
+            package: Annotated[str, Field(description="An installed package")] = "torch",
+            start_line: Annotated[int, Field(ge=1, description="First line")] = 1,
             end_line: Annotated[Optional[int], Field(ge=1, description="Last line; null: to the end")] = None,
-            max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
+            max_bytes: Annotated[int, Field(ge=1, le=1 << 20, description="At most this many bytes "
+                                                                          "of text")] = DEFAULT_OUTPUT_BYTES,
     ) -> SourceText:
         """Lines of one file of an installed package. Paths leaving the package (.., absolute,
         symlinks out) are refused."""
@@ -225,14 +230,16 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
 
     @tool("verify_fx_race")
     def verify_fx_race(target: Target,
-                       trials: Annotated[int, Field(ge=1, le=50)] = 3) -> dict[str, Any]:
+                       trials: Annotated[int, Field(ge=1, le=50, description="Runs of the reproducer "
+                                                                          "and of its same-thread control")] = 3,
+                       ) -> dict[str, Any]:
         """The deterministic FX race reproducer: verdict fixed | vulnerable | inconclusive."""
         return call("verify_fx_race", {"target": target, "trials": trials},
                     lambda: tools.verify_fx_race(target, trials))
 
     @tool("run_status")
     def run_status(
-            run_id: Annotated[str, Field(description="A run id, a unique prefix, or 'last'")],
+            run_id: RunId,
             wait_s: Annotated[float, Field(ge=0, le=600, description="Wait up to this long for "
                                                                      "the run to end")] = 0,
     ) -> dict[str, Any]:
@@ -242,10 +249,11 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
 
     @tool("run_log")
     def run_log(
-            run_id: str,
+            run_id: RunId,
             target: Annotated[Optional[str], Field(description="Default: the first launched")] = None,
             offset: Annotated[int, Field(ge=0, description="Byte offset to read from")] = 0,
-            max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
+            max_bytes: Annotated[int, Field(ge=1, le=1 << 20, description="At most this many bytes "
+                                                                          "of the log")] = DEFAULT_OUTPUT_BYTES,
     ) -> LogPage:
         """The training log by byte offsets: pass next_offset back to page on."""
         arguments = {"run_id": run_id, "target": target, "offset": offset, "max_bytes": max_bytes}
@@ -253,14 +261,18 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
                     containers=lambda: tools.run_containers(run_id, target))
 
     @tool("runs_list")
-    def runs_list(last: Annotated[int, Field(ge=1, le=500)] = 10,
-                  playbook: Optional[str] = None) -> dict[str, Any]:
+    def runs_list(last: Annotated[int, Field(ge=1, le=500, description="The newest this many runs")] = 10,
+                  playbook: Annotated[Optional[str], Field(description="Only runs of this playbook "
+                                                                       "(its path or name); null: all")] = None,
+                  ) -> dict[str, Any]:
         """Recorded runs, newest first: verdict, throughput, fx-tls state, problems."""
         return call("runs_list", {"last": last, "playbook": playbook},
                     lambda: tools.runs_list(last, playbook))
 
     @tool("runs_compare")
-    def runs_compare(base: str, new: str,
+    def runs_compare(base: Annotated[str, Field(description="The earlier run (an id, a prefix, "
+                                                            "'last~1')")],
+                     new: Annotated[str, Field(description="The later run (an id, a prefix, 'last')")],
                      threshold: Annotated[Optional[float], Field(ge=0, lt=1, description="Regression threshold, 0.10 = 10 %")] = None) -> dict[str, Any]:
         """Compare run new with run base: throughput, verdict, torch, patch, packages, regressions."""
         return call("runs_compare", {"base": base, "new": new, "threshold": threshold},
@@ -272,9 +284,12 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             target: Target,
             argv: Annotated[list[str], Field(min_length=1, description="The command as a list of "
                                                                        "arguments (no shell)")],
-            timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60,
+            timeout_s: Annotated[float, Field(gt=0, le=3600, description="Kill the command's process "
+                                                                         "group after this long")] = 60,
             stdin: Annotated[Optional[str], Field(description="Text for standard input")] = None,
-            max_output_bytes: Annotated[int, Field(ge=0, le=1 << 20)] = DEFAULT_OUTPUT_BYTES,
+            max_output_bytes: Annotated[int, Field(ge=0, le=1 << 20, description="Bytes of stdout and of "
+                                                                                 "stderr returned inline; "
+                                                                                 "more is a resource link")] = DEFAULT_OUTPUT_BYTES,
     ) -> ExecResult:  # returned as a CallToolResult (resource links), validated against this
         """Run argv in the container: exit code, stdout/stderr (capped: *_truncated and *_bytes
         say so; a larger output is a resource link to page through, stderr's tail is
@@ -307,8 +322,10 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
                     containers=lambda: tools.run_targets(playbook, vars, targets))
 
     @tool("run_stop", CHANGES)
-    def run_stop(run_id: str,
-                 grace_s: Annotated[float, Field(ge=0, le=3600)] = 10) -> dict[str, Any]:
+    def run_stop(run_id: RunId,
+                 grace_s: Annotated[float, Field(ge=0, le=3600, description="Seconds between SIGTERM "
+                                                                           "and SIGKILL")] = 10,
+                 ) -> dict[str, Any]:
         """SIGTERM the run's process group, SIGKILL after grace_s."""
         return call("run_stop", {"run_id": run_id, "grace_s": grace_s},
                     lambda: tools.run_stop(run_id, grace_s),

@@ -50,7 +50,7 @@ def is_flag_name(node):
 
 
 def expect_symbolic_trace_shape(src):
-    """Refuse unless the module has the pieces docs/torch-releases.md describes."""
+    """Refuse unless the module has the pieces docs/design/torch-releases.md describes."""
     relpath, tree = src.relpath, src.tree
     taken = module_level_names(tree) & set(FLAG_HELPERS)
     if taken:

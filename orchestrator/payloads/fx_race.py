@@ -1,7 +1,7 @@
 """Reproduce the cross-thread FX tracing race, deterministically: is this torch affected?
 
 Shipped alone into a container and run with the target venv's python. Unlike the other
-payloads it imports torch: it runs the reproducer of docs/torch-releases.md (CPU is enough).
+payloads it imports torch: it runs the reproducer of docs/design/torch-releases.md (CPU is enough).
 
 Each trial:
 
@@ -42,7 +42,7 @@ exception). The last line is the result (exit code 0)::
 ``cross_thread_other_fx_leak`` counts cross-thread calls that did not hit the flag's error
 but failed with FX's other process-wide leak (its patched ``torch.nn.Module.__call__``:
 "NameError: module is not installed as a submodule"), which the thread-local flag does not
-fix; torch 2.1's compiled functions hit it (docs/torch-releases.md). Such trials are
+fix; torch 2.1's compiled functions hit it (docs/design/torch-releases.md). Such trials are
 problems, so the verdict is "inconclusive", and the problem says which leak it was.
 
 - "vulnerable": every cross-thread call raised (the flag leaks between threads);
@@ -74,7 +74,7 @@ NESTED_TRACE_ERROR = "Detected that you are using FX to symbolically trace"
 OTHER_FX_LEAK_ERROR = "module is not installed as a submodule"
 OTHER_FX_LEAK_NOTE = ("the FX tracing flag did not leak, but FX's process-wide patch of "
                       "torch.nn.Module.__call__ did (NameError: %s): a limit of the flag "
-                      "patch, see docs/torch-releases.md" % OTHER_FX_LEAK_ERROR)
+                      "patch, see docs/design/torch-releases.md" % OTHER_FX_LEAK_ERROR)
 
 
 def import_torch():

@@ -73,7 +73,7 @@ string like "torch.fx.NAME") is not parsed either (see may_define). The rest are
 with ``ast``; those that do not parse with this python are listed in warnings.
 
 ``files_searched`` counts the regular ``*.py`` files under the package directory; with rg
-it is rg's own count (``--stats``), which equals a walk of the tree (docs/source-search.md).
+it is rg's own count (``--stats``), which equals a walk of the tree (docs/design/source-search.md).
 """
 
 import ast

@@ -8,24 +8,24 @@ stop_recorded_run ends its processes and, when no orch watches it any more, reco
 from __future__ import annotations
 
 import os
-import time
 from typing import Optional
 
 from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.playbook.engine import Engine, TargetRun
 from orchestrator.ground.errors import ConnectionProblem, OrchError
 from orchestrator.targets.fleet import Fleet, each_concurrently, fan_out
-from orchestrator.watch.monitor import MonitorSettings, RunUnreachable
 from orchestrator.remote.payload_api import stop_run
-from orchestrator.playbook.loader import Playbook, StepSpec, load_playbook
+from orchestrator.playbook.loader import load_playbook
+from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.runs.controller import (ALIVE, GONE, abandoned_because, controller_state,
                                           describe, mark_abandoned)
 from orchestrator.runs.model import Finding, RunRecord, exit_code_for, now_iso
-from orchestrator.runs.recorder import RunRecorder, controller_entry, stamp, step_result, worst
+from orchestrator.runs.recorder import RunRecorder, controller_entry, worst
 from orchestrator.remote.container import Target
 from orchestrator.runs.store import RunStore
-from orchestrator.playbook.steps.base import Reporter, RunInfo, StepOutcome, cli_prefix
-from orchestrator.playbook.steps.monitor import follow_run
+from orchestrator.playbook.steps import STEP_KINDS
+from orchestrator.playbook.steps.base import Reporter, RunInfo, Step, cli_prefix
+from orchestrator.playbook.steps.monitor import MonitorStep
 
 
 def _stub_playbook(record: RunRecord) -> Playbook:
@@ -98,39 +98,22 @@ class _Attachment:
         self.targets = [fleet.target(spec) for spec in fleet.inventory.resolve(list(self.launches))]
 
     def follow(self, target: Target) -> TargetRun:
-        """Monitor one target's run to its end, then (playbook unchanged) its collect steps."""
+        """Monitor one target's run to its end, then (playbook unchanged) the steps that run
+        after it on attach (collect), each through the engine's own step path."""
         entry = self.launches[target.name]
         variables = (self.engine.render_vars(target) if self.same
                      else {**self.engine.base_context(target), **self.record.vars})
         run = TargetRun(target, variables)
-        settings = MonitorSettings.from_params(entry.get("monitor") or {})
-        settings.offset = 0  # read it all again: metrics and signatures need the whole log
-        spec = _attach_spec(self.book, entry)
-        started, started_at = time.monotonic(), stamp()
-        self.reporter.step_started(target.name, spec)
-        try:
-            outcome = follow_run(self.run, self.reporter, target, entry["run_dir"], settings)
-        except (ConnectionProblem, RunUnreachable) as error:
-            outcome = StepOutcome(status="failed", message=str(error), verdict="unreachable")
-        except OrchError as error:
-            outcome = StepOutcome(status="failed", message=str(error), verdict="failed")
-        result = step_result(spec, target.name, outcome, started_at, time.monotonic() - started,
-                             name="attach: " + spec.label())
-        recorder = self.run.recorder
-        recorder.save_step(result)
-        if outcome.findings and self.live:
-            recorder.add_findings(outcome.findings)
-        elif outcome.findings:
+        spec, step = _attach_step(self.book, entry)
+        outcome = self.engine.perform(run, spec, step, {}, name="attach: " + spec.label())
+        if outcome.findings and not self.live:
+            # A replayed record: this target's findings are the ones just found, not both.
             self.record.findings = [f for f in self.record.findings
                                     if f.target != target.name] + outcome.findings
-        self.reporter.step_finished(target.name, spec, result, outcome)
-        run.monitor_verdict = outcome.verdict
-        if outcome.verdict == "unreachable":
-            run.verdict = "unreachable"
         if self.same and self.live:
             after = entry.get("monitor_step", entry.get("step", -1))
             for later in self.book.steps:
-                if later.index > after and later.kind == "collect":
+                if later.index > after and STEP_KINDS[later.kind].runs_on_attach:
                     self.engine.run_step(run, later)
         return run
 
@@ -174,14 +157,19 @@ def attach_run(ref: str, *, reporter: Reporter, inventory: Optional[str] = None,
             store.close()
 
 
-def _attach_spec(book: Playbook, entry: dict) -> StepSpec:
+def _attach_step(book: Playbook, entry: dict) -> tuple[StepSpec, Step]:
+    """The step that watched this launch (the recorded one, where the playbook still has it)
+    and the step that follows the launch again."""
     index = entry.get("monitor_step")
     for spec in book.steps:
-        if spec.index == index and spec.kind == "monitor":
-            return spec
+        if spec.index == index:
+            step = STEP_KINDS[spec.kind]().reattach(entry)
+            if step is not None:
+                return spec, step
     loc = Loc(OptionSource("attach", None), ())
-    return StepSpec(index=index if isinstance(index, int) else 0, kind="monitor", name="monitor",
-                    params={}, loc=loc, params_loc=loc)
+    spec = StepSpec(index=index if isinstance(index, int) else 0, kind=MonitorStep.kind,
+                    name=MonitorStep.kind, params={}, loc=loc, params_loc=loc)
+    return spec, MonitorStep().reattach(entry)
 
 
 def _failed_run(target: Target, error) -> TargetRun:

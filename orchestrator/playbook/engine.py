@@ -7,31 +7,29 @@ The engine takes plain values (a Fleet, the CLI prefix for hints), never the CLI
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 import traceback
 from typing import Optional
 
 from orchestrator.config.inventory import ContainerSpec, Inventory
-from orchestrator.config.schema import check_value
 from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.ground.errors import ConfigError, ConnectionProblem, ExitCode, OrchError
 from orchestrator.targets.fleet import Fleet, fan_out
 from orchestrator.watch.monitor import RunUnreachable
 from orchestrator.remote.payload_api import launcher
-from orchestrator.playbook.loader import (BUILTIN_NAMES, Playbook, StepSpec, load_playbook,
-                                          normalize_extra_vars, order_vars)
-from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, contains_unknown,
-                                          evaluate_condition, render)
+from orchestrator.playbook.loader import load_playbook, normalize_extra_vars, order_vars
+from orchestrator.playbook.model import BUILTIN_NAMES, Playbook, StepSpec
+from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, evaluate_condition, render,
+                                          render_params)
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import RunRecord, TargetInfo, exit_code_for, new_run_id
 from orchestrator.runs.recorder import (RunRecorder, controller_entry, json_safe, masked, stamp,
                                         step_result, worst)
 from orchestrator.runs.store import RunStore
 from orchestrator.playbook.steps import STEP_KINDS
-from orchestrator.playbook.steps.base import (Reporter, RunInfo, StepContext, StepFailed, StepOutcome,
-                                     cli_prefix, rerun_options)
+from orchestrator.playbook.steps.base import (Reporter, RunInfo, Step, StepContext, StepFailed,
+                                              StepOutcome, cli_prefix, rerun_options)
 
 
 def resolve_specs(book: Playbook, inventory: Inventory, target_names=()) -> list[ContainerSpec]:
@@ -63,7 +61,7 @@ class TargetRun:
         self.target = target
         self.variables = variables
         self.verdict: Optional[str] = None         # from a failed step
-        self.monitor_verdict: Optional[str] = None  # from the last monitor that ran
+        self.monitor_verdict: Optional[str] = None  # from the last step that judges the run
         self.failed_step: Optional[str] = None
         self.usage_error = False
 
@@ -198,7 +196,7 @@ class Engine:
                                                 StepOutcome(status="skipped", message=why), stamp()))
 
     def run_step(self, run: TargetRun, spec: StepSpec) -> None:
-        """One step on one target: when, the rendered params, attempts, record, register."""
+        """One step on one target: its `when`, its settings rendered and checked, perform()."""
         step = STEP_KINDS[spec.kind]()
         target = run.target
         context = run.variables
@@ -222,31 +220,37 @@ class Engine:
                 context[spec.register] = Unknown(spec.register)
             return
         try:
-            params = self._params(step, spec, context)
+            params = render_params(step.params, spec, context)
         except ConfigError as error:
             self._usage_failure(run, spec, error)
             return
+        self.perform(run, spec, step, params)
+
+    def perform(self, run: TargetRun, spec: StepSpec, step: Step, params: dict, *,
+                name: Optional[str] = None) -> StepOutcome:
+        """A step whose settings are rendered, on one target: its attempts, its record, its
+        registered result and what it means for the target's verdict. Every step that runs
+        goes this way, `orch attach`'s too (name: how the record names it, if not its label)."""
+        target = run.target
         started_at, started = stamp(), time.monotonic()
         self.reporter.step_started(target.name, spec)
         outcome = self._attempts(step, run, spec, params)
-        result = step_result(spec, target.name, outcome, started_at, time.monotonic() - started)
-        if outcome.verdict and spec.kind == "monitor":
+        result = step_result(spec, target.name, outcome, started_at, time.monotonic() - started,
+                             name=name)
+        if outcome.verdict and step.judges_run:
             result.data["verdict"] = outcome.verdict
         self.recorder.save_step(result)
         if outcome.findings:
             self.recorder.add_findings(outcome.findings)
         if spec.register:
-            context[spec.register] = {**outcome.data, "status": outcome.status,
-                                      "changed": outcome.status == "changed",
-                                      "failed": outcome.failed, "skipped": False,
-                                      "message": outcome.message,
-                                      **({"verdict": outcome.verdict} if outcome.verdict else {})}
-        if spec.kind == "monitor" and outcome.verdict:
+            run.variables[spec.register] = registered(outcome)
+        if outcome.verdict and step.judges_run:
             run.monitor_verdict = outcome.verdict
         self.reporter.step_finished(target.name, spec, result, outcome)
         if outcome.failed and not spec.continue_on_error:
             run.verdict = outcome.verdict or "failed"
             run.failed_step = spec.label()
+        return outcome
 
     def _context(self, run: TargetRun, spec: StepSpec) -> StepContext:
         return StepContext(self.run_info, self.reporter, run.target, spec, run.variables,
@@ -254,7 +258,7 @@ class Engine:
 
     def _plan_lines(self, step, run: TargetRun, spec: StepSpec) -> list[str]:
         try:
-            params = self._params(step, spec, run.variables)
+            params = render_params(step.params, spec, run.variables)
         except UnknownAtPlanTime as unknown:
             return [f"(its settings depend on {unknown.name}, known at run time)"]
         except ConfigError as error:
@@ -265,19 +269,6 @@ class Engine:
             return [f"(its settings depend on {unknown.name}, known at run time)"]
         except (StepFailed, OrchError) as error:
             return [f"(would fail: {getattr(error, 'message', error)})"]
-
-    def _params(self, step, spec: StepSpec, context: dict) -> dict:
-        rendered = render(spec.params, context, spec.params_loc)
-        params = {}
-        for name, param in step.params.items():
-            if name in rendered:
-                value = rendered[name]
-                if not contains_unknown(value):
-                    check_value(name, param, value, spec.params_loc.child(name))
-                params[name] = value
-            else:
-                params[name] = copy.deepcopy(param.default)
-        return params
 
     def _attempts(self, step, run: TargetRun, spec: StepSpec, params: dict) -> StepOutcome:
         attempts = spec.retries + 1
@@ -323,6 +314,13 @@ class Engine:
         if not self.run_info.dry_run:
             self.recorder.save_step(result)
         self.reporter.step_finished(run.target.name, spec, result, outcome)
+
+
+def registered(outcome: StepOutcome) -> dict:
+    """What `register: NAME` keeps of a step's outcome, for the templates of later steps."""
+    return {**outcome.data, "status": outcome.status, "changed": outcome.status == "changed",
+            "failed": outcome.failed, "skipped": False, "message": outcome.message,
+            **({"verdict": outcome.verdict} if outcome.verdict else {})}
 
 
 # ------------------------------------------------------------------- entry points

@@ -24,64 +24,22 @@ import difflib
 import hashlib
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 import yaml
 
-from orchestrator.config.schema import is_template
-from orchestrator.config.schema import check_keys, check_value, expect, expect_list_of, type_name
+from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Loc, Source, describe_path, load_yaml
 from orchestrator.ground.errors import ConfigError
-from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, check_names, contains_unknown,
-                                          referenced_names, render)
+from orchestrator.playbook.model import BUILTIN_NAMES, Playbook, StepSpec
+from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, check_names, referenced_names,
+                                          render, render_params)
 from orchestrator.playbook.steps import STEP_KINDS
-from orchestrator.playbook.steps.push import check_sources
 
 TOP_KEYS = ("name", "description", "extends", "targets", "vars", "steps")
 COMMON_KEYS = ("name", "when", "register", "retries", "retry_delay", "timeout",
                "continue_on_error", "always")
-# Names every template can use, besides vars and registered results.
-BUILTIN_NAMES = ("target", "run_id", "playbook_dir", "remote_dir", "state_dir", "inventory_dir")
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass
-class StepSpec:
-    index: int
-    kind: str
-    name: str
-    params: dict
-    loc: Loc                             # the step mapping
-    params_loc: Loc                      # the kind's own mapping
-    when: Any = None
-    register: Optional[str] = None
-    retries: int = 0
-    retry_delay: float = 2.0
-    timeout: Optional[float] = None
-    continue_on_error: bool = False
-    always: bool = False
-
-    def label(self) -> str:
-        return self.name or self.kind
-
-
-@dataclass
-class Playbook:
-    path: str
-    name: str
-    description: str
-    targets: list[str]
-    targets_loc: Optional[Loc]
-    vars: dict
-    var_locs: dict                       # name -> Loc of its value
-    steps: list[StepSpec]
-    sha256: str
-    sources: list[str] = field(default_factory=list)   # this file and those it extends
-
-    @property
-    def directory(self) -> str:
-        return os.path.dirname(os.path.abspath(self.path))
 
 
 def load_playbook(path: str, extra_vars: Optional[dict] = None) -> Playbook:
@@ -185,7 +143,7 @@ def _step(source: Source, index: int, item: Any) -> StepSpec:
         raw_params = {step_class.shorthand: raw_params}
         _alias_marks(source, path + (kind,), step_class.shorthand)
     expect(source, path + (kind,), raw_params, dict, f"the {kind} step's settings")
-    _check_params(source, path + (kind,), kind, step_class, raw_params)
+    check_keys(source, path + (kind,), raw_params, list(step_class.params))
 
     name = item.get("name", "")
     expect(source, path + ("name",), name, str)
@@ -230,47 +188,30 @@ def _alias_marks(source: Source, base: tuple, key: str) -> None:
                 marks[base + (key,) + path[len(base):]] = mark
 
 
-def _check_params(source: Source, path: tuple, kind: str, step_class, params: dict) -> None:
-    schema = step_class.params
-    check_keys(source, path, params, list(schema))
-    loc = Loc(source, path)
-    for key, param in schema.items():
-        if key not in params:
-            if param.required:
-                raise loc.error(f"the {kind} step needs {key}: ({param.doc or type_text(param)})")
-            continue
-        value = params[key]
-        if is_template(value):
-            continue  # checked once rendered, at run time, with the same position
-        check_value(key, param, value, loc.child(key))
-    step_class().check(params, loc)
-
-
-def type_text(param) -> str:
-    return type_name(param.types)
-
-
 # ------------------------------------------------------------------ whole-playbook checks
 def check_playbook(playbook: Playbook, extra_vars: dict) -> None:
-    """Templates: syntax and undefined names, in the order a run would meet them."""
-    var_names = set(playbook.vars) | set(extra_vars)
-    known = set(BUILTIN_NAMES) | var_names
-    order_vars(playbook.vars, playbook.var_locs, extra_vars)  # raises on cycles / unknown names
+    """Each step in the order a run meets it: its templates (syntax, undefined names), its
+    settings (rendered where vars are enough, e.g. `-e hang_after=soon` fails now, at the
+    value's position; what needs the target or a registered result waits for the run), then
+    its kind's own checks."""
+    known = set(BUILTIN_NAMES) | set(playbook.vars) | set(extra_vars)
+    context = _validation_context(playbook, extra_vars)  # raises on cycles / unknown names
     for spec in playbook.steps:
         if spec.when is not None and not isinstance(spec.when, bool):
             check_names(spec.when, spec.loc.child("when"), known, expression=True)
         check_names(spec.params, spec.params_loc, known)
+        step = STEP_KINDS[spec.kind]()
+        render_params(step.params, spec, context, validating=True)
+        step.check(spec.params, spec.params_loc)
+        step.check_loaded(playbook, spec)
         if spec.register:
             known.add(spec.register)
-        if spec.kind == "push":
-            check_sources(playbook.directory, spec.params, spec.params_loc)
-    check_rendered_types(playbook, extra_vars)
+            context[spec.register] = Unknown(spec.register)
 
 
-def check_rendered_types(playbook: Playbook, extra_vars: dict) -> None:
-    """Templates that only use vars are rendered now and type-checked: `-e hang_after=soon`
-    fails at validate time, at the value's position. What needs the target or a registered
-    result stays for run time."""
+def _validation_context(playbook: Playbook, extra_vars: dict) -> dict:
+    """The vars rendered as far as they can be before a run: the built-ins, and a var that
+    needs them, stand as Unknown."""
     context: dict = {name: Unknown(name) for name in BUILTIN_NAMES}
     merged = {**playbook.vars, **extra_vars}
     for name in order_vars(playbook.vars, playbook.var_locs, extra_vars):
@@ -279,28 +220,7 @@ def check_rendered_types(playbook: Playbook, extra_vars: dict) -> None:
             context[name] = render(merged[name], context, loc or Loc(Source("-e " + name, None), ()))
         except (UnknownAtPlanTime, ConfigError):
             context[name] = Unknown(name)
-    for spec in playbook.steps:
-        schema = STEP_KINDS[spec.kind].params
-        for key, value in spec.params.items():
-            if not _has_template(value) or key not in schema:
-                continue
-            where = spec.params_loc.child(key)
-            try:
-                rendered = render(value, context, where)
-            except (UnknownAtPlanTime, ConfigError):
-                continue  # needs run-time values; checked once rendered, at the same position
-            if not contains_unknown(rendered, BUILTIN_NAMES):
-                check_value(key, schema[key], rendered, where)
-        if spec.register:
-            context[spec.register] = Unknown(spec.register)
-
-
-def _has_template(value) -> bool:
-    if isinstance(value, dict):
-        return any(_has_template(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_template(v) for v in value)
-    return is_template(value)
+    return context
 
 
 def order_vars(variables: dict, locs: dict, extra_vars: dict) -> list[str]:
@@ -378,5 +298,4 @@ def describe_step(spec: StepSpec) -> str:
     return f"step {spec.index + 1} ({spec.label()}) at {spec.loc.where()}"
 
 
-__all__ = ["Playbook", "StepSpec", "load_playbook", "parse_extra_vars", "order_vars",
-           "BUILTIN_NAMES", "describe_path"]
+__all__ = ["load_playbook", "parse_extra_vars", "order_vars", "describe_path"]

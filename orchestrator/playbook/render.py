@@ -11,6 +11,7 @@ Rules (the Ansible ones a user already knows, minus the surprises):
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 from typing import Any, Iterable
@@ -19,9 +20,10 @@ import jinja2
 import jinja2.meta
 
 from orchestrator.config.jinja import ENV, NATIVE_ENV, SANDBOX_HINT, is_security_error
-from orchestrator.config.schema import is_template
+from orchestrator.config.schema import Param, check_value, is_template, type_name
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.ground.errors import ConfigError
+from orchestrator.playbook.model import BUILTIN_NAMES, StepSpec
 
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
 
@@ -147,6 +149,38 @@ def _template_error(error: Exception, loc: Loc, text: str) -> ConfigError:
 def _short(text: str, width: int = 60) -> str:
     text = " ".join(str(text).split())
     return repr(text if len(text) <= width else text[: width - 3] + "...")
+
+
+def render_params(schema: dict[str, Param], spec: StepSpec, context: dict, *,
+                  validating: bool = False) -> dict:
+    """A step's settings as its plan() and run() get them: each rendered, checked against its
+    kind's schema at its file:line:col, the defaults filled in. The one place a step's settings
+    are rendered and checked: the loader validates with it, a dry run plans with it and the
+    engine runs with it.
+
+    A value still holding an Unknown (what only the run will know) is left unchecked: it is
+    checked once rendered, at the same position. validating (the loader: vars known, the
+    target and registered results Unknown): a value whose rendering needs the run is left
+    out, and so is text holding a built-in's placeholder ("/x/<run_id>")."""
+    params = {}
+    for name, param in schema.items():
+        where = spec.params_loc.child(name)
+        if name not in spec.params:
+            if param.required:
+                raise spec.params_loc.error(f"the {spec.kind} step needs {name}: "
+                                            f"({param.doc or type_name(param.types)})")
+            params[name] = copy.deepcopy(param.default)
+            continue
+        try:
+            value = render(spec.params[name], context, where)
+        except (UnknownAtPlanTime, ConfigError):
+            if validating:
+                continue  # needs run-time values; the run renders and checks it
+            raise
+        if not contains_unknown(value, BUILTIN_NAMES if validating else ()):
+            check_value(name, param, value, where)
+        params[name] = value
+    return params
 
 
 # ------------------------------------------------------------------ static checks

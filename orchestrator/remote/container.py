@@ -37,7 +37,7 @@ _PCT_NO_KEEP_ENV = re.compile(r"^Unknown option: keep-env$", re.MULTILINE)
 #   environment, emptied first: `sh -c 'exec env -i -- PATH="$PATH" "$@"' K=V... pct exec
 #   VMID --keep-env 1` (sh and env exec at once, as `env K=V pct` did before).
 # Hosts whose pct predates the option (before pve-container 5.0.9) are remembered here by
-# name and get pct's default, keep-env; docs/proxmox-semantics.md has the details.
+# name and get pct's default, keep-env; docs/design/proxmox-semantics.md has the details.
 _NO_KEEP_ENV_HOSTS: set = set()
 _CLEAN_HOST_ENV = 'exec env -i -- PATH="$PATH" "$@"'
 _KILLED = 128 + 9   # SIGKILL: what lxc-attach's command gets when its container stops

@@ -1,5 +1,5 @@
 """known_hosts read and written as OpenSSH does, where paramiko's own reader falls short
-(docs/security.md, "The controller"):
+(docs/design/security.md, "The controller"):
 
 - `@revoked` lines: the key is refused for every host, even where another line lists it;
 - `@cert-authority` lines: skipped (paramiko cannot check host certificates); a host known

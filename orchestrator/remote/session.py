@@ -4,7 +4,7 @@ Every plain command costs a new SSH channel, a `pct exec` (Perl on a real Proxmo
 shell and the reaper's interpreter: about 25 ms here. A session pays those once: it starts
 the exec_server payload with the container's python3 over one channel and runs each command
 through it, streaming (output as it comes, input as it is typed, a kill on timeout or
-Ctrl-C): about 2 ms a command. The agent (docs/agent.md) and the MCP server use them.
+Ctrl-C): about 2 ms a command. The agent (docs/guide/agent.md) and the MCP server use them.
 
 - ExecSession: one server, one command at a time.
 - SessionPool: a few sessions per container, lent one command at a time.

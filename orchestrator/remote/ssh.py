@@ -8,7 +8,7 @@ unknown key is refused unless the user asked for trust-on-first-use, a changed k
 A stock sshd opens at most 10 session channels per connection (MaxSessions) and refuses
 the 11th at once. So each connection counts its open channels and a command waits for a
 free one; when all are busy a host gets another connection, up to `connections` (see
-docs/transport.md). The environment travels inside the command (`env K=V ...`): sshd
+docs/design/transport.md). The environment travels inside the command (`env K=V ...`): sshd
 drops SSH env requests unless AcceptEnv lets them in, and a stock one accepts LANG and
 LC_* only.
 """
@@ -41,7 +41,7 @@ DEFAULT_CONNECTIONS = 4       # per host: 40 commands at once before any waits
 # ALIVE_INTERVAL s without a packet from the host orch asks it for a reply, once per
 # interval; ALIVE_COUNT_MAX unanswered asks and one more interval later the connection is
 # declared dead (20 s of silence by default), its commands fail with ConnectionLost and the
-# next command opens a new connection (docs/transport.md, "Dead links").
+# next command opens a new connection (docs/design/transport.md, "Dead links").
 DEFAULT_ALIVE_INTERVAL = 5.0
 DEFAULT_ALIVE_COUNT_MAX = 3
 # How long sshd may take to answer an exec request (it answers once it forked the command):

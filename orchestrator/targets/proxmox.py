@@ -13,7 +13,7 @@ session object:
   `fingerprint` (SHA-256): verification is never turned off.
 
 A start is a task: orch follows /nodes/NODE/tasks/UPID/status to its end and reports the
-task's own error. See docs/proxmox-semantics.md.
+task's own error. See docs/design/proxmox-semantics.md.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ FX_OTHER_STATES = (FX_NODE_META, FX_TRACE_PATCHER)
 SIGNATURES: list[tuple[str, re.Pattern]] = [
     ("fx-race", re.compile(r"Detected that you are using FX to symbolically trace a "
                            r"dynamo-optimized function")),
-    # The other FX state threads share (verdict fx-race too; docs/torch-releases.md): the
+    # The other FX state threads share (verdict fx-race too; docs/design/torch-releases.md): the
     # node-meta race raises KeyError 'custom' from annotate() in torch/fx/traceback.py; FX's
     # process-wide trace-time patching shows as CURRENT_PATCHER errors or another thread's
     # "module is not installed as a submodule".

@@ -9,7 +9,7 @@
 - a hang where one rank stopped while the others went on to a collective and wait there:
   the rank behind is the one to look at.
 
-The formats are torch's own (torch 2.13, checked on real runs; docs/trainer-logs.md).
+The formats are torch's own (torch 2.13, checked on real runs; docs/design/trainer-logs.md).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Two layers, both pure (no I/O, no clock):
   (the live view's step counter), never a line to store; the text around it is a line.
   Under `tqdm` the bar is the trainer's only report, so a bar at a new step is a point.
 
-What each real trainer prints is described in docs/trainer-logs.md.
+What each real trainer prints is described in docs/design/trainer-logs.md.
 """
 
 from __future__ import annotations
@@ -438,7 +438,7 @@ class OrchFormat(RegexFormat):
 
 
 class SpecForgeFormat(LogFormat):
-    """Both SpecForge releases' metric lines (docs/trainer-logs.md):
+    """Both SpecForge releases' metric lines (docs/design/trainer-logs.md):
 
     - `specforge train` (since 2026-07): `step 50: {'loss': 2.12, 'acc': 0.45, ...}` on
       stdout, a Python dict repr (plain keys, or `train/` ones with tracking on);

@@ -4,7 +4,7 @@ OpenSSH sshd and real LXC containers, plus emulated `pct` and `pvesh` on its PAT
 It is the test bed of orch's integration tests, and a place to try playbooks before a real
 Proxmox host. It is a distribution of its own (sandbox/ in orch's repository, installed
 with `pip install -e ./sandbox`), never part of the orch wheel; `orch sandbox ...` uses it
-when it is installed. docs/sandbox.md has the facts and measurements behind each choice, and
+when it is installed. docs/design/sandbox.md has the facts and measurements behind each choice, and
 paths.py the state directory's layout.
 
     import orch_sandbox as sandbox

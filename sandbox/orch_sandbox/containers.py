@@ -169,7 +169,7 @@ def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
         "lxc.autodev = 1",
         "lxc.pty.max = 64",
         "lxc.net.0.type = empty",
-        # without -n, init.lxc exits 1 silently (docs/sandbox.md)
+        # without -n, init.lxc exits 1 silently (docs/design/sandbox.md)
         f"lxc.init.cmd = /usr/sbin/init.lxc.static -n {ct.vmid} -- /bin/sh /{CT_INIT} /bin/sleep infinity",
         *_common_tail(paths, host, ct),
     ])

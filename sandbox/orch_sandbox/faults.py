@@ -1,4 +1,4 @@
-"""Network faults inside a sandbox host, with nftables (docs/sandbox.md: "Faults a test
+"""Network faults inside a sandbox host, with nftables (docs/design/sandbox.md: "Faults a test
 can inject"). Rules live in one table of the host's own network namespace, so they
 never touch the machine's firewall and vanish with the host.
 """

@@ -32,7 +32,7 @@ END
 
 # A sysfs of this network namespace (LXC reads /sys/class/net), with the machine's cgroup
 # tree moved back on top: a fresh sysfs would hide it and LXC fails "Failed to setup
-# cgroup limits" (this is why `ip netns exec` cannot be used, see docs/sandbox.md).
+# cgroup limits" (this is why `ip netns exec` cannot be used, see docs/design/sandbox.md).
 mount --rbind /sys/fs/cgroup "$hostdir/cgroup-aside"
 mount -t sysfs sysfs /sys
 mount --move "$hostdir/cgroup-aside" /sys/fs/cgroup

@@ -5,7 +5,7 @@ that owns the host's mount and UTS namespaces and sits in its network namespace
 /run/netns/orch-NAME. Everything else (host-setup.sh, sshd, lxc-start) is started inside
 those namespaces with `nsenter -t HOLDER`. A veth pair links the machine (orch-NAME, a
 kernel-made link-local address) with the host (eth0, fe80::2): link-local addresses only,
-never a private IPv4 range outside the namespaces (the machine's rule, docs/sandbox.md).
+never a private IPv4 range outside the namespaces (the machine's rule, docs/design/sandbox.md).
 """
 
 from __future__ import annotations

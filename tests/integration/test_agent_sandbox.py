@@ -1,4 +1,4 @@
-"""The warm agent against the sandbox (docs/agent.md): the same output and exit codes as the
+"""The warm agent against the sandbox (docs/guide/agent.md): the same output and exit codes as the
 direct path, a command never run twice, a dead or stale agent handled, idle exit, other users
 refused, many clients at once, changed inventory and known_hosts picked up.
 

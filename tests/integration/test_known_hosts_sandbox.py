@@ -1,4 +1,4 @@
-"""known_hosts as OpenSSH writes it, against the sandbox's real sshd (docs/security.md, "The
+"""known_hosts as OpenSSH writes it, against the sandbox's real sshd (docs/design/security.md, "The
 controller"): @revoked keys refused, @cert-authority lines skipped with a reason, trust on
 first use writing hashed lines into a hashed file and never "recording" into /dev/null."""
 

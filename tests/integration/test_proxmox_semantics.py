@@ -1,6 +1,6 @@
 """Proxmox's real semantics, end to end against the sandbox: pct's exit codes and PATH,
 start tasks (UPID) and their errors, stderr noise around pvesh's JSON, node names and
-field types, and the HTTPS API with an API token (docs/proxmox-semantics.md)."""
+field types, and the HTTPS API with an API token (docs/design/proxmox-semantics.md)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from orchestrator.cli.commands.sandbox import SANDBOX_NOT_INSTALLED_EXIT
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The stand-in trainer's log format (docs/dflash-workload.md): two drafters, then the summary line.
+# The stand-in trainer's log format (docs/design/dflash-workload.md): two drafters, then the summary line.
 TRAINER = ("import time\n"
            "for step in range(1, 4):\n"
            "    for d in range(2):\n"
@@ -163,7 +163,7 @@ def test_installed_wheel_without_the_sandbox_says_how_to_get_it(installed, tmp_p
 
 def test_installed_wheels_agent_stamps_every_file_and_the_record(installed, tmp_path):
     """A stale agent must see any reinstall: every file of the installed package (payloads,
-    templates) and the distribution's RECORD are stamped (docs/agent.md, "Which code")."""
+    templates) and the distribution's RECORD are stamped (docs/guide/agent.md, "Which code")."""
     probe = ("import json, os\nfrom orchestrator.agentd import server\n"
              "package = os.path.dirname(os.path.dirname(server.__file__))\n"
              "print(json.dumps([os.path.relpath(p, package) for p in server._code_stamps()]))")

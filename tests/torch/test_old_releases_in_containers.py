@@ -39,7 +39,7 @@ ST, CHECKPOINT = "torch/fx/_symbolic_trace.py", "torch/utils/checkpoint.py"
 OTHER_READER = {"2.1.2": [], "2.2.2": ["torch/_higher_order_ops/cond.py"]}
 # Before 2.4 the "eager" backend returns the graph module itself, so the compiled function
 # goes through FX's process-wide patched torch.nn.Module.__call__: once the flag no longer
-# leaks, the cross-thread call fails with FX's other leak instead (docs/torch-releases.md),
+# leaks, the cross-thread call fails with FX's other leak instead (docs/design/torch-releases.md),
 # which the flag patch does not claim to fix.
 OTHER_FX_LEAK = {"2.1.2", "2.2.2", "2.3.1"}
 

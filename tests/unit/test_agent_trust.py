@@ -1,4 +1,4 @@
-"""The client trusts no socket it has not checked (docs/agent.md, Security model): a command's
+"""The client trusts no socket it has not checked (docs/guide/agent.md, Security model): a command's
 environment and its fds 0-2 go only to an agent of our own uid, in a folder only we control.
 The fake listeners run as `nobody`, so these tests need root (the suite's usual user here)."""
 

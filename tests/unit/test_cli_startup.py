@@ -1,8 +1,8 @@
 """orch starts quickly: `--version`, `--help` and every `CMD --help` import no SSH, no jinja2,
 no playbook or monitor code, and the thin client that hands commands to the agent imports
-neither click nor paramiko (docs/agent.md); the direct path (`--no-agent`) of the quick
+neither click nor paramiko (docs/guide/agent.md); the direct path (`--no-agent`) of the quick
 commands imports no requests, no invoke, and no Proxmox API where none is asked
-(docs/transport.md). Measured with sys.modules in a fresh process."""
+(docs/design/transport.md). Measured with sys.modules in a fresh process."""
 
 from __future__ import annotations
 

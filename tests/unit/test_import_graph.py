@@ -130,7 +130,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# The layers, bottom first: a room imports only rooms listed before it (docs/architecture.md).
+# The layers, bottom first: a room imports only rooms listed before it (docs/design/architecture.md).
 LAYERS = [
     "ground",    # errors, paths, console, lazy, fx_states: nothing of orch's
     "config",    # the inventory and YAML sources, jinja2's sandbox
@@ -150,9 +150,9 @@ LAYERS = [
 
 # Inside a room, the same rule between its modules or subpackages (bottom first).
 SUBLAYERS = {
-    "playbook": ["render", "steps", "loader", "engine", "attach"],
+    "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
     "watch": ["logformats", "distributed", "torchrun", "classify", "monitor"],
-    "cli": ["commands", "app", "main"],  # main names app in a string: the hand-off
+    "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["rerun", "schedule"],
 }
 
@@ -308,3 +308,21 @@ def test_late_imports_are_found(tmp_path):
     found = [(line, module, "#" in context) for _file, line, module, context
              in function_level_imports(str(root))]
     assert found == [(3, "json", False), (6, "rich", True), (7, "rich.table", True), (9, "yaml", False)]
+
+
+def test_the_step_kinds_name_the_playbook_model_not_its_parser():
+    """steps/ reads the playbook's data (model.py), never the loader, the engine or attach, not
+    even for type hints: a step kind stays testable alone, and no file-level circle remains."""
+    above = ("orchestrator.playbook.loader", "orchestrator.playbook.engine",
+             "orchestrator.playbook.attach")
+    steps_dir = os.path.join(PACKAGE_DIR, "playbook", "steps")
+    wrong = []
+    for name in sorted(os.listdir(steps_dir)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(steps_dir, name), encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        for node in ast.walk(tree):  # TYPE_CHECKING blocks included
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(above):
+                wrong.append(f"steps/{name}: {node.module}")
+    assert wrong == []

@@ -1,6 +1,6 @@
 """Every `lazy("module", "name")` and `LazyModule("module")` in orchestrator/ has a twin that IDEs
 and type checkers can follow: the assignment sits in the `else:` of an `if TYPE_CHECKING:`
-whose body imports the very same thing under the same name (docs/architecture.md).
+whose body imports the very same thing under the same name (docs/design/architecture.md).
 
     if TYPE_CHECKING:
         from orchestrator.targets.fleet import fan_out

@@ -1,4 +1,4 @@
-"""Log parsing and the verdicts: every failure mode of docs/dflash-workload.md, from its log lines."""
+"""Log parsing and the verdicts: every failure mode of docs/design/dflash-workload.md, from its log lines."""
 
 from __future__ import annotations
 

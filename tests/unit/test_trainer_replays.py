@@ -7,7 +7,7 @@ SpecForge's `specforge train` (`print(f"step {step}: {printable}", flush=True)`,
 scripts/train_dflash.py (logging with `datefmt="%m/%d/%Y %H:%M:%S"` and
 `f"{mode.capitalize()} - Step {global_step} [{global_step}/{total}?], Loss: {loss:.4f}, Acc:
 {accuracy:.4f}"`), Hugging Face Trainer's log dicts with no bar (disable_tqdm=True), and
-torchrun's ChildFailedError summary (torch 2.13's layout, docs/trainer-logs.md).
+torchrun's ChildFailedError summary (torch 2.13's layout, docs/design/trainer-logs.md).
 """
 
 from __future__ import annotations

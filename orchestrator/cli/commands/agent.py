@@ -1,4 +1,4 @@
-"""`orch agent start|stop|status`: the warm agent (docs/agent.md)."""
+"""`orch agent start|stop|status`: the warm agent (docs/guide/agent.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from orchestrator.ground.errors import ExitCode, OrchError
 
 @click.group("agent")
 def agent():
-    """The warm agent that runs the quick commands in milliseconds (docs/agent.md).
+    """The warm agent that runs the quick commands in milliseconds (docs/guide/agent.md).
 
     The quick commands (exec, grep-torch, grep-pkg, patch fx-tls status|diff, verify,
     inventory check, ct list|status) are handed to a per-user background process that keeps

@@ -32,7 +32,7 @@ NOT_INSTALLED_TEXT = (
     "It is not part of the orch package; it ships as a separate distribution in orch's "
     "source repository. To get it, clone the repository and, in the clone, run "
     "`pip install -e . -e ./sandbox` (or, as root on Debian, `bash scripts/setup.sh`, which "
-    "also installs the system packages it needs: LXC, an OpenSSH server; see docs/sandbox.md).")
+    "also installs the system packages it needs: LXC, an OpenSSH server; see docs/design/sandbox.md).")
 
 
 def sandbox_package():

@@ -60,7 +60,7 @@ def grep_torch(app, pattern, **options):
 
     PATTERN is a regular expression (Python syntax), or a plain string with -F; it is data,
     never shell. Hits print as torch/fx/_symbolic_trace.py:70:<line>.
-    Exit code: 0 hits found, 1 none, other codes for errors (see README).
+    Exit code: 0 hits found, 1 none, other codes for errors (docs/reference/exit-codes.md).
 
     \b
     Examples:
@@ -198,7 +198,7 @@ PATCH_EXIT_CODES = """\b
 Exit code: 0 when every target ended fine; 1 when one is vulnerable, drifted or unknown
 (status, diff) or the action was refused; 21 when another orch patch action on that
 torch held its lock past the payload's 15 s wait (readers share the lock: concurrent
-status calls never refuse each other); other codes for errors (see README)."""
+status calls never refuse each other); other codes for errors (docs/reference/exit-codes.md)."""
 
 STATUS_LINES = """\b
 status  vulnerable, fixed-upstream, patched (when, which orch), drifted, or unknown;
@@ -330,7 +330,8 @@ def verify():
 
 @verify.command("fx-race")
 @TARGET_OPTION
-@click.option("--trials", type=click.IntRange(1, 100), default=10, show_default=True)
+@click.option("--trials", type=click.IntRange(1, 100), default=10, show_default=True,
+              help="Runs of the cross-thread reproducer and of its same-thread control.")
 @JSON_OPTION
 @pass_app
 def fx_race(app, targets, trials, as_json):
@@ -385,7 +386,8 @@ RACE_TITLES = fx_states.STATE_TITLES
 
 @verify.command("fx-threads")
 @TARGET_OPTION
-@click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Runs of each state's reproducer and of its same-thread control.")
 @JSON_OPTION
 @pass_app
 def fx_threads_race(app, targets, trials, as_json):

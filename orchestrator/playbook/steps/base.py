@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator.config.schema import Param
 from orchestrator.config.yamlsrc import Loc
+from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.watch.monitor import MonitorReporter
 from orchestrator.remote.base import LineSplitter
 from orchestrator.runs.model import Finding, RunRecord
@@ -21,7 +22,6 @@ from orchestrator.runs.recorder import RunRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.config.inventory import Inventory
-    from orchestrator.playbook.loader import Playbook, StepSpec
     from orchestrator.remote.container import Target
 
 
@@ -56,7 +56,7 @@ class RunInfo:
     hints, the recorder that keeps what it learns, and the inventory (hosts' API settings)."""
 
     run_id: str
-    playbook: "Playbook"
+    playbook: Playbook
     recorder: RunRecorder
     playbook_arg: str = ""               # the playbook as the user typed it
     dry_run: bool = False
@@ -95,12 +95,12 @@ class Reporter(MonitorReporter, Protocol):
     """Everything the engine, the steps and the monitor tell the console about a run."""
 
     def run_started(self, run: RunInfo, targets: list) -> None: ...
-    def step_started(self, target: str, spec: "StepSpec") -> None: ...
-    def step_plan(self, target: str, spec: "StepSpec", lines: list[str]) -> None: ...
-    def step_progress(self, target: str, spec: "StepSpec", text: str) -> None: ...
-    def step_output(self, target: str, spec: "StepSpec", line: str, stream: str) -> None: ...
-    def step_skipped(self, target: str, spec: "StepSpec", why: str) -> None: ...
-    def step_finished(self, target: str, spec: "StepSpec", result, outcome: "StepOutcome") -> None: ...
+    def step_started(self, target: str, spec: StepSpec) -> None: ...
+    def step_plan(self, target: str, spec: StepSpec, lines: list[str]) -> None: ...
+    def step_progress(self, target: str, spec: StepSpec, text: str) -> None: ...
+    def step_output(self, target: str, spec: StepSpec, line: str, stream: str) -> None: ...
+    def step_skipped(self, target: str, spec: StepSpec, why: str) -> None: ...
+    def step_finished(self, target: str, spec: StepSpec, result, outcome: "StepOutcome") -> None: ...
     def interrupted(self, run: RunInfo, launched: Optional[dict] = None) -> None: ...
     def run_finished(self, run: RunInfo, record: RunRecord, runs: list) -> None: ...
 
@@ -112,7 +112,7 @@ class StepContext:
     run: RunInfo
     reporter: Reporter
     target: "Target"
-    spec: "StepSpec"
+    spec: StepSpec
     variables: dict                      # the template context for this target
     timeout: Optional[float] = None      # the step's own `timeout:`, if any
     started: float = field(default_factory=time.monotonic)
@@ -155,13 +155,31 @@ class StepContext:
 
 
 class Step:
+    """A step kind. What the engine, the loader and attach need to know about a kind beyond
+    running it is declared here, with the common answer, and overridden in the kind's own
+    module: they never ask which kind a step is."""
+
     kind: str = ""
     summary: str = ""
     params: dict[str, Param] = {}
     shorthand: Optional[str] = None      # `- shell: [argv]` means `- shell: {argv: [...]}`
+    # Its verdict judges the run (monitor): kept with the step's record and as the target's
+    # verdict unless a step fails later. Other kinds' verdicts only say why they failed.
+    judges_run: bool = False
+    # `orch attach` runs it after following a launched run to its end (collect: the logs).
+    runs_on_attach: bool = False
 
     def check(self, params: dict, loc: Loc) -> None:
         """Extra load-time checks of literal values (the schema checks types already)."""
+
+    def check_loaded(self, playbook: Playbook, spec: StepSpec) -> None:
+        """Load-time checks that need the whole playbook (push: its files, found from the
+        playbook's directory, which `extends` makes the extending file's)."""
+
+    def reattach(self, launch: dict) -> Optional["Step"]:
+        """For `orch attach`: the step that follows this recorded launch again, from what the
+        record holds (its run dir, its monitor settings); None: this kind does not follow one."""
+        return None
 
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
         return [f"{self.kind} {params}"]

@@ -41,12 +41,13 @@ class BootstrapStep(Step):
         "python": Param((str,), default="python3", doc="the interpreter that creates the venv"),
         "packages": Param((list,), required=True, items=(str,), doc="pip requirements, pinned"),
         "index_url": Param((str,), doc="pip --index-url (e.g. the CUDA wheel index of torch)"),
-        "extra_index_urls": Param((list,), default=[], items=(str,)),
+        "extra_index_urls": Param((list,), default=[], items=(str,),
+                                   doc="more pip --extra-index-url URLs (credentials never in an argv)"),
         "wheelhouse": Param((str,), doc="a folder of wheels on the controller, pushed in"),
         "download": Param((bool,), default=True, doc="fill the wheelhouse with pip download"),
         "remote_wheelhouse": Param((str,), doc=f"where wheels go in the target (default: "
                                                f"{REMOTE_WHEELHOUSE}, root's own folder)"),
-        "pip_args": Param((list,), default=[], items=(str,)),
+        "pip_args": Param((list,), default=[], items=(str,), doc="more arguments for pip install"),
         "force": Param((bool,), default=False, doc="reinstall even when the marker matches"),
         "install_python": Param((bool,), default=False,
                                 doc="python3 missing: run the distribution's package manager "

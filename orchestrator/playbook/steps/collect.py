@@ -17,11 +17,12 @@ _HAS_SMI = "command -v nvidia-smi >/dev/null 2>&1"
 class CollectStep(Step):
     kind = "collect"
     summary = "logs, pip freeze, nvidia-smi, summary.json into the local run folder"
+    runs_on_attach = True   # the logs of a run `orch attach` followed to its end
     params = {
-        "log": Param((bool,), default=True),
-        "freeze": Param((bool,), default=True),
-        "nvidia_smi": Param((bool,), default=True),
-        "summary": Param((bool,), default=True),
+        "log": Param((bool,), default=True, doc="the training log, as output.log"),
+        "freeze": Param((bool,), default=True, doc="the venv's pip freeze, as pip-freeze.txt"),
+        "nvidia_smi": Param((bool,), default=True, doc="nvidia-smi's output, as nvidia-smi.txt"),
+        "summary": Param((bool,), default=True, doc="the run's summary, as summary.json"),
         "files": Param((list,), default=[], items=(str,), doc="more files from the target"),
         "max_log_mb": Param((int, float), default=64, doc="keep the last this-many MB of the log"),
     }

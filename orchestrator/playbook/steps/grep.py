@@ -18,14 +18,15 @@ class GrepStep(Step):
     shorthand = "pattern"
     params = {
         "pattern": Param((str,), required=True, doc="a regular expression, or a name with mode: def"),
-        "package": Param((str,), default="torch"),
+        "package": Param((str,), default="torch", doc="the installed package to search (orch grep-pkg)"),
         "fixed": Param((bool,), default=False, doc="pattern is a plain string"),
-        "word": Param((bool,), default=False),
-        "ignore_case": Param((bool,), default=False),
-        "context": Param((int,), default=0),
-        "mode": Param((str,), default="grep", choices=("grep", "def")),
+        "word": Param((bool,), default=False, doc="match whole words only (grep -w)"),
+        "ignore_case": Param((bool,), default=False, doc="ignore case (grep -i)"),
+        "context": Param((int,), default=0, doc="lines of context around each hit (grep -C)"),
+        "mode": Param((str,), default="grep", choices=("grep", "def"),
+                      doc="grep: lines matching pattern; def: where the name pattern is defined"),
         "show": Param((bool,), default=False, doc="mode def: keep each definition's body"),
-        "max_hits": Param((int,), default=200),
+        "max_hits": Param((int,), default=200, doc="stop after this many hits"),
         "expect": Param((str,), default="any", choices=("any", "present", "absent"),
                         doc="fail the step when the pattern is (not) found"),
     }

@@ -27,7 +27,8 @@ class LaunchStep(Step):
     params = {
         "command": Param((list,), required=True, items=(str, int, float, list),
                          doc="the command as an argv list"),
-        "env": Param((dict,), default={}),
+        "env": Param((dict,), default={}, doc="variables for the trainer; never in an argv (secrets "
+                                                "travel with the launcher on stdin, masked in records)"),
         "cwd": Param((str,), doc="working directory (default: the run directory)"),
         "gpus": Param((list,), items=(int,), doc="GPU indices (default: the inventory's gpus)"),
         "venv": Param((str, bool), doc="venv to activate (default: the target's; false: none)"),

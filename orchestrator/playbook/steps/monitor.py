@@ -27,6 +27,7 @@ from orchestrator.playbook.steps.base import (Param, Reporter, RunInfo, Step, St
 class MonitorStep(Step):
     kind = "monitor"
     summary = "follow the launched run, live progress, verdict with remediation"
+    judges_run = True   # its verdict is the run's (ok, fx-race, hang, ...)
     params = {
         "run_dir": Param((str,), doc="the run to follow (default: this target's last launch)"),
         "hang_after": Param((int, float), default=120, doc="seconds without a new step line"),
@@ -51,11 +52,12 @@ class MonitorStep(Step):
         "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
         "expect_drafters": Param((int,), doc="fail unless this many drafters finish"),
         "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),
-        "stop_on_hang": Param((bool,), default=True),
+        "stop_on_hang": Param((bool,), default=True, doc="stop a hung run (SIGTERM, then SIGKILL)"),
         "grace": Param((int, float), default=10, doc="seconds between SIGTERM and SIGKILL"),
         "gpu_every": Param((int, float), default=5, doc="seconds between nvidia-smi samples, kept as a series (0: off)"),
         "stall_after": Param((int, float), default=8, doc="silent seconds before reconnecting"),
-        "unreachable_after": Param((int, float), default=300),
+        "unreachable_after": Param((int, float), default=300,
+                                   doc="seconds out of reach before the verdict is unreachable"),
     }
 
     def check(self, params: dict, loc: Loc) -> None:
@@ -116,6 +118,25 @@ class MonitorStep(Step):
             raise StepFailed(f"monitor: {error}") from None
         ctx.recorder.note_monitor(target.name, ctx.spec.index, settings.to_dict())
         return follow_run(ctx.run, ctx.reporter, target, run_dir, settings)
+
+
+    def reattach(self, launch: dict) -> "FollowAgain":
+        return FollowAgain(launch)
+
+
+class FollowAgain(MonitorStep):
+    """`orch attach`: the monitor again, on a recorded launch, with the settings its monitor
+    step recorded, from the log's start (metrics and signatures need the whole log)."""
+
+    params: dict = {}   # nothing to render: what it follows, and how, comes from the record
+
+    def __init__(self, launch: dict):
+        self.launch = launch
+
+    def run(self, ctx: StepContext, params: dict) -> StepOutcome:
+        settings = MonitorSettings.from_params(self.launch.get("monitor") or {})
+        settings.offset = 0
+        return follow_run(ctx.run, ctx.reporter, ctx.target, self.launch["run_dir"], settings)
 
 
 def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,

@@ -18,7 +18,8 @@ class PatchStep(Step):
     params = {
         "name": Param((str,), default="fx-tls", choices=fx_states.PATCH_SETS,
                       doc="fx-threads: every FX state threads share; fx-tls: the flag alone"),
-        "action": Param((str,), default="status", choices=payload_api.PATCH_ACTIONS),
+        "action": Param((str,), default="status", choices=payload_api.PATCH_ACTIONS,
+                        doc="what to do, as `orch patch NAME ACTION`"),
         "require": Param((list,), default=[], items=(str,),
                          doc="fail unless the state after the action is one of these"),
     }

@@ -13,6 +13,7 @@ import jinja2
 from orchestrator.config.jinja import ENV
 from orchestrator.config.schema import is_template
 from orchestrator.config.yamlsrc import Loc
+from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 
 FILE_KEYS = ("src", "dest", "mode", "template")
@@ -49,6 +50,9 @@ class PushStep(Step):
             for key in ("src", "dest"):
                 if key not in item:
                     raise where.error(f"each push file needs {key}:")
+
+    def check_loaded(self, playbook: Playbook, spec: StepSpec) -> None:
+        check_sources(playbook.directory, spec.params, spec.params_loc)
 
     def _items(self, params: dict) -> list[dict]:
         items = list(params.get("files") or [])

@@ -17,9 +17,10 @@ class ShellStep(Step):
         "argv": Param((list,), required=True, items=(str, int, float, list),
                       doc="the command and its arguments, e.g. [nvidia-smi, -L]; a list var "
                           "inside it is spliced in"),
-        "env": Param((dict,), default={}),
+        "env": Param((dict,), default={}, doc="variables for the command (env K=V words: visible to "
+                                                "ps on the host, no secrets)"),
         "cwd": Param((str,), doc="run in this directory (env -C)"),
-        "ok_codes": Param((list,), default=[0], items=(int,)),
+        "ok_codes": Param((list,), default=[0], items=(int,), doc="exit codes that count as success"),
         "quiet": Param((bool,), default=False, doc="do not print the output"),
     }
 

@@ -13,8 +13,9 @@ class VerifyStep(Step):
     kind = "verify"
     summary = "the FX race reproducer (orch verify fx-race as a step)"
     params = {
-        "check": Param((str,), default="fx-race", choices=("fx-race", "fx-threads")),
-        "trials": Param((int,), default=5),
+        "check": Param((str,), default="fx-race", choices=("fx-race", "fx-threads"),
+                       doc="fx-race: the flag's reproducer; fx-threads: one per shared FX state"),
+        "trials": Param((int,), default=5, doc="runs of each reproducer"),
         "expect": Param((str,), default="fixed",
                         choices=("fixed", "vulnerable", "any"),
                         doc="fail the step unless the reproducer says this"),

@@ -10,8 +10,8 @@ is read the way Proxmox reads it:
   (abstract sockets belong to a network namespace, so two hosts can both have a CT 200).
 
 Texts and exit codes follow pve-container's src/PVE/CLI/pct.pm and PVE::JSONSchema: the
-table of what is reproduced, and why the tools are built this way, is in docs/sandbox.md;
-where each one comes from upstream, in docs/proxmox-semantics.md. `pct exec` is on the path
+table of what is reproduced, and why the tools are built this way, is in docs/design/sandbox.md;
+where each one comes from upstream, in docs/design/proxmox-semantics.md. `pct exec` is on the path
 of every command orch runs, so this module imports only what that path needs.
 """
 
