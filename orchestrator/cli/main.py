@@ -14,7 +14,6 @@ import sys
 
 from orchestrator.agent import protocol
 from orchestrator.agent.client import ENV_SWITCH, OFF_VALUES, is_fast_command, run_in_agent
-from orchestrator.remote import early
 
 
 def main() -> None:
@@ -35,7 +34,8 @@ def main() -> None:
 def run_here() -> None:
     """The direct path: the whole click command line, in this process. The SSH connection
     of a command that needs one known host starts first, so that the host's waits overlap
-    the imports (orchestrator/remote/early.py)."""
-    early.start(sys.argv[1:])
+    the imports (orchestrator/remote/early.py; imported here: a command the agent runs needs
+    none of it)."""
+    importlib.import_module("orchestrator.remote.early").start(sys.argv[1:])
     cli = importlib.import_module("orchestrator.cli.app")
     cli.main(prog_name="orch")
