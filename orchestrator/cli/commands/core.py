@@ -220,9 +220,14 @@ def ct_list(app, hosts, as_json):
     if as_json:
         console.print_json(rows)
     else:
+        # an unreachable host's error is a sentence: below the table, not wrapped in a cell
         console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
                       [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
-                        r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
+                        r.get("status") or ("error" if "error" in r else None),
+                        r.get("inventory")] for r in rows])
+        for row in rows:
+            if "error" in row:
+                console.out.print(console.escape(f"{row['host']}: {row['error']}"))
     sys.exit(ExitCode.OK if results.ok else ExitCode.FAILED)
 
 
@@ -307,12 +312,20 @@ def inventory_check(app, targets, as_json):
     if as_json:
         console.print_json(rows)
     else:
-        console.table(["TARGET", "WHERE", "OK", "PYTHON", "VENV", "GPUS", "PROBLEM"],
-                      [_check_row(r) for r in rows])
+        _print_check(chosen, rows)
     sys.exit(ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED)
 
 
-def _check_row(row: dict) -> list:
-    texts = row_texts(row)
-    return [row["target"], row["where"], "yes" if row["ok"] else "NO",
-            texts["python"], texts["venv"], texts["gpus"], texts["problem"]]
+def _print_check(targets, rows: list[dict]) -> None:
+    """A short row per container, so the table fits an 80-column terminal; what is wrong
+    below it, a sentence per problem (--json has every detail)."""
+    texts = [row_texts(row) for row in rows]
+    console.table(["TARGET", "HOST", "CT", "OK", "PYTHON", "VENV", "GPUS"],
+                  [[row["target"], target.host.name, target.vmid or "-",
+                    "yes" if row["ok"] else "NO", text["python"], text["venv"], text["gpus"]]
+                   for target, row, text in zip(targets, rows, texts)])
+    for row, text in zip(rows, texts):
+        for problem in text["problems"]:
+            # an error names its target already ("sb1-202 (CT 202 on host sb1) is not running")
+            named = problem.startswith(row["target"])
+            console.out.print(console.escape(problem if named else f"{row['target']}: {problem}"))

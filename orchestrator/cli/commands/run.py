@@ -32,8 +32,8 @@ else:
 ECHO_CHOICE = click.Choice(["auto", "all", "events", "none"])
 
 
-def _reporter(as_json: bool, echo: str):
-    return ConsoleReporter(json_mode=as_json, echo=echo)
+def _reporter(as_json: bool, echo: str, verbose: bool = False):
+    return ConsoleReporter(json_mode=as_json, echo=echo, verbose=verbose)
 
 
 def _record_json(record) -> dict:
@@ -54,12 +54,19 @@ def _record_json(record) -> dict:
 @click.option("--echo", type=ECHO_CHOICE, default="auto", show_default=True,
               help="Log lines the monitor prints: all, events (not metric lines), none; auto: "
                    "events on a terminal (a live table shows the metrics), all otherwise.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Print every line of the steps' own output (pip's, a shell command's) as it "
+                   "comes, instead of a progress line per step.")
 @pass_app
-def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo):
+def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo, verbose):
     """Run PLAYBOOK: bootstrap, patch, launch detached, monitor, collect, record.
 
     Every run is recorded (`orch runs list`). A launched training run is detached: it
     survives a dropped SSH link and orch's own exit; `orch attach RUN` follows it again.
+
+    A step's own output is summarised in a line that says how far it got; all of it is
+    kept in the run's folder (steps/N-KIND-TARGET.log, the path is shown when the step
+    ends), and a failed step shows its last lines. -v prints every line instead.
 
     \b
     Exit codes:
@@ -76,10 +83,11 @@ def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo):
       orch -i sandbox run playbooks/dflash-sandbox.yaml
       orch run playbooks/dflash.yaml -t drafters -e steps=500 -e hang_after=300
       orch run playbooks/dflash.yaml --dry-run
+      orch run playbooks/dflash.yaml -v                      # pip's every line, as it comes
     """
     record = run_playbook(playbook, targets=list(targets), extra_vars=list(extra_vars),
                           inventory=app.inventory_option, trust_on_first_use=app.trust_on_first_use,
-                          reporter=_reporter(as_json, echo), dry_run=dry_run)
+                          reporter=_reporter(as_json, echo, verbose), dry_run=dry_run)
     if as_json:
         console.print_json(_record_json(record) if not dry_run else {"dry_run": True, "run_id": record.run_id})
     sys.exit(ExitCode.OK if dry_run else record.exit_code)

@@ -43,17 +43,48 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
-    """Cells are data, never rich markup: a step message or an MCP argument holding `[/]`
-    prints as typed (as markup it would raise MarkupError)."""
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None, *,
+          optional: Sequence[str] = (), no_wrap: Sequence[str] = (),
+          out: Console | None = None) -> list[str]:
+    """Print a table on `out` (default: stdout's console). Cells are data, never rich markup:
+    a step message or an MCP argument holding `[/]` prints as typed (as markup it would raise
+    MarkupError).
+
+    So that no cell wraps (a wrapped table is hard to read in 80 columns), the `optional`
+    columns are left out, in the order given, while the table is wider than the console;
+    returns the names left out, for the caller to say where they are (--json, below)."""
+    from rich.text import Text  # rich on first print: see above
+    out = out or _stream("out")
+    cells = [[Text("" if cell is None else str(cell)) for cell in row] for row in rows]
+
+    def fits(names: list[str]) -> bool:
+        wide = out.options.update_width(1 << 16)   # the table's own width, not the console's
+        return out.measure(_grid(columns, names, cells, title, no_wrap), options=wide).maximum <= out.width
+
+    shown = list(columns)
+    dropped = []
+    for name in optional:
+        if fits(shown):
+            break
+        shown.remove(name)
+        dropped.append(name)
+    for name in reversed(dropped):   # one dropped late may fit again without the earlier ones
+        again = [column for column in columns if column in shown or column == name]
+        if fits(again):
+            shown = again
+    out.print(_grid(columns, shown, cells, title, no_wrap))
+    return [name for name in columns if name not in shown]
+
+
+def _grid(columns: Sequence[str], shown: list[str], cells: list, title, no_wrap):
     from rich.table import Table  # rich on first print: see above
-    from rich.text import Text
     grid = Table(title=title, show_edge=False, header_style="bold")
-    for column in columns:
-        grid.add_column(column)
-    for row in rows:
-        grid.add_row(*[Text("" if cell is None else str(cell)) for cell in row])
-    _stream("out").print(grid)
+    picked = [columns.index(name) for name in shown]
+    for index in picked:
+        grid.add_column(columns[index], no_wrap=columns[index] in no_wrap)
+    for row in cells:
+        grid.add_row(*[row[index] for index in picked])
+    return grid
 
 
 def error(message: str) -> None:
