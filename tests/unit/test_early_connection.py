@@ -259,3 +259,19 @@ def _each_host(index: dict, change) -> dict:
     for entry in index["inventories"].values():
         entry["hosts"] = {name: change(host) for name, host in entry["hosts"].items()}
     return index
+
+
+def test_only_the_direct_paths_fleet_writes_the_index(world):
+    """The agent's fleets (the caller's folder, warm sessions) and one with another
+    ssh_config are not what a direct command would compute: they leave the index alone."""
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.remote.session import SessionPool
+    index_file = os.path.join(os.environ["ORCH_DATA_DIR"], early.INDEX_NAME)
+    for fleet in (Fleet(load_inventory(world["inventory"]), cwd=str(world["tmp"])),
+                  Fleet(load_inventory(world["inventory"]), sessions=SessionPool()),
+                  Fleet(load_inventory(world["inventory"]), ssh_config_path=os.devnull)):
+        with fleet:
+            fleet.host("h1")
+        assert not os.path.exists(index_file)
+    remember_hosts(world["inventory"])
+    assert os.path.exists(index_file)
