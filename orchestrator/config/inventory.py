@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from orchestrator.config.inventory_file import inventory_path
 from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Source, load_yaml
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import ConfigError
 
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
@@ -121,7 +122,7 @@ class Inventory:
 
 
 def load_inventory(path: Optional[str] = None) -> Inventory:
-    source = load_yaml(inventory_path(path))
+    source = load_yaml(inventory_path(path), folder=invocation.current().cwd)
     data = source.data if source.data is not None else {}
     expect(source, (), data, dict, "the inventory")
     check_keys(source, (), data, TOP_KEYS)

@@ -18,7 +18,7 @@ connection was made with (`claim`); any other connection is closed. A wrong or s
 costs a closed connection, never a wrong host: every host key is checked against
 known_hosts exactly as on the normal path, and nothing is trusted on first use here.
 
-Standard library only at import: the entry point imports this before click.
+No click, paramiko or yaml at import: the entry point imports this before them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import socket
 import threading
 
 from orchestrator.config.inventory_file import inventory_path
-from orchestrator.ground import paths
+from orchestrator.ground import invocation, paths
 from orchestrator.remote.tcp import tcp_connect
 
 INDEX_NAME = "early-hosts.json"
@@ -172,12 +172,13 @@ def remember(inventory_file: str, hosts: dict[str, dict], targets: dict[str, str
 def signature(inventory_file: str) -> list | None:
     """What an index entry is valid for: the inventory file and ~/.ssh/config as they are
     (stat: size, mtime, inode), and $HOME (~ in paths, ~/.ssh/config itself)."""
+    command = invocation.current()
     try:
-        found = os.stat(inventory_file)
+        found = os.stat(command.path(inventory_file))
     except OSError:
         return None
-    return [_stat_key(found), _stat_key(_stat_or_none(os.path.expanduser(SSH_CONFIG))),
-            os.path.expanduser("~")]
+    return [_stat_key(found), _stat_key(_stat_or_none(command.expanduser(SSH_CONFIG))),
+            command.expanduser("~")]
 
 
 def _stat_or_none(path: str):
@@ -192,7 +193,7 @@ def _stat_key(found) -> list | None:
 
 
 def _index_key(inventory_file: str) -> str:
-    return os.path.realpath(inventory_file)
+    return os.path.realpath(invocation.current().path(inventory_file))
 
 
 def _index_path() -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -90,7 +89,7 @@ def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo, verb
                           reporter=_reporter(as_json, echo, verbose), dry_run=dry_run)
     if as_json:
         console.print_json(_record_json(record) if not dry_run else {"dry_run": True, "run_id": record.run_id})
-    sys.exit(ExitCode.OK if dry_run else record.exit_code)
+    return ExitCode.OK if dry_run else record.exit_code
 
 
 @click.command("validate")
@@ -115,7 +114,7 @@ def validate_command(app, playbook, extra_vars, as_json):
     except OrchError as error:
         if as_json:
             console.print_json({"ok": False, "playbook": playbook, "error": str(error)})
-            sys.exit(error.exit_code)
+            return error.exit_code
         raise
     steps = [{"index": s.index + 1, "kind": s.kind, "name": s.name, "where": s.loc.where()}
              for s in book.steps]
@@ -166,7 +165,7 @@ def attach_command(app, run, as_json, echo):
                         trust_on_first_use=app.trust_on_first_use, reporter=_reporter(as_json, echo))
     if as_json:
         console.print_json(_record_json(record))
-    sys.exit(record.exit_code if record.exit_code is not None else ExitCode.FAILED)
+    return record.exit_code if record.exit_code is not None else ExitCode.FAILED
 
 
 @click.command("stop")
@@ -205,4 +204,4 @@ def stop_command(app, run, targets, grace, as_json):
             else:
                 console.out.print(f"{item['target']}: stopped with {item.get('sent')} "
                                   f"(exit {item.get('exit_code')}, signal {item.get('signal')})")
-    sys.exit(ExitCode.FAILED if any("error" in r for r in results) else ExitCode.OK)
+    return ExitCode.FAILED if any("error" in r for r in results) else ExitCode.OK

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -274,7 +273,7 @@ def runs_compare(base, new, threshold, as_json):
         console.print_json(result.to_dict())
     else:
         _print_comparison(result, base_record, new_record)
-    sys.exit(ExitCode.REGRESSION if result.regressed else ExitCode.OK)
+    return ExitCode.REGRESSION if result.regressed else ExitCode.OK
 
 
 def _print_comparison(result, base, new) -> None:
@@ -466,7 +465,7 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
         console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
                            else "no baseline: ") + console.escape(summary["baseline_reason"] or ""))
         console.out.print(f"report: {summary['report_html']}")
-    sys.exit(outcome.exit_code)
+    return outcome.exit_code
 
 
 # ---------------------------------------------------------------- orch schedule

@@ -7,16 +7,17 @@ nothing of orch's (console.run holds what `orch run` shows).
 from __future__ import annotations
 
 import json
-import sys
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from orchestrator.ground import invocation
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
 # rich is imported when something is first printed through it (~20 ms): `orch exec`, whose
 # output is the command's own bytes, prints nothing through rich unless something fails.
-# `out` and `err`, the consoles every command prints to, are made on first use (module
-# __getattr__); whoever replaces them (the agent's per-request consoles) sets them as usual.
+# `out` and `err`, the consoles every command prints to, are the current invocation's
+# (ground/invocation.py): the agent's commands print to their own client's streams.
 
 
 def make_console(**options) -> Console:
@@ -27,20 +28,39 @@ def make_console(**options) -> Console:
 
 
 def __getattr__(name: str):
-    """`console.out` (stdout) and `console.err` (stderr), made when first used."""
+    """`console.out` (stdout) and `console.err` (stderr) of the current invocation."""
     if name not in ("out", "err"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return globals().setdefault(name, make_console(stderr=name == "err"))  # one, if two race
+    return _stream(name)
 
 
-def _stream(name: str):
-    """out or err as the module holds it now (made on first use, or replaced)."""
-    return globals()[name] if name in globals() else __getattr__(name)
+def _stream(name: str) -> Console:
+    """The current invocation's console for out or err, made when first used. One set on
+    the module (`console.out = ...`: a test's fixed-width screen) is used instead; orch's
+    own code never sets one (tests/unit/test_no_process_patching.py)."""
+    if name in globals():
+        return globals()[name]
+    current = invocation.current()
+    made = current.consoles.get(name)
+    if made is None:   # one, if two race
+        made = current.consoles.setdefault(
+            name, make_console(stderr=name == "err", **current.console_options(name)))
+    return made
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    sys.stdout.flush()
+    stdout = invocation.current().stdout
+    stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    stdout.flush()
+
+
+def write(text: str) -> None:
+    """Plain text on the current invocation's stdout (grep's lines, a diff), no rich."""
+    invocation.current().stdout.write(text)
+
+
+def flush() -> None:
+    invocation.current().stdout.flush()
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None, *,
