@@ -20,6 +20,7 @@ import os
 import select
 import shlex
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
