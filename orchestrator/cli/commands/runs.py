@@ -13,6 +13,7 @@ from orchestrator.ground import console, paths
 from orchestrator.ground.console.run import ConsoleReporter
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.lazy import LazyModule, lazy
+from orchestrator.ground.verdicts import RUNNING
 from orchestrator.runs import controller
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
@@ -189,7 +190,7 @@ def runs_show(run, with_metrics, as_json):
     step_logs = os.path.join(paths.run_dir(record.run_id), "steps")
     if os.path.isdir(step_logs):   # each step's whole output, kept by `orch run`'s console
         out.print(f"step output {console.escape(step_logs)}")
-    if record.verdict == "running":
+    if record.verdict == RUNNING:
         gone = controller.controller_state(record) == controller.GONE
         out.print(("[yellow]" if gone else "") + console.escape(controller.describe(record))
                   + ("[/]" if gone else ""))

@@ -28,10 +28,11 @@ from rich.text import Text
 
 from orchestrator.ground.console import escape, make_console
 from orchestrator.ground.console.steplog import StepLog, step_log_path
+from orchestrator.ground.verdicts import DEGRADED, HANG, OK, RECOMPILE_LIMIT, rule
 
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
-VERDICT_STYLE = {"ok": "bold green", "degraded": "bold yellow", "recompile-limit": "bold yellow"}
+TONE_STYLE = {"ok": "bold green", "warn": "bold yellow"}   # a verdict's tone: ground/verdicts.py
 SHOWN_LINES = 25      # a step's output shown when it ends: all of a short one, a failed one's last
 NOTE_EVERY_S = 15.0   # not on a terminal: at most one "so far" line per step this often
 SHOWN_WIDTH = 300     # a shown line is cut here (the log keeps it whole)
@@ -236,7 +237,7 @@ class ConsoleReporter:
         if info.dry_run:
             self._print("[dim]dry run: nothing was run, nothing recorded[/]")
             return
-        style = VERDICT_STYLE.get(record.verdict, "bold red")
+        style = TONE_STYLE.get(rule(record.verdict).tone, "bold red")
         self._print(f"\nverdict: [{style}]{record.verdict}[/] (exit {record.exit_code})")
         for run in runs:
             monitor = info.monitor_result(run.target.name) or {}
@@ -250,8 +251,8 @@ class ConsoleReporter:
         verdicts = {run.target.name: run.final_verdict() for run in runs}
         for finding in record.findings:
             verdict = verdicts.get(finding.target, record.verdict)
-            if verdict == "ok" or not finding.remediation or \
-                    finding.signature not in (verdict, "hang", "degraded", "recompile-limit"):
+            if verdict == OK or not finding.remediation or \
+                    finding.signature not in (verdict, HANG, DEGRADED, RECOMPILE_LIMIT):
                 continue
             key = (finding.target, finding.signature, finding.remediation)
             if key in shown:
@@ -268,7 +269,7 @@ class ConsoleReporter:
     # --------------------------------------------------------------- monitor
     def monitor_started(self, target: str, run_dir: str, settings) -> None:
         with self._state_lock:
-            self._monitors[target] = {"classifier": None, "status": {}, "settings": settings,
+            self._monitors[target] = {"progress": None, "status": {}, "settings": settings,
                                       "started": time.monotonic(), "run_dir": run_dir}
         self._print(f"  [dim]{escape(target)}: following {escape(run_dir)}/output.log[/]")
         self._start_live()
@@ -279,7 +280,7 @@ class ConsoleReporter:
             others = bool(self._monitors or self._steps)
         if not others:
             self._stop_live()
-        if state and state.get("classifier") is not None:
+        if state and state.get("progress") is not None:
             self._print_table({target: state})
 
     def _start_live(self) -> None:
@@ -298,11 +299,12 @@ class ConsoleReporter:
         if live is not None:
             live.stop()
 
-    def monitor_progress(self, target: str, classifier, status: dict) -> None:
+    def monitor_progress(self, target: str, snapshot, status: dict) -> None:
+        """snapshot: a frozen ProgressSnapshot (watch/classify.py), never the live classifier."""
         with self._state_lock:
             state = self._monitors.get(target)
             if state is not None:
-                state["classifier"] = classifier
+                state["progress"] = snapshot
                 if status:
                     state["status"] = status
 
@@ -312,8 +314,8 @@ class ConsoleReporter:
         if self.echo == "events" or (self.live_enabled and self.echo == "auto"):
             with self._state_lock:
                 state = self._monitors.get(target)
-                classifier = state and state.get("classifier")
-            if classifier is not None and classifier.is_metric_line(line):
+                progress = state and state.get("progress")
+            if progress is not None and progress.is_metric_line(line):
                 return  # the table shows it
         # Console.out: no markup, no emoji codes, no wrapping: the line as the log has it.
         self.out.out(f"{target} | {line}", highlight=False)
@@ -335,36 +337,33 @@ class ConsoleReporter:
 
     def _table(self, monitors: dict):
         table = Table(show_edge=False, header_style="bold", box=None, pad_edge=False)
-        words = {getattr(state.get("classifier"), "worker_word", "drafter") for state in monitors.values()}
+        words = {getattr(state.get("progress"), "worker_word", "drafter") for state in monitors.values()}
         worker = "rank" if words == {"rank"} else "drafter" if words <= {"drafter"} else "worker"
         for column in ("target", worker, "step", "loss", "tok/s", "state"):
             table.add_column(column, justify="right" if column in ("step", "loss", "tok/s") else "left")
         footer = []
         for target, state in monitors.items():
-            classifier = state.get("classifier")
+            progress = state.get("progress")
             status = state.get("status") or {}
             settings = state.get("settings")
-            if classifier is None:
+            if progress is None:
                 table.add_row(target, "-", "-", "-", "-", "waiting for the first line")
                 continue
-            drafters = sorted(list(classifier.drafters.values()), key=lambda d: d.drafter)
-            note = classifier.metric_note() if classifier.lines else None
-            if note and not drafters:
-                table.add_row(target, "-", "-", "-", "-", note)
-            for drafter in drafters:
-                table.add_row(target, str(drafter.drafter), str(drafter.step),
-                              "-" if drafter.loss is None else f"{drafter.loss:.4f}",
-                              "-" if drafter.tok_s is None else f"{drafter.tok_s:,.0f}",
-                              Text(drafter.status if not drafter.error else f"ERROR {drafter.error[:60]}",
-                                   style="red" if drafter.error else ""))
-            live_rates = [d.tok_s for d in drafters if d.tok_s is not None and d.rates]
-            total = sum(live_rates) if live_rates else None
+            if progress.metric_note and not progress.workers:
+                table.add_row(target, "-", "-", "-", "-", progress.metric_note)
+            for one in progress.workers:
+                table.add_row(target, str(one.worker), str(one.step),
+                              "-" if one.loss is None else f"{one.loss:.4f}",
+                              "-" if one.tok_s is None else f"{one.tok_s:,.0f}",
+                              Text(one.status if not one.error else f"ERROR {one.error[:60]}",
+                                   style="red" if one.error else ""))
+            total = progress.live_tok_s()
             bits = [f"{target}: {status.get('state', '?')}"]
             if total:
                 bits.append(f"total {total:,.0f} tok/s")
             if settings is not None and getattr(settings, "expected_tok_s", None):
                 bits.append(f"expected ~{settings.expected_tok_s:,.0f}")
-            silent = classifier.silent_for(time.monotonic())
+            silent = progress.silent_for(time.monotonic())
             if silent > 10 and settings is not None:
                 bits.append(f"no progress for {silent:.0f} s (hang at {settings.hang_after:g} s)")
             gpus = status.get("gpus")
