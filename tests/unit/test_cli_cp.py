@@ -82,8 +82,7 @@ def test_progress_shows_only_on_a_terminal_and_only_for_a_long_copy(monkeypatch,
     clock = [100.0]
     monkeypatch.setattr(debug.time, "monotonic", lambda: clock[0])
     terminal = _Terminal(tty)
-    monkeypatch.setattr(debug.sys, "stderr", terminal)
-    progress = debug._Progress()
+    progress = debug._Progress(terminal)
     progress.sized({"bytes": 50_000_000, "files": 1})
     progress.add(1_000_000)          # within the first second: nothing
     assert terminal.text == ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 import time
 
 import click
@@ -82,16 +81,16 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
             return pull(target, path, dest, recursive=recursive, timeout=timeout,
                         on_data=progress.add if progress else None,
                         on_size=progress.sized if progress else None)
-    outcomes = _each(app, targets, work, show_progress=not as_json)
+    outcomes = _each(app, targets, work, app.invocation.stderr if not as_json else None)
     _report(outcomes, as_json)
-    sys.exit(ExitCode.FAILED if any(not isinstance(o, dict) for _, o in outcomes) else ExitCode.OK)
+    return ExitCode.FAILED if any(not isinstance(o, dict) for _, o in outcomes) else ExitCode.OK
 
 
-def _each(app, targets, work, show_progress):
+def _each(app, targets, work, progress_to):
     """[(target, result or OrchError)]. One target: its error is the command's, with its own
     exit code, and it shows progress; a group copies to all at once, without."""
     if len(targets) == 1:
-        progress = _Progress() if show_progress else None
+        progress = _Progress(progress_to) if progress_to is not None else None
         try:
             return [(targets[0], work(targets[0], progress))]
         finally:
@@ -152,11 +151,12 @@ class _Progress:
     """One line on stderr, rewritten at most 5 times a second, only on a terminal and only
     once a transfer has run for PROGRESS_AFTER_S."""
 
-    def __init__(self):
+    def __init__(self, stream):
+        self.stream = stream
         self.total = None
         self.done = 0
         self.started = self.shown = time.monotonic()
-        self.active = sys.stderr.isatty()
+        self.active = stream.isatty()
         self.printed = False
 
     def sized(self, size: dict) -> None:
@@ -170,11 +170,11 @@ class _Progress:
         self.shown = now
         rate = self.done / max(now - self.started, 1e-3)
         of = f" of {_size(self.total)} ({100 * self.done / self.total:.0f} %)" if self.total else ""
-        sys.stderr.write(f"\r\x1b[K{_size(self.done)}{of}, {_size(rate)}/s")
-        sys.stderr.flush()
+        self.stream.write(f"\r\x1b[K{_size(self.done)}{of}, {_size(rate)}/s")
+        self.stream.flush()
         self.printed = True
 
     def close(self) -> None:
         if self.printed:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
