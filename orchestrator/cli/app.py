@@ -78,6 +78,8 @@ LAZY_COMMANDS = {
            "Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token)."),
     "exec": ("orchestrator.cli.commands.core", "exec_command",
              "Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live."),
+    "explain": ("orchestrator.cli.commands.explain", "explain_command",
+                "Explain a failed run: its tracebacks, their source in the target, the shared state."),
     "grep-pkg": ("orchestrator.cli.commands.torch", "grep_pkg",
                  "Search any installed package's source (transformers, triton, ...) like grep-torch."),
     "grep-torch": ("orchestrator.cli.commands.torch", "grep_torch",

@@ -179,10 +179,18 @@ class Modules:
         return entry
 
 
+def line_text(lines, line):
+    return lines[line - 1].strip()[:400] if 1 <= line <= len(lines) else ""
+
+
 def source_around(lines, line, context):
     if not lines or not 1 <= line <= len(lines):
         return []
-    start, end = max(1, line - context), min(len(lines), line + context)
+    return source_lines(lines, line - context, line + context)
+
+
+def source_lines(lines, start, end):
+    start, end = max(1, start), min(len(lines), end)
     return [{"line": n, "text": lines[n - 1][:400]} for n in range(start, end + 1)]
 
 
@@ -317,7 +325,8 @@ class Callees:
             if callee is None:
                 continue
             via = {"function": qualname, "module": info["module"], "relpath": info["relpath"],
-                   "line": callee.start, "call_line": call.lineno}
+                   "line": callee.start, "call_line": call.lineno,
+                   "source": source_lines(entry["lines"], callee.start, min(callee.end, callee.start + 11))}
             for key in sorted(entry["scan"].reads.get(qualname, ())):
                 found.append((info["module"], key, via))
         return found
@@ -359,8 +368,11 @@ def module_report(entry):
               "error": entry["error"], "states": []}
     if scan is None:
         return report
+    lines = entry["lines"]
     for key in sorted(scan.states):
         state = dict(scan.states[key])
+        state["writes"] = [dict(w, text=line_text(lines, w["line"])) for w in state["writes"]]
+        state["text"] = line_text(lines, state["line"])
         state["readers"] = scan.readers(key)[:40]
         state["functions"] = [{"qualname": f.qualname, "start": f.start, "end": f.end}
                               for f in scan.functions

@@ -239,7 +239,8 @@ def failure(g: tracebacks.Group, facts: dict) -> Failure:
             package=info.get("package"), version=info.get("version"), record=info.get("record"),
             relpath=info.get("relpath", ""), source=seen.get("source", []) if ok else []))
     tb = g.traceback
-    return Failure(tb.exception, tb.message, list(g.workers), g.count, frames, tb.dropped_frames,
+    return Failure(tb.exception, tb.message, sorted(g.workers, key=_natural), g.count, frames,
+                   tb.dropped_frames,
                    [f"{c.exception}: {c.message}" for c in tb.causes], tb.source)
 
 
@@ -293,8 +294,8 @@ def _stacks(groups, by_frame, files) -> dict[str, list[tuple]]:
 def _candidate(module: str, report: dict, state: dict, files: dict) -> Candidate:
     relpath = report.get("relpath", "")
     package = next((i.get("package") for i in files.values() if i.get("module") == module), None)
-    writes = [{"where": f"{relpath}:{w['line']}", "function": w["function"], "how": w["how"]}
-              for w in state.get("writes", [])]
+    writes = [{"where": f"{relpath}:{w['line']}", "function": w["function"], "how": w["how"],
+               "text": w.get("text", "")} for w in state.get("writes", [])]
     return Candidate(module=module, name=state["name"], kind=state.get("kind", ""),
                      defined=f"{relpath}:{state.get('line', 0)}", relpath=relpath,
                      thread_local=bool(state.get("thread_local")), writes=writes, read_by=[],
@@ -311,7 +312,7 @@ def _note_read(candidate: Candidate, frame, seen: dict, read: dict, workers: lis
     candidate.read_by.append({"frame": where, "function": seen.get("qualname") or frame.function,
                               "workers": sorted(workers), "via": (via or {}).get("function"),
                               "via_where": f"{via['relpath']}:{via['line']}" if via else None,
-                              "raising": innermost})
+                              "via_source": (via or {}).get("source", []), "raising": innermost})
 
 
 def _weigh(c: Candidate, stacks: dict, report: dict, groups) -> None:
@@ -352,6 +353,12 @@ def _weigh(c: Candidate, stacks: dict, report: dict, groups) -> None:
     elif c.writes:
         c.evidence.append(f"written at run time by {_list(sorted(writers))}, a process-global "
                           "(every thread sees the same one)")
+
+
+def _natural(name: str) -> tuple:
+    """drafter-2 before drafter-10."""
+    head = name.rstrip("0123456789")
+    return (head, int(name[len(head):]) if name[len(head):] else -1)
 
 
 def _short(where: str) -> str:
@@ -403,13 +410,14 @@ def _patch_remedy(c: Candidate, row: dict, target: Target) -> Remedy:
     t = f" -t {target.name}"
     commands = [f"orch patch {PATCH_SET} apply{t}", f"orch verify {PATCH_SET}{t}"]
     if status in ("patched", "upstream"):
-        summary = (f"{c.ref} is {row.get('title')}, which orch's {PATCH_SET} patch set covers; "
+        summary = (f"{c.ref} is one of the states orch's {PATCH_SET} patch set covers "
+                   f"({row.get('title')}); "
                    f"on {target.name} it is thread-local now ({status}): this log predates that, "
                    "relaunch the run")
         commands = [f"orch patch {PATCH_SET} status{t}", f"orch verify {PATCH_SET}{t}"]
     else:
-        summary = (f"{c.ref} is {row.get('title')}: orch's {PATCH_SET} patch set makes it "
-                   f"thread-local ({status} on {target.name})")
+        summary = (f"{c.ref} is one of the states orch's {PATCH_SET} patch set makes "
+                   f"thread-local ({row.get('title')}; {status} on {target.name})")
     return Remedy(c.ref, "patch", summary, commands, [], status)
 
 
@@ -436,3 +444,31 @@ def _own_entry(failures: list[Failure]) -> str:
             last = own[-1]
             return f"{last.qualname or last.function} ({posixpath.basename(last.file)}:{last.line})"
     return ""
+
+
+# ------------------------------------------------------------------ a recorded run
+def launched_targets(record: RunRecord) -> list[str]:
+    """The targets a run launched something on, in the order it did."""
+    names = []
+    for step in record.steps:
+        if step.kind == "launch" and step.data.get("run_dir") and step.target not in names:
+            names.append(step.target)
+    for name in ((record.launch or {}).get("targets") or {}):
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def explain_record(record: RunRecord, targets: list[Target], **options) -> list[Explanation]:
+    """Each target's explanation of a recorded run (targets: those it launched on)."""
+    out = []
+    for target in targets:
+        logs = run_logs(record, target)
+        if not logs:
+            empty = Explanation(target.name, [], [], [], [])
+            empty.notes.append(f"no log of run {record.run_id} on {target.name}: neither its launch "
+                               "folder there nor a collected output.log here")
+            out.append(empty)
+            continue
+        out.append(explain(target, logs, **options))
+    return out
