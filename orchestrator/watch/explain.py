@@ -41,6 +41,9 @@ IN_FRAME_MODULE = 1           # only lives in a failing frame's module
 WRITER_ON_STACK = 2           # its writer (or a closure of it) runs on a failing stack
 SEVERAL_WORKERS = 1           # several workers fail in a function that reads it
 THREAD_LOCAL = -5             # already per thread: shown, ranked last
+STANDARD_LIBRARY = -2         # the interpreter's own machinery (threading's registries) sits
+                              # on every thread's stack: seldom the cause, kept below
+STDLIB = "(standard library)"  # the payload's package name for the standard library's files
 
 
 @dataclass
@@ -347,6 +350,9 @@ def _weigh(c: Candidate, stacks: dict, report: dict, groups) -> None:
     if len(several) > 1:
         c.score += SEVERAL_WORKERS
         c.evidence.append(f"{len(several)} workers fail in functions that read it: {_list(several)}")
+    if c.package == STDLIB:
+        c.score += STANDARD_LIBRARY
+        c.evidence.append("the standard library's own state (on every thread's stack)")
     if c.thread_local:
         c.score += THREAD_LOCAL
         c.evidence.append("already thread-local (threading.local / ContextVar)")

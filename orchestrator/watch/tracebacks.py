@@ -34,7 +34,7 @@ _CARET = re.compile(r"\s{0,400}[~^]{1,4000}\s{0,40}$")
 _CHAINED = ("During handling of the above exception, another exception occurred:",
             "The above exception was the direct cause of the following exception:")
 # Who is about to print a traceback: the stand-in trainer's error event, Python's thread hook.
-_TRAINER_ERROR = re.compile(r"(?:^|\s)(?P<kind>drafter|worker|rank)=(?P<n>\d{1,6}) ERROR ")
+_TRAINER_ERROR = re.compile(r"(?P<kind>drafter|worker|rank)=(?P<n>\d{1,6}) ERROR ")
 _THREAD_HEADER = re.compile(r"Exception in thread (?P<name>[^\s:]{1,200})(?: \([^)]{0,200}\))?:")
 
 
