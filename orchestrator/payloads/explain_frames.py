@@ -40,6 +40,7 @@ MAX_MODULES = 60
 MAX_FILE_BYTES = 4 << 20
 MAX_CALLS = 8           # calls followed per frame (into the checks it makes)
 MAX_FOLLOWED = 80       # and in all
+CHECK_DEPTH = 2         # a check, and the helpers it calls (is_fx_symbolic_tracing -> _get_...)
 SITE_DIRS = ("site-packages", "dist-packages")
 
 
@@ -306,29 +307,40 @@ class Callees:
         return None
 
     def reads(self, frame_info, frame_line, function, scan, module, innermost):
-        """What the functions called on the way to `frame_line` read: [(module, key, via)]."""
+        """What the functions called on the way to `frame_line` read, and the functions they
+        call in turn (CHECK_DEPTH deep): [(module, key, via)]."""
+        local_aliases = aliases(scan.enclosing(frame_line), frame_line)
+        calls = calls_on_the_way(function, frame_line, innermost)
+        return self._follow(frame_info, scan, module, local_aliases, calls, [], 1)
+
+    def _follow(self, info, scan, module, local_aliases, calls, chain, depth):
         found = []
         tree_imports = imports(scan.tree, module)
-        local_aliases = aliases(scan.enclosing(frame_line), frame_line)
-        for call in calls_on_the_way(function, frame_line, innermost):
+        for call in calls:
             if self.followed >= MAX_FOLLOWED:
                 break
-            target = self.resolve(frame_info, scan, tree_imports, local_aliases, call)
+            target = self.resolve(info, scan, tree_imports, local_aliases, call)
             if target is None:
                 continue
             self.followed += 1
-            info, qualname = target
-            entry = self.modules.get(info)
+            callee_info, qualname = target
+            entry = self.modules.get(callee_info)
             if entry is None or entry["scan"] is None:
                 continue
             callee = next((f for f in entry["scan"].functions if f.qualname == qualname), None)
-            if callee is None:
+            if callee is None or any(c["function"] == qualname for c in chain):
                 continue
-            via = {"function": qualname, "module": info["module"], "relpath": info["relpath"],
-                   "line": callee.start, "call_line": call.lineno,
-                   "source": source_lines(entry["lines"], callee.start, min(callee.end, callee.start + 11))}
+            via = {"function": qualname, "module": callee_info["module"],
+                   "relpath": callee_info["relpath"], "line": callee.start,
+                   "call_line": call.lineno, "chain": [c["function"] for c in chain],
+                   "source": source_lines(entry["lines"], callee.start,
+                                          min(callee.end, callee.start + 11))}
             for key in sorted(entry["scan"].reads.get(qualname, ())):
-                found.append((info["module"], key, via))
+                found.append((callee_info["module"], key, via))
+            if depth < CHECK_DEPTH:
+                inner = [n for n in own_nodes(callee) if isinstance(n, ast.Call)][:MAX_CALLS]
+                found += self._follow(callee_info, entry["scan"], callee_info["module"], {},
+                                      inner, chain + [via], depth + 1)
         return found
 
 

@@ -191,9 +191,9 @@ def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Opt
     explanation.python = str(facts.get("python") or "")
     explanation.failures = [failure(g, facts) for g in groups]
     explanation.candidates = rank(groups, facts)
-    explanation.remedies = remedies(explanation.candidates, target,
-                                    patch_rows(target, explanation.candidates) if look_up_patches else None,
-                                    explanation.failures)
+    rows = patch_rows(target, explanation.candidates) if look_up_patches else None
+    explanation.remedies = remedies(explanation.candidates, target, rows, explanation.failures)
+    explanation.notes += applied_notes(explanation.candidates, explanation.failures, rows or [], target)
     return explanation
 
 
@@ -314,6 +314,8 @@ def _note_read(candidate: Candidate, frame, seen: dict, read: dict, workers: lis
             return
     candidate.read_by.append({"frame": where, "function": seen.get("qualname") or frame.function,
                               "workers": sorted(workers), "via": (via or {}).get("function"),
+                              # the checks in between: is_fx_symbolic_tracing -> _get_is_fx_tracing
+                              "via_chain": (via or {}).get("chain", []) + ([via["function"]] if via else []),
                               "via_where": f"{via['relpath']}:{via['line']}" if via else None,
                               "via_source": (via or {}).get("source", []), "raising": innermost})
 
@@ -328,8 +330,8 @@ def _weigh(c: Candidate, stacks: dict, report: dict, groups) -> None:
     if checks:
         c.score += READ_BY_CHECK
         c.evidence.append("read by the check the failing frame makes: " + _list(
-            f"{r['via']}() ({r['via_where']}), called in {r['function']} ({_short(r['frame'])})"
-            for r in checks))
+            f"{'() -> '.join(r['via_chain'])}() ({r['via_where']}), called in {r['function']} "
+            f"({_short(r['frame'])})" for r in checks))
     if not c.read_by:
         c.score += IN_FRAME_MODULE
         c.evidence.append(f"in the module of a failing frame ({c.module})")
@@ -402,6 +404,31 @@ def remedies(candidates: list[Candidate], target: Target, rows: Optional[list[di
         row = _covering_row(c, rows or [])
         out.append(_patch_remedy(c, row, target) if row else _generic_remedy(c, target, failures))
     return out
+
+
+def applied_notes(candidates: list[Candidate], failures: list[Failure], rows: list[dict],
+                  target: Target) -> list[str]:
+    """A log older than orch's patch: the patch set's states are thread-local on the target
+    now (patched, or upstream) in a file the failing frames pass or read through a check."""
+    notes = []
+    frame_files = {f.relpath for failure in failures for f in failure.frames}
+    by_path: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("status") in ("patched", "upstream") and row.get("path"):
+            by_path.setdefault(row["path"], []).append(row)
+    for path, applied in by_path.items():
+        holders = sorted({c.name for c in candidates if c.thread_local and c.read_by
+                          and c.relpath == path})
+        if not holders and path not in frame_files:
+            continue
+        how = sorted({"patched by orch" if r["status"] == "patched" else "upstream" for r in applied})
+        notes.append(f"{', '.join(str(r.get('title')) for r in applied)} ({path}): thread-local on "
+                     f"{target.name} now ({', '.join(how)})"
+                     + (f"; the failing frames' checks read {', '.join(holders)}, thread-local"
+                        if holders else "")
+                     + f"; this log predates that: relaunch, and `orch verify {PATCH_SET} "
+                       f"-t {target.name}` proves it")
+    return notes
 
 
 def _covering_row(c: Candidate, rows: list[dict]) -> Optional[dict]:
