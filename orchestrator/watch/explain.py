@@ -129,11 +129,13 @@ def run_logs(record: RunRecord, target: Target) -> list[LogText]:
     output.log and its ranks' logs); the collected copy in the run's folder when the target
     has none left."""
     logs: list[LogText] = []
-    for step in record.steps:
-        if step.kind != "launch" or step.target != target.name or not step.data.get("run_dir"):
-            continue
-        run_dir = step.data["run_dir"]
-        logs += _remote_logs(target, run_dir, bool(step.data.get("ranks")))
+    launches = [step.data for step in record.steps
+                if step.kind == "launch" and step.target == target.name and step.data.get("run_dir")]
+    if not launches:   # a record whose launch step never ended (attach's case): the launch entry
+        entry = ((record.launch or {}).get("targets") or {}).get(target.name) or {}
+        launches = [entry] if entry.get("run_dir") else []
+    for launch in launches:
+        logs += _remote_logs(target, launch["run_dir"], bool(launch.get("ranks")))
     if not logs:
         local = os.path.join(paths.run_dir(record.run_id), target.name, "output.log")
         if os.path.isfile(local):

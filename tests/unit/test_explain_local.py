@@ -196,3 +196,48 @@ def test_a_log_without_a_traceback_exits_1(inventory, tmp_path):
 def test_an_unreadable_log_is_a_clear_error(inventory, tmp_path):
     out = orch(inventory, "explain", "--log", str(tmp_path / "missing.log"), "-t", "dev")
     assert out.returncode != 0 and "cannot read the log" in out.stderr
+
+
+def test_the_mcp_tool_explains_a_recorded_run_read_only(venv, crash_log, inventory, tmp_path):
+    """explain_run through the MCP server in-process: a read-only tool (listed without any
+    allowance), under the policy (this local entry is a host itself: refused until allowed)."""
+    pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'orch[mcp]')")
+    import anyio
+    from mcp import Client
+
+    from orchestrator.mcp.audit import AuditLog
+    from orchestrator.mcp.policy import READ_TOOLS, build_policy
+    from orchestrator.mcp.server import build_server
+    from orchestrator.mcp.tools import Tools
+    from orchestrator.runs.model import RunRecord
+    from orchestrator.runs.store import RunStore
+    from orchestrator.targets.fleet import Fleet
+
+    assert "explain_run" in READ_TOOLS
+    fleet = Fleet.from_path(inventory)
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    store.begin(RunRecord(run_id="20261202-0100-abcdef", playbook="p.yaml", playbook_sha256="",
+                          name="p", launch={"targets": {"dev": {"run_dir": str(crash_log.parent)}}}))
+    tools = Tools(fleet, store)
+
+    def ask(hosts):
+        server = build_server(tools, build_policy((), (), inventory=fleet.inventory, hosts=hosts),
+                              AuditLog(store, "s1"))
+
+        async def scenario():
+            async with Client(server) as client:
+                result = await client.call_tool("explain_run", {"run_id": "last"})
+                return result.is_error, result.content[0].text, result.structured_content
+        return anyio.run(scenario)
+    try:
+        refused, text, _ = ask(())
+        assert refused and "MCP tools act in containers only" in text
+        failed, text, data = ask(["here"])
+        assert not failed, text
+        [explained] = data["explanations"]
+        assert explained["candidates"][0]["name"] == "_CACHE"
+        assert explained["remedies"][0]["kind"] == "generic"
+        assert {w for f in explained["failures"] for w in f["workers"]} == {"worker-a", "worker-b"}
+    finally:
+        tools.close()
+        store.close()
