@@ -4,6 +4,7 @@ installed torch of a local target. It must reach the seed story's conclusion: th
 that raised reads `_is_fx_tracing_flag` of torch/fx/_symbolic_trace.py, which `Tracer.trace`
 rebinds under `global`, in the three drafter threads; the remedy is orch's fx-threads patch.
 Then, on the same torch patched, the same log says the patch is in and the log predates it.
+The node-meta race (KeyError: 'custom', forced with two threads) names current_meta.
 Also through the run store: `orch explain last` finds the launch's log by itself."""
 
 from __future__ import annotations
@@ -117,9 +118,66 @@ def test_through_the_run_store(inventory, race_log, tmp_path, monkeypatch):
     check_fx_race_explained(result)
 
 
+# The node-meta race, forced: B enters preserve_node_meta(), A opens annotate(), B leaves
+# (rebinding the module's current_meta to its saved copy, without "custom"), A leaves:
+# `del current_meta["custom"]` -> KeyError: 'custom' in A.
+NODE_META_RUN = """
+import threading
+import torch.fx.traceback as tb
+
+b_in, a_in, b_out = threading.Event(), threading.Event(), threading.Event()
+
+def preserver():
+    with tb.preserve_node_meta():
+        b_in.set()
+        a_in.wait(30)
+    b_out.set()
+
+def annotator():
+    b_in.wait(30)
+    with tb.annotate({"step": "a"}):
+        a_in.set()
+        b_out.wait(30)
+
+threads = [threading.Thread(target=annotator, name="annotator"),
+           threading.Thread(target=preserver, name="preserver")]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+
+
+def test_the_node_meta_race_names_current_meta_and_its_rebinding(inventory, venv, tmp_path):
+    script = tmp_path / "node_meta.py"
+    script.write_text(NODE_META_RUN)
+    log = tmp_path / "output.log"
+    with open(log, "wb") as handle:
+        subprocess.run([venv.python, str(script)], stdout=handle, stderr=subprocess.STDOUT, timeout=120)
+    assert "KeyError: 'custom'" in log.read_text()
+    result = _explained(orch(inventory, "explain", "--log", str(log), "-t", "dev", "--json"))
+    [failure] = result["failures"]
+    assert (failure["exception"], failure["message"], failure["workers"]) == ("KeyError", "'custom'", ["annotator"])
+    assert failure["frames"][-1]["qualname"] == "annotate"
+    top = result["candidates"][0]
+    assert (top["name"], top["relpath"], top["kind"]) == ("current_meta", "torch/fx/traceback.py", "global")
+    rebinding = [w for w in top["writes"] if w["how"] == "rebinds under `global`"]
+    assert {w["function"] for w in rebinding} >= {"preserve_node_meta"}
+    assert any(w["function"] == "annotate" and w["how"] == "mutates in place: del item" for w in top["writes"])
+    [remedy] = result["remedies"]
+    assert (remedy["kind"], remedy["state"]) == ("patch", "torch.fx.traceback.current_meta")
+    assert "FX node-meta state" in remedy["summary"]
+    assert remedy["commands"] == ["orch patch fx-threads apply -t dev", "orch verify fx-threads -t dev"]
+
+
 def test_on_the_patched_torch_the_same_log_says_the_patch_is_in(inventory, race_log):
     applied = orch(inventory, "patch", "fx-threads", "apply", "--json")
     assert applied.returncode == 0, applied.stderr
+    try:
+        _check_patched(inventory, race_log)
+    finally:
+        assert orch(inventory, "patch", "fx-threads", "revert", "--json").returncode == 0
+
+
+def _check_patched(inventory, race_log):
     result = _explained(orch(inventory, "explain", "--log", str(race_log), "-t", "dev", "--json"))
     notes = " ".join(result["notes"])
     assert "FX tracing flag" in notes and f"({FLAG_FILE}): thread-local on dev now (patched by orch)" in notes
