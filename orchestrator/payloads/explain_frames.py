@@ -51,8 +51,10 @@ class Files:
     def __init__(self, roots):
         self.roots = [os.path.realpath(r) for r in search_path()]
         self.sites = [r for r in self.roots if os.path.basename(r) in SITE_DIRS]
+        # never the whole file system: a root of "/" would let any .py file through
         self.extra = [os.path.realpath(os.path.expanduser(r)) for r in roots
-                      if isinstance(r, str) and r and os.path.isdir(os.path.expanduser(r))]
+                      if isinstance(r, str) and r and os.path.isdir(os.path.expanduser(r))
+                      and os.path.realpath(os.path.expanduser(r)) != "/"]
         self.tops = {}       # site -> {top-level name: dist-info}
         self.records = {}    # dist-info -> {relpath: hash}
         self.cache = {}

@@ -176,6 +176,7 @@ def read_log_file(path: str) -> LogText:
 # ------------------------------------------------------------------ the whole explanation
 def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Optional[list] = None,
             look_up_patches: bool = True) -> Explanation:
+    """roots: the folders of the run's own files (None: those of the log's scripts)."""
     parsed, summaries = [], []
     for log in logs:
         result = tracebacks.parse(log.text, source=log.source)
@@ -187,8 +188,10 @@ def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Opt
     if not groups:
         explanation.notes.append("no Python traceback in the log(s)")
         return explanation
+    # The folders whose files the payload may read besides the installed packages: the
+    # run's own (the caller's roots), else, for a log given by hand, its scripts' folders.
     facts = payload_api.explain_frames(target, frame_requests(groups),
-                                       roots=list(roots or []) + script_roots(groups),
+                                       roots=script_roots(groups) if roots is None else list(roots),
                                        context=context)
     explanation.python = str(facts.get("python") or "")
     explanation.failures = [failure(g, facts) for g in groups]
@@ -221,7 +224,7 @@ def script_roots(groups: list[tracebacks.Group]) -> list[str]:
             if frame.file.endswith(".py") and frame.file.startswith("/") \
                     and "-packages/" not in frame.file and "/lib/python" not in frame.file:
                 folder = posixpath.dirname(frame.file)
-                if folder not in roots:
+                if folder != "/" and folder not in roots:
                     roots.append(folder)
     return roots[:16]
 
@@ -505,5 +508,22 @@ def explain_record(record: RunRecord, targets: list[Target], **options) -> list[
                                "folder there nor a collected output.log here")
             out.append(empty)
             continue
-        out.append(explain(target, logs, **options))
+        out.append(explain(target, logs, roots=own_roots(record, target.name), **options))
     return out
+
+
+def own_roots(record: RunRecord, target: str) -> list[str]:
+    """The run's own folders on TARGET: each launch's run folder and working directory, and
+    the folders of the .py files its command names (the trainer). Only these, not any
+    folder a log names: the log is the trainer's text, and may say anything."""
+    roots: list[str] = []
+    for step in record.steps:
+        if step.kind != "launch" or step.target != target:
+            continue
+        data = step.data
+        folders = [data.get("run_dir"), data.get("cwd")]
+        folders += [posixpath.dirname(a) for a in data.get("argv") or []
+                    if isinstance(a, str) and a.endswith(".py") and a.startswith("/")]
+        roots += [f for f in folders if isinstance(f, str) and f.startswith("/") and f != "/"
+                  and f not in roots]
+    return roots

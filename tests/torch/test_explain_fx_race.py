@@ -109,13 +109,17 @@ def test_through_the_run_store(inventory, race_log, tmp_path, monkeypatch):
     record = RunRecord(run_id="20261202-0100-abc123", playbook="dflash-demo.yaml",
                        playbook_sha256="", name="dflash-demo")
     record.steps.append(StepResult("first launch", "launch", "dev", "changed",
-                                   data={"run_dir": str(race_log.parent), "pid": 1}))
+                                   data={"run_dir": str(race_log.parent), "pid": 1,
+                                         "argv": [str(TRAINER), "--race"]}))
     with RunStore() as store:
         store.begin(record)
         store.save_step(record.run_id, record.steps[0])
     result = _explained(orch(inventory, "explain", "last", "--json"))
     assert result["logs"][0]["source"] == f"dev:{race_log}"
     check_fx_race_explained(result)
+    # the trainer's frames are read too: its folder is the launch's own (argv), not the log's say
+    trainer = [f for f in result["failures"][0]["frames"] if f["file"] == str(TRAINER)]
+    assert trainer and all(f["available"] and f["package"] is None for f in trainer)
 
 
 # The node-meta race, forced: B enters preserve_node_meta(), A opens annotate(), B leaves
