@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 from dataclasses import asdict, dataclass, field
@@ -50,6 +51,7 @@ STDLIB = "(standard library)"  # the payload's package name for the standard lib
 class LogText:
     source: str               # where it came from: "TARGET:/path" or a local path
     text: str
+    worker: str = ""          # whose log it is, when the file says (a rank's own log)
 
 
 @dataclass
@@ -147,15 +149,41 @@ def _remote_logs(target: Target, run_dir: str, ranks: bool) -> list[LogText]:
     files = [posixpath.join(run_dir, "output.log")]
     if ranks:
         found = target.run(["find", posixpath.join(run_dir, RANK_LOG_DIR), "-type", "f",
-                            "-name", "*.log"], timeout=60)
+                            "(", "-name", "*.log", "-o", "-name", "error.json", ")"], timeout=60)
         if found.ok:
             files += sorted(line for line in found.text.splitlines() if line.strip())[:MAX_RANK_LOGS]
     out = []
     for path in files:
         result = target.run(["tail", "-c", str(MAX_LOG_BYTES), "--", path], timeout=120)
-        if result.ok:
-            out.append(LogText(f"{target.name}:{path}", result.stdout.decode("utf-8", "replace")))
+        if not result.ok:
+            continue
+        text = result.stdout.decode("utf-8", "replace")
+        if path.endswith(".json"):
+            text = error_file_traceback(text)
+        out.append(LogText(f"{target.name}:{path}", text, rank_of(path)))
     return out
+
+
+def rank_of(path: str) -> str:
+    """A rank's own files (RUN_DIR/ranks/<id>/attempt_<n>/<local rank>/...) carry no
+    [rankN]: prefix: the folder says whose they are."""
+    parts = path.split("/")
+    if RANK_LOG_DIR in parts and len(parts) >= 2 and parts[-2].isdigit():
+        return f"rank {int(parts[-2])}"
+    return ""
+
+
+def error_file_traceback(text: str) -> str:
+    """The traceback a torchrun error file (torch.distributed.elastic's @record) holds:
+    {"message": {"message": ..., "extraInfo": {"py_callstack": "Traceback ..."}}}."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return ""
+    message = data.get("message") if isinstance(data, dict) else None
+    info = message.get("extraInfo") if isinstance(message, dict) else None
+    stack = info.get("py_callstack") if isinstance(info, dict) else None
+    return stack if isinstance(stack, str) else ""
 
 
 def _read_local(path: str) -> str:
@@ -179,7 +207,7 @@ def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Opt
     """roots: the folders of the run's own files (None: those of the log's scripts)."""
     parsed, summaries = [], []
     for log in logs:
-        result = tracebacks.parse(log.text, source=log.source)
+        result = tracebacks.parse(log.text, source=log.source, worker=log.worker)
         parsed += result.tracebacks
         summaries.append({"source": log.source, "bytes": len(log.text),
                           "tracebacks": len(result.tracebacks), "dropped": result.dropped})

@@ -241,3 +241,37 @@ def test_the_mcp_tool_explains_a_recorded_run_read_only(venv, crash_log, invento
     finally:
         tools.close()
         store.close()
+
+
+def test_a_torchrun_runs_rank_logs_and_error_file_name_their_ranks(inventory, crash_log, tmp_path,
+                                                                    monkeypatch):
+    """`orch explain last` on a run under torchrun: each rank's own stderr.log (no prefix: the
+    folder says whose it is) and a rank's error file (@record's py_callstack)."""
+    from orchestrator.runs.model import RunRecord, StepResult
+    from orchestrator.runs.store import RunStore
+
+    one = crash_log.read_text().split("Exception in thread worker-b:")[1]   # b's KeyError
+    run_dir = tmp_path / "launch"
+    for rank in (0, 1):
+        folder = run_dir / "ranks" / "abc" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(one)
+    (run_dir / "ranks" / "abc" / "attempt_0" / "1" / "error.json").write_text(json.dumps(
+        {"message": {"message": "KeyError: 'owner'", "extraInfo": {"py_callstack": one}}}))
+    (run_dir / "output.log").write_text("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    data = tmp_path / "data"
+    record = RunRecord(run_id="20261202-0200-abcdef", playbook="p.yaml", playbook_sha256="", name="p")
+    record.steps.append(StepResult("launch", "launch", "dev", "changed",
+                                   data={"run_dir": str(run_dir), "ranks": 2}))
+    monkeypatch.setenv("ORCH_DATA_DIR", str(data))
+    with RunStore() as store:
+        store.begin(record)
+        store.save_step(record.run_id, record.steps[0])
+    out = orch(inventory, "explain", "last", "--json")
+    assert out.returncode == 0, out.stderr
+    [result] = json.loads(out.stdout)
+    assert len(result["logs"]) == 4          # output.log, two stderr.log, the error file
+    [failure] = result["failures"]
+    assert failure["exception"] == "KeyError" and failure["workers"] == ["rank 0", "rank 1"]
+    assert failure["count"] == 3             # rank 1 twice: its log and its error file
+    assert result["candidates"][0]["name"] == "_CACHE"
