@@ -3,7 +3,7 @@ with its SSH connections already open. It runs the CLI's own click commands, so 
 the CLI; its clients reach it through orchestrator/agent/.
 
 server.py    its socket, the peer check, its life (idle exit, stop, code changed on disk)
-requests.py  one request: the same click command in a thread, with per-request stdio,
-             environment, consoles and signal handlers
+requests.py  one request: the same click command in a thread, under the request's own
+             invocation (stdio, environment, folder, terminal size, interrupt token)
 pool.py      warm fleets lent to commands, reopened when what they rest on changes
 """

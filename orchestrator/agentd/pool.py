@@ -4,13 +4,14 @@ and kept between commands while nothing they rest on changes (docs/guide/agent.m
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from typing import Optional
 
-from orchestrator.agentd.requests import Request, current, detached, holding
+from orchestrator.agentd.requests import Request
 from orchestrator.config.inventory import inventory_path
+from orchestrator.ground import invocation
+from orchestrator.ground.invocation import Invocation
 from orchestrator.ground.errors import OrchError
 from orchestrator.targets.fleet import SSH_CONFIG, Fleet
 from orchestrator.remote.session import SessionPool
@@ -38,12 +39,12 @@ class LentFleet:
     """A warm fleet as one command sees it: closing it closes only that command's channels
     (each_concurrently closes the fleet on Ctrl-C; others share the connections)."""
 
-    def __init__(self, pooled: _Pooled, request: Request):
+    def __init__(self, pooled: _Pooled, command: Invocation):
         self._pooled = pooled
-        self._request = request
+        self._command = command
 
     def close(self) -> None:
-        self._request.close_channels()
+        self._command.interrupt.close_filed()
 
     def __getattr__(self, name):
         return getattr(self._pooled.fleet, name)
@@ -64,44 +65,39 @@ class FleetPool:
     def __init__(self):
         self._pooled: dict[tuple, _Pooled] = {}
         self._lock = threading.Lock()
-        self._cwd_lock = threading.Lock()
+        self._opening = threading.Lock()
         self._per_folder: set[tuple] = set()   # keys whose inventory has relative paths
+        self._lent: dict[int, list[_Pooled]] = {}   # id of a running command's invocation
 
-    def lend(self, inventory_option: Optional[str], trust_on_first_use: bool) -> LentFleet:
-        request = current()
-        # the inventory's path is relative to the client's directory: resolve and read it
-        # there, one request at a time (the working directory is the process's)
-        with self._cwd_lock:
-            os.chdir(request.cwd)
-            try:
-                path = os.path.abspath(inventory_path(inventory_option))
-                key = (path, trust_on_first_use, os.environ.get("HOME"),
-                       os.environ.get("SSH_AUTH_SOCK"))
-                if key in self._per_folder:
-                    key += (request.cwd,)
-                pooled = self._usable(key)
-                if pooled is None:
-                    fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use,
-                                            sessions=SessionPool(detached=detached, holding=holding),
-                                            cwd=request.cwd)
-                    stamp = _stamp(fleet, path)   # resolves every host's paths
-                    if fleet.depends_on_cwd and len(key) == 4:
-                        # relative key or known_hosts paths: one fleet per caller's folder
-                        self._per_folder.add(key)
-                        key += (request.cwd,)
-                    pooled = _Pooled(key, fleet, stamp)
-                    with self._lock:
-                        self._pooled[key] = pooled
+    def lend(self, command: Invocation, inventory_option: Optional[str],
+             trust_on_first_use: bool) -> LentFleet:
+        """A warm fleet for the command (its environment and folder choose which)."""
+        # the inventory's path is the client's (its environment, relative to its folder)
+        path = command.path(inventory_path(inventory_option))
+        key = (path, trust_on_first_use, command.env.get("HOME"), command.env.get("SSH_AUTH_SOCK"))
+        with self._opening:   # one fleet per key, when two requests ask at once
+            if key in self._per_folder:
+                key += (command.cwd,)
+            pooled = self._usable(key)
+            if pooled is None:
+                fleet = Fleet.from_path(inventory_option, trust_on_first_use=trust_on_first_use,
+                                        sessions=SessionPool(), cwd=command.cwd)
+                stamp = _stamp(fleet, path)   # resolves every host's paths
+                if fleet.depends_on_cwd and len(key) == 4:
+                    # relative key or known_hosts paths: one fleet per caller's folder
+                    self._per_folder.add(key)
+                    key += (command.cwd,)
+                pooled = _Pooled(key, fleet, stamp)
                 with self._lock:
-                    pooled.leases += 1
-                    pooled.last_used = time.time()
-            finally:
-                os.chdir("/")
-        request.lent.append(pooled)
+                    self._pooled[key] = pooled
+            with self._lock:
+                pooled.leases += 1
+                pooled.last_used = time.time()
+                self._lent.setdefault(id(command), []).append(pooled)
         # the cluster cache lives for one command, as on the direct path (a container may
         # have moved to another node since the last command)
         pooled.fleet.forget_clusters()
-        return LentFleet(pooled, request)
+        return LentFleet(pooled, command)
 
     def _usable(self, key) -> Optional[_Pooled]:
         with self._lock:
@@ -123,12 +119,10 @@ class FleetPool:
             pooled.fleet.close()
 
     def give_back(self, request: Request) -> None:
-        for pooled in request.lent:
-            if request.interrupted is not None:
-                # the interrupt was raised asynchronously in the command's thread: in a rare
-                # race it lands inside paramiko between a lock's acquire and its try. Open
-                # new connections rather than risk a stuck one.
-                self._retire(pooled)
+        """The fleets lent to the request's command, once it ended."""
+        with self._lock:
+            lent = self._lent.pop(id(request.invocation), []) if request.invocation else []
+        for pooled in lent:
             with self._lock:
                 pooled.leases -= 1
                 pooled.last_used = time.time()
@@ -155,7 +149,7 @@ class FleetPool:
 def _stamp(fleet: Fleet, inventory_file: str) -> tuple:
     """What the direct path reads to open the fleet's connections, as (file, content hash):
     the inventory, ~/.ssh/config, each host's known_hosts and identity files."""
-    files = [inventory_file, os.path.expanduser(SSH_CONFIG)]
+    files = [inventory_file, invocation.current().expanduser(SSH_CONFIG)]
     for spec in fleet.inventory.hosts.values():
         if spec.transport != "ssh":
             continue

@@ -25,7 +25,7 @@ from orchestrator.cli import app as cli
 from orchestrator.agent import protocol
 from orchestrator.agent.client import FAST_COMMANDS
 from orchestrator.agentd.pool import FleetPool
-from orchestrator.agentd.requests import Request, install_process_hooks
+from orchestrator.agentd.requests import Request
 
 # How long an accepted request waits for its client's "go" (which follows at once).
 GO_WAIT_S = 10.0
@@ -368,7 +368,6 @@ def main() -> None:
     os.chdir("/")
     for name in FAST_COMMANDS:   # import them now: the first command is as quick as the next
         cli.load_command(name)
-    install_process_hooks()
     _remember_code()
     agent = Agent(directory, idle_seconds())
     cli.App.fleet_lender = agent.pool

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from typing import Optional
 
 import click
 
 from orchestrator import __version__
 
-from orchestrator.ground import console, paths
+from orchestrator.ground import console, invocation, paths
 from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.ground.invocation import Invocation
 from orchestrator.ground.lazy import lazy
 
 # SSH (paramiko) is imported when a command first needs a host: `orch --help` stays instant.
@@ -20,13 +20,16 @@ open_fleet = lazy("orchestrator.targets.fleet", "Fleet.from_path")
 
 
 class App:
-    """What every command shares: the chosen inventory and, once needed, the open hosts."""
+    """What every command shares: the invocation (its streams, environment, folder and
+    interrupt: ground/invocation.py), the chosen inventory and, once needed, the open hosts."""
 
     # Set inside the agent (orchestrator.agentd.server): it lends warm fleets, and a lent fleet's
     # close() closes only this command's channels. None: each command opens its own Fleet.
     fleet_lender = None
 
-    def __init__(self, inventory: Optional[str], trust_on_first_use: bool):
+    def __init__(self, inventory: Optional[str], trust_on_first_use: bool,
+                 invocation: Invocation):
+        self.invocation = invocation
         self.inventory_option = inventory
         self.trust_on_first_use = trust_on_first_use
         self._fleet = None
@@ -34,7 +37,8 @@ class App:
     @property
     def fleet(self):
         if self._fleet is None and App.fleet_lender is not None:
-            self._fleet = App.fleet_lender.lend(self.inventory_option, self.trust_on_first_use)
+            self._fleet = App.fleet_lender.lend(self.invocation, self.inventory_option,
+                                                self.trust_on_first_use)
         if self._fleet is None:
             self._fleet = open_fleet(self.inventory_option,
                                      trust_on_first_use=self.trust_on_first_use)
@@ -46,11 +50,23 @@ class App:
 
 
 class OrchGroup(click.Group):
-    """Turns every OrchError into its message and documented exit code, never a traceback."""
+    """Runs the command under its invocation (the agent passes one as `obj`; the direct path
+    is the process's own) and turns every OrchError into its message and documented exit
+    code, never a traceback."""
 
     def invoke(self, ctx):
+        given = ctx.obj if isinstance(ctx.obj, Invocation) else invocation.from_process()
+        with invocation.using(given):
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx):
+        """The command's exit code (what it returned, or its error's) becomes the exit
+        status here, once: commands return codes, they never exit."""
         try:
-            return super().invoke(ctx)
+            code = super().invoke(ctx)
+            # an interrupt that closed nothing (the command was between commands, or in
+            # an HTTPS call) still ends it as the signal would: at the latest, here
+            invocation.current().interrupt.check()
         except OrchError as error:
             console.error(str(error))
             code = error.exit_code
@@ -59,10 +75,10 @@ class OrchGroup(click.Group):
             if ctx.invoked_subcommand == "exec" and code not in (ExitCode.USAGE,
                                                                   ExitCode.NO_CONTAINER):
                 code = ExitCode.EXEC_ORCH_ERROR
-            sys.exit(code)
         except KeyboardInterrupt:
             console.error("interrupted")
-            sys.exit(130)
+            code = ExitCode.INTERRUPTED
+        ctx.exit(int(code or 0))
 
 
 # The commands, loaded only when one runs: `orch --help` and `orch CMD --help` import no SSH,
@@ -199,7 +215,7 @@ def main(ctx, inventory, trust_new_host_keys, no_agent):
       orch run playbooks/dflash.yaml
       orch --no-agent exec sb1-200 -- true     # skip the warm agent (docs/guide/agent.md)
     """
-    app = App(inventory, trust_new_host_keys)
+    app = App(inventory, trust_new_host_keys, invocation.current())
     ctx.obj = app
     if ctx.invoked_subcommand != "sandbox":   # it builds container roots: their modes are theirs
         ctx.with_resource(paths.private_files())

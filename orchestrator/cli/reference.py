@@ -29,10 +29,7 @@ from orchestrator.ground.errors import EXIT_CODE_MEANINGS, ExitCode
 from orchestrator.mcp.policy import ALLOWANCES, Policy
 from orchestrator.playbook.loader import COMMON_KEYS
 from orchestrator.playbook.steps import STEP_KINDS
-from orchestrator.runs.model import VERDICT_MEANINGS, VERDICTS, exit_code_for
-from orchestrator.runs.report import REMEDIATIONS
-from orchestrator.watch.classify import SIGNATURES
-from orchestrator.watch.distributed import COLLECTIVE_REMEDIATION, RENDEZVOUS_REMEDIATION
+from orchestrator.ground.verdicts import verdict_rules
 
 REGENERATE = "python -m orchestrator.cli.reference"
 HEADER = ("<!-- Generated from the code by `{command}`: edit the docstrings, help texts and "
@@ -210,37 +207,33 @@ def steps_page() -> str:
     return _page(lines)
 
 
-def verdict_rows() -> list[tuple[str, int, str, str]]:
-    """(verdict, exit code, what it means, what to do) in the verdicts' order: everything the
-    verdicts page shows, read from where the code keeps it today (runs.model's order and exit
-    classes, the report's remediations, the classifier's signatures)."""
-    signatures: dict[str, list[str]] = {}
-    for name, pattern in SIGNATURES:
-        signatures.setdefault(name.split(":", 1)[0], []).append(pattern.pattern)
+def verdict_rows() -> list[tuple[str, int, str, str, str]]:
+    """(verdict, exit code, workload, what it means, what to do) in the verdicts' order:
+    everything the verdicts page shows, from the verdict table (ground/verdicts.py)."""
     rows = []
-    for verdict in VERDICTS:
-        meaning = VERDICT_MEANINGS.get(verdict)
+    for rule in verdict_rules():
+        meaning = rule["description"]
         if not meaning:
-            raise MissingDocs(f"the verdict {verdict!r} has no meaning in runs.model.VERDICT_MEANINGS")
-        if verdict in signatures:
-            meaning += " Log signature: " + "; ".join(f"`{p}`" for p in signatures[verdict]) + "."
-        remediation = REMEDIATIONS.get(verdict) or {
-            "collective-timeout": COLLECTIVE_REMEDIATION,
-            "rendezvous-timeout": RENDEZVOUS_REMEDIATION}.get(verdict, "")
-        rows.append((verdict, exit_code_for(verdict), meaning, remediation))
+            raise MissingDocs(f"the verdict {rule['name']!r} has no description in ground/verdicts.py")
+        if rule["patterns"]:
+            meaning += " Log signature: " + "; ".join(f"`{p}`" for p in rule["patterns"]) + "."
+        rows.append((rule["name"], rule["exit_code"], rule["workload"], meaning, rule["remediation"]))
     return rows
 
 
 def verdicts_page() -> str:
     lines = [HEADER, "# Verdicts", "",
-             "What `orch run` and `orch nightly` conclude about a run, best first, and the exit "
-             "code each gives ([exit codes](exit-codes.md)). A failure signature decides the "
-             "verdict only when the run ended badly; in a run that ended well it is a warning. "
-             "The monitor prints a remediation made for the run (the target, the playbook, the "
-             "torch version); the one below is what a report shows when the run left none.", "",
-             "| verdict | exit | means | what to do |", "| --- | ---: | --- | --- |"]
-    for verdict, code, meaning, remediation in verdict_rows():
-        lines.append(f"| `{verdict}` | {code} | {_cell(meaning)} | {_cell(remediation)} |")
+             "What `orch run` and `orch nightly` conclude about a run, and the exit code each "
+             "gives ([exit codes](exit-codes.md)), in the order that decides: the first verdict "
+             "whose evidence a run shows is its verdict, and of several targets' verdicts the "
+             "first is the run's. A failure signature decides the verdict only when the run ended "
+             "badly; in a run that ended well it is a warning. The workload says whose runs show "
+             "it (any trainer, torchrun's ranks, the DFlash threads). The monitor adds to a "
+             "remediation what it knows of the run (the target, the playbook, the torch version); "
+             "a report shows the one below when the run left none.", "",
+             "| verdict | exit | workload | means | what to do |", "| --- | ---: | --- | --- | --- |"]
+    for verdict, code, workload, meaning, remediation in verdict_rows():
+        lines.append(f"| `{verdict}` | {code} | {workload} | {_cell(meaning)} | {_cell(remediation)} |")
     lines.append("")
     return _page(lines)
 

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Source, load_yaml
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import ConfigError
 
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
@@ -122,20 +123,23 @@ class Inventory:
 
 
 def inventory_path(explicit: Optional[str] = None) -> str:
-    """-i/--inventory, then $ORCH_INVENTORY, then ./inventory.yaml, then ~/.config/orch/."""
-    chosen = explicit or os.environ.get("ORCH_INVENTORY")
+    """-i/--inventory, then $ORCH_INVENTORY, then ./inventory.yaml, then ~/.config/orch/;
+    in the command's environment, and relative to its working directory (as given: the
+    messages name it so; `invocation.current().path` is the file)."""
+    command = invocation.current()
+    chosen = explicit or command.env.get("ORCH_INVENTORY")
     if chosen == "sandbox":
-        return os.path.join(os.environ.get("ORCH_SANDBOX_DIR", SANDBOX_DIR_DEFAULT), "inventory.yaml")
+        return os.path.join(command.env.get("ORCH_SANDBOX_DIR", SANDBOX_DIR_DEFAULT), "inventory.yaml")
     if chosen:
         return chosen
-    for candidate in ("inventory.yaml", os.path.expanduser("~/.config/orch/inventory.yaml")):
-        if os.path.exists(candidate):
+    for candidate in ("inventory.yaml", command.expanduser("~/.config/orch/inventory.yaml")):
+        if os.path.exists(command.path(candidate)):
             return candidate
     return "inventory.yaml"
 
 
 def load_inventory(path: Optional[str] = None) -> Inventory:
-    source = load_yaml(inventory_path(path))
+    source = load_yaml(inventory_path(path), folder=invocation.current().cwd)
     data = source.data if source.data is not None else {}
     expect(source, (), data, dict, "the inventory")
     check_keys(source, (), data, TOP_KEYS)

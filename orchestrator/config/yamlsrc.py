@@ -6,6 +6,7 @@ load_yaml() returns plain dicts and lists (easy to use) plus a table from each v
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -76,10 +77,12 @@ def describe_path(path: Iterable) -> str:
     return text or "(top level)"
 
 
-def load_yaml(filename: str, text: str | None = None) -> Source:
+def load_yaml(filename: str, text: str | None = None, folder: str | None = None) -> Source:
+    """The YAML file `filename` (relative to `folder`, when given; messages name it as given)."""
     try:
         if text is None:
-            with open(filename, encoding="utf-8") as handle:
+            with open(os.path.join(folder, filename) if folder else filename,
+                      encoding="utf-8") as handle:
                 text = handle.read()
     except FileNotFoundError:
         raise ConfigError(f"{filename}: no such file") from None

@@ -99,10 +99,15 @@ def audit_command(last, tool, session, as_json):
     if not rows:
         console.info("no MCP tool calls recorded yet")
         return
-    console.table(["WHEN", "SESSION", "TOOL", "TARGET", "OUTCOME", "MS", "ARGUMENTS"],
-                  [[r["at"][:23].replace("T", " "), r["session"], r["tool"], r["target"],
-                    r["outcome"] + (f": {r['error'].splitlines()[0][:60]}" if r["error"] else ""),
-                    f"{r['duration_ms']:.1f}", _short(r["arguments"])] for r in rows])
+    left_out = console.table(
+        ["WHEN", "SESSION", "TOOL", "TARGET", "OUTCOME", "MS", "ARGUMENTS"],
+        [[r["at"][:23].replace("T", " "), r["session"], r["tool"], r["target"],
+          r["outcome"] + (f": {r['error'].splitlines()[0][:60]}" if r["error"] else ""),
+          f"{r['duration_ms']:.1f}", _short(r["arguments"])] for r in rows],
+        optional=["SESSION", "ARGUMENTS"])   # rather than every cell wrapping in 80 columns
+    if left_out:
+        console.info(f"({', '.join(left_out)} left out at this width: a wider terminal or "
+                     "--json shows them)")
 
 
 def _short(arguments: dict, width: int = 80) -> str:

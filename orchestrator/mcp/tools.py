@@ -63,9 +63,10 @@ class LiveReporter:
         with self._lock:
             self._current.pop(target, None)
 
-    def monitor_progress(self, target: str, classifier, status: dict) -> None:
+    def monitor_progress(self, target: str, snapshot, status: dict) -> None:
+        """snapshot: a frozen ProgressSnapshot (watch/classify.py), never the live classifier."""
         with self._lock:
-            self._monitors[target] = classifier
+            self._monitors[target] = snapshot
             if status:
                 self._status[target] = dict(status)
 
@@ -82,11 +83,11 @@ class LiveReporter:
             status = dict(self._status)
         targets = {}
         for name in set(monitors) | set(current):
-            classifier = monitors.get(name)
-            drafters = [] if classifier is None else [
-                {"drafter": d.drafter, "step": d.step, "loss": d.loss, "tok_s": d.tok_s,
-                 "state": d.status, "error": d.error}
-                for d in sorted(list(classifier.drafters.values()), key=lambda d: d.drafter)]
+            progress = monitors.get(name)
+            # "drafter": the key MCP clients read for a worker since the first release
+            drafters = [] if progress is None else [
+                {"drafter": w.worker, "step": w.step, "loss": w.loss, "tok_s": w.tok_s,
+                 "state": w.status, "error": w.error} for w in progress.workers]
             targets[name] = {"current_step": current.get(name), "drafters": drafters,
                              "state": status.get(name, {}).get("state")}
         return {"targets": targets, "log_lines": self.log_lines}

@@ -32,9 +32,10 @@ import yaml
 from orchestrator.ground import console, paths
 from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
+from orchestrator.ground.verdicts import OK, exit_code_for
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, Comparison, compare, throughput
-from orchestrator.runs.model import RunRecord, exit_code_for, now_iso
+from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.report import write_reports
 from orchestrator.runs.store import RunStore
 from orchestrator.playbook.steps.base import Reporter
@@ -236,7 +237,7 @@ class NightlyOutcome:
 
     @property
     def status(self) -> str:
-        if self.record.verdict != "ok":
+        if self.record.verdict != OK:
             return self.record.verdict
         return "regression" if self.comparison.regressed else "ok"
 
@@ -284,7 +285,7 @@ class NightlyOutcome:
 def outcome_code(record: RunRecord, comparison: Comparison) -> int:
     if record.exit_code == ExitCode.USAGE:
         return ExitCode.USAGE          # the engine found a mistake in the playbook's steps
-    if record.verdict != "ok":
+    if record.verdict != OK:
         return exit_code_for(record.verdict)
     return ExitCode.REGRESSION if comparison.regressed else ExitCode.OK
 

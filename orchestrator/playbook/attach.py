@@ -13,14 +13,15 @@ from typing import Optional
 from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.playbook.engine import Engine, TargetRun
 from orchestrator.ground.errors import ConnectionProblem, OrchError
+from orchestrator.ground.verdicts import FAILED, KILLED, RUNNING, UNREACHABLE, exit_code_for, worst
 from orchestrator.targets.fleet import Fleet, each_concurrently, fan_out
 from orchestrator.remote.payload_api import stop_run
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.runs.controller import (ALIVE, GONE, abandoned_because, controller_state,
                                           describe, mark_abandoned)
-from orchestrator.runs.model import Finding, RunRecord, exit_code_for, now_iso
-from orchestrator.runs.recorder import RunRecorder, controller_entry, worst
+from orchestrator.runs.model import Finding, RunRecord, now_iso
+from orchestrator.runs.recorder import RunRecorder, controller_entry
 from orchestrator.remote.container import Target
 from orchestrator.runs.store import RunStore
 from orchestrator.playbook.steps import STEP_KINDS
@@ -66,10 +67,10 @@ def controller_alive(record: RunRecord) -> bool:
 def _settle_unlaunched(store: RunStore, record: RunRecord, verb: str) -> RunRecord:
     """A record that launched nothing: when its controller is gone, nothing will ever end
     it, so attach and stop record it as abandoned; a live controller still owns it."""
-    if record.verdict == "running" and controller_state(record) == GONE:
+    if record.verdict == RUNNING and controller_state(record) == GONE:
         return mark_abandoned(store, record, abandoned_because(record) + " before it "
                               f"launched anything; settled by `orch {verb} {record.run_id}`")
-    if record.verdict == "running" and controller_alive(record):
+    if record.verdict == RUNNING and controller_alive(record):
         raise OrchError(f"run {record.run_id} launched nothing yet: {describe(record)}",
                         hint="wait for it, or stop that orch (Ctrl-C) first")
     raise OrchError(f"run {record.run_id} launched nothing to attach to" if verb == "attach"
@@ -87,7 +88,7 @@ class _Attachment:
         self.reporter = reporter
         self.launches = _launched(record)
         self.book, self.same = _recorded_playbook(record)
-        self.live = record.verdict == "running"
+        self.live = record.verdict == RUNNING
         recorder = RunRecorder(record.run_id, store if self.live else None)
         recorder.resume(record, self.launches,
                         controller_entry(attached=True) if self.live else None)
@@ -174,7 +175,7 @@ def _attach_step(book: Playbook, entry: dict) -> tuple[StepSpec, Step]:
 
 def _failed_run(target: Target, error) -> TargetRun:
     run = TargetRun(target, {})
-    run.verdict = "unreachable" if isinstance(error, ConnectionProblem) else "failed"
+    run.verdict = UNREACHABLE if isinstance(error, ConnectionProblem) else FAILED
     return run
 
 
@@ -200,7 +201,7 @@ def stop_recorded_run(ref: str, *, grace: float = 10.0, target_names=(),
             fleet = own_fleet = _open_fleet(record, inventory, trust_on_first_use)
         targets = [fleet.target(spec) for spec in fleet.inventory.resolve(list(launches))]
         results = fan_out(targets, lambda t: stop_run(t, launches[t.name]["run_dir"], grace)).rows()
-        if record.verdict == "running" and not controller_alive(record) and \
+        if record.verdict == RUNNING and not controller_alive(record) and \
                 not any("error" in r for r in results):
             _record_killed(store, record, launches)
         return record, results
@@ -212,10 +213,10 @@ def stop_recorded_run(ref: str, *, grace: float = 10.0, target_names=(),
 
 
 def _record_killed(store: RunStore, record: RunRecord, launches: dict) -> None:
-    record.verdict = "killed"
-    record.exit_code = exit_code_for("killed")
+    record.verdict = KILLED
+    record.exit_code = exit_code_for(KILLED)
     record.ended_at = now_iso()
-    finding = Finding(target=",".join(launches), signature="killed",
+    finding = Finding(target=",".join(launches), signature=KILLED,
                       message="stopped with `orch stop` while no orch was watching it")
     store.add_findings(record.run_id, [finding])
     store.finish(record)

@@ -15,6 +15,7 @@ from typing import Optional
 from orchestrator.config.inventory import ContainerSpec, Inventory
 from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.ground.errors import ConfigError, ConnectionProblem, ExitCode, OrchError
+from orchestrator.ground.verdicts import FAILED, INTERRUPTED, OK, UNREACHABLE, exit_code_for, worst
 from orchestrator.targets.fleet import Fleet, fan_out
 from orchestrator.watch.monitor import RunUnreachable
 from orchestrator.remote.payload_api import launcher
@@ -23,9 +24,8 @@ from orchestrator.playbook.model import BUILTIN_NAMES, Playbook, StepSpec
 from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, evaluate_condition, render,
                                           render_params)
 from orchestrator.remote.container import Target
-from orchestrator.runs.model import RunRecord, TargetInfo, exit_code_for, new_run_id
-from orchestrator.runs.recorder import (RunRecorder, controller_entry, json_safe, masked, stamp,
-                                        step_result, worst)
+from orchestrator.runs.model import RunRecord, TargetInfo, new_run_id
+from orchestrator.runs.recorder import RunRecorder, controller_entry, json_safe, masked, stamp, step_result
 from orchestrator.runs.store import RunStore
 from orchestrator.playbook.steps import STEP_KINDS
 from orchestrator.playbook.steps.base import (Reporter, RunInfo, Step, StepContext, StepFailed,
@@ -66,7 +66,7 @@ class TargetRun:
         self.usage_error = False
 
     def final_verdict(self) -> str:
-        return self.verdict or self.monitor_verdict or "ok"
+        return self.verdict or self.monitor_verdict or OK
 
 
 class Engine:
@@ -136,12 +136,12 @@ class Engine:
             launched = self._launched_when_interrupted()
             if not launched:
                 # Nothing runs on the targets: the record must not stay "running" for ever.
-                self.recorder.finish("interrupted", exit_code_for("interrupted"), self._summary(runs))
+                self.recorder.finish(INTERRUPTED, exit_code_for(INTERRUPTED), self._summary(runs))
             # Else the record stays "running": a launched run goes on and `orch attach` finds it.
             self.reporter.interrupted(self.run_info, launched)
             raise
         for run, error in group.failed.items():
-            run.verdict = "unreachable" if isinstance(error, ConnectionProblem) else "failed"
+            run.verdict = UNREACHABLE if isinstance(error, ConnectionProblem) else FAILED
         return self.finish(runs)
 
     def _launched_when_interrupted(self) -> dict[str, str]:
@@ -248,7 +248,7 @@ class Engine:
             run.monitor_verdict = outcome.verdict
         self.reporter.step_finished(target.name, spec, result, outcome)
         if outcome.failed and not spec.continue_on_error:
-            run.verdict = outcome.verdict or "failed"
+            run.verdict = outcome.verdict or FAILED
             run.failed_step = spec.label()
         return outcome
 
@@ -283,7 +283,7 @@ class Engine:
             time.sleep(spec.retry_delay)
         if outcome.failed and outcome.verdict == "usage":
             run.usage_error = True
-            outcome.verdict = "failed"
+            outcome.verdict = FAILED
         return outcome
 
     @staticmethod
@@ -294,20 +294,20 @@ class Engine:
             return StepOutcome(status="failed", message=failure.message, data=failure.data,
                                verdict=failure.verdict, findings=failure.findings)
         except (ConnectionProblem, RunUnreachable) as error:
-            return StepOutcome(status="failed", message=str(error), verdict="unreachable")
+            return StepOutcome(status="failed", message=str(error), verdict=UNREACHABLE)
         except ConfigError as error:
             return StepOutcome(status="failed", message=str(error), verdict="usage")
         except OrchError as error:
-            return StepOutcome(status="failed", message=str(error), verdict="failed")
+            return StepOutcome(status="failed", message=str(error), verdict=FAILED)
         except Exception as error:  # noqa: BLE001 - a bug in a step must not leave the record open
-            return StepOutcome(status="failed", verdict="failed",
+            return StepOutcome(status="failed", verdict=FAILED,
                                message=f"internal error in the {ctx.spec.kind} step: "
                                        f"{type(error).__name__}: {error} (please report it)",
                                data={"traceback": traceback.format_exc()})
 
     def _usage_failure(self, run: TargetRun, spec: StepSpec, error: ConfigError) -> None:
         run.usage_error = True
-        run.verdict = "failed"
+        run.verdict = FAILED
         run.failed_step = spec.label()
         outcome = StepOutcome(status="failed", message=str(error))
         result = step_result(spec, run.target.name, outcome, stamp())

@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
-from orchestrator.ground.errors import BadArgument, CommandFailed, CommandTimeout, ConnectionLost
+from orchestrator.ground import invocation
+from orchestrator.ground.errors import (BadArgument, CommandFailed, CommandTimeout, ConnectionLost,
+                                        OrchError)
 
 # Called with each chunk of bytes as it arrives (stdout or stderr).
 OutputCallback = Callable[[bytes], None]
@@ -93,7 +95,16 @@ class Transport:
         options = RunOptions(stdin=stdin, timeout=timeout, env=validate_env(env or {}),
                              on_stdout=on_stdout, on_stderr=on_stderr, capture=capture,
                              kill_on_close=kill_on_close)
-        result = self._run(validate_argv(argv), options)
+        # The command's interrupt closes its channel or kills its process (the transports
+        # file them under it): what comes back then is that interrupt, not a broken channel
+        interrupt = invocation.current().interrupt
+        interrupt.check()
+        try:
+            result = self._run(validate_argv(argv), options)
+        except OrchError:
+            interrupt.check()
+            raise
+        interrupt.check()
         return result.check() if check else result
 
     def _run(self, argv: list[str], options: RunOptions) -> Result:  # pragma: no cover

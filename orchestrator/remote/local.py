@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 
-from orchestrator.ground import paths
+from orchestrator.ground import invocation, paths
 from orchestrator.ground.errors import CommandTimeout, OrchError
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
                                       Transport, stdin_pieces, validate_argv)
@@ -21,11 +21,12 @@ class LocalTransport(Transport):
 
     def _run(self, argv: list[str], options: RunOptions) -> Result:
         started = time.monotonic()
+        command = invocation.current()   # its environment and folder, as a shell's would be
         try:
             process = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if options.stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env={**os.environ, **options.env}, start_new_session=True,
+                env={**command.env, **options.env}, cwd=command.cwd, start_new_session=True,
                 umask=paths.user_umask())
         except FileNotFoundError:
             raise OrchError(f"{argv[0]}: command not found on {self.name}") from None
@@ -36,6 +37,8 @@ class LocalTransport(Transport):
         if options.stdin is not None:
             threading.Thread(target=_feed_stdin, args=(process.stdin, options.stdin),
                              daemon=True).start()
+        # the command's interrupt kills it, as Ctrl-C in a shell would its process group
+        forget = command.interrupt.on_set(lambda: _kill_group(process))
         try:
             exit_code = process.wait(timeout=options.timeout)
         except subprocess.TimeoutExpired:
@@ -44,6 +47,8 @@ class LocalTransport(Transport):
             raise CommandTimeout(
                 f"command {result.display()} on {self.name} did not finish within "
                 f"{options.timeout:g} s and was killed", result=result) from None
+        finally:
+            forget()
         return _collect(argv, exit_code, readers, started, self.name)
 
 

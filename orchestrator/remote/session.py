@@ -22,9 +22,9 @@ import json
 import struct
 import threading
 import time
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Optional
+from typing import Optional
 
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import ConnectionLost, ConnectionProblem, OrchError
 from orchestrator.payloads import compact_source
 from orchestrator.remote.base import (OutputKeeper, Process, Result, RunOptions, Transport,
@@ -249,16 +249,12 @@ class ExecSession(Transport):
 
 class SessionPool:
     """Warm sessions, at most `per_target` for each container, each lent to one command at
-    a time. Two hooks for the agent: `detached()` is entered while a session starts (its
-    channel outlives the request that happened to start it), `holding(session)` while a
-    command runs in it (an interrupt of that request closes it, as it closes its channels)."""
+    a time. A session starts detached from the command that happened to start it (its
+    channel outlives that command: its interrupt does not close it); while a command runs
+    in it, that command's interrupt closes it (SessionTarget)."""
 
-    def __init__(self, per_target: int = SESSIONS_PER_TARGET,
-                 detached: Callable[[], ContextManager] = nullcontext,
-                 holding: Callable[[ExecSession], ContextManager] = nullcontext):
+    def __init__(self, per_target: int = SESSIONS_PER_TARGET):
         self.per_target = per_target
-        self.holding = holding
-        self._detached = detached
         self._idle: dict[tuple, list[ExecSession]] = {}
         self._busy: dict[tuple, int] = {}
         self._lock = threading.Lock()
@@ -288,7 +284,7 @@ class SessionPool:
             self._busy[key] = self._busy.get(key, 0) + 1
         session = ExecSession(target)
         try:
-            with self._detached():
+            with invocation.using(invocation.current().detached()):
                 session.start()
         except SessionUnavailable:
             self._release(key)
@@ -345,10 +341,12 @@ class SessionTarget(Target):
         if session is None:
             return super()._run(argv, options)
         started = time.monotonic()
+        interrupt = invocation.current().interrupt
         try:
-            with self.sessions.holding(session):
+            with interrupt.closing(session):
                 result = session._run(argv, options)
         except SessionUnavailable:
+            interrupt.check()   # the interrupt closed it: nothing runs on
             return super()._run(argv, options)   # nothing ran: the plain path runs it once
         except ConnectionLost as lost:
             if not lost.why:   # not a dead link: the host can say whether the CT stopped

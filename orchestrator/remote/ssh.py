@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import (AuthRefused, ChannelRefused, CommandTimeout, HostKeyChanged,
                                  HostKeyRevoked, HostKeyUnknown, HostUnreachable, OrchError)
 from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
@@ -83,8 +84,9 @@ class SshSettings:
     hash_known_hosts: bool = False  # ssh_config HashKnownHosts: trust on first use writes hashed
 
     def local_path(self, path: str) -> str:
-        """An identity or known_hosts path as a file name here (~ expanded)."""
-        path = os.path.expanduser(path)
+        """An identity or known_hosts path as a file name here (~ expanded with the
+        command's HOME)."""
+        path = invocation.current().expanduser(path)
         return os.path.join(self.folder, path) if self.folder else path
 
     def known_hosts_name(self) -> str:
@@ -128,6 +130,7 @@ class SshHost(Transport):
                     if not self._connecting and len(self._connections) < self._connection_limit:
                         self._connecting = True
                         break
+                    invocation.current().interrupt.check()
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise CommandTimeout(
@@ -189,12 +192,16 @@ class SshHost(Transport):
                                  f"{error.strerror or error}") from None
         known.install(client, s.trust_on_first_use)
         sock = self._open_socket()
+        env = invocation.current().env
+        # paramiko would find the ssh-agent and the default keys through os.environ (the
+        # agent process's own): hand it the command's SSH_AUTH_SOCK and HOME's keys instead
+        client._agent = _SshAgent(env.get("SSH_AUTH_SOCK"))
         try:
             client.connect(
                 s.address, port=s.port, username=s.user, sock=sock,
-                key_filename=[s.local_path(p) for p in s.identity] or None,
+                key_filename=[s.local_path(p) for p in s.identity] or _default_keys() or None,
                 timeout=s.connect_timeout, banner_timeout=s.connect_timeout,
-                auth_timeout=s.connect_timeout, allow_agent=True, look_for_keys=not s.identity,
+                auth_timeout=s.connect_timeout, allow_agent=True, look_for_keys=False,
                 transport_factory=_SignalAwareTransport)
         except UnknownKey as unknown:
             sock.close()
@@ -277,12 +284,17 @@ class SshHost(Transport):
         waits for a free slot until wait_until (None: as long as it takes), then gives the
         server `timeout` seconds to open the channel."""
         reconnected, refusals = False, 0
+        interrupt = invocation.current().interrupt
         while True:
+            interrupt.check()
             connection = self._reserve(wait_until)
             asked = time.monotonic()
             deadline = asked + timeout
             try:
                 channel = connection.transport.open_session(timeout=timeout)
+                # the command's interrupt closes it: the reaper (or the session's server)
+                # then kills the remote command, and the waiting thread wakes
+                interrupt.file(channel)
                 return connection, channel
             except (paramiko.SSHException, OSError, EOFError) as error:
                 others = self._release(connection)
@@ -370,6 +382,38 @@ class SshHost(Transport):
             raise HostUnreachable(f"host {self.name}: could not start {argv[0]}: "
                                   f"{why or error or type(error).__name__}") from None
         return _ChannelProcess(channel, lambda: self._release(connection), connection.lost_reason)
+
+
+class _SshAgent(paramiko.agent.AgentSSH):
+    """The ssh-agent at `path` (the command's SSH_AUTH_SOCK), as paramiko.Agent() would open
+    it from os.environ; no keys when it is unset or gone (a dangling variable), as there."""
+
+    def __init__(self, path: Optional[str]):
+        super().__init__()
+        if not path:
+            return
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+            self._connect(conn)
+        except (OSError, paramiko.SSHException):
+            conn.close()
+
+    def close(self) -> None:
+        self._close()
+
+
+def _default_keys() -> list[str]:
+    """paramiko's look_for_keys files (~/.ssh/id_rsa, id_ecdsa, id_ed25519 and their
+    certificates) under the command's HOME. Given as key files they are tried before the
+    agent's keys, where paramiko's own search tries them after."""
+    found = []
+    for name in ("rsa", "ecdsa", "ed25519"):
+        for folder in (".ssh", "ssh"):
+            path = invocation.current().expanduser(f"~/{folder}/id_{name}")
+            if os.path.isfile(path):
+                found.append(path)
+    return found
 
 
 def _no_exec_reply() -> str:

@@ -21,14 +21,15 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from orchestrator.ground import fx_states
-from orchestrator.runs.model import VERDICTS, RunRecord
+from orchestrator.ground import fx_states, verdicts
+from orchestrator.ground.verdicts import OK
+from orchestrator.runs.model import RunRecord
 
 DEFAULT_THRESHOLD = 0.10
 FX_SIGNATURE = "fx-tls:"     # patch-state findings; judged as patch drift, not as failures
 # Findings are also notes (grep hits "grep:PATTERN", "fx-tls:patched", "fx-race-check:fixed"):
-# only these signatures, the monitor's failure classes, are failures.
-FAILURE_SIGNATURES = frozenset(v for v in VERDICTS if v not in ("ok", "running")) | {"drafter-error"}
+# only these signatures, the verdict table's failures and a worker's error line, are failures.
+FAILURE_SIGNATURES = verdicts.FAILURES | {verdicts.WORKER_ERROR}
 
 
 def worker_word(record: Optional[RunRecord]) -> str:
@@ -274,9 +275,9 @@ def _throughput_changes(result: Comparison) -> None:
 
 
 def _verdict_changes(result: Comparison, base: Optional[RunRecord], new: RunRecord) -> None:
-    if new.verdict == "ok":
+    if new.verdict == OK:
         return
-    if base is None or base.verdict == "ok":
+    if base is None or base.verdict == OK:
         result.changes.append(Change("verdict", "regression",
                                      f"verdict {new.verdict}" + (f" (baseline was {base.verdict})"
                                                                  if base else "")))

@@ -14,7 +14,8 @@ import os
 import socket
 from typing import Optional
 
-from orchestrator.runs.model import Finding, RunRecord, exit_code_for, now_iso
+from orchestrator.ground.verdicts import ABANDONED, RUNNING, exit_code_for
+from orchestrator.runs.model import Finding, RunRecord, now_iso
 
 ALIVE, GONE, UNKNOWN = "alive", "gone", "unknown"
 # The recorded start is time.time() when the record was made, after the process started;
@@ -25,7 +26,7 @@ _START_SLACK_S = 2.0
 def controller_state(record: RunRecord) -> Optional[str]:
     """ALIVE, GONE or UNKNOWN (another machine's, or no controller recorded) for a running
     record; None for a record that has ended."""
-    if record.verdict != "running":
+    if record.verdict != RUNNING:
         return None
     controller = (record.launch or {}).get("controller") or {}
     pid = controller.get("pid")
@@ -94,11 +95,11 @@ def _exists(pid: int) -> Optional[float]:
 def mark_abandoned(store, record: RunRecord, why: str) -> RunRecord:
     """Settle a running record whose controller is gone: verdict "abandoned", with a
     finding that says why (its launched processes, if any, are left as they are)."""
-    record.verdict = "abandoned"
-    record.exit_code = exit_code_for("abandoned")
+    record.verdict = ABANDONED
+    record.exit_code = exit_code_for(ABANDONED)
     record.ended_at = now_iso()
     finding = Finding(target=",".join(t.name for t in record.targets) or "-",
-                      signature="abandoned", message=why)
+                      signature=ABANDONED, message=why)
     record.findings.append(finding)
     store.add_findings(record.run_id, [finding])
     store.finish(record)

@@ -12,60 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from orchestrator.ground.errors import ExitCode
+from orchestrator.ground.verdicts import RUNNING
 
-# Verdicts, from best to worst for display; each maps to an exit code in errors.ExitCode.
-VERDICTS = ("ok", "degraded", "recompile-limit", "fx-race", "hang", "cuda-oom", "nccl-error",
-            "collective-timeout", "rendezvous-timeout", "traceback", "nonzero-exit", "killed", "timeout",
-            "failed", "unreachable", "interrupted", "abandoned", "running")
-
-VERDICT_EXIT = {
-    "ok": ExitCode.OK,
-    "degraded": ExitCode.RUN_DEGRADED,
-    "recompile-limit": ExitCode.RUN_DEGRADED,
-    "hang": ExitCode.RUN_HANG,
-    "unreachable": ExitCode.RUN_UNREACHABLE,
-    "interrupted": ExitCode.INTERRUPTED,   # Ctrl-C before anything was launched
-    # "abandoned" (its controller died without a verdict; settled by attach, stop or
-    # `orch runs abandon`) is a failure: 10
-}
-
-
-# What each verdict means to a user: the text of docs/reference/verdicts.md (orchestrator.cli.reference).
-VERDICT_MEANINGS = {
-    "ok": "the run trained: every worker finished (or is healthy when `watch_for` left it going).",
-    "degraded": "it ran, below the playbook's throughput threshold (`degraded_below`).",
-    "recompile-limit": "degraded because torch._dynamo hit its recompile limit: the function runs "
-                       "uncompiled from then on.",
-    "fx-race": "the FX race: threads compiling side by side shared torch's FX state (the tracing "
-               "flag's RuntimeError, `KeyError: 'custom'` from fx/traceback.py, CURRENT_PATCHER "
-               "errors). FX-race advice only for DFlash runs.",
-    "hang": "no progress for `hang_after` seconds while the process lived; it was stopped "
-            "(`stop_on_hang`). Once steps flow, steps that stop while output goes on are a hang "
-            "that names the silent worker.",
-    "cuda-oom": "CUDA ran out of memory.",
-    "nccl-error": "NCCL reported an error (an `NCCL WARN` in a run that exits 0 is a warning).",
-    "collective-timeout": "a collective timed out (torchrun's SIGABRT after NCCL's watchdog line "
-                          "included).",
-    "rendezvous-timeout": "the ranks never met: the rendezvous never completed, or its store could "
-                          "not be reached.",
-    "traceback": "the run failed with a Python traceback.",
-    "nonzero-exit": "the process exited with a non-zero code and no known signature.",
-    "killed": "the process was killed by a signal, or stopped with `orch stop` (a worker's exit "
-              "143 is a stop by SIGTERM, named).",
-    "timeout": "the monitor's time limit ran out; orch stopped the run.",
-    "failed": "a step failed, or fewer workers finished than `expect_drafters`.",
-    "unreachable": "a target could not be reached during the run.",
-    "interrupted": "Ctrl-C before anything was launched.",
-    "abandoned": "its orch (the controller) died without a verdict: settled by `orch attach`, "
-                 "`orch stop` or `orch runs abandon`.",
-    "running": "the run is still going (its record has no verdict yet).",
-}
-
-
-def exit_code_for(verdict: str) -> int:
-    """ok 0, hang 11, degraded 12, unreachable 13, every other failure 10 (errors.ExitCode)."""
-    return VERDICT_EXIT.get(verdict, ExitCode.RUN_FAILED)
+# The verdicts, their order and exit codes: the verdict table, orchestrator/ground/verdicts.py.
 
 
 def now_iso() -> str:
@@ -104,7 +53,7 @@ class MetricPoint:
 @dataclass
 class Finding:
     target: str
-    signature: str              # fx-race | hang | degraded | recompile-limit | cuda-oom | ...
+    signature: str              # a verdict, or VERDICT:kind, or a note (ground/verdicts.py)
     message: str
     remediation: str = ""
     evidence: list[str] = field(default_factory=list)
@@ -130,7 +79,7 @@ class RunRecord:
     targets: list[TargetInfo] = field(default_factory=list)
     started_at: str = field(default_factory=now_iso)
     ended_at: Optional[str] = None
-    verdict: str = "running"
+    verdict: str = RUNNING
     exit_code: Optional[int] = None
     steps: list[StepResult] = field(default_factory=list)
     metrics: list[MetricPoint] = field(default_factory=list)

@@ -17,8 +17,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
 
-from orchestrator.runs.model import (VERDICTS, Finding, MetricPoint, RunRecord, StepResult,
-                                     TargetInfo, now_iso)
+from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo, now_iso
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.remote.container import Target
@@ -63,12 +62,6 @@ def trimmed(data: dict, limit: int = 20000) -> dict:
             return [cut(v) for v in value[:500]]
         return value
     return cut(dict(data or {}))
-
-
-def worst(verdicts) -> str:
-    order = {v: i for i, v in enumerate(VERDICTS)}
-    verdicts = [v for v in verdicts if v] or ["ok"]
-    return max(verdicts, key=lambda v: order.get(v, order["failed"]))
 
 
 def stamp() -> str:

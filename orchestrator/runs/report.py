@@ -14,32 +14,18 @@ from typing import Optional
 import jinja2
 
 from orchestrator import __version__
+from orchestrator.ground import verdicts
 from orchestrator.runs.compare import (Comparison, compare, fx_states_seen, is_problem, series,
                                        throughput, worker_word)
 from orchestrator.runs import gpu
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import line_chart, sparkline
 
-# What to do about a finding the runner left without a remediation of its own.
-REMEDIATIONS = {
-    "fx-race": "The installed torch has the FX thread-local race: apply orch's patch with "
-               "`orch patch fx-threads apply -t TARGET` (or add the patch step to the playbook), "
-               "or run one process per drafter.",
-    "hang": "A drafter errored and the others blocked in a compile lock. Read the first "
-            "drafter ERROR line in the log; `orch stop RUN` stops what is left.",
-    "degraded": "Throughput far under the expected rate: check for recompile-limit warnings, "
-                "a cold inductor cache, other jobs on the GPUs (nvidia-smi).",
-    "recompile-limit": "Worker threads hit torch._dynamo's recompile limit and run uncompiled: "
-                       "raise torch._dynamo.config.recompile_limit or mark dims dynamic.",
-    "cuda-oom": "CUDA out of memory: lower the batch or sequence length, or check for other "
-                "processes on the GPU.",
-    "nccl-error": "An NCCL error: check the GPUs given to the container and NCCL_DEBUG=INFO output.",
-    "patch-drift": "orch's patch record says applied but torch's files say not (torch was "
-                   "reinstalled?): `orch patch fx-threads apply -t TARGET` re-applies it.",
-    "traceback": "A Python traceback: see the evidence lines and the collected log.",
-}
-
-VERDICT_CLASS = {"ok": "ok", "running": "running", "degraded": "warn", "recompile-limit": "warn"}
+def _remedy(signature: str, target: str) -> str:
+    """What to do about a finding the runner left without a remediation of its own (records
+    of older orchs): its verdict's, from the verdict table."""
+    verdict = verdicts.verdict_of(signature)
+    return verdicts.remedy(verdict, target=target) if verdict else ""
 
 
 def templates_dir() -> str:
@@ -130,7 +116,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
     }
     findings = [{"target": f.target, "signature": f.signature, "message": f.message,
                  "evidence": f.evidence,
-                 "remediation": f.remediation or REMEDIATIONS.get(f.signature, "")}
+                 "remediation": f.remediation or _remedy(f.signature, f.target)}
                 for f in record.findings if is_problem(f.signature)]
     # The steps' informational findings (grep hits, "patched", "race check: fixed").
     notes = [f for f in record.findings if not is_problem(f.signature)]
@@ -146,7 +132,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         charts.update(gpus["charts"])
     return {
         "record": record,
-        "verdict_class": VERDICT_CLASS.get(record.verdict, "bad"),
+        "verdict_class": verdicts.rule(record.verdict).tone,
         "elapsed_s": _elapsed(record),
         "throughput": tp,
         "drafters": drafters,

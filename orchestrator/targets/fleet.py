@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, load_inventory
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import ConfigError, NoSuchContainer, OrchError
 from orchestrator.ground.lazy import lazy
 from orchestrator.remote.base import Transport
@@ -215,7 +216,7 @@ def _first(value):
 
 
 def _read_ssh_config(path: str) -> Optional[paramiko.SSHConfig]:
-    path = os.path.expanduser(path)
+    path = invocation.current().expanduser(path)
     if not os.path.exists(path):
         return None
     try:
@@ -274,7 +275,9 @@ def each_concurrently(items: list, work: Callable, max_workers: int = 16,
         return [guarded(item) for item in items]
     pool = ThreadPoolExecutor(max_workers=min(max_workers, len(items)))
     try:
-        return list(pool.map(guarded, items))
+        # the workers print, read the environment and file their channels under the
+        # interrupt of the command that started them
+        return list(pool.map(invocation.bind(guarded), items))
     except BaseException:
         if on_interrupt is not None:
             on_interrupt()

@@ -68,13 +68,17 @@ def reachable(error: OrchError) -> bool:
 
 
 def row_texts(row: dict) -> dict:
-    """A row's facts in words, for a table: python, venv, gpus, problem ("-" when none)."""
+    """A row's facts in short words, for a table that fits 80 columns: python, venv (ok,
+    missing), gpus ("-" when none); and `problems`, the sentences printed below the table."""
     venv = row.get("venv") or {}
     gpus = row.get("gpus")
+    problems = [row["error"]] if row.get("error") else list(row.get("problems", []))
+    if isinstance(gpus, dict) and gpus.get("error"):
+        problems.append(f"nvidia-smi: {gpus['error']}")
     return {
         "python": row.get("python_version") or "-",
-        "venv": f"{venv.get('path')} ({'ok' if venv.get('present') else 'missing'})" if venv else "-",
-        "gpus": ("-" if gpus is None else gpus.get("error") if isinstance(gpus, dict)
-                 else ",".join(str(g["index"]) for g in gpus)),
-        "problem": row.get("error") or "; ".join(row.get("problems", [])),
+        "venv": ("ok" if venv.get("present") else "missing") if venv else "-",
+        "gpus": ("-" if gpus is None else "error" if isinstance(gpus, dict)
+                 else ",".join(str(g["index"]) for g in gpus) or "none"),
+        "problems": problems,
     }

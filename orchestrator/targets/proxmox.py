@@ -34,6 +34,7 @@ from proxmoxer.backends.command_base import JsonSimpleSerializer
 from proxmoxer.core import ProxmoxResource
 
 from orchestrator.config.inventory import HostSpec
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import (ConfigError, HostUnreachable, NoSuchContainer, OrchError)
 from orchestrator.remote.base import Transport
 
@@ -400,12 +401,13 @@ def _https_session(spec: HostSpec) -> HttpsSession:
         if fingerprint is None:
             raise ConfigError(f"host {spec.name}: api fingerprint must be a SHA-256 "
                               "(64 hex digits, colons allowed)")
-    ca_file = spec.api.get("ca_file")
-    if ca_file and not os.path.isfile(os.path.expanduser(str(ca_file))):
-        raise ConfigError(f"host {spec.name}: api ca_file {ca_file} does not exist")
-    secret = os.environ.get(secret_env)
+    command = invocation.current()
+    ca_file = command.expanduser(str(spec.api["ca_file"])) if spec.api.get("ca_file") else None
+    if ca_file and not os.path.isfile(ca_file):
+        raise ConfigError(f"host {spec.name}: api ca_file {spec.api['ca_file']} does not exist")
+    secret = command.env.get(secret_env)
     if not secret:
         raise ConfigError(f"host {spec.name}: the API token secret is not set",
                           hint=f"export {secret_env}=... (orch never reads it from a file or prints it)")
     return HttpsSession(spec.name, str(url), str(token_id), secret,
-                        os.path.expanduser(str(ca_file)) if ca_file else None, fingerprint)
+                        ca_file, fingerprint)

@@ -10,6 +10,8 @@
   the rank behind is the one to look at.
 
 The formats are torch's own (torch 2.13, checked on real runs; docs/design/trainer-logs.md).
+The log signatures of collective and rendezvous timeouts, and what to do about them, are rules
+of the verdict table (ground/verdicts.py).
 """
 
 from __future__ import annotations
@@ -18,22 +20,6 @@ import re
 import signal as signals
 from dataclasses import dataclass
 from typing import Optional
-
-# Bounded gaps (.{0,400}? not .*): these run on every line of untrusted output, and `.*`
-# backtracks quadratically on a long line that repeats the first word.
-COLLECTIVE_TIMEOUT = re.compile(
-    r"Timed out waiting \d+ ?ms for (?:recv|send) operation|gloo.{0,400}?[Tt]imed? ?out|"
-    r"Watchdog caught collective operation timeout|ProcessGroupNCCL.{0,400}?[Tt]imeout|"
-    r"collective operation timeout|DistBackendError.{0,400}?[Tt]imed? ?out")
-RENDEZVOUS_TIMEOUT = re.compile(
-    r"RendezvousTimeoutError|RendezvousClosedError|waiting for clients\. \d+/\d+ clients joined|"
-    r"client socket has timed out after .{0,200}? while trying to connect|"
-    r"The server socket has failed to listen")
-
-# Retries while the store cannot be reached; a run that meets after a retry is fine, so
-# this only explains a hang in which no step was ever logged.
-RENDEZVOUS_RETRY = re.compile(
-    r"TCP client failed to connect/validate to host|has failed to connect to any network address of")
 
 _FAILED_HEADER = re.compile(r"ChildFailedError")
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
@@ -186,16 +172,6 @@ def rank_failure_remediation(failure: RankFailure) -> str:
         return f"rank {failure.rank}'s traceback is in its error file {failure.error_file}"
     return (f"read rank {failure.rank}'s traceback in its log (torchrun prefixes it "
             f"`[rank{failure.rank}]:`)")
-
-
-COLLECTIVE_REMEDIATION = (
-    "a collective waited past its timeout: one rank did not join it (stuck, slower, or dead). "
-    "Look at the rank that fell behind; set TORCH_DISTRIBUTED_DEBUG=DETAIL (and NCCL_DEBUG=INFO "
-    "on GPUs) in the launch env to see which collective each rank was in")
-RENDEZVOUS_REMEDIATION = (
-    "the ranks never all met: check that every node started with the same --nnodes, "
-    "--rdzv-endpoint / --master-addr and --master-port, that the port is reachable from every "
-    "node, and that no stale run holds the port")
 
 
 def behind(progress: dict[int, int]) -> tuple[list[int], int, int]:

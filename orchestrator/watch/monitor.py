@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.ground.errors import CommandTimeout, ExitCode, OrchError
 from orchestrator.watch.logformats import (DerivedThroughput, LogParser, TrainerStateError, log_history_points,
                                      make_format)
-from orchestrator.watch.classify import EndState, LogClassifier, Verdict
+from orchestrator.ground.verdicts import FX_RACE
+from orchestrator.watch.classify import EndState, LogClassifier, ProgressSnapshot, Verdict
 from orchestrator.remote.payload_api import error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.runs.gpu import append_sample, gpu_sample, gpu_stats
@@ -92,11 +93,13 @@ class LogFollower:
             if handler.should_stop():
                 return None
             process = None
+            timed_out = False
             try:
                 process = self._spawn()
                 outcome, final = self._pump(process, handler, down_since)
             except OrchError as error:
                 outcome, final = "error", str(error)
+                timed_out = isinstance(error, CommandTimeout)   # by type: not by its wording
             finally:
                 if process is not None:
                     _close_quietly(process)
@@ -125,8 +128,7 @@ class LogFollower:
                 down_since = self._last_event if outcome == "connected-lost" else now
                 self.reconnects += 1
                 handler.on_connection(False, final if isinstance(final, str) else outcome)
-            if outcome in ("stalled", "connected-lost") or "timed out" in str(final) or \
-                    "did not open a channel" in str(final):
+            if outcome in ("stalled", "connected-lost") or timed_out:
                 # A silent channel on a dead link leaves the SSH connection half-open: drop it
                 # so the next try connects afresh instead of waiting out TCP's back-off.
                 _drop_connection(self.target)
@@ -275,7 +277,7 @@ class MonitorSink:
     """Where a monitor reports: the console and the run store (the runner provides one)."""
 
     def log_line(self, target: str, line: str) -> None: ...
-    def progress(self, target: str, classifier: LogClassifier, status: dict) -> None: ...
+    def progress(self, target: str, snapshot: ProgressSnapshot, status: dict) -> None: ...
     def note(self, target: str, text: str, level: str = "info") -> None: ...
     def metrics(self, target: str, points: list[MetricPoint]) -> None: ...
 
@@ -461,7 +463,7 @@ class Monitor(FollowHandler):
                 self._points.append(metric)
         self.classifier.format_name = self.log_format.describe()   # auto says what it picked
         if lines or points:
-            self.sink.progress(self.target.name, self.classifier, self._state)
+            self.sink.progress(self.target.name, self.classifier.snapshot(), self._state)
         self._flush_metrics()
 
     def _flush_metrics(self, force: bool = False) -> None:
@@ -478,7 +480,7 @@ class Monitor(FollowHandler):
         self._alive = event.get("state") == "running"
         if event.get("cpu_s") is not None:
             self.cpu_s = event["cpu_s"]
-        self.sink.progress(self.target.name, self.classifier, event)
+        self.sink.progress(self.target.name, self.classifier.snapshot(), event)
 
     def on_gpu(self, event: dict) -> None:
         self.gpus_seen = event.get("gpus") or []
@@ -519,7 +521,7 @@ class Monitor(FollowHandler):
         if s.watch_for and now - self.started >= s.watch_for and self._alive:
             self._watch_ended = True
         if not self._warned_degraded and self.classifier.degraded(live=True) and \
-                len([d for d in self.classifier.drafters.values() if d.rates]) > 0 and \
+                len([d for d in self.classifier.workers.values() if d.rates]) > 0 and \
                 now - self.started > 30:
             self._warned_degraded = True
             total = self.classifier.total_tok_s(live=True) or 0
@@ -565,7 +567,7 @@ class MonitorReporter(Protocol):
 
     def monitor_started(self, target: str, run_dir: str, settings: MonitorSettings) -> None: ...
     def monitor_ended(self, target: str) -> None: ...
-    def monitor_progress(self, target: str, classifier: LogClassifier, status: dict) -> None: ...
+    def monitor_progress(self, target: str, snapshot: ProgressSnapshot, status: dict) -> None: ...
     def log_line(self, target: str, line: str) -> None: ...
     def note(self, target: str, text: str, level: str = "info") -> None: ...
 
@@ -580,8 +582,8 @@ class ReportingSink(MonitorSink):
     def log_line(self, target: str, line: str) -> None:
         self.reporter.log_line(target, line)
 
-    def progress(self, target: str, classifier: LogClassifier, status: dict) -> None:
-        self.reporter.monitor_progress(target, classifier, status)
+    def progress(self, target: str, snapshot: ProgressSnapshot, status: dict) -> None:
+        self.reporter.monitor_progress(target, snapshot, status)
 
     def note(self, target: str, text: str, level: str = "info") -> None:
         self.reporter.note(target, text, level)
@@ -610,7 +612,7 @@ def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
     info = recorder.target_info(target.name)
     if info is not None:
         facts = {"torch_version": info.torch_version, "fx_tls_state": info.fx_tls_state}
-    if "fx-race" in monitor.classifier.seen and fresh_facts is not None:
+    if FX_RACE in monitor.classifier.seen and fresh_facts is not None:
         facts.update(fresh_facts(target))
         if info is not None and facts.get("fx_tls_state"):
             info.fx_tls_state = facts["fx_tls_state"]

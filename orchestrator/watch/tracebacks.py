@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from orchestrator.watch import dflash
 from orchestrator.watch.logformats import LogStream
 
 MAX_FRAMES = 120          # innermost frames kept per traceback (where the error is)
@@ -33,8 +34,8 @@ MAX_NOISE = 40            # other lines inside one traceback before it is given 
 _CARET = re.compile(r"\s{0,400}[~^]{1,4000}\s{0,40}$")
 _CHAINED = ("During handling of the above exception, another exception occurred:",
             "The above exception was the direct cause of the following exception:")
-# Who is about to print a traceback: the stand-in trainer's error event, Python's thread hook.
-_TRAINER_ERROR = re.compile(r"(?P<kind>drafter|worker|rank)=(?P<n>\d{1,6}) ERROR ")
+# Who is about to print a traceback: the stand-in trainer's error event (its words are
+# dflash.py's), Python's thread hook.
 _THREAD_HEADER = re.compile(r"Exception in thread (?P<name>[^\s:]{1,200})(?: \([^)]{0,200}\))?:")
 
 
@@ -168,12 +169,10 @@ class TracebackParser:
 
     def _who(self, reader: _Reader, text: str) -> None:
         """The worker the next traceback belongs to, if this line names one."""
-        trainer = _TRAINER_ERROR.search(text)
+        trainer = dflash.ERROR_LINE.search(text)
         if trainer:
-            kind = trainer.group("kind")
-            # the stand-in trainer names its threads drafter-N; ranks stay "rank N"
-            reader.next_worker = (f"rank {trainer.group('n')}" if kind == "rank"
-                                  else f"{kind}-{trainer.group('n')}")
+            # the stand-in trainer names its threads drafter-N, as here
+            reader.next_worker = f"{dflash.WORD}-{int(trainer.group('drafter'))}"
             return
         thread = _THREAD_HEADER.search(text)
         if thread:

@@ -122,6 +122,33 @@ def test_agent_killed_mid_command_is_an_error_and_never_a_rerun(sandbox, agent_e
     ct.run(["rm", "-f", mark])
 
 
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_command_stops_at_once_and_the_agent_serves_the_next(
+        sandbox, agent_env, fleet, number):
+    """Ctrl-C (or SIGTERM) of a command the agent runs in a warm session: the request's
+    interrupt closes the session, the remote command dies, the client gets the direct path's
+    exit at once, and the same agent runs the next command."""
+    ct = fleet.targets(["sb1-200"])[0]
+    assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
+    pid = the_agent(agent_env)
+    marker = f"sleep {420 + int(number)}"
+    process = subprocess.Popen(
+        [*ORCH, "-i", str(sandbox.inventory_path), "exec", "sb1-200", "--", "sh", "-c",
+         f"echo started; exec {marker}"], env=agent_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == b"started\n"
+    sent = time.monotonic()
+    process.send_signal(number)
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - sent < 3
+    assert process.returncode == 128 + number, stderr
+    assert stderr == (b"orch: error: interrupted\n" if number == signal.SIGINT else b"")
+    wait_for(lambda: marker not in ct.run(COMMAND_LINES).text.splitlines(), 10,
+             "the remote command outlived its interrupt")
+    after = orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "echo", "next")
+    assert (after.returncode, after.stdout) == (0, "next\n"), after.stderr
+    assert the_agent(agent_env) == pid
+
+
 def test_agent_killed_between_commands_is_replaced(sandbox, agent_env):
     assert orch(agent_env, sandbox.inventory_path, "exec", "sb1-200", "--", "true").returncode == 0
     first = the_agent(agent_env)
@@ -364,6 +391,38 @@ def test_each_client_connects_with_its_own_environment(sandbox, agent_env, tmp_p
     with open(f"/proc/{the_agent(agent_env)}/environ", "rb") as environ:
         names = {item.split(b"=", 1)[0].decode() for item in environ.read().split(b"\0") if item}
     assert "ORCH_AGENT" not in names and "PYTEST_CURRENT_TEST" not in names
+
+
+def test_the_ssh_agent_and_home_are_the_clients(sandbox, agent_env, tmp_path):
+    """No identity in the inventory: the key comes from the ssh-agent at the client's
+    SSH_AUTH_SOCK (paramiko would look in the agent process's os.environ, which has none),
+    or from the default keys under the client's HOME; a client with neither is refused, as
+    on the direct path."""
+    inventory = _inventory_with(sandbox, tmp_path / "inventory.yaml", identity=None)
+    socket_path = str(tmp_path / "ssh-agent.sock")
+    ssh_agent = subprocess.Popen(["ssh-agent", "-D", "-a", socket_path], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.path.exists(socket_path), 10, "ssh-agent did not start")
+        subprocess.run(["ssh-add", "-q", str(sandbox.identity)], env={**os.environ, "SSH_AUTH_SOCK": socket_path},
+                       check=True, timeout=30, capture_output=True)
+        homes = {}
+        for name in ("keyless", "keyed"):
+            (tmp_path / name / ".ssh").mkdir(parents=True)
+            homes[name] = tmp_path / name
+        shutil.copy(sandbox.identity, homes["keyed"] / ".ssh" / "id_ed25519")
+        base = {k: v for k, v in agent_env.items() if k != "SSH_AUTH_SOCK"}
+        clients = [({**base, "HOME": str(homes["keyless"]), "SSH_AUTH_SOCK": socket_path}, 0),
+                   ({**base, "HOME": str(homes["keyless"])}, 255),
+                   ({**base, "HOME": str(homes["keyed"])}, 0)]
+        for env, code in clients:
+            got = orch(env, inventory, "exec", "sb1-200", "--", "echo", "hi")
+            direct = orch({**env, "ORCH_AGENT": "off"}, inventory, "exec", "sb1-200", "--", "echo", "hi")
+            assert (got.returncode, got.stdout, got.stderr) == (direct.returncode, direct.stdout, direct.stderr)
+            assert got.returncode == code, got.stderr
+        assert status(agent_env)["commands_served"] == 3
+    finally:
+        ssh_agent.terminate()
+        ssh_agent.wait(timeout=10)
 
 
 def test_a_frozen_agent_costs_a_quick_command_its_accept_bound(sandbox, agent_env):

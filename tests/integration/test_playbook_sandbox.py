@@ -102,6 +102,43 @@ def test_bootstrap_twice_the_second_does_nothing(sandbox, tmp_path):
         orch(sandbox, "exec", TARGET, "--", "rm", "-rf", venv)
 
 
+def test_a_bootstrap_is_summarised_and_its_whole_output_kept(sandbox, tmp_path):
+    """pip -vv and a chatty shell step print hundreds of lines: the console shows a few, the
+    run's folder has them all; with -v the console shows them all as well."""
+    venv = f"/root/orch-summary-{os.getpid()}"
+    book = tmp_path / "noisy.yaml"
+    book.write_text(
+        f"extends: {REPO}/playbooks/dflash-sandbox.yaml\nname: noisy\nsteps:\n"
+        f"  - bootstrap:\n      venv: {venv}\n      packages: [sympy==1.14.0, mpmath==1.3.0]\n"
+        "      wheelhouse: '{{ wheelhouse }}'\n      pip_args: [-vv]\n"
+        "  - shell: [sh, -c, 'for i in $(seq 300); do echo build line $i; done']\n")
+    again = tmp_path / "again.yaml"
+    again.write_text(book.read_text().replace("[-vv]", "[-vv, --force-reinstall]"))
+    try:
+        _, shown = orch(sandbox, "run", str(book), "-t", TARGET, check_code=0)
+        record = last_record()
+        folder = os.path.join(os.environ["ORCH_DATA_DIR"], "runs", record.run_id, "steps")
+        logs = {}
+        for name in (f"1-bootstrap-{TARGET}.log", f"2-shell-{TARGET}.log"):
+            with open(os.path.join(folder, name)) as handle:
+                logs[name] = handle.read().splitlines()
+            assert f"output: {len(logs[name])} lines in {folder}/{name}" in shown, shown
+        pip_log = logs[f"1-bootstrap-{TARGET}.log"]
+        assert len(pip_log) > 50 and any(line.startswith("Successfully installed ") for line in pip_log)
+        assert logs[f"2-shell-{TARGET}.log"] == [f"build line {n}" for n in range(1, 301)]
+        assert len(shown.splitlines()) < 20, shown          # the console: a handful of lines
+        assert f"{TARGET}: pip: installing 2 packages" in shown
+        assert "Successfully installed" not in shown and "build line" not in shown
+        _, verbose = orch(sandbox, "run", str(again), "-t", TARGET, "-v", check_code=0)
+        streamed = [line.split(" | ", 1)[1] for line in verbose.splitlines()
+                    if line.startswith(f"  {TARGET} | ")]
+        assert any(line.startswith("Successfully installed ") for line in streamed)
+        assert [line for line in streamed if line.startswith("build line")] == \
+            [f"build line {n}" for n in range(1, 301)]
+    finally:
+        orch(sandbox, "exec", TARGET, "--", "rm", "-rf", venv)
+
+
 def test_race_is_diagnosed_then_the_patch_makes_it_train(sandbox, torch_in_container):
     target = torch_in_container
     payload_api.fx_patch(target, "revert")  # start from the pristine torch

@@ -97,6 +97,80 @@ def test_environment_is_the_callers(env, inventory):
         assert out.stdout == f"{value}\n", out.stderr
 
 
+def test_concurrent_requests_each_see_their_own_environment_and_folder(env, tmp_path):
+    """Two commands in the agent at once, each with its own environment, folder and
+    ./inventory.yaml: each reads its own, as on the direct path (the local command runs in
+    the caller's folder there; the agent once ran it in its own, /)."""
+    script = 'sleep 1; echo "$ORCH_TEST_VALUE $(pwd)"'
+    folders = {}
+    for name in ("one", "two"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "inventory.yaml").write_text(
+            f"hosts:\n  here: {{transport: local}}\ncontainers:\n  ct-{name}: {{host: here}}\n")
+        folders[name] = folder
+    assert subprocess.run([*ORCH, "exec", "ct-one", "--", "true"], env={**env, "ORCH_INVENTORY": ""},
+                          cwd=folders["one"], timeout=60).returncode == 0   # the agent is warm
+    runs = {}
+    for mode in ("require", "off"):
+        processes = {name: subprocess.Popen(
+            [*ORCH, "exec", f"ct-{name}", "--", "sh", "-c", script], cwd=folder,
+            env={**env, "ORCH_INVENTORY": "", "ORCH_TEST_VALUE": name, "ORCH_AGENT": mode},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, folder in folders.items()}
+        runs[mode] = {name: (p.communicate(timeout=60), p.returncode) for name, p in processes.items()}
+    for name, folder in folders.items():
+        assert runs["require"][name] == runs["off"][name] == ((f"{name} {folder}\n", ""), 0)
+    assert status_of(env)["commands_served"] == 3
+
+
+def test_an_interrupted_exec_stops_at_once_and_the_agent_serves_the_next(env, inventory):
+    """Ctrl-C of an agent-run `exec` of a long command: the interrupt token kills the command
+    and the request ends as the direct path's Ctrl-C does ("interrupted", 130), within a
+    second or two; the agent goes on serving (nothing raised asynchronously in its threads)."""
+    marker = "47.25"   # `sleep 47.25`: the command's process, found by its argv
+    for mode in ("require", "require"):   # twice: the second on the same warm agent
+        process = subprocess.Popen([*ORCH, "-i", inventory, "exec", "dev", "--", "sleep", marker],
+                                   env={**env, "ORCH_AGENT": mode}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while not _processes_running("sleep", marker):
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.05)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+        assert time.monotonic() - sent < 3
+        assert (process.returncode, out, err) == (130, "", "orch: error: interrupted\n")
+        deadline = time.monotonic() + 5
+        while _processes_running("sleep", marker):
+            assert time.monotonic() < deadline, "the interrupted command still runs"
+            time.sleep(0.05)
+    after = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "next"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert (after.returncode, after.stdout) == (0, "next\n"), after.stderr
+    assert status_of(env)["commands_served"] == 3
+    assert len(agent_pids(env["ORCH_AGENT_DIR"])) == 1
+
+
+def _processes_running(*argv: str) -> bool:
+    wanted = "\0".join(argv).encode() + b"\0"
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if cmdline.read() == wanted:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def status_of(env) -> dict:
+    out = subprocess.run([*ORCH, "agent", "status", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    return json.loads(out.stdout)
+
+
 def test_an_agent_that_refuses_means_the_direct_path(env, inventory):
     """Before "accepted" any trouble falls back (ORCH_AGENT=on); require makes it an error."""
     directory = env["ORCH_AGENT_DIR"]

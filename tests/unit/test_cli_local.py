@@ -1,6 +1,7 @@
 """The CLI on the local transport: exit codes pass through, errors are sentences."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -61,6 +62,52 @@ def test_inventory_check_reports_missing_venv(inventory):
     assert out.returncode == 1
     assert rows["dev"]["venv"]["present"] is False and rows["dev2"]["ok"] is True
     assert rows["dev2"]["python_version"].count(".") == 2
+
+
+UNREACHABLE = """\
+    hosts:
+      here: {transport: local}
+      gone: {address: 127.0.0.1, port: 1, user: root}
+    containers:
+      dev: {host: here, venv: /nonexistent/venv}
+      dev2: {host: here}
+      far-away-container: {host: gone, vmid: 1234}
+    """
+
+
+def orch_80(tmp_path, *args):
+    """orch as in an 80-column terminal's pipe (rich reads COLUMNS), on UNREACHABLE."""
+    path = tmp_path / "inv.yaml"
+    path.write_text(textwrap.dedent(UNREACHABLE))
+    return subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(path), *args],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80"})
+
+
+def test_ct_list_says_a_hosts_error_below_the_table(tmp_path):
+    out = orch_80(tmp_path, "ct", "list", "gone")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert [cell.strip() for cell in lines[2].split("│")] == ["gone", "", "", "", "error", ""]
+    assert lines[3].startswith("gone: cannot reach host gone at 127.0.0.1:1")
+    assert lines[4].startswith("  hint: ") and len(lines) == 5
+
+
+def test_inventory_check_fits_80_columns_with_the_problems_below(tmp_path):
+    out = orch_80(tmp_path, "inventory", "check")
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    header, rows, below = lines[0], lines[2:5], lines[5:]
+    assert header.split() == ["TARGET", "┃", "HOST", "┃", "CT", "┃", "OK", "┃", "PYTHON", "┃",
+                              "VENV", "┃", "GPUS"]
+    cells = [[cell.strip() for cell in row.split("│")] for row in rows]
+    assert [c[:4] + c[5:] for c in cells] == [["dev", "here", "-", "NO", "missing", "-"],
+                                              ["dev2", "here", "-", "yes", "-", "-"],
+                                              ["far-away-container", "gone", "1234", "NO", "-", "-"]]
+    assert all(len(line) <= 80 for line in lines[:5]), lines   # one line a row: nothing wraps
+    assert below[0] == "dev: venv /nonexistent/venv missing"
+    assert below[1].startswith("far-away-container: cannot reach host gone at 127.0.0.1:1")
+    assert below[2].startswith("  hint: ")
 
 
 def test_every_command_has_help_with_an_example():

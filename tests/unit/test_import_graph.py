@@ -151,8 +151,8 @@ LAYERS = [
 # Inside a room, the same rule between its modules or subpackages (bottom first).
 SUBLAYERS = {
     "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
-    "watch": ["logformats", "distributed", "torchrun", "tracebacks", "classify", "monitor", "suspects",
-              "explain"],
+    "watch": ["logformats", "distributed", "torchrun", "dflash", "tracebacks", "classify", "monitor",
+              "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["rerun", "schedule"],
 }

@@ -236,6 +236,11 @@ def test_runs_audit_prints_arguments_as_typed(tmp_path):
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert '"[/]"' in out.stdout and "[bold]x" in out.stdout and "bad [/] thing" in out.stdout
+    narrow = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "audit"],
+                            capture_output=True, text=True, env={**env, "COLUMNS": "80"})
+    lines = narrow.stdout.splitlines()
+    assert len(lines) == 3 and all(len(line) <= 80 for line in lines), lines   # a row a line
+    assert "ARGUMENTS left out at this width" in narrow.stderr
 
 
 # ------------------------------------------------------------- exec's bounded output

@@ -243,3 +243,34 @@ def test_a_keyerror_of_another_key_is_not_the_node_meta_race():
              "summary status=failed drafters=3 ok=2 failed=1 total_tok_s=0 stalled=0"]
     _, _, verdict = classify(lines, EndState(state="exited", exit_code=1))
     assert verdict.verdict == "traceback"
+
+
+def test_reporters_read_a_frozen_snapshot_not_the_live_classifier():
+    """The MCP server's progress (and the console's table) show what the monitor last
+    reported; the classifier changing later in the monitor's thread does not reach them."""
+    from orchestrator.mcp.tools import LiveReporter
+
+    classifier = LogClassifier("dev")
+    classifier.feed("drafter=0 step=3 loss=2.5 tok_s=100", 1.0)
+    reporter = LiveReporter()
+    reporter.monitor_progress("dev", classifier.snapshot(), {"state": "running"})
+    classifier.feed("drafter=0 step=4 loss=2.4 tok_s=110", 2.0)
+    classifier.feed("drafter=1 step=1 loss=3.0 tok_s=90", 2.0)
+    shown = reporter.progress()["targets"]["dev"]["drafters"]
+    assert [(d["drafter"], d["step"], d["loss"]) for d in shown] == [(0, 3, 2.5)]
+    snapshot = classifier.snapshot()
+    assert [w.step for w in snapshot.workers] == [4, 1] and snapshot.silent_for(5.0) == 3.0
+    assert snapshot.is_metric_line("drafter=1 step=2 loss=3 tok_s=1") and not snapshot.is_metric_line("hi")
+
+
+def test_a_run_that_is_not_dflashs_is_told_in_its_own_words():
+    """The DFlash trainer's word (drafter) is the DFlash workload's (watch/dflash.py), not the
+    generic classifier's: another trainer's run is told in its own word for a worker."""
+    classifier = LogClassifier("dev", expect_drafters=2)
+    classifier.worker_word = "worker"
+    classifier.feed("drafter=0 step=5 loss=1.0 tok_s=100", 1.0)
+    classifier.feed("RuntimeError: boom", 2.0)
+    failed = classifier.classify(EndState(exit_code=1))
+    assert failed.verdict == "nonzero-exit"
+    assert failed.message == "nonzero-exit: 0/2 workers finished, 100 tok/s total (exit 1)"
+    assert not any("drafter" in f.message + f.remediation for f in failed.findings)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from orchestrator.watch.monitor import FollowHandler, LogFollower
 from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.payloads import payload_source
+from orchestrator.remote.base import command_timeout
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 
@@ -248,3 +250,35 @@ def test_follower_should_stop(tmp_path, target):
 
     assert LogFollower(target, str(run_dir)).follow(Stopper()) is None
     stop_run(target, str(run_dir), grace=2)
+
+
+class TimesOutOnce(Target):
+    """A target whose first follower start outlives its timeout (the error orch raises for
+    that, whatever its wording), as a half-open SSH connection does."""
+
+    def __init__(self, transport):
+        super().__init__("slow", transport)
+        self.tries = 0
+
+    def spawn(self, argv):
+        self.tries += 1
+        if self.tries == 1:
+            raise command_timeout("tail", "on host slow", 30, None)
+        return super().spawn(argv)
+
+
+def test_follower_drops_the_connection_when_its_start_timed_out(tmp_path):
+    """By the error's type (CommandTimeout), not by its wording: orch's own message says
+    "did not finish within", which the old text match ("timed out") missed."""
+    closed = threading.Event()
+
+    class Transport(LocalTransport):
+        def close(self):
+            closed.set()
+
+    target = TimesOutOnce(Transport("slow"))
+    run_dir = tmp_path / "run"
+    run_writer(target, run_dir, lines=5)
+    final = LogFollower(target, str(run_dir), min_interval=0.01, max_interval=0.05).follow(Collect())
+    assert final["state"] == "exited" and target.tries >= 2
+    assert closed.wait(5), "the timed-out connection was not dropped"

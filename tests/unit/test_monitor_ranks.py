@@ -4,6 +4,7 @@ on this machine. The same with a real torchrun is in tests/trainer and tests/int
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import textwrap
 import time
@@ -17,6 +18,7 @@ from orchestrator.remote.payload_api import launcher
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
+from orchestrator.watch.classify import ProgressSnapshot
 from orchestrator.watch.logformats import make_format
 from orchestrator.watch.torchrun import RANK_LOGS, TorchrunError, build_argv, check_spec
 
@@ -130,7 +132,10 @@ for step in range(1, 11):
 
 class Recording(MonitorSink):
     def __init__(self):
-        self.lines, self.points = [], []
+        self.lines, self.points, self.snapshots = [], [], []
+
+    def progress(self, target, snapshot, status):
+        self.snapshots.append(snapshot)
 
     def log_line(self, target, line):
         self.lines.append(line)
@@ -159,6 +164,12 @@ def test_the_monitor_follows_every_ranks_log(tmp_path):
            "Loss: 2.3000, Acc: 0.5000" in sink.lines
     assert not any("Training Epoch" in line for line in sink.lines)   # redraws are progress
     assert sink.lines[0].startswith("W1130 torch/distributed/run.py")   # the agent's output.log
+    # Progress reached the sink as frozen copies: each kept what it saw when it was taken.
+    assert all(isinstance(s, ProgressSnapshot) and s.worker_word == "rank" for s in sink.snapshots)
+    seen = [max((w.step for w in s.workers), default=0) for s in sink.snapshots]
+    assert seen[0] < 10 and seen[-1] == 10 and seen == sorted(seen)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sink.snapshots[-1].workers[0].step = 0
     verdict = monitor.verdict(end, {}, cli="orch", playbook=None)
     assert verdict.verdict == "ok"
     assert verdict.message == "ok: 2 ranks trained to step 10, 2,000 tok/s total (derived from step times)"
@@ -287,12 +298,12 @@ def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
     for rank in (0, 1):
         classifier.observe(LogPoint(step=50, worker=rank, loss=2.1), 1.0)
     reporter.monitor_started("dev", "/r", MonitorSettings())
-    reporter.monitor_progress("dev", classifier, {"state": "running"})
+    reporter.monitor_progress("dev", classifier.snapshot(), {"state": "running"})
     reporter.log_line("dev", "2026-11-30 12:00:00,000 - INFO - x - Train - Step 50 [50/99?], Loss: 2.1")
     reporter.log_line("dev", "Saved checkpoint to /out")
     text = out.getvalue()
     assert "Train - Step 50" not in text and "dev | Saved checkpoint to /out" in text
-    header = reporter._table({"dev": {"classifier": classifier, "status": {}, "settings": None}})
+    header = reporter._table({"dev": {"progress": classifier.snapshot(), "status": {}, "settings": None}})
     rendered = io.StringIO()
     Console(file=rendered, width=120).print(header)
     assert "rank" in rendered.getvalue().splitlines()[0] and "drafter" not in rendered.getvalue()
@@ -313,5 +324,5 @@ def test_the_live_view_says_when_no_metric_line_was_recognised():
     classifier.feed("warming caches", 1.0)
     rendered = io.StringIO()
     Console(file=rendered, width=160).print(
-        reporter._table({"dev": {"classifier": classifier, "status": {}, "settings": None}}))
+        reporter._table({"dev": {"progress": classifier.snapshot(), "status": {}, "settings": None}}))
     assert "no metric lines recognised (format auto; looked for orch, specforge)" in rendered.getvalue()

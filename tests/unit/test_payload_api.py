@@ -290,11 +290,14 @@ def test_check_targets_gives_one_row_per_target_errors_included():
     assert inventory_check.reachable(OrchError("x")) and not inventory_check.reachable(ConnectionProblem("y"))
 
 
-def test_row_texts():
+def test_row_texts_are_short_cells_and_the_problems_as_sentences():
     assert inventory_check.row_texts({"python_version": "3.8.10", "venv": {"path": "/v", "present": True},
                                       "gpus": [{"index": 0}, {"index": 2}], "problems": []}) == {
-        "python": "3.8.10", "venv": "/v (ok)", "gpus": "0,2", "problem": ""}
+        "python": "3.8.10", "venv": "ok", "gpus": "0,2", "problems": []}
     assert inventory_check.row_texts({"error": "unreachable"}) == {
-        "python": "-", "venv": "-", "gpus": "-", "problem": "unreachable"}
-    assert inventory_check.row_texts({"gpus": {"error": "NVML failed"}, "problems": ["a", "b"]})[
-        "gpus"] == "NVML failed"
+        "python": "-", "venv": "-", "gpus": "-", "problems": ["unreachable"]}
+    assert inventory_check.row_texts({"venv": {"path": "/v", "present": False}, "gpus": [],
+                                      "problems": ["venv /v missing"]}) == {
+        "python": "-", "venv": "missing", "gpus": "none", "problems": ["venv /v missing"]}
+    texts = inventory_check.row_texts({"gpus": {"error": "NVML failed"}, "problems": ["a", "b"]})
+    assert texts["gpus"] == "error" and texts["problems"] == ["a", "b", "nvidia-smi: NVML failed"]

@@ -58,6 +58,13 @@ def test_show(two_runs):
     assert human.exit_code == 0 and "verdict ok" in human.output and "bootstrap" in human.output
 
 
+def test_show_names_the_folder_of_the_step_logs(two_runs):
+    assert "step output" not in invoke("runs", "show", B).output
+    folder = os.path.join(paths.run_dir(B), "steps")
+    os.makedirs(folder)
+    assert f"step output {folder}" in invoke("runs", "show", B).output
+
+
 def test_show_unknown_run_is_a_sentence():
     result = invoke("runs", "show", "nope")
     assert result.exit_code == 1 and "no run 'nope'" in result.output
@@ -139,3 +146,59 @@ def test_compare_uses_the_nightly_config_threshold(two_runs):
         handle.write("threshold: 60%\n")
     data = json.loads(invoke("runs", "compare", A, B, "--json").output)
     assert data["threshold"] == 0.6 and {c["kind"] for c in data["regressions"]} == {"torch-version"}
+
+
+# ------------------------------------------------------------------ 80 columns
+@pytest.fixture
+def terminal_80(monkeypatch):
+    """stdout as an 80-column terminal (rich squeezes, cuts with … and wraps a table to fit)."""
+    import io
+    from orchestrator.ground import console
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "out", console.make_console(file=screen, width=80,
+                                                             force_terminal=True, color_system=None))
+    return screen
+
+
+def table_rows(text: str, header: str) -> list[str]:
+    """The lines of the table whose header line starts with `header`, up to its end."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(header)) + 2
+    end = next((i for i in range(start, len(lines)) if "│" not in lines[i]), len(lines))
+    return lines[start:end]
+
+
+def test_tables_fit_80_columns_without_a_wrapped_or_cut_cell(terminal_80):
+    long_message = ("created the venv /root/venv with /usr/bin/python3 -m venv; installed "
+                    "torch==2.13.0+cpu from the pushed wheelhouse /var/lib/orch/wheelhouse "
+                    "(--no-index) (24.1 s)")
+    with RunStore() as store:
+        store.begin(synthetic_run(A, tok_s=6000, started_at="2026-11-28T02:00:00+00:00",
+                                  playbook="playbooks/dflash-sandbox.yaml"))
+        new = synthetic_run(B, tok_s=4000, verdict="fx-race", fx_tls_state="vulnerable",
+                            torch_version="2.13.1+cpu", started_at="2026-11-29T02:00:00+00:00",
+                            playbook="playbooks/specforge-dflash-legacy.yaml", seed=2,
+                            findings=[Finding("sb1-200", "fx-race", "the FX race", "fx-threads"),
+                                      Finding("sb1-200", "traceback", "a traceback", "")])
+        new.steps[1].message = long_message
+        store.begin(new)
+    assert invoke("runs", "list").exit_code == 0
+    listed = terminal_80.getvalue()
+    rows = table_rows(listed, "RUN")
+    assert [row.split()[0] for row in rows] == [B, A]           # a line a run
+    assert "fx-race" in rows[0] and "vulnerable" in rows[0] and "…" not in listed
+    terminal_80.seek(0), terminal_80.truncate()
+    result = invoke("runs", "list")
+    assert "left out at this width" in result.output            # said on stderr
+    terminal_80.seek(0), terminal_80.truncate()
+    assert invoke("runs", "show", "last").exit_code == 0
+    shown = terminal_80.getvalue()
+    steps = table_rows(shown, "#")
+    assert len(steps) == len(new.steps) and "…" not in shown
+    assert f"  2 bootstrap venv: {long_message}" in shown.splitlines()   # below the table
+    terminal_80.seek(0), terminal_80.truncate()
+    invoke("runs", "compare", A, B)
+    compared = terminal_80.getvalue()
+    assert len(table_rows(compared, "TARGET")) == 1 and "…" not in compared
+    for text in (listed, shown, compared):
+        assert all(len(line) <= 80 for line in text.splitlines() if "│" in line or "━" in line)

@@ -159,7 +159,7 @@ def test_runner_summary_for_several_targets():
 
 
 def test_verdict_exit_codes_are_the_documented_ones():
-    from orchestrator.runs.model import exit_code_for
+    from orchestrator.ground.verdicts import exit_code_for
     codes = {v: exit_code_for(v) for v in ("ok", "fx-race", "traceback", "killed", "hang",
                                            "degraded", "recompile-limit", "unreachable")}
     assert codes == {"ok": 0, "fx-race": 10, "traceback": 10, "killed": 10, "hang": 11,

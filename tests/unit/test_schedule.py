@@ -3,6 +3,7 @@ run through /bin/sh, hostile arguments quoted exactly once, install/list/remove.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
 from orchestrator.cli.app import main
+from orchestrator.ground import console
 from orchestrator.ground.errors import ConfigError
 from orchestrator.nightly import schedule as sched
 
@@ -182,6 +184,15 @@ def test_systemd_install_list_remove_with_dest(tmp_path, playbook):
     assert "WantedBy=timers.target" in open(entry["files"][1]).read()
     listed = json.loads(runner.invoke(main, ["schedule", "list", "--dest", str(dest), "--json"]).output)
     assert [(i["playbook"], i["at"]) for i in listed] == [(playbook, "02:30")]
+    screen = io.StringIO()   # an 80-column terminal: the files' paths go below the table
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(console, "out", console.make_console(file=screen, width=80,
+                                                           force_terminal=True, color_system=None))
+        runner.invoke(main, ["schedule", "list", "--dest", str(dest)])
+    text = screen.getvalue()
+    table, below = text.split("\n  ", 1)[0], "  " + text.split("\n  ", 1)[1]
+    assert "FILES" not in table and ".timer" not in table and ".service" not in table
+    assert below.splitlines() == [f"  {playbook}: {path}" for item in listed for path in item["files"]]
     removed = runner.invoke(main, ["schedule", "remove", playbook, "--dest", str(dest)])
     assert removed.exit_code == 0, removed.output
     assert os.listdir(dest) == []

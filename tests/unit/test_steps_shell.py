@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.ground.errors import ConfigError, ConnectionLost, ExitCode
-from orchestrator.runs.model import exit_code_for
+from orchestrator.ground.verdicts import exit_code_for
 from orchestrator.playbook.steps.base import StepFailed
 from tests.unit.step_fakes import Reply, harness
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -95,7 +94,7 @@ def agent_status(as_json):
         click.echo(f"no agent runs (socket: {protocol.socket_path()})")
     else:
         _print_status(reply)
-    sys.exit(ExitCode.OK if reply else ExitCode.FAILED)
+    return ExitCode.OK if reply else ExitCode.FAILED
 
 
 def _print_status(reply: dict) -> None:

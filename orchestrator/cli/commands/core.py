@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import stat
-import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -64,34 +63,39 @@ def exec_command(app, target, command, timeout, as_json):
     if command[0].startswith("-"):
         raise click.UsageError(f"the command starts with {command[0]!r}: orch's options go "
                                "before TARGET (orch exec --timeout 5 TARGET -- COMMAND...)")
-    signal.signal(signal.SIGTERM, _terminated)
+    # SIGTERM unwinds like Ctrl-C; in the agent the client's SIGTERM comes as the interrupt
+    with app.invocation.signal_handler(signal.SIGTERM, _terminated):
+        return _exec(app, target, command, timeout, as_json)
+
+
+def _exec(app, target, command, timeout, as_json):
     targets = app.fleet.targets([target])
     try:
         if len(targets) == 1 and not as_json:
-            _exec_streaming(targets[0], command, timeout)
-        _exec_many(app, targets, command, timeout, as_json)
+            return _exec_streaming(app.invocation, targets[0], command, timeout)
+        return _exec_many(app, targets, command, timeout, as_json)
     except _OutputClosed:
         # like ssh under `| head`: the reader left, the remote command is stopped with us
-        if threading.current_thread() is threading.main_thread():  # not in the agent
-            sys.stdout = open(os.devnull, "w")
-        sys.exit(128 + signal.SIGPIPE)
+        app.invocation.discard_stdout()
+        return 128 + signal.SIGPIPE
 
 
-def _exec_streaming(target, command, timeout):
-    result = target.run(command, stdin=_forwarded_stdin(), timeout=timeout, capture=False,
-                        kill_on_close=True, on_stdout=_writer(sys.stdout),
-                        on_stderr=_writer(sys.stderr))
-    sys.exit(result.exit_code)
+def _exec_streaming(invocation, target, command, timeout):
+    result = target.run(command, stdin=_forwarded_stdin(invocation.stdin), timeout=timeout,
+                        capture=False, kill_on_close=True, on_stdout=_writer(invocation.stdout),
+                        on_stderr=_writer(invocation.stderr))
+    return result.exit_code
 
 
 def _exec_many(app, targets, command, timeout, as_json):
-    stdin = stdin_bytes(_forwarded_stdin())  # every target gets the same input
+    invocation = app.invocation
+    stdin = stdin_bytes(_forwarded_stdin(invocation.stdin))  # every target gets the same input
 
     def run_one(target):
         if as_json:
             return target.run(command, stdin=stdin, timeout=timeout, capture=True,
                               kill_on_close=True)
-        out, err = _prefixed(target.name, sys.stdout), _prefixed(target.name, sys.stderr)
+        out, err = _prefixed(target.name, invocation.stdout), _prefixed(target.name, invocation.stderr)
         try:
             return target.run(command, stdin=stdin, timeout=timeout, capture=False,
                               kill_on_close=True, on_stdout=out.feed, on_stderr=err.feed)
@@ -105,7 +109,7 @@ def _exec_many(app, targets, command, timeout, as_json):
         console.error(_naming(t.name, str(error)))
     codes = [ExitCode.EXEC_ORCH_ERROR if t in results.failed else results.succeeded[t].exit_code
              for t in targets]
-    sys.exit(max(codes))
+    return max(codes)
 
 
 def _naming(name: str, message: str) -> str:
@@ -121,13 +125,13 @@ class _OutputClosed(Exception):
     """orch's own stdout or stderr was closed by its reader (`orch exec ... | head`)."""
 
 
-def _forwarded_stdin():
+def _forwarded_stdin(stdin):
     try:
-        mode = os.fstat(sys.stdin.fileno()).st_mode
+        mode = os.fstat(stdin.fileno()).st_mode
     except (OSError, ValueError, AttributeError):
         return None
     if stat.S_ISFIFO(mode) or stat.S_ISREG(mode):
-        return sys.stdin.buffer
+        return stdin.buffer
     return None
 
 
@@ -218,10 +222,15 @@ def ct_list(app, hosts, as_json):
     if as_json:
         console.print_json(rows)
     else:
+        # an unreachable host's error is a sentence: below the table, not wrapped in a cell
         console.table(["HOST", "NODE", "VMID", "NAME", "STATUS", "INVENTORY NAME"],
                       [[r["host"], r.get("node"), r.get("vmid"), r.get("name"),
-                        r.get("status") or r.get("error"), r.get("inventory")] for r in rows])
-    sys.exit(ExitCode.OK if results.ok else ExitCode.FAILED)
+                        r.get("status") or ("error" if "error" in r else None),
+                        r.get("inventory")] for r in rows])
+        for row in rows:
+            if "error" in row:
+                console.out.print(console.escape(f"{row['host']}: {row['error']}"))
+    return ExitCode.OK if results.ok else ExitCode.FAILED
 
 
 def _single_container(app, name: str):
@@ -305,12 +314,20 @@ def inventory_check(app, targets, as_json):
     if as_json:
         console.print_json(rows)
     else:
-        console.table(["TARGET", "WHERE", "OK", "PYTHON", "VENV", "GPUS", "PROBLEM"],
-                      [_check_row(r) for r in rows])
-    sys.exit(ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED)
+        _print_check(chosen, rows)
+    return ExitCode.OK if all(r["ok"] for r in rows) else ExitCode.FAILED
 
 
-def _check_row(row: dict) -> list:
-    texts = row_texts(row)
-    return [row["target"], row["where"], "yes" if row["ok"] else "NO",
-            texts["python"], texts["venv"], texts["gpus"], texts["problem"]]
+def _print_check(targets, rows: list[dict]) -> None:
+    """A short row per container, so the table fits an 80-column terminal; what is wrong
+    below it, a sentence per problem (--json has every detail)."""
+    texts = [row_texts(row) for row in rows]
+    console.table(["TARGET", "HOST", "CT", "OK", "PYTHON", "VENV", "GPUS"],
+                  [[row["target"], target.host.name, target.vmid or "-",
+                    "yes" if row["ok"] else "NO", text["python"], text["venv"], text["gpus"]]
+                   for target, row, text in zip(targets, rows, texts)])
+    for row, text in zip(rows, texts):
+        for problem in text["problems"]:
+            # an error names its target already ("sb1-202 (CT 202 on host sb1) is not running")
+            named = problem.startswith(row["target"])
+            console.out.print(console.escape(problem if named else f"{row['target']}: {problem}"))

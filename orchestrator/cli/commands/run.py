@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import click
 
@@ -25,8 +24,8 @@ normalize_extra_vars = lazy("orchestrator.playbook.loader", "normalize_extra_var
 ECHO_CHOICE = click.Choice(["auto", "all", "events", "none"])
 
 
-def _reporter(as_json: bool, echo: str):
-    return ConsoleReporter(json_mode=as_json, echo=echo)
+def _reporter(as_json: bool, echo: str, verbose: bool = False):
+    return ConsoleReporter(json_mode=as_json, echo=echo, verbose=verbose)
 
 
 def _record_json(record) -> dict:
@@ -47,12 +46,19 @@ def _record_json(record) -> dict:
 @click.option("--echo", type=ECHO_CHOICE, default="auto", show_default=True,
               help="Log lines the monitor prints: all, events (not metric lines), none; auto: "
                    "events on a terminal (a live table shows the metrics), all otherwise.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Print every line of the steps' own output (pip's, a shell command's) as it "
+                   "comes, instead of a progress line per step.")
 @pass_app
-def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo):
+def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo, verbose):
     """Run PLAYBOOK: bootstrap, patch, launch detached, monitor, collect, record.
 
     Every run is recorded (`orch runs list`). A launched training run is detached: it
     survives a dropped SSH link and orch's own exit; `orch attach RUN` follows it again.
+
+    A step's own output is summarised in a line that says how far it got; all of it is
+    kept in the run's folder (steps/N-KIND-TARGET.log, the path is shown when the step
+    ends), and a failed step shows its last lines. -v prints every line instead.
 
     \b
     Exit codes:
@@ -69,13 +75,14 @@ def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo):
       orch -i sandbox run playbooks/dflash-sandbox.yaml
       orch run playbooks/dflash.yaml -t drafters -e steps=500 -e hang_after=300
       orch run playbooks/dflash.yaml --dry-run
+      orch run playbooks/dflash.yaml -v                      # pip's every line, as it comes
     """
     record = run_playbook(playbook, targets=list(targets), extra_vars=list(extra_vars),
                           inventory=app.inventory_option, trust_on_first_use=app.trust_on_first_use,
-                          reporter=_reporter(as_json, echo), dry_run=dry_run)
+                          reporter=_reporter(as_json, echo, verbose), dry_run=dry_run)
     if as_json:
         console.print_json(_record_json(record) if not dry_run else {"dry_run": True, "run_id": record.run_id})
-    sys.exit(ExitCode.OK if dry_run else record.exit_code)
+    return ExitCode.OK if dry_run else record.exit_code
 
 
 @click.command("validate")
@@ -100,7 +107,7 @@ def validate_command(app, playbook, extra_vars, as_json):
     except OrchError as error:
         if as_json:
             console.print_json({"ok": False, "playbook": playbook, "error": str(error)})
-            sys.exit(error.exit_code)
+            return error.exit_code
         raise
     steps = [{"index": s.index + 1, "kind": s.kind, "name": s.name, "where": s.loc.where()}
              for s in book.steps]
@@ -151,7 +158,7 @@ def attach_command(app, run, as_json, echo):
                         trust_on_first_use=app.trust_on_first_use, reporter=_reporter(as_json, echo))
     if as_json:
         console.print_json(_record_json(record))
-    sys.exit(record.exit_code if record.exit_code is not None else ExitCode.FAILED)
+    return record.exit_code if record.exit_code is not None else ExitCode.FAILED
 
 
 @click.command("stop")
@@ -190,4 +197,4 @@ def stop_command(app, run, targets, grace, as_json):
             else:
                 console.out.print(f"{item['target']}: stopped with {item.get('sent')} "
                                   f"(exit {item.get('exit_code')}, signal {item.get('signal')})")
-    sys.exit(ExitCode.FAILED if any("error" in r for r in results) else ExitCode.OK)
+    return ExitCode.FAILED if any("error" in r for r in results) else ExitCode.OK

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from orchestrator.ground import console, paths
 from orchestrator.ground.console.run import ConsoleReporter
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.lazy import LazyModule, lazy
+from orchestrator.ground.verdicts import RUNNING
 from orchestrator.runs import controller
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
@@ -109,24 +108,28 @@ def runs_list(playbook, last, as_json):
         console.info("no runs recorded yet" + (f" for {playbook}" if playbook else "")
                      + f" (store {paths.store_path()})")
         return
-    grid = Table(show_edge=False, header_style="bold")
-    grid.add_column("RUN", no_wrap=True)
-    for column in ("PLAYBOOK", "STARTED", "VERDICT", "TOK/S", "TORCH", "FX-TLS", "FINDINGS"):
-        grid.add_column(column, no_wrap=column in ("STARTED", "TOK/S"))
     gone = {r.run_id: r for r in records if controller.controller_state(r) == controller.GONE}
-    for r in records:
-        grid.add_row(r.run_id + (" *" if r.run_id in pins else ""),
-                     os.path.splitext(os.path.basename(r.playbook))[0],
-                     r.started_at[:16].replace("T", " "),
-                     r.verdict + (" (controller gone)" if r.run_id in gone else ""),
-                     _tok(rates[r.run_id]["total"]), _torch(r), _fx(r),
-                     ", ".join(sorted({f.signature for f in r.findings if is_problem(f.signature)}))
-                     or "-")
-    _wide().print(grid)
+    rows = [[r.run_id + (" *" if r.run_id in pins else ""),
+             os.path.splitext(os.path.basename(r.playbook))[0],
+             r.started_at[:16].replace("T", " "),
+             r.verdict + (" (controller gone)" if r.run_id in gone else ""),
+             _tok(rates[r.run_id]["total"]), _torch(r), _fx(r),
+             ", ".join(sorted({f.signature for f in r.findings if is_problem(f.signature)})) or "-"]
+            for r in records]
+    # In 80 columns the least needed columns give way (the run id holds its start, UTC)
+    # rather than every cell wrapping.
+    left_out = console.table(LIST_COLUMNS, rows, out=_wide(), no_wrap=("RUN", "STARTED", "TOK/S"),
+                             optional=("STARTED", "FINDINGS", "TORCH", "PLAYBOOK"))
+    if left_out:
+        console.info(f"({', '.join(left_out)} left out at this width: a wider terminal or "
+                     "--json shows them)")
     if pins & {r.run_id for r in records}:
         console.info("* pinned baseline")
     for r in gone.values():
         console.warn(f"run {r.run_id}: its orch is gone; {controller.settle_hint(r)}")
+
+
+LIST_COLUMNS = ["RUN", "PLAYBOOK", "STARTED", "VERDICT", "TOK/S", "TORCH", "FX-TLS", "FINDINGS"]
 
 
 def _list_item(record, tp: dict, pinned: bool) -> dict:
@@ -177,20 +180,35 @@ def runs_show(run, with_metrics, as_json):
               + "  ".join(f"{k} {_tok(v)}" for k, v in tp["per_drafter"].items()))
     if record.artifacts_dir:
         out.print(f"files {console.escape(record.artifacts_dir)}")
-    if record.verdict == "running":
+    step_logs = os.path.join(paths.run_dir(record.run_id), "steps")
+    if os.path.isdir(step_logs):   # each step's whole output, kept by `orch run`'s console
+        out.print(f"step output {console.escape(step_logs)}")
+    if record.verdict == RUNNING:
         gone = controller.controller_state(record) == controller.GONE
         out.print(("[yellow]" if gone else "") + console.escape(controller.describe(record))
                   + ("[/]" if gone else ""))
     console.table(["TARGET", "HOST", "VMID", "TORCH", "FX-TLS", "PACKAGES"],
                   [[t.name, t.host, t.vmid, t.torch_version or "-", t.fx_tls_state or "-",
                     len(t.pip_freeze)] for t in record.targets], title="targets")
-    console.table(["STEP", "KIND", "TARGET", "STATUS", "TIME", "MESSAGE"],
-                  [[s.name, s.kind, s.target, s.status, f"{s.duration_s:.1f} s", s.message]
-                   for s in record.steps], title="steps")
+    _print_steps(record)
     for finding in record.findings:
         out.print(f"[red]{finding.signature}[/] on {finding.target}: {console.escape(finding.message)}")
         if finding.remediation:
             out.print(f"  fix: {console.escape(finding.remediation)}")
+
+
+def _print_steps(record) -> None:
+    """The steps table; where the messages would wrap it, each message below the table."""
+    one_target = len({s.target for s in record.steps}) <= 1   # named in the targets table
+    columns = ["#", "STEP", "KIND", "TARGET", "STATUS", "TIME", "MESSAGE"]
+    rows = [[number, s.name, s.kind, s.target, s.status, f"{s.duration_s:.1f} s", s.message]
+            for number, s in enumerate(record.steps, 1)]
+    left_out = console.table(columns, rows, title="steps",
+                             optional=(["TARGET"] if one_target else []) + ["MESSAGE"])
+    if "MESSAGE" in left_out:
+        for number, step in enumerate(record.steps, 1):
+            if step.message:
+                console.out.print(console.escape(f"  {number} {step.name}: {step.message}"))
 
 
 @runs.command("abandon")
@@ -249,7 +267,7 @@ def runs_compare(base, new, threshold, as_json):
         console.print_json(result.to_dict())
     else:
         _print_comparison(result, base_record, new_record)
-    sys.exit(ExitCode.REGRESSION if result.regressed else ExitCode.OK)
+    return ExitCode.REGRESSION if result.regressed else ExitCode.OK
 
 
 def _print_comparison(result, base, new) -> None:
@@ -272,7 +290,8 @@ def _print_comparison(result, base, new) -> None:
                         f"+{len(diff.get('added', {}))} -{len(diff.get('removed', {}))} "
                         f"~{len(diff.get('changed', {}))}" if diff else "-"])
     if targets:
-        console.table(["TARGET", "TORCH", "FX-TLS", "PACKAGES"], targets, title="environment")
+        console.table(["TARGET", "TORCH", "FX-TLS", "PACKAGES"], targets, title="environment",
+                      optional=["PACKAGES"])   # each package change is listed below
     for name, info in result.targets.items():
         diff = info["packages"] or {}
         for package, (old, new_version) in diff.get("changed", {}).items():
@@ -440,7 +459,7 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
         console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
                            else "no baseline: ") + console.escape(summary["baseline_reason"] or ""))
         console.out.print(f"report: {summary['report_html']}")
-    sys.exit(outcome.exit_code)
+    return outcome.exit_code
 
 
 # ---------------------------------------------------------------- orch schedule
@@ -542,9 +561,14 @@ def schedule_list(dest, crontab_file, as_json):
     if not entries:
         console.info("no orch schedules installed")
         return
-    console.table(["PLAYBOOK", "AT", "KIND", "FILES"],
-                  [[e.get("playbook"), e.get("at"), e.get("kind"), ", ".join(e.get("files", []))]
-                   for e in entries])
+    left_out = console.table(["PLAYBOOK", "AT", "KIND", "FILES"],
+                             [[e.get("playbook"), e.get("at"), e.get("kind"),
+                               ", ".join(e.get("files", []))] for e in entries],
+                             optional=["FILES"])
+    if left_out:   # the unit files' paths, rather than wrapped into the table
+        for entry in entries:
+            for path in entry.get("files", []):
+                console.out.print(console.escape(f"  {entry.get('playbook')}: {path}"))
 
 
 @schedule.command("remove")

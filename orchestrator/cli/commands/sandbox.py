@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import time
 
 import click
@@ -54,7 +53,7 @@ def reports_errors(command):
             return command(*args, **kwargs)
         except OrchError as error:
             click.echo(f"error: {error}", err=True)
-            sys.exit(error.exit_code)
+            return error.exit_code
     return wrapper
 
 
@@ -213,7 +212,7 @@ def status_command(state_dir, as_json):
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(format_status(report))
-    sys.exit(0 if report["healthy"] else 1)
+    return 0 if report["healthy"] else 1
 
 
 def format_status(report: dict) -> str:

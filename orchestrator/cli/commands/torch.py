@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import signal
-import sys
 import threading
 from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.ground import console, fx_states
+from orchestrator.ground import console, fx_states, invocation
 
 from orchestrator.remote import payload_api
 from orchestrator.ground.errors import ExitCode
@@ -68,7 +67,7 @@ def grep_torch(app, pattern, **options):
       orch grep-torch --def Tracer.trace --show -t drafters
       orch grep-torch -F 'config.error_on_nested_fx_trace' -C 2 -t all-drafters --json
     """
-    _search(app, "torch", pattern, **options)
+    return _search(app, "torch", pattern, **options)
 
 
 @click.command("grep-pkg")
@@ -84,7 +83,7 @@ def grep_pkg(app, package, pattern, **options):
       orch grep-pkg transformers 'flex_attention' -w
       orch grep-pkg triton --def autotune --show
     """
-    _search(app, package, pattern, **options)
+    return _search(app, package, pattern, **options)
 
 
 def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context, definition,
@@ -97,7 +96,7 @@ def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context
         context=context, mode="def" if definition else "grep", show=show, engine=engine,
         max_hits=max_hits))
     _print_each(results, as_json, lambda target, outcome: _print_search(target, outcome, max_hits))
-    sys.exit(_search_exit_code(results))
+    return _search_exit_code(results)
 
 
 def _print_each(results: GroupResult, as_json: bool, print_outcome) -> None:
@@ -131,22 +130,22 @@ def _print_search(target, outcome, max_hits) -> None:
 
 def _print_hit(hit: dict) -> None:
     for line, text in hit.get("before", []):
-        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
-    sys.stdout.write(f"{hit['path']}:{hit['line']}:{hit['text']}\n")
+        console.write(f"{hit['path']}-{line}-{text}\n")
+    console.write(f"{hit['path']}:{hit['line']}:{hit['text']}\n")
     for line, text in hit.get("after", []):
-        sys.stdout.write(f"{hit['path']}-{line}-{text}\n")
+        console.write(f"{hit['path']}-{line}-{text}\n")
     if hit.get("before") or hit.get("after"):
-        sys.stdout.write("--\n")
+        console.write("--\n")
 
 
 def _print_definition(found: dict) -> None:
-    sys.stdout.write(f"{found['path']}:{found['line']}: {found.get('kind')} {found.get('qualname')}\n")
+    console.write(f"{found['path']}:{found['line']}: {found.get('kind')} {found.get('qualname')}\n")
     body = found.get("body")
     if body:
         for number, text in enumerate(body.splitlines(), start=found["line"]):
-            sys.stdout.write(f"{number:>6}  {text}\n")
-        sys.stdout.write("\n")
-    sys.stdout.flush()
+            console.write(f"{number:>6}  {text}\n")
+        console.write("\n")
+    console.flush()
 
 
 def _search_exit_code(results: GroupResult) -> int:
@@ -174,9 +173,6 @@ def finish_before_interrupt(action: str):
     list that is non-empty once Ctrl-C was pressed; a second Ctrl-C raises KeyboardInterrupt
     (the caller says the outcome is not known)."""
     pressed: list[float] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield pressed          # signal handlers belong to the main thread
-        return
 
     def on_interrupt(number, frame):
         if pressed:
@@ -186,11 +182,10 @@ def finish_before_interrupt(action: str):
                      "and leaves no half-patched file); Ctrl-C again to leave without knowing "
                      "its outcome")
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
+    # only where the command owns the process's signals (the direct path): these commands
+    # never run in the agent
+    with invocation.current().signal_handler(signal.SIGINT, on_interrupt):
         yield pressed
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 PATCH_EXIT_CODES = """\b
@@ -214,7 +209,7 @@ def _patch_command(patch_set: str, summary: str, examples: str):
     @JSON_OPTION
     @pass_app
     def command(app, action, targets, as_json):
-        _run_patch(app, patch_set, action, targets, as_json)
+        return _run_patch(app, patch_set, action, targets, as_json)
 
     parts = (summary, STATUS_LINES, PATCH_EXIT_CODES, examples)
     command.__doc__ = "\n\n".join(inspect.cleandoc(part) for part in parts)
@@ -261,7 +256,7 @@ def _run_patch(app, patch_set, action, targets, as_json):
             names = " ".join(f"-t {t.name}" for t in chosen)
             console.error(f"interrupted twice: left while the {action} was in progress; whether it "
                           f"completed is not known: `orch patch {patch_set} status {names}` tells")
-            sys.exit(ExitCode.INTERRUPTED)
+            return ExitCode.INTERRUPTED
         # still under the handler: a Ctrl-C while the outcome is printed is "after it
         # finished", never Python's bare KeyboardInterrupt ("interrupted" for a done change)
         _print_each(results, as_json, lambda target, outcome: _print_patch(target, action, outcome))
@@ -269,8 +264,8 @@ def _run_patch(app, patch_set, action, targets, as_json):
             done = [t.name for t in results.succeeded]
             console.warn(f"interrupted, after the {action} finished"
                          + (f" on {', '.join(done)} (its outcome is above)" if done else ""))
-            sys.exit(ExitCode.INTERRUPTED)
-        sys.exit(_patch_exit_code(action, results))
+            return ExitCode.INTERRUPTED
+        return _patch_exit_code(action, results)
 
 
 def _print_patch(target, action, outcome) -> None:
@@ -278,7 +273,7 @@ def _print_patch(target, action, outcome) -> None:
     console.out.print(header + fx_states.meaning(outcome.get("status")))
     _print_state_rows(outcome.get("states") or [])
     if action == "diff":
-        sys.stdout.write(outcome.get("diff") or "(no change)\n")
+        console.write(outcome.get("diff") or "(no change)\n")
         return
     message = outcome.get("message")
     if message:
@@ -363,9 +358,9 @@ def fx_race(app, targets, trials, as_json):
         target, trials, on_event=progress(target.name)))
     _print_each(results, as_json, _print_race)
     if not results.ok:
-        sys.exit(results.first_error().exit_code)
-    sys.exit(ExitCode.OK if all(o.get("verdict") == "fixed" for o in results.succeeded.values())
-             else ExitCode.FAILED)
+        return results.first_error().exit_code
+    return (ExitCode.OK if all(o.get("verdict") == "fixed" for o in results.succeeded.values())
+            else ExitCode.FAILED)
 
 
 def _print_race(target, outcome) -> None:
@@ -427,9 +422,9 @@ def fx_threads_race(app, targets, trials, as_json):
         target, trials, on_event=progress(target.name), states=list(fx_states.SHARED_STATES)))
     _print_each(results, as_json, _print_state_races)
     if not results.ok:
-        sys.exit(results.first_error().exit_code)
-    sys.exit(ExitCode.OK if all(o.get("overall_verdict") == "fixed"
-                                for o in results.succeeded.values()) else ExitCode.FAILED)
+        return results.first_error().exit_code
+    return (ExitCode.OK if all(o.get("overall_verdict") == "fixed"
+                               for o in results.succeeded.values()) else ExitCode.FAILED)
 
 
 def _print_state_races(target, outcome) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator.config.schema import Param
 from orchestrator.config.yamlsrc import Loc
+from orchestrator.ground.verdicts import FAILED
 from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.watch.monitor import MonitorReporter
 from orchestrator.remote.base import LineSplitter
@@ -41,7 +42,7 @@ class StepOutcome:
 class StepFailed(Exception):
     """Raised inside a step to end it as failed with a sentence (and maybe a verdict)."""
 
-    def __init__(self, message: str, *, verdict: str = "failed", data: Optional[dict] = None,
+    def __init__(self, message: str, *, verdict: str = FAILED, data: Optional[dict] = None,
                  findings: Optional[list] = None):
         super().__init__(message)
         self.message = message

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Callable
 
 from orchestrator.targets import distro
 
@@ -35,7 +36,7 @@ PIP_WHEEL_CACHE = "~/.cache/orch/pip-wheels"
 
 class BootstrapStep(Step):
     kind = "bootstrap"
-    summary = "a venv with pinned packages (pip output streamed, pip freeze recorded)"
+    summary = "a venv with pinned packages (pip's output in the run's folder, pip freeze recorded)"
     params = {
         "venv": Param((str,), doc="where the venv lives (default: the inventory's venv)"),
         "python": Param((str,), default="python3", doc="the interpreter that creates the venv"),
@@ -99,9 +100,13 @@ class BootstrapStep(Step):
             args["pip_wheel"], args["pip_wheel_sha256"] = self._push_pip_wheel(
                 ctx, params, local_dir, checked.get("python_version"), remote_dir)
 
+        phases = PipPhases(ctx.progress)
+
         def on_event(event: dict) -> None:
             if event.get("event") == "pip":
-                ctx.output(event.get("line", ""))
+                line = str(event.get("line", ""))
+                phases.feed(line)
+                ctx.output(line)
 
         result = payload_api.bootstrap(target, "install", python=params["python"],
                                        timeout=ctx.remaining(3600), on_event=on_event, **args)
@@ -266,6 +271,25 @@ class BootstrapStep(Step):
             except OrchError as error:
                 raise StepFailed(f"pushing {name} to {target.name} failed: {error}") from None
         return digests
+
+
+class PipPhases:
+    """pip's phases, read from its output and told once each as the step's progress: pip
+    prints a line or more per package (hundreds for torch and its CUDA libraries), which the
+    console summarises; these few say what it is doing."""
+
+    def __init__(self, progress: Callable[[str], None]):
+        self.progress = progress
+        self.collected = 0
+
+    def feed(self, line: str) -> None:
+        if line.startswith(("Collecting ", "Processing ")):
+            self.collected += 1
+            if self.collected == 1:
+                self.progress("pip: collecting the packages and their dependencies")
+        elif line.startswith("Installing collected packages:"):
+            names = [name for name in line.split(":", 1)[1].split(",") if name.strip()]
+            self.progress(f"pip: installing {len(names)} packages")
 
 
 def remote_wheelhouse(target, params: dict) -> str:

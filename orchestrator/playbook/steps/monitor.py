@@ -16,6 +16,7 @@ from orchestrator.remote import payload_api
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.ground.errors import OrchError
 from orchestrator.ground.fx_states import patch_state
+from orchestrator.ground.verdicts import OK
 from orchestrator.watch.logformats import FORMATS, make_format
 from orchestrator.watch.monitor import MonitorSettings, monitor_run
 from orchestrator.watch.classify import compile_metric_regex
@@ -146,7 +147,7 @@ def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
     result, data = monitor_run(target, run_dir, settings, recorder=run.recorder,
                                reporter=reporter, cli=run.cli, rerun=run.rerun_hint(),
                                fresh_facts=_fresh_patch_facts)
-    status = "ok" if result.verdict == "ok" else "failed"
+    status = "ok" if result.verdict == OK else "failed"
     return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
                        findings=result.findings)
 
