@@ -124,6 +124,8 @@ LAZY_COMMANDS = {
                  "Schedule `orch nightly` with a real scheduler: a systemd timer + service (user "
                  "units by default, --system for /etc/systemd/system), or a crontab line where "
                  "systemd is not running (or with --cron)."),
+    "stacks": ("orchestrator.cli.commands.explain", "stacks_command",
+               "Every thread's Python stack of a hung run's live process, and who waits on whom."),
     "stop": ("orchestrator.cli.commands.run", "stop_command",
              "Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period."),
     "validate": ("orchestrator.cli.commands.run", "validate_command",

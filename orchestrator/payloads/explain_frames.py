@@ -263,6 +263,29 @@ def statements_at(function, line):
     return found
 
 
+def with_blocks(function, line, lines):
+    """The `with` statements around `line`: [{expr, line, entering}]; entering: the frame
+    stands on the `with` line itself (acquiring: a lock it waits for), else inside its body
+    (holding it)."""
+    found = []
+    for statement in statements_at(function, line):
+        if isinstance(statement, (ast.With, ast.AsyncWith)):
+            entering = line < statement.body[0].lineno
+            for item in statement.items:
+                found.append({"expr": segment(lines, item.context_expr), "line": statement.lineno,
+                              "entering": entering})
+    return found[:20]
+
+
+def segment(lines, node):
+    """The source text of an expression on one line (col offsets count UTF-8 bytes)."""
+    end = getattr(node, "end_lineno", None)
+    if end == node.lineno and 1 <= node.lineno <= len(lines):
+        raw = lines[node.lineno - 1].encode("utf-8")
+        return raw[node.col_offset:node.end_col_offset].decode("utf-8", "replace")[:200]
+    return dotted(node) or "?"
+
+
 def calls_on_the_way(function, line, innermost):
     """Calls in the conditions that led to `line` (the if/while/assert tests around it) and,
     for the frame that raised, in its own statement: the checks the error depends on. (An
@@ -365,6 +388,7 @@ def explain_frame(frame, files, modules, callees, context):
         return out
     function = scan.function_at(line)
     out["qualname"] = function.qualname if function else "<module>"
+    out["with"] = with_blocks(function, line, entry["lines"]) if function else []
     reads = []
     if function is not None:
         for key in sorted(scan.reads.get(function.qualname, ())):

@@ -27,7 +27,7 @@ from orchestrator.ground.errors import OrchError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import RunRecord
-from orchestrator.watch import tracebacks
+from orchestrator.watch import stacks, tracebacks
 from orchestrator.watch.suspects import (Candidate, Remedy, applied_notes, facts_by_frame, patch_rows,
                                          rank, remedies)
 from orchestrator.watch.torchrun import RANK_LOG_DIR
@@ -205,16 +205,19 @@ def frame_requests(groups: list[tracebacks.Group]) -> list[dict]:
 
 
 def script_roots(groups: list[tracebacks.Group]) -> list[str]:
-    """The folders of the run's own scripts (frames outside any site-packages), so the
-    trainer's frames show their source too."""
-    roots = []
-    for g in groups:
-        for frame in g.traceback.frames:
-            if frame.file.endswith(".py") and frame.file.startswith("/") \
-                    and "-packages/" not in frame.file and "/lib/python" not in frame.file:
-                folder = posixpath.dirname(frame.file)
-                if folder != "/" and folder not in roots:
-                    roots.append(folder)
+    """The folders of the log's own scripts (frames outside any site-packages), so that a
+    log given by hand shows the trainer's frames too."""
+    return _own_folders(frame.file for g in groups for frame in g.traceback.frames)
+
+
+def _own_folders(files) -> list[str]:
+    roots: list[str] = []
+    for file in files:
+        if file.endswith(".py") and file.startswith("/") and "-packages/" not in file \
+                and "/lib/python" not in file:
+            folder = posixpath.dirname(file)
+            if folder != "/" and folder not in roots:
+                roots.append(folder)
     return roots[:16]
 
 
@@ -296,3 +299,60 @@ def own_roots(record: RunRecord, target: str) -> list[str]:
         roots += [f for f in folders if isinstance(f, str) and f.startswith("/") and f != "/"
                   and f not in roots]
     return roots
+
+
+# ------------------------------------------------------------------ a hung run
+STACK_TOOL = "pystack"        # pystack remote PID: every thread's Python stack, from outside
+
+
+@dataclass
+class Stacks:
+    target: str
+    pid: int
+    threads: list[dict]       # [{tid, name, frames: [{file, line, function, code}]}]
+    locks: list[dict]         # [{key, holders, waiters, sentence}]
+    tool: str = ""
+
+
+def take_stacks(target: Target, pid: int) -> Stacks:
+    """Every thread's stack of process PID in TARGET, and who waits on whom."""
+    tool = _stack_tool(target)
+    result = target.run([tool, "remote", str(int(pid))], timeout=120)
+    if not result.ok:
+        raise OrchError(f"{target.name}: {tool} remote {pid} failed: {' '.join(result.stderr_tail(2))}",
+                        hint="it reads the process with ptrace: run as root (or with CAP_SYS_PTRACE) "
+                             "in the process's own container, and the process must still be alive")
+    threads = stacks.parse_pystack(result.stdout.decode("utf-8", "replace"))
+    frames = stacks.stack_frames(threads)
+    # the files the process runs itself may be read: they are on its own stacks
+    roots = _own_folders(f["file"] for f in frames)
+    facts = payload_api.explain_frames(target, frames, roots=roots, context=0) if threads else {}
+    locks = stacks.wait_graph(threads, facts)
+    return Stacks(target.name, int(pid),
+                  [{"tid": t.tid, "name": t.name, "label": t.label,
+                    "frames": [asdict(f) for f in t.frames]} for t in threads],
+                  [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], tool)
+
+
+def _stack_tool(target: Target) -> str:
+    """The venv's pystack, else one on PATH."""
+    candidates = ([posixpath.join(target.expand(target.venv), "bin", STACK_TOOL)] if target.venv else [])
+    for candidate in candidates:
+        if target.run(["test", "-x", candidate], timeout=30).ok:
+            return candidate
+    if target.run(["sh", "-c", f"command -v {STACK_TOOL}"], timeout=30).ok:
+        return STACK_TOOL
+    raise OrchError(f"{target.name} has no {STACK_TOOL} (neither in its venv nor on PATH)",
+                    hint=f"install it in the venv: orch exec {target.name} -- "
+                         f"{target.venv or 'VENV'}/bin/pip install {STACK_TOOL}")
+
+
+def launched_pid(record: RunRecord, target: str) -> int:
+    """The process the run's last launch on TARGET started."""
+    for step in reversed(record.steps):
+        if step.kind == "launch" and step.target == target and step.data.get("pid"):
+            return int(step.data["pid"])
+    entry = ((record.launch or {}).get("targets") or {}).get(target) or {}
+    if entry.get("pid"):
+        return int(entry["pid"])
+    raise OrchError(f"run {record.run_id} has no launched process on {target}")

@@ -151,7 +151,7 @@ LAYERS = [
 # Inside a room, the same rule between its modules or subpackages (bottom first).
 SUBLAYERS = {
     "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
-    "watch": ["logformats", "distributed", "torchrun", "dflash", "tracebacks", "classify", "monitor",
+    "watch": ["logformats", "distributed", "torchrun", "dflash", "tracebacks", "stacks", "classify", "monitor",
               "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["rerun", "schedule"],

@@ -160,3 +160,64 @@ def _print_candidate(candidate) -> None:
         out.print(f"      the check, {esc(check['via_where'])}:")
         for line in check["via_source"]:
             out.print(f"        {line['line']:6d}  {esc(line['text'])}")
+
+
+take_stacks = lazy("orchestrator.watch.explain", "take_stacks")
+launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
+
+
+@click.command("stacks")
+@click.argument("run", default="last")
+@click.option("--pid", type=click.IntRange(1), help="This process instead of RUN's launched one.")
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="With RUN: only these of its targets. With --pid: the container it runs in "
+                   "(default: the inventory's default_target).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def stacks_command(app, run, pid, targets, as_json):
+    """Every thread's Python stack of a hung run's live process, and who waits on whom.
+
+    Takes the stacks from outside the process with pystack (`pystack remote PID`, in the
+    target's venv or on its PATH; it uses ptrace: root in the container), reads each frame's
+    source with the target's python, and reads the wait graph from it: a thread stopped on a
+    `with LOCK:` line waits for LOCK, a thread inside a `with LOCK:` block holds it. RUN's
+    process is the one its last launch started. Exit code: 0 stacks taken, 1 some thread
+    waits on a lock (a likely deadlock), other codes for errors (docs/reference/exit-codes.md).
+
+    \b
+    Examples:
+      orch stacks                       # the last run's process
+      orch stacks 20261129-0915 -t drafters
+      orch stacks --pid 4242 -t drafters --json
+    """
+    if pid:
+        chosen = app.fleet.targets(targets)
+        if len(chosen) != 1:
+            raise click.UsageError("--pid names one process in one target")
+        results = [take_stacks(chosen[0], pid)]
+    else:
+        with RunStore() as store:
+            record = store.get(run)
+        names = [n for n in launched_targets(record) if not targets or n in targets]
+        if not names:
+            raise OrchError(f"run {record.run_id} launched nothing"
+                            + (f" on {', '.join(targets)}" if targets else ""))
+        results = [take_stacks(t, launched_pid(record, t.name)) for t in app.fleet.targets(names)]
+    if as_json:
+        console.print_json([{**vars(r)} for r in results])
+    else:
+        for result in results:
+            _print_stacks(result)
+    sys.exit(ExitCode.FAILED if any(r.locks for r in results) else ExitCode.OK)
+
+
+def _print_stacks(result) -> None:
+    out, esc = console.out, console.escape
+    out.print(f"[bold]== {esc(result.target)}[/] pid {result.pid}: {len(result.threads)} thread(s) ({esc(result.tool)})")
+    for lock in result.locks:
+        out.print(f"  [bold red]waits[/]: {esc(lock['sentence'])}")
+    for thread in result.threads:
+        out.print(f"\n  [bold]{esc(thread['label'])}[/]")
+        for frame in thread["frames"][-SHOWN_FRAMES:]:
+            out.print(f"    {esc(frame['file'])}:{frame['line']} in {esc(frame['function'])}"
+                      + (f"\n        {esc(frame['code'])}" if frame["code"] else ""))
