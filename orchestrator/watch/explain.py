@@ -316,10 +316,11 @@ class Stacks:
 
 def take_stacks(target: Target, pid: int) -> Stacks:
     """Every thread's stack of process PID in TARGET, and who waits on whom."""
-    tool = _stack_tool(target)
-    result = target.run([tool, "remote", str(int(pid))], timeout=120)
+    command = _stack_command(target)
+    result = target.run([*command, "remote", str(int(pid))], timeout=120)
     if not result.ok:
-        raise OrchError(f"{target.name}: {tool} remote {pid} failed: {' '.join(result.stderr_tail(2))}",
+        raise OrchError(f"{target.name}: {' '.join(command)} remote {pid} failed: "
+                        f"{' '.join(result.stderr_tail(2))}",
                         hint="it reads the process with ptrace: run as root (or with CAP_SYS_PTRACE) "
                              "in the process's own container, and the process must still be alive")
     threads = stacks.parse_pystack(result.stdout.decode("utf-8", "replace"))
@@ -331,17 +332,18 @@ def take_stacks(target: Target, pid: int) -> Stacks:
     return Stacks(target.name, int(pid),
                   [{"tid": t.tid, "name": t.name, "label": t.label,
                     "frames": [asdict(f) for f in t.frames]} for t in threads],
-                  [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], tool)
+                  [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], " ".join(command))
 
 
-def _stack_tool(target: Target) -> str:
-    """The venv's pystack, else one on PATH."""
-    candidates = ([posixpath.join(target.expand(target.venv), "bin", STACK_TOOL)] if target.venv else [])
-    for candidate in candidates:
-        if target.run(["test", "-x", candidate], timeout=30).ok:
-            return candidate
+def _stack_command(target: Target) -> list[str]:
+    """pystack run by the venv's python when the venv has it (`python -m pystack`: a venv
+    copied elsewhere keeps working, its scripts' shebangs would not), else one on PATH."""
+    if target.venv:
+        python = target.python()
+        if target.run([python, "-c", f"import {STACK_TOOL}"], timeout=60).ok:
+            return [python, "-m", STACK_TOOL]
     if target.run(["sh", "-c", f"command -v {STACK_TOOL}"], timeout=30).ok:
-        return STACK_TOOL
+        return [STACK_TOOL]
     raise OrchError(f"{target.name} has no {STACK_TOOL} (neither in its venv nor on PATH)",
                     hint=f"install it in the venv: orch exec {target.name} -- "
                          f"{target.venv or 'VENV'}/bin/pip install {STACK_TOOL}")

@@ -177,8 +177,9 @@ launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
 def stacks_command(app, run, pid, targets, as_json):
     """Every thread's Python stack of a hung run's live process, and who waits on whom.
 
-    Takes the stacks from outside the process with pystack (`pystack remote PID`, in the
-    target's venv or on its PATH; it uses ptrace: root in the container), reads each frame's
+    Takes the stacks from outside the process with pystack (`python -m pystack remote PID`
+    with the target's venv, else pystack on its PATH; it uses ptrace: root in the
+    container), reads each frame's
     source with the target's python, and reads the wait graph from it: a thread stopped on a
     `with LOCK:` line waits for LOCK, a thread inside a `with LOCK:` block holds it. RUN's
     process is the one its last launch started. Exit code: 0 stacks taken, 1 some thread
