@@ -277,6 +277,24 @@ def with_blocks(function, line, lines):
     return found[:20]
 
 
+def acquired_locks(function, line, lines):
+    """`X.acquire()` calls in the function before `line` with no `X.release()` after them
+    (up to the line): locks this frame holds without a `with` [{expr, line, entering: False}];
+    one on `line` itself is being acquired (entering)."""
+    calls = [n for n in own_nodes(function) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr in ("acquire", "release")
+             and n.lineno <= line]
+    found = []
+    for call in sorted(calls, key=lambda n: n.lineno):
+        expr = segment(lines, call.func.value)
+        if call.func.attr == "acquire":
+            found = [f for f in found if f["expr"] != expr]
+            found.append({"expr": expr, "line": call.lineno, "entering": call.lineno == line})
+        else:
+            found = [f for f in found if f["expr"] != expr]
+    return found[:20]
+
+
 def segment(lines, node):
     """The source text of an expression on one line (col offsets count UTF-8 bytes)."""
     end = getattr(node, "end_lineno", None)
@@ -388,7 +406,8 @@ def explain_frame(frame, files, modules, callees, context):
         return out
     function = scan.function_at(line)
     out["qualname"] = function.qualname if function else "<module>"
-    out["with"] = with_blocks(function, line, entry["lines"]) if function else []
+    out["with"] = (with_blocks(function, line, entry["lines"])
+                   + acquired_locks(function, line, entry["lines"])) if function else []
     reads = []
     if function is not None:
         for key in sorted(scan.reads.get(function.qualname, ())):

@@ -314,8 +314,9 @@ class Stacks:
     tool: str = ""
 
 
-def take_stacks(target: Target, pid: int) -> Stacks:
-    """Every thread's stack of process PID in TARGET, and who waits on whom."""
+def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None) -> Stacks:
+    """Every thread's stack of process PID in TARGET, and who waits on whom; with the run's
+    logs, the threads that died too (their tracebacks), as holders of what they left locked."""
     command = _stack_command(target)
     result = target.run([*command, "remote", str(int(pid))], timeout=120)
     if not result.ok:
@@ -324,11 +325,12 @@ def take_stacks(target: Target, pid: int) -> Stacks:
                         hint="it reads the process with ptrace: run as root (or with CAP_SYS_PTRACE) "
                              "in the process's own container, and the process must still be alive")
     threads = stacks.parse_pystack(result.stdout.decode("utf-8", "replace"))
-    frames = stacks.stack_frames(threads)
+    dead = [tb for log in logs or [] for tb in tracebacks.parse(log.text, log.source, log.worker).tracebacks]
+    frames = stacks.stack_frames(threads, dead)
     # the files the process runs itself may be read: they are on its own stacks
     roots = _own_folders(f["file"] for f in frames)
     facts = payload_api.explain_frames(target, frames, roots=roots, context=0) if threads else {}
-    locks = stacks.wait_graph(threads, facts)
+    locks = stacks.wait_graph(threads, facts, dead)
     return Stacks(target.name, int(pid),
                   [{"tid": t.tid, "name": t.name, "label": t.label,
                     "frames": [asdict(f) for f in t.frames]} for t in threads],

@@ -24,6 +24,7 @@ from orchestrator.watch import tracebacks
 from orchestrator.watch.logformats import LogStream
 
 MAX_THREADS = 512
+STDLIB = "(standard library)"   # the explain_frames payload's package for those files
 _THREAD = re.compile(r"Traceback for thread (?P<tid>\d{1,12}) \((?P<name>[^)\n]{0,200})\)")
 _FRAME = re.compile(r'\((?P<kind>Python|C)\) File "(?P<file>[^"\n]{1,4096})", line (?P<line>\d{1,9})'
                     r"(?:, in (?P<function>[^\n]{1,400}))?")
@@ -37,6 +38,8 @@ class ThreadStack:
 
     @property
     def label(self) -> str:
+        if not self.tid:                       # a thread that died: its log's name for it
+            return f"{self.name or 'a thread'} (dead)"
         return f"thread {self.tid}" + (f" ({self.name})" if self.name else "")
 
 
@@ -83,19 +86,28 @@ class Lock:
         return "; ".join(parts)
 
 
-def wait_graph(threads: list[ThreadStack], facts: dict) -> list[Lock]:
-    """The locks the stacks hold or wait for, from each frame's enclosing `with` blocks
-    (the payload's `with` per frame)."""
+def wait_graph(threads: list[ThreadStack], facts: dict,
+               dead: list[tracebacks.Traceback] = ()) -> list[Lock]:
+    """The locks the stacks hold or wait for, from each frame's enclosing `with` blocks and
+    un-released acquire() calls (the payload's `with` per frame). `dead`: the tracebacks of
+    threads that died (the run's log): a lock one of them held is held by a dead thread."""
     by_frame = {(f.get("file"), f.get("line")): f for f in facts.get("frames", [])}
     files = facts.get("files", {})
     locks: dict[str, Lock] = {}
-    for thread in threads:
+    died = [ThreadStack(0, tb.worker, list(tb.frames)) for tb in dead]
+    for thread in list(threads) + died:
         innermost = thread.frames[-1] if thread.frames else None
         inside = (f"{innermost.function} ({posixpath.basename(innermost.file)}:{innermost.line})"
                   if innermost else "?")
+        if thread in died:
+            tb = dead[died.index(thread)]
+            inside = f"DIED there with {tb.exception}: {tb.message[:120]}"
         for frame in thread.frames:
             seen = by_frame.get((frame.file, frame.line)) or {}
-            relpath = (files.get(frame.file) or {}).get("relpath") or posixpath.basename(frame.file)
+            info = files.get(frame.file) or {}
+            if info.get("package") == STDLIB:
+                continue    # threading's own locks (a join waits on one): not the run's
+            relpath = info.get("relpath") or posixpath.basename(frame.file)
             for block in seen.get("with", []):
                 key = f"{relpath}:{block['expr']}"
                 lock = locks.setdefault(key, Lock(key, [], []))
@@ -107,10 +119,10 @@ def wait_graph(threads: list[ThreadStack], facts: dict) -> list[Lock]:
     return [lock for lock in locks.values() if lock.waiters]
 
 
-def stack_frames(threads: list[ThreadStack]) -> list[dict]:
+def stack_frames(threads: list[ThreadStack], dead: list[tracebacks.Traceback] = ()) -> list[dict]:
     """Each distinct frame once, for the explain_frames payload."""
     seen: dict[tuple, dict] = {}
-    for thread in threads:
+    for thread in list(threads) + [ThreadStack(0, tb.worker, tb.frames) for tb in dead]:
         for frame in thread.frames:
             seen.setdefault((frame.file, frame.line), {"file": frame.file, "line": frame.line,
                                                        "function": frame.function,

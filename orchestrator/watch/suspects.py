@@ -18,6 +18,7 @@ from orchestrator.ground.errors import OrchError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.watch import tracebacks
+from orchestrator.watch.stacks import STDLIB
 
 MAX_CANDIDATES = 40
 PATCH_SET = "fx-threads"
@@ -32,7 +33,6 @@ SEVERAL_WORKERS = 1           # several workers fail in a function that reads it
 THREAD_LOCAL = -5             # already per thread: shown, ranked last
 STANDARD_LIBRARY = -2         # the interpreter's own machinery (threading's registries) sits
                               # on every thread's stack: seldom the cause, kept below
-STDLIB = "(standard library)"  # the payload's package name for the standard library's files
 
 
 @dataclass

@@ -40,6 +40,34 @@ DEADLOCK = textwrap.dedent('''
     for t in threads: t.join()
 ''')
 
+# One drafter dies in its "compile" after taking the lock with acquire(); the others wait
+# on it forever (the H200's one-drafter-errored-others-silent run).
+DIED_HOLDING = textwrap.dedent('''
+    import threading, time
+    compile_lock = threading.Lock()
+    taken = threading.Event()
+
+    def compile_step():
+        raise RuntimeError("inductor failed in the compile")
+
+    def first():
+        compile_lock.acquire()
+        taken.set()
+        compile_step()
+
+    def others():
+        taken.wait(30)
+        with compile_lock:
+            pass
+
+    threads = [threading.Thread(target=first, name="drafter-0")]
+    threads += [threading.Thread(target=others, name=f"drafter-{n}") for n in (1, 2)]
+    for t in threads: t.start()
+    threads[0].join()
+    print("ready", flush=True)
+    for t in threads: t.join()
+''')
+
 PYSTACK_TEXT = '''Traceback for thread 11 (python) [] (most recent call last):
     (Python) File "/run/hang.py", line 16, in others
         with compile_lock:
@@ -106,3 +134,47 @@ def test_no_pystack_is_a_clear_error(tmp_path):
                           "stacks", "--pid", "1", "-t", "dev"], capture_output=True, text=True,
                          timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert out.returncode != 0 and "has no pystack" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tmp_path, monkeypatch):
+    """`orch stacks RUN`: the live stacks show two waiters and no holder; the run's log has
+    the dead drafter's traceback, whose frame took the lock with acquire() and never let go."""
+    from orchestrator.runs.model import RunRecord, StepResult
+    from orchestrator.runs.store import RunStore
+
+    run_dir = tmp_path / "launch"
+    run_dir.mkdir()
+    script = run_dir / "died.py"
+    script.write_text(DIED_HOLDING)
+    log = open(run_dir / "output.log", "w")
+    process = subprocess.Popen([f"{venv}/bin/python", str(script)], stdout=subprocess.PIPE,
+                               stderr=log, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        monkeypatch.setenv("ORCH_DATA_DIR", str(tmp_path / "data"))
+        record = RunRecord(run_id="20261202-0300-abcdef", playbook="p.yaml", playbook_sha256="", name="p")
+        record.steps.append(StepResult("launch", "launch", "dev", "changed",
+                                       data={"run_dir": str(run_dir), "pid": process.pid,
+                                             "argv": ["python", str(script)]}))
+        with RunStore() as store:
+            store.begin(record)
+            store.save_step(record.run_id, record.steps[0])
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
+                             f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
+        out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
+                              "stacks", "last", "--json"], capture_output=True, text=True, timeout=300)
+    finally:
+        process.kill()
+        process.wait()
+        log.close()
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    [result] = json.loads(out.stdout)
+    [lock] = result["locks"]
+    assert lock["key"] == "died.py:compile_lock"
+    [holder] = lock["holders"]
+    assert holder["thread"] == "drafter-0 (dead)" and holder["where"] == "died.py:10"
+    assert holder["inside"].startswith("DIED there with RuntimeError: inductor failed")
+    assert len(lock["waiters"]) == 2
+    assert lock["sentence"].startswith("drafter-0 (dead) holds died.py:compile_lock")

@@ -164,6 +164,7 @@ def _print_candidate(candidate) -> None:
 
 take_stacks = lazy("orchestrator.watch.explain", "take_stacks")
 launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
+run_logs = lazy("orchestrator.watch.explain", "run_logs")
 
 
 @click.command("stacks")
@@ -203,7 +204,9 @@ def stacks_command(app, run, pid, targets, as_json):
         if not names:
             raise OrchError(f"run {record.run_id} launched nothing"
                             + (f" on {', '.join(targets)}" if targets else ""))
-        results = [take_stacks(t, launched_pid(record, t.name)) for t in app.fleet.targets(names)]
+        # with the run's logs: a thread that died holding a lock is named as its holder
+        results = [take_stacks(t, launched_pid(record, t.name), run_logs(record, t))
+                   for t in app.fleet.targets(names)]
     if as_json:
         console.print_json([{**vars(r)} for r in results])
     else:
