@@ -5,16 +5,19 @@ take turns (round robin) so that a slow moment of the machine hits them all alik
 and p95 in milliseconds.
 
     orch:     orch --version; orch exec CT -- true and grep-torch --def, each on the direct
-              path (--no-agent: imports + SSH handshake) and with a warm agent (docs/guide/agent.md)
+              path (--no-agent: imports + SSH handshake) and with a warm agent (docs/guide/agent.md);
+              the direct exec also without its early connection (docs/design/transport.md: no
+              index of hosts to start it from, as on a first run)
     manual:   ssh HOST 'pct exec VMID -- true' and ... -- rg -n 'def ...' TREE, each with a new
               SSH connection and through an OpenSSH ControlMaster kept open (ControlPersist)
 
-It runs against the sandbox (`orch sandbox up` first). For the search rows it gives CT 200
-of sb1 a real torch 2.13 venv at /root/cli-bench-venv (tests/integration/torch_seed.py),
-named in an inventory of its own, and removes both at the end: the sandbox's own
-inventory and containers stay as the tests expect them.
+It runs against the sandbox as it is (`orch sandbox up` first; it never changes or restarts
+it). For the search rows it gives CT 200 of sb1 a real torch 2.13 venv at
+/root/cli-bench-venv (tests/integration/torch_seed.py), named in an inventory of its own,
+and removes both at the end: the sandbox's own inventory and containers stay as the tests
+expect them. `--exec-only` leaves the search rows (and the venv) out.
 
-    python benchmarks/cli_latency.py [-n 25] [--json]
+    python benchmarks/cli_latency.py [-n 25] [--exec-only] [--json]
 """
 
 from __future__ import annotations
@@ -43,24 +46,31 @@ VENV = "cli-bench-venv"
 TREE = f"/root/{VENV}/lib/python3.11/site-packages/torch"
 
 
-def rows(bed, orch: str, control_dir: str, inventory_file: str) -> dict[str, list[str]]:
+def rows(bed, orch: str, scratch: str, inventory_file: str, search: bool) -> dict[str, list[str]]:
     ssh = ["ssh", "-F", str(bed.ssh_config), HOST]
     master = ["ssh", "-F", str(bed.ssh_config), "-o", "ControlMaster=auto", "-o",
-              f"ControlPath={control_dir}/%C", "-o", "ControlPersist=120", HOST]
+              f"ControlPath={scratch}/%C", "-o", "ControlPersist=120", HOST]
     true = shlex.join(["pct", "exec", str(VMID), "--", "true"])
     rg = shlex.join(["pct", "exec", str(VMID), "--", "rg", "-n", f"def {NAME}", TREE])
     inventory = ["-i", inventory_file]
-    return {
+    # a data folder that cannot exist (a file's child): no index of hosts is read or written
+    no_index = ["env", f"ORCH_DATA_DIR={os.path.join(scratch, 'a-file', 'data')}"]
+    table = {
         "ssh HOST 'pct exec VMID -- true' (manual)": [*ssh, true],
         "  the same through a ControlMaster (ControlPersist)": [*master, true],
         "orch exec CT -- true, direct (--no-agent)": [orch, "--no-agent", *inventory, "exec", TARGET, "--", "true"],
+        "  the same without the early connection": [*no_index, orch, "--no-agent", *inventory, "exec", TARGET, "--", "true"],
         "orch exec CT -- true, warm agent": [orch, *inventory, "exec", TARGET, "--", "true"],
         "orch --version": [orch, "--version"],
-        f"ssh HOST \"pct exec VMID -- rg -n 'def {NAME}' TREE\" (manual)": [*ssh, rg],
-        "  the same search through a ControlMaster": [*master, rg],
-        f"orch grep-torch --def {NAME}, direct": [orch, "--no-agent", *inventory, "grep-torch", "--def", NAME, "-t", TARGET],
-        f"orch grep-torch --def {NAME}, warm agent": [orch, *inventory, "grep-torch", "--def", NAME, "-t", TARGET],
     }
+    if search:
+        table.update({
+            f"ssh HOST \"pct exec VMID -- rg -n 'def {NAME}' TREE\" (manual)": [*ssh, rg],
+            "  the same search through a ControlMaster": [*master, rg],
+            f"orch grep-torch --def {NAME}, direct": [orch, "--no-agent", *inventory, "grep-torch", "--def", NAME, "-t", TARGET],
+            f"orch grep-torch --def {NAME}, warm agent": [orch, *inventory, "grep-torch", "--def", NAME, "-t", TARGET],
+        })
+    return table
 
 
 def measure(commands: dict[str, list[str]], count: int, env: dict) -> dict[str, list[float]]:
@@ -90,21 +100,30 @@ def summary(samples: dict[str, list[float]]) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--count", type=int, default=25)
+    parser.add_argument("--exec-only", action="store_true", help="leave the search rows out")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    bed = sandboxes.up()
+    if not sandboxes.status()["healthy"]:
+        raise SystemExit("the sandbox is not up and healthy: `orch sandbox up` first")
+    bed = sandboxes.current()
     orch = os.path.join(os.path.dirname(sys.executable), "orch")
     scratch = tempfile.mkdtemp(prefix="orch-cli-bench-")
-    env = {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent")}
+    open(os.path.join(scratch, "a-file"), "w").close()
+    # the direct rows' index of hosts (docs/design/transport.md) lives in a data folder of their own
+    env = {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent"),
+           "ORCH_DATA_DIR": os.path.join(scratch, "data")}
+    search = not args.exec_only
     try:
         inventory = yaml.safe_load(bed.inventory_path.read_text())
-        inventory["containers"][TARGET]["venv"] = seed_torch_venv(bed, HOST, VMID, VENV)
+        if search:
+            inventory["containers"][TARGET]["venv"] = seed_torch_venv(bed, HOST, VMID, VENV)
         inventory_file = os.path.join(scratch, "inventory.yaml")
         with open(inventory_file, "w") as out:
             yaml.safe_dump(inventory, out)
-        table = summary(measure(rows(bed, orch, scratch, inventory_file), args.count, env))
+        table = summary(measure(rows(bed, orch, scratch, inventory_file, search), args.count, env))
     finally:
-        remove_venv(bed, HOST, VMID, VENV)
+        if search:
+            remove_venv(bed, HOST, VMID, VENV)
         subprocess.run([orch, "agent", "stop"], env=env, capture_output=True)
         subprocess.run(["ssh", "-F", str(bed.ssh_config), "-o", f"ControlPath={scratch}/%C",
                         "-O", "exit", HOST], capture_output=True)

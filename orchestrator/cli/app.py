@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 
@@ -16,7 +16,11 @@ from orchestrator.ground.invocation import Invocation
 from orchestrator.ground.lazy import lazy
 
 # SSH (paramiko) is imported when a command first needs a host: `orch --help` stays instant.
-open_fleet = lazy("orchestrator.targets.fleet", "Fleet.from_path")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.targets.fleet import Fleet
+    open_fleet = Fleet.from_path
+else:
+    open_fleet = lazy("orchestrator.targets.fleet", "Fleet.from_path")
 
 
 class App:
@@ -90,6 +94,8 @@ LAZY_COMMANDS = {
                "Follow a launched run again: its log from the start, live progress, the verdict."),
     "agent": ("orchestrator.cli.commands.agent", "agent",
               "The warm agent that runs the quick commands in milliseconds (docs/guide/agent.md)."),
+    "cp": ("orchestrator.cli.commands.debug", "cp_command",
+           "Copy files and folders into containers (a group: each of them) or out of one."),
     "ct": ("orchestrator.cli.commands.core", "ct",
            "Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token)."),
     "exec": ("orchestrator.cli.commands.core", "exec_command",

@@ -32,6 +32,10 @@ def main() -> None:
 
 
 def run_here() -> None:
-    """The direct path: the whole click command line, in this process."""
+    """The direct path: the whole click command line, in this process. The SSH connection
+    of a command that needs one known host starts first, so that the host's waits overlap
+    the imports (orchestrator/remote/early.py; imported here: a command the agent runs needs
+    none of it)."""
+    importlib.import_module("orchestrator.remote.early").start(sys.argv[1:])
     cli = importlib.import_module("orchestrator.cli.app")
     cli.main(prog_name="orch")

@@ -18,11 +18,11 @@ before it runs anything there, so a migrated container is still found.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from orchestrator.config.inventory_file import inventory_path
 from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Source, load_yaml
 from orchestrator.ground import invocation
@@ -37,7 +37,6 @@ API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_
 TOP_KEYS = ("hosts", "containers", "groups", "clusters", "default_target", "defaults")
 VMID_PATTERN = re.compile(r"^[1-9][0-9]{2,8}$")  # the ids pct accepts
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-SANDBOX_DIR_DEFAULT = "/var/lib/orch-sandbox"
 
 
 @dataclass
@@ -120,22 +119,6 @@ class Inventory:
         known = sorted(self.containers) + sorted(self.groups) + sorted(self.hosts)
         raise ConfigError(f"unknown target {name!r} in {self.path}",
                           hint="known targets: " + ", ".join(known) + " (or HOST:VMID)")
-
-
-def inventory_path(explicit: Optional[str] = None) -> str:
-    """-i/--inventory, then $ORCH_INVENTORY, then ./inventory.yaml, then ~/.config/orch/;
-    in the command's environment, and relative to its working directory (as given: the
-    messages name it so; `invocation.current().path` is the file)."""
-    command = invocation.current()
-    chosen = explicit or command.env.get("ORCH_INVENTORY")
-    if chosen == "sandbox":
-        return os.path.join(command.env.get("ORCH_SANDBOX_DIR", SANDBOX_DIR_DEFAULT), "inventory.yaml")
-    if chosen:
-        return chosen
-    for candidate in ("inventory.yaml", command.expanduser("~/.config/orch/inventory.yaml")):
-        if os.path.exists(command.path(candidate)):
-            return candidate
-    return "inventory.yaml"
 
 
 def load_inventory(path: Optional[str] = None) -> Inventory:

@@ -15,6 +15,10 @@ import yaml
 from orchestrator.ground.errors import ConfigError
 
 Path = tuple
+# libyaml's parser where PyYAML was built with it (its wheels are): the same nodes, marks and
+# tags (the resolver is PyYAML's own either way), about 15 times faster than the pure-Python
+# one (2.5 ms of every command that reads the sandbox's inventory, more for a playbook).
+FAST_COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass
@@ -89,7 +93,7 @@ def load_yaml(filename: str, text: str | None = None, folder: str | None = None)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{filename}: cannot read: {error}") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = _compose(text)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
@@ -99,6 +103,15 @@ def load_yaml(filename: str, text: str | None = None, folder: str | None = None)
     source = Source(filename, None)
     source.data = _convert(node, (), source) if node is not None else {}
     return source
+
+
+def _compose(text: str):
+    try:
+        return yaml.compose(text, Loader=FAST_COMPOSER)
+    except yaml.YAMLError:
+        # the pure-Python parser says it better ("found character '\t' that cannot start
+        # any token", "found undefined alias 'y'"); its verdict stands either way
+        return yaml.compose(text, Loader=yaml.SafeLoader)
 
 
 def _mark(node) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,9 +14,14 @@ from orchestrator.mcp.audit import AuditLog, audit_rows, new_session_id
 from orchestrator.runs.store import RunStore
 
 # imported when the server starts: `orch mcp --help` and `orch runs audit` need no SSH or engine
-build_policy = lazy("orchestrator.mcp.policy", "build_policy")
-Tools = lazy("orchestrator.mcp.tools", "Tools")
-serve_stdio = lazy("orchestrator.mcp.wire", "serve_stdio")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.mcp.policy import build_policy
+    from orchestrator.mcp.tools import Tools
+    from orchestrator.mcp.wire import serve_stdio
+else:
+    build_policy = lazy("orchestrator.mcp.policy", "build_policy")
+    Tools = lazy("orchestrator.mcp.tools", "Tools")
+    serve_stdio = lazy("orchestrator.mcp.wire", "serve_stdio")
 
 
 @click.command("mcp")

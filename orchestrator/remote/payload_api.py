@@ -20,7 +20,7 @@ from orchestrator import __version__
 from orchestrator.ground.errors import PatchBusy, PayloadError, PayloadNoResult, PythonUnavailable
 from orchestrator.payloads import payload_source, with_args
 from orchestrator.payloads._statedir import STATE_DIR
-from orchestrator.remote.base import LineSplitter
+from orchestrator.remote.base import LineSplitter, Result
 from orchestrator.remote.container import Target
 
 EventCallback = Callable[[dict], None]
@@ -62,7 +62,12 @@ def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] 
         argv, script = [python, "-", json.dumps(args)], payload_source(name)
     result = target.run(argv, stdin=script, timeout=timeout, on_stdout=splitter.feed)
     splitter.flush()
-    final = events[-1] if events else None
+    return payload_outcome(target, name, python, events[-1] if events else None, result)
+
+
+def payload_outcome(target: Target, name: str, python: str, final: Optional[dict],
+                    result: Result) -> dict:
+    """The result event of a payload that ended (final: its last event), or its typed error."""
     if final and final.get("event") == "result":
         return final
     if final and final.get("event") == "error":

@@ -34,6 +34,7 @@ from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Resu
                                       stdin_pieces, validate_argv, with_env)
 from orchestrator.remote.known_hosts import KnownHosts, RevokedKey, UnknownKey
 from orchestrator.remote.paramiko_lib import paramiko
+from orchestrator.remote.tcp import tcp_connect
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_MAX_SESSIONS = 10     # OpenSSH's MaxSessions default, a stock Proxmox node's
@@ -101,8 +102,11 @@ def fingerprint(key: paramiko.PKey) -> str:
 class SshHost(Transport):
     """Commands on a host through a few lazily opened, reused SSH connections."""
 
-    def __init__(self, settings: SshSettings):
+    def __init__(self, settings: SshSettings, early=None):
         self.settings = settings
+        # the first connection, when the entry point started it before the CLI was imported
+        # (an EarlyConnection made with these very settings: orchestrator/remote/early.py)
+        self._early = early
         self.name = settings.name
         self._connections: list[_Connection] = []
         self._jump_host: Optional[SshHost] = None
@@ -183,6 +187,14 @@ class SshHost(Transport):
             _quietly(connection.client.close)
 
     def _open_client(self) -> paramiko.SSHClient:
+        early, self._early = self._early, None
+        if early is not None:
+            return early.client()
+        return self.open_client()
+
+    def open_client(self, sock=None) -> paramiko.SSHClient:
+        """A new authenticated connection, its host key checked against known_hosts (on
+        sock, an open TCP connection to the host, when given)."""
         s = self.settings
         client = paramiko.SSHClient()
         try:
@@ -191,7 +203,7 @@ class SshHost(Transport):
             raise HostKeyUnknown(f"cannot read known_hosts {s.known_hosts}: "
                                  f"{error.strerror or error}") from None
         known.install(client, s.trust_on_first_use)
-        sock = self._open_socket()
+        sock = sock or self._open_socket()
         env = invocation.current().env
         # paramiko would find the ssh-agent and the default keys through os.environ (the
         # agent process's own): hand it the command's SSH_AUTH_SOCK and HOME's keys instead
@@ -240,14 +252,16 @@ class SshHost(Transport):
         if s.jump is not None:
             return self._open_via_jump()
         try:
-            sock = socket.create_connection((s.address, s.port), timeout=s.connect_timeout)
+            return tcp_connect(s.address, s.port, s.connect_timeout)
         except OSError as error:
-            raise HostUnreachable(
-                f"cannot reach host {s.name} at {s.address}:{s.port}: {error.strerror or error}",
-                hint="check the address in the inventory and that sshd runs there") from None
-        # Without this each channel pays a delayed-ACK stall of about 55 ms.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+            raise self.unreachable(error) from None
+
+    def unreachable(self, error: OSError) -> HostUnreachable:
+        """The error of a TCP connection to the host that failed."""
+        s = self.settings
+        return HostUnreachable(
+            f"cannot reach host {s.name} at {s.address}:{s.port}: {error.strerror or error}",
+            hint="check the address in the inventory and that sshd runs there")
 
     def _open_via_jump(self):
         s = self.settings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, lo
 from orchestrator.ground import invocation
 from orchestrator.ground.errors import ConfigError, NoSuchContainer, OrchError
 from orchestrator.ground.lazy import lazy
+from orchestrator.remote import early
 from orchestrator.remote.base import Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -20,16 +22,18 @@ from orchestrator.remote.ssh import (DEFAULT_ALIVE_COUNT_MAX, DEFAULT_ALIVE_INTE
                                      DEFAULT_CONNECTIONS, DEFAULT_KNOWN_HOSTS,
                                      DEFAULT_MAX_SESSIONS, SshHost, SshSettings)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.targets.proxmox import ProxmoxClient
-
 # The Proxmox API (proxmoxer, http.client: ~20 ms) is imported when a command first asks for
 # it: `exec`, `grep-torch` and the patch commands reach containers without it.
-api_backend = lazy("orchestrator.targets.proxmox", "api_backend")
-proxmox_client = lazy("orchestrator.targets.proxmox", "ProxmoxClient")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.targets.proxmox import ProxmoxClient
+    from orchestrator.targets.proxmox import ProxmoxClient as proxmox_client
+    from orchestrator.targets.proxmox import api_backend
+else:
+    api_backend = lazy("orchestrator.targets.proxmox", "api_backend")
+    proxmox_client = lazy("orchestrator.targets.proxmox", "ProxmoxClient")
 
 T = TypeVar("T")
-SSH_CONFIG = "~/.ssh/config"
+SSH_CONFIG = early.SSH_CONFIG
 
 
 class Fleet:
@@ -48,9 +52,11 @@ class Fleet:
         self.sessions = sessions
         self.trust_on_first_use = trust_on_first_use
         self._ssh_config = _read_ssh_config(ssh_config_path)
+        self._default_ssh_config = ssh_config_path == SSH_CONFIG   # what the early index assumes
         self._hosts: dict[str, Transport] = {}
         self._clusters: dict[str, list[dict]] = {}
         self._lock = threading.Lock()
+        self._early_index_written = False
 
     @classmethod
     def from_path(cls, path: Optional[str] = None, **kwargs) -> "Fleet":
@@ -61,8 +67,39 @@ class Fleet:
             if name not in self._hosts:
                 spec = self.inventory.hosts[name]
                 self._hosts[name] = (LocalTransport(name) if spec.transport == "local"
-                                     else SshHost(self.ssh_settings(spec)))
+                                     else self._ssh_host(spec))
             return self._hosts[name]
+
+    def _ssh_host(self, spec: HostSpec) -> SshHost:
+        settings = self.ssh_settings(spec)
+        if self.cwd is None and self.sessions is None and self._default_ssh_config:
+            self._write_early_index()   # the direct path (not the agent, not MCP)
+        # the connection the entry point started, when it was made with these very settings
+        return SshHost(settings, early=early.claim(settings))
+
+    def _write_early_index(self) -> None:
+        """Tell the next direct command which host each target is on, and its SSH settings,
+        so that it can start the handshake before its imports (orchestrator/remote/early.py).
+        Hosts behind a jump host are left out: their connection needs another first."""
+        if self._early_index_written:
+            return
+        self._early_index_written = True
+        hosts = {}
+        for name, spec in self.inventory.hosts.items():
+            if spec.transport == "local":
+                continue
+            try:
+                settings = self.ssh_settings(spec)
+            except OrchError:   # said when that host is used
+                continue
+            if settings.jump is None:
+                hosts[name] = {**dataclasses.asdict(settings), "trust_on_first_use": False}
+        targets = {name: name for name in hosts}
+        targets.update({name: spec.host for name, spec in self.inventory.containers.items()
+                        if spec.host in hosts})
+        if self.inventory.default_target in targets:
+            targets[early.DEFAULT_TARGET] = targets[self.inventory.default_target]
+        early.remember(self.inventory.path, hosts, targets)
 
     def target(self, spec: ContainerSpec) -> Target:
         host = self.locate(spec.cluster, spec.vmid) if spec.cluster else spec.host

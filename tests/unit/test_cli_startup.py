@@ -79,9 +79,11 @@ def test_every_command_help_imports_nothing_heavy(path):
 
 
 def test_the_thin_client_imports_neither_click_nor_paramiko():
+    # nor the direct path's early connection (its threading and files cost a warm command ~2 ms)
     probe = ("import sys; from orchestrator.cli import main; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('click', 'paramiko', 'rich', 'yaml', 'typing')))")
+             "('click', 'paramiko', 'rich', 'yaml', 'typing', 'threading') "
+             "or m == 'orchestrator.remote.early'))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -133,8 +135,10 @@ def test_which_commands_go_to_the_agent(args, fast):
 # What `orch --no-agent exec` and the other quick commands must not import: requests and
 # proxmoxer's https backend (no command here talks to the HTTPS API), proxmoxer itself where
 # no Proxmox API is asked, and invoke (paramiko.config's import, for ssh_config `Match exec`
-# only). Together they were ~100 ms of a 330 ms `orch --no-agent exec`.
-NOT_FOR_THE_DIRECT_PATH = ("requests", "urllib3", "invoke", "proxmoxer.backends.https")
+# only). Together they were ~100 ms of a 330 ms `orch --no-agent exec`. And importlib.metadata
+# (paramiko's __version__: email, zipfile, csv, ... about 7 ms).
+NOT_FOR_THE_DIRECT_PATH = ("requests", "urllib3", "invoke", "proxmoxer.backends.https",
+                           "importlib.metadata")
 NOT_WITHOUT_THE_API = NOT_FOR_THE_DIRECT_PATH + ("proxmoxer", "orchestrator.targets.proxmox")
 
 DIRECT_INVENTORY = """\
@@ -226,3 +230,41 @@ def test_a_quiet_exec_imports_no_rich(direct_env):
     assert loaded(modules, ["rich"]) == []
     failed = modules_after("--no-agent", "-i", inventory, "exec", "nosuch", "--", "true", env=env)
     assert "rich.console" in failed   # the error message went through it
+
+
+VERSION_PROBE = """
+import json, sys
+from orchestrator.remote.paramiko_lib import paramiko
+held_off = "importlib.metadata" not in sys.modules
+from importlib import metadata
+print(json.dumps({"held_off": held_off, "ours": paramiko.__version__,
+                  "metadata": metadata.version("paramiko"), "module": type(metadata).__name__}))
+"""
+
+
+def test_paramikos_version_is_read_without_importlib_metadata():
+    out = subprocess.run([sys.executable, "-c", VERSION_PROBE], capture_output=True, text=True,
+                         timeout=60)
+    seen = json.loads(out.stdout)
+    # the same version as importlib.metadata says, and the real module for everyone after
+    assert seen == {"held_off": True, "ours": seen["metadata"], "metadata": seen["metadata"],
+                    "module": "module"}
+
+
+def test_the_version_stand_in_leaves_other_layouts_to_importlib_metadata(tmp_path, monkeypatch):
+    from orchestrator.remote.paramiko_lib import _PackageVersions
+    for name, folders in (("twice", ["twice-1.0.dist-info", "twice-2.0.dist-info"]),
+                          ("none", []), ("once", ["once-3.1.dist-info"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+        for folder in folders:
+            (tmp_path / folder).mkdir()
+            (tmp_path / folder / "METADATA").write_text(f"Name: {name}\nVersion: {folder.split('-')[1][:3]}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    versions = _PackageVersions("importlib.metadata")
+    assert versions.version("once") == "3.1"
+    import importlib.metadata
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        versions.version("none")   # what importlib.metadata itself says
+    assert versions.version("twice") == importlib.metadata.version("twice")
+    assert versions.distributions is importlib.metadata.distributions

@@ -158,3 +158,20 @@ def test_clusters_and_groups_mistakes_name_their_place(tmp_path, text, change, m
 def test_groups_may_name_groups_hosts_and_containers(tmp_path):
     text = GOOD + "  everything: [all-drafters, pve, dev]\n"
     assert load_inventory(write(tmp_path, text)).groups["everything"] == ["all-drafters", "pve", "dev"]
+
+
+def test_yaml_is_read_by_libyaml_and_its_mistakes_said_by_pyyaml(tmp_path, monkeypatch):
+    """The fast parser reads (same positions); a mistake is said in the pure-Python parser's
+    words, which name the character or the alias (libyaml's do not)."""
+    import yaml
+    from orchestrator.config import yamlsrc
+    composed = []
+    real = yaml.compose
+    monkeypatch.setattr(yaml, "compose", lambda text, Loader: composed.append(Loader) or real(text, Loader=Loader))
+    source = yamlsrc.load_yaml("x.yaml", "a:\n  b: [1, 2]\n")
+    assert composed == [yamlsrc.FAST_COMPOSER] and source.where(("a", "b", 1)) == "x.yaml:2:10"
+    assert getattr(yaml, "CSafeLoader", None) in (None, yamlsrc.FAST_COMPOSER)
+    with pytest.raises(ConfigError, match=r"x.yaml:2:1: invalid YAML: found character '\\t' that cannot start any token"):
+        yamlsrc.load_yaml("x.yaml", "a:\n\t- b\n")
+    with pytest.raises(ConfigError, match=r"x.yaml:2:4: invalid YAML: found undefined alias 'y'"):
+        yamlsrc.load_yaml("x.yaml", "a: &x 1\nb: *y\n")

@@ -16,14 +16,16 @@ from orchestrator.ground.lazy import lazy
 from orchestrator.remote.base import LineSplitter, stdin_bytes
 from orchestrator.remote.container import require_vmid
 
+# imported when first called: `orch exec --help` needs no SSH code
 if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.targets.fleet import GroupResult
+    from orchestrator.targets.fleet import GroupResult, fan_out
+    from orchestrator.targets.inventory_check import check_targets, row_texts
+else:
+    fan_out = lazy("orchestrator.targets.fleet", "fan_out")
+    check_targets = lazy("orchestrator.targets.inventory_check", "check_targets")
+    row_texts = lazy("orchestrator.targets.inventory_check", "row_texts")
 
 pass_app = click.pass_obj
-# imported when first called: `orch exec --help` needs no SSH code
-fan_out = lazy("orchestrator.targets.fleet", "fan_out")
-check_targets = lazy("orchestrator.targets.inventory_check", "check_targets")
-row_texts = lazy("orchestrator.targets.inventory_check", "row_texts")
 
 
 # ---------------------------------------------------------------- orch exec

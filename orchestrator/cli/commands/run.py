@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,14 +14,20 @@ from orchestrator.ground.lazy import lazy
 
 pass_app = click.pass_obj
 # imported when first called: `orch run --help` needs no SSH, jinja2 or engine code
-inventory_path = lazy("orchestrator.config.inventory", "inventory_path")
-load_inventory = lazy("orchestrator.config.inventory", "load_inventory")
-attach_run = lazy("orchestrator.playbook.attach", "attach_run")
-stop_recorded_run = lazy("orchestrator.playbook.attach", "stop_recorded_run")
-resolve_specs = lazy("orchestrator.playbook.engine", "resolve_specs")
-run_playbook = lazy("orchestrator.playbook.engine", "run_playbook")
-load_playbook = lazy("orchestrator.playbook.loader", "load_playbook")
-normalize_extra_vars = lazy("orchestrator.playbook.loader", "normalize_extra_vars")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.config.inventory import inventory_path, load_inventory
+    from orchestrator.playbook.attach import attach_run, stop_recorded_run
+    from orchestrator.playbook.engine import resolve_specs, run_playbook
+    from orchestrator.playbook.loader import load_playbook, normalize_extra_vars
+else:
+    inventory_path = lazy("orchestrator.config.inventory", "inventory_path")
+    load_inventory = lazy("orchestrator.config.inventory", "load_inventory")
+    attach_run = lazy("orchestrator.playbook.attach", "attach_run")
+    stop_recorded_run = lazy("orchestrator.playbook.attach", "stop_recorded_run")
+    resolve_specs = lazy("orchestrator.playbook.engine", "resolve_specs")
+    run_playbook = lazy("orchestrator.playbook.engine", "run_playbook")
+    load_playbook = lazy("orchestrator.playbook.loader", "load_playbook")
+    normalize_extra_vars = lazy("orchestrator.playbook.loader", "normalize_extra_vars")
 ECHO_CHOICE = click.Choice(["auto", "all", "events", "none"])
 
 

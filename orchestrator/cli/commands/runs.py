@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -19,12 +20,18 @@ from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, th
 from orchestrator.runs.store import RunStore
 
 # imported when first used: `orch runs --help` needs no engine, SSH or jinja2
-nightly_mod = LazyModule("orchestrator.nightly.rerun")
-sched = LazyModule("orchestrator.nightly.schedule")
-parse_extra_vars = lazy("orchestrator.playbook.loader", "parse_extra_vars")
-render_html = lazy("orchestrator.runs.report", "render_html")
-render_markdown = lazy("orchestrator.runs.report", "render_markdown")
-write_reports = lazy("orchestrator.runs.report", "write_reports")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.nightly import rerun as nightly_mod
+    from orchestrator.nightly import schedule as sched
+    from orchestrator.playbook.loader import parse_extra_vars
+    from orchestrator.runs.report import render_html, render_markdown, write_reports
+else:
+    nightly_mod = LazyModule("orchestrator.nightly.rerun")
+    sched = LazyModule("orchestrator.nightly.schedule")
+    parse_extra_vars = lazy("orchestrator.playbook.loader", "parse_extra_vars")
+    render_html = lazy("orchestrator.runs.report", "render_html")
+    render_markdown = lazy("orchestrator.runs.report", "render_markdown")
+    write_reports = lazy("orchestrator.runs.report", "write_reports")
 
 pass_app = click.pass_obj
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")

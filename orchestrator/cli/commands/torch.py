@@ -17,10 +17,11 @@ from orchestrator.ground.errors import ExitCode
 from orchestrator.ground.lazy import lazy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.targets.fleet import GroupResult
+    from orchestrator.targets.fleet import GroupResult, fan_out
+else:
+    fan_out = lazy("orchestrator.targets.fleet", "fan_out")  # no SSH code for --help
 
 pass_app = click.pass_obj
-fan_out = lazy("orchestrator.targets.fleet", "fan_out")  # no SSH code for --help
 TARGET_OPTION = click.option(
     "-t", "--target", "targets", multiple=True, metavar="TARGET",
     help="Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")

@@ -1,0 +1,121 @@
+"""orch cp against the manual ways, side by side in one run: one file of -s MB pushed into
+and pulled out of sb1's CT 200, -n times each, medians in MB/s.
+
+    python benchmarks/transfer.py [-s 100] [-n 3] [--json]
+
+  orch cp push / pull     a new `orch` process each time (the direct path, no agent),
+                          sha256 checked on both sides
+  scp + pct push / pull   the manual way: scp to the host, then `pct push` (or `pct pull`,
+                          then scp back), then the copy on the host removed
+  tar | ssh pct exec      `tar -cf - F | ssh HOST pct exec 200 -- tar -xf -` (and back)
+
+Against the sandbox (`orch sandbox up` first); the transfers share this machine's CPUs
+with sshd and the container, so the figures are for comparing the ways, not for a link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import orch_sandbox as sandboxes  # noqa: E402
+
+HOST, VMID, TARGET = "sb1", 200, "sb1-200"
+REMOTE = "/tmp/orch-bench-transfer"
+ORCH = [sys.executable, "-m", "orchestrator"]
+
+
+def timed(argv_or_shell, env=None) -> float:
+    started = time.monotonic()
+    shell = isinstance(argv_or_shell, str)
+    subprocess.run(argv_or_shell, shell=shell, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return time.monotonic() - started
+
+
+def cases(bed, local: str, back: str):
+    """name -> a function returning one run's seconds."""
+    env = {**os.environ, "ORCH_AGENT": "off"}
+    inventory = str(bed.inventory_path)
+    ssh = " ".join(shlex.quote(a) for a in bed.ssh_argv(HOST))
+    scp = f"scp -q -F {shlex.quote(str(bed.ssh_config))}"
+    name = os.path.basename(local)
+    folder = os.path.dirname(local)
+    return {
+        "orch cp push": lambda: timed([*ORCH, "-i", inventory, "cp", local,
+                                       f"{TARGET}:{REMOTE}/{name}"], env),
+        "scp + pct push": lambda: timed(
+            f"{scp} {shlex.quote(local)} {HOST}:/tmp/{name} && "
+            f"{ssh} 'pct push {VMID} /tmp/{name} {REMOTE}/{name} && rm -f /tmp/{name}'"),
+        "tar | ssh pct exec tar x": lambda: timed(
+            f"tar -C {shlex.quote(folder)} -cf - {name} | "
+            f"{ssh} 'pct exec {VMID} -- tar -C {REMOTE} -xf -'"),
+        "orch cp pull": lambda: timed([*ORCH, "-i", inventory, "cp", f"{TARGET}:{REMOTE}/{name}",
+                                       back], env),
+        "pct pull + scp": lambda: timed(
+            f"{ssh} 'pct pull {VMID} {REMOTE}/{name} /tmp/{name}' && "
+            f"{scp} {HOST}:/tmp/{name} {shlex.quote(back)} && {ssh} 'rm -f /tmp/{name}'"),
+        "ssh pct exec tar c | tar x": lambda: timed(
+            f"{ssh} 'pct exec {VMID} -- tar -C {REMOTE} -cf - {name}' | "
+            f"tar -C {shlex.quote(os.path.dirname(back))} -xf -"),
+    }
+
+
+def sha(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for piece in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-s", "--size-mb", type=int, default=100)
+    parser.add_argument("-n", "--runs", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    bed = sandboxes.up()
+    with tempfile.TemporaryDirectory() as folder:
+        local = os.path.join(folder, "payload.bin")
+        with open(local, "wb") as handle:
+            for _ in range(args.size_mb):
+                handle.write(os.urandom(1 << 20))
+        back_dir = os.path.join(folder, "back")
+        os.mkdir(back_dir)
+        back = os.path.join(back_dir, "payload.bin")
+        bed.pct(HOST, "exec", str(VMID), "--", "mkdir", "-p", REMOTE)
+        rows = {}
+        try:
+            for label, run in cases(bed, local, back).items():
+                seconds = []
+                for _ in range(args.runs):
+                    seconds.append(run())
+                    if label.endswith(("pull", "tar x")) and "push" not in label and os.path.exists(back):
+                        assert sha(back) == sha(local), f"{label}: the copy differs"
+                        os.unlink(back)
+                median = statistics.median(seconds)
+                rows[label] = {"median_s": round(median, 3), "MB_per_s": round(args.size_mb / median, 1)}
+        finally:
+            bed.pct(HOST, "exec", str(VMID), "--", "rm", "-rf", REMOTE)
+    if args.json:
+        print(json.dumps({"size_mb": args.size_mb, "runs": args.runs, "rows": rows}, indent=2))
+        return
+    print(f"{args.size_mb} MB, median of {args.runs}")
+    print("| way | median s | MB/s |\n| --- | ---: | ---: |")
+    for label, row in rows.items():
+        print(f"| {label} | {row['median_s']:.2f} | {row['MB_per_s']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

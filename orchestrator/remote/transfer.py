@@ -1,0 +1,229 @@
+"""The controller's end of `orch cp`: a file or a tree pushed into a Target or pulled from
+one, as one framed tar stream over one exec channel (the format and both of its ends are in
+payloads/_tarstream.py; payloads/cp.py is the container's end, run with its python3).
+
+Nothing is held whole: a push reads each file in pieces as the channel takes them (the
+stream is a generator behind the command's stdin), a pull hands the channel's output to
+the receiver through a small bounded queue, so orch's memory does not grow with the size
+of what is copied. Both ends compute every file's sha256 as it streams; the receiver
+compares them with the sender's manifest before it renames anything into place, and the
+controller compares the two tree digests once more.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from typing import Callable, Optional
+
+from orchestrator.ground.errors import BadArgument, OrchError, PayloadError
+from orchestrator.payloads import compact_source
+from orchestrator.payloads._tarstream import (Receiver, TransferError, destination, measure,
+                                              send_frames, source_problem, tree_digest)
+from orchestrator.remote.base import LineSplitter
+from orchestrator.remote.container import Target
+from orchestrator.remote.payload_api import SYSTEM_PYTHON, parse_event, payload_outcome
+
+DataCallback = Callable[[int], None]
+QUEUE_CHUNKS = 32        # a pull's output waiting for the receiver: at most 32 x 64 KiB
+
+
+def cp_argv(action: str, path: str, recursive: bool = False) -> list[str]:
+    """The container's end: the payload's source in argv (stdin carries the stream), -I -S
+    as the reaper runs (stdlib only; PYTHON* variables and the current folder are not its)."""
+    args = json.dumps({"action": action, "path": path, "recursive": recursive})
+    return [SYSTEM_PYTHON, "-I", "-S", "-c", compact_source("cp"), args]
+
+
+def remote_path(target: Target, path: str) -> str:
+    """A path in the target as scp reads it: relative ones (and ~) are in the home folder."""
+    if path.startswith("/"):
+        return path
+    if path in ("", "~", "~/"):
+        return target.home().rstrip("/") + "/"
+    if path.startswith("~/"):
+        return target.expand(path)
+    return target.home().rstrip("/") + "/" + path
+
+
+def push(target: Target, source: str, dest: str, *, recursive: bool = False,
+         on_data: Optional[DataCallback] = None,
+         on_size: Optional[Callable[[dict], None]] = None,
+         timeout: Optional[float] = None) -> dict:
+    """Copy the local file or tree `source` to `dest` in target; returns what was written
+    (files, dirs, links, bytes, digest, path, skipped, seconds). on_size gets the total
+    ({"bytes", "files"}) first, on_data every piece of file data as it is sent."""
+    problem = source_problem(source, recursive)
+    if problem:
+        raise BadArgument(str(problem))
+    if on_size:
+        try:
+            on_size(measure(source))
+        except OSError as error:   # a folder we may not list: the stream says it, as X
+            on_size({"bytes": None, "files": None, "error": error.strerror})
+    started = time.monotonic()
+    hashes: dict = {}
+    skipped: list = []
+    stream = _GeneratorReader(send_frames(source, on_data=on_data, skipped=skipped, hashes=hashes))
+    events: list = []
+    splitter = LineSplitter(lambda line: _keep_event(events, line))
+    result = target.run(cp_argv("receive", remote_path(target, dest)), stdin=stream,
+                        timeout=timeout, on_stdout=splitter.feed, kill_on_close=True)
+    splitter.flush()
+    final = payload_outcome(target, "cp", SYSTEM_PYTHON, events[-1] if events else None, result)
+    _same_digest(target, final.get("digest"), tree_digest(hashes))
+    return _summary(final, skipped, started)
+
+
+def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
+         on_data: Optional[DataCallback] = None,
+         on_size: Optional[Callable[[dict], None]] = None,
+         timeout: Optional[float] = None) -> dict:
+    """Copy the file or tree `source` of target to the local `dest`; returns what was written."""
+    _check_local_dest(dest)
+    started = time.monotonic()
+    pipe = _ChunkQueue()
+    receiver = Receiver(dest, on_data=on_data, on_size=on_size)
+    outcome: dict = {}
+
+    def receive() -> None:
+        try:
+            outcome["done"] = receiver.receive(pipe.read_exact)
+        except BaseException as error:   # reported by the caller's thread
+            outcome["error"] = error
+        finally:
+            pipe.close_reader()
+
+    worker = threading.Thread(target=receive, name="orch-cp-receive", daemon=True)
+    worker.start()
+    result = None
+    try:
+        result = target.run(cp_argv("send", remote_path(target, source), recursive),
+                            timeout=timeout, on_stdout=pipe.put, capture=False,
+                            kill_on_close=True)
+    except _ReceiverGone:
+        pass   # the receiver failed first: its error is the one to tell
+    finally:
+        pipe.end()
+        worker.join()
+    error = outcome.get("error")
+    if error is not None:
+        raise _restated(target, error, result) from None
+    return _summary(outcome["done"], [], started)
+
+
+def _restated(target: Target, error: BaseException, result) -> BaseException:
+    """The receiver's error said about the target; a payload that could not start (no
+    python3) is said as every payload says it."""
+    if isinstance(error, OSError):   # this machine's side: a full disk, a folder we may not write
+        return OrchError(f"{target.name}: writing {error.filename or 'the copy'}: "
+                         f"{error.strerror or error}")
+    if not isinstance(error, TransferError):
+        return error
+    if result is not None and result.exit_code != 0 and error.kind in ("bad-stream", "truncated"):
+        try:
+            payload_outcome(target, "cp", SYSTEM_PYTHON, None, result)
+        except OrchError as typed:   # PythonUnavailable, or the payload's stderr
+            return typed
+    return PayloadError(f"{target.name}: {error}", kind=error.kind)
+
+
+def _check_local_dest(dest: str) -> None:
+    try:
+        destination(dest, "", False)
+    except TransferError as error:
+        raise BadArgument(str(error)) from None
+
+
+def _same_digest(target: Target, theirs: Optional[str], ours: str) -> None:
+    if theirs != ours:
+        raise PayloadError(f"{target.name}: the written files' sha256 digest {theirs} is not "
+                           f"the one sent ({ours})", kind="hash-mismatch")
+
+
+def _summary(done: dict, skipped: list, started: float) -> dict:
+    keys = ("files", "dirs", "links", "bytes", "digest", "path")
+    return {**{key: done.get(key) for key in keys}, "skipped": skipped,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def _keep_event(events: list, line: str) -> None:
+    event = parse_event(line)
+    if event is not None:
+        events.append(event)
+
+
+class _GeneratorReader:
+    """A generator of bytes as a file with read(n), for a command's stdin (no fileno: the
+    transport reads it piece by piece as the channel takes them)."""
+
+    def __init__(self, pieces):
+        self._pieces = iter(pieces)
+        self._held = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._held:
+            self._held = next(self._pieces, None)
+            if self._held is None:
+                self._held = b""
+                return b""
+        if size is None or size < 0:
+            size = len(self._held)
+        piece, self._held = self._held[:size], self._held[size:]
+        return piece
+
+
+class _ReceiverGone(Exception):
+    """The receiver stopped (its own error): the channel's output has nowhere to go.
+    Not an OSError, which the transport would take for a broken link."""
+
+
+class _ChunkQueue:
+    """The channel's output (put, from the transport's thread) as read_exact(n) for the
+    receiver's thread, through a bounded queue: when the receiver is slower than the link
+    the transport waits, and SSH's window stops the sender."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self._held = b""
+        self._ended = False
+        self._reader_closed = threading.Event()
+
+    def put(self, chunk: bytes) -> None:
+        while not self._reader_closed.is_set():
+            try:
+                self._queue.put(chunk, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _ReceiverGone()
+
+    def end(self) -> None:
+        while not self._reader_closed.is_set():
+            try:
+                self._queue.put(None, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def close_reader(self) -> None:
+        self._reader_closed.set()
+
+    def read_exact(self, size: int) -> bytes:
+        pieces, have = [], 0
+        while have < size:
+            if not self._held:
+                if self._ended:
+                    break
+                chunk = self._queue.get()
+                if chunk is None:
+                    self._ended = True
+                    break
+                self._held = chunk
+            take = self._held[:size - have]
+            self._held = self._held[len(take):]
+            pieces.append(take)
+            have += len(take)
+        return b"".join(pieces)

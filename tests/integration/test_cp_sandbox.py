@@ -1,0 +1,171 @@
+"""orch cp against the sandbox (real sshd, real LXC, real pct): a tree's round trip, a
+50 MB file both ways with its sha256 and orch's peak RSS, and a link broken mid-transfer,
+which leaves no file under the final name on either side."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from orchestrator.ground.errors import ConnectionLost, OrchError
+from orchestrator.payloads._tarstream import TEMP_MARK
+from orchestrator.remote import transfer
+from orchestrator.targets.fleet import Fleet
+from tests.unit.test_tarstream import leftovers, make_tree, snapshot
+
+pytestmark = pytest.mark.sandbox
+
+BIG_MB = 50
+# orch exec's own bound (tests of streamed output): the copy must not raise it with its size
+RSS_LIMIT_MB = 64
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    path = tmp_path_factory.mktemp("big") / "big.bin"
+    with open(path, "wb") as handle:
+        for _ in range(BIG_MB):
+            handle.write(os.urandom(1 << 20))
+    return path
+
+
+@pytest.fixture
+def remote_dir(ct):
+    folder = f"/tmp/cp-test-{secrets.token_hex(4)}"
+    ct.run(["mkdir", "-p", folder], timeout=30).check()
+    yield folder
+    ct.run(["rm", "-rf", folder], timeout=60)
+
+
+def run_measured(sandbox, *args):
+    """`orch ARGS` in its own process (the direct path): (exit code, stderr, peak RSS in MB).
+    The peak is the process's VmHWM in /proc, read until it exits (a fork's rusage would
+    count the test process's own pages from before the exec)."""
+    env = {**os.environ, "ORCH_AGENT": "off"}
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
+                                str(sandbox.inventory_path), *args], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = [0]
+
+    def watch():
+        while process.poll() is None:
+            try:
+                with open(f"/proc/{process.pid}/status") as status:
+                    for line in status:
+                        if line.startswith("VmHWM:"):
+                            peak[0] = max(peak[0], int(line.split()[1]))
+            except OSError:
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    stderr = process.stderr.read()
+    process.wait(timeout=300)
+    watcher.join()
+    return process.returncode, stderr.decode(), peak[0] / 1024
+
+
+def remote_sha(ct, path):
+    return ct.run(["sha256sum", path], timeout=120).check().text.split()[0]
+
+
+def sha(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for piece in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def test_a_tree_round_trips_through_the_container(sandbox, ct, remote_dir, tmp_path):
+    tree = make_tree(tmp_path / "src")
+    code, err, _ = run_measured(sandbox, "cp", "-r", str(tree), f"sb1-200:{remote_dir}/")
+    assert code == 0, err
+    listing = ct.run(["stat", "-c", "%a %n", f"{remote_dir}/tree/sub/run.sh",
+                      f"{remote_dir}/tree/secret"], timeout=30).check().text.split("\n")
+    assert listing[:2] == [f"751 {remote_dir}/tree/sub/run.sh", f"600 {remote_dir}/tree/secret"]
+    code, err, _ = run_measured(sandbox, "cp", "-r", f"sb1-200:{remote_dir}/tree",
+                                str(tmp_path / "back"))
+    assert code == 0, err
+    assert snapshot(tmp_path / "back") == snapshot(tree)
+    assert "sha256 checked" in err
+
+
+def test_a_large_file_both_ways_with_its_sha256_and_bounded_memory(sandbox, ct, remote_dir,
+                                                                   big, tmp_path):
+    code, err, pushed_rss = run_measured(sandbox, "cp", str(big), f"sb1-200:{remote_dir}/big.bin")
+    assert code == 0, err
+    assert remote_sha(ct, f"{remote_dir}/big.bin") == sha(big)
+    code, err, pulled_rss = run_measured(sandbox, "cp", f"sb1-200:{remote_dir}/big.bin",
+                                         str(tmp_path / "back.bin"))
+    assert code == 0, err
+    assert sha(tmp_path / "back.bin") == sha(big)
+    print(f"peak RSS of orch: push {pushed_rss:.0f} MB, pull {pulled_rss:.0f} MB "
+          f"for {BIG_MB} MB")
+    assert pushed_rss < RSS_LIMIT_MB and pulled_rss < RSS_LIMIT_MB
+
+
+def _breaking_after(host, count):
+    """An on_data callback that closes the host's connections after `count` bytes (the
+    link breaks under the transfer)."""
+    seen = {"bytes": 0, "broken": False}
+
+    def on_data(size):
+        seen["bytes"] += size
+        if seen["bytes"] >= count and not seen["broken"]:
+            seen["broken"] = True
+            host.close()
+    return on_data, seen
+
+
+def test_a_link_broken_under_a_push_leaves_no_file_under_its_final_name(sandbox, remote_dir, big):
+    with Fleet.from_path(str(sandbox.inventory_path)) as fleet:
+        target = fleet.targets(["sb1-200"])[0]
+        on_data, seen = _breaking_after(target.host, 10 << 20)
+        with pytest.raises(OrchError) as raised:
+            transfer.push(target, str(big), f"{remote_dir}/big.bin", on_data=on_data)
+        assert seen["broken"] and isinstance(raised.value, ConnectionLost), raised.value
+    with Fleet.from_path(str(sandbox.inventory_path)) as fleet:
+        target = fleet.targets(["sb1-200"])[0]
+        deadline = time.monotonic() + 15   # the payload's end: EOF, or the reaper's SIGTERM
+        while True:
+            names = target.run(["ls", "-A", remote_dir], timeout=30).check().text.split()
+            if not names or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert "big.bin" not in names
+        assert [n for n in names if n.startswith(TEMP_MARK)] == []
+
+
+def test_a_link_broken_under_a_pull_leaves_no_file_under_its_final_name(sandbox, ct, remote_dir,
+                                                                      big, tmp_path):
+    transfer.push(ct, str(big), f"{remote_dir}/big.bin")
+    with Fleet.from_path(str(sandbox.inventory_path)) as fleet:
+        target = fleet.targets(["sb1-200"])[0]
+        on_data, seen = _breaking_after(target.host, 10 << 20)
+        with pytest.raises(OrchError) as raised:
+            transfer.pull(target, f"{remote_dir}/big.bin", str(tmp_path / "back.bin"),
+                          on_data=on_data)
+        assert seen["broken"]
+        assert isinstance(raised.value, ConnectionLost) or "ended before" in str(raised.value)
+    assert os.listdir(tmp_path) == [] and leftovers(tmp_path) == []
+
+
+def test_a_group_push_reaches_every_container(sandbox, tmp_path):
+    source = tmp_path / "note.txt"
+    source.write_bytes(b"to all\n")
+    folder = f"/tmp/cp-group-{secrets.token_hex(4)}"
+    code, err, _ = run_measured(sandbox, "cp", str(source), f"running:{folder}")
+    try:
+        assert code == 0, err
+        assert err.count("sha256 checked") == 4
+    finally:
+        run_measured(sandbox, "exec", "running", "--", "rm", "-f", folder)

@@ -1,0 +1,282 @@
+"""orch cp's stream (payloads/_tarstream.py): a tree's round trip, the sha256 check, and
+member names that could leave the tree, all against real files in tmp_path; the cp payload
+and remote/transfer.py against this machine (a host Target on the local transport)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from orchestrator.ground.errors import BadArgument, OrchError, PayloadError
+from orchestrator.payloads import _tarstream as tarstream
+from orchestrator.payloads import compact_source
+from orchestrator.payloads._tarstream import (MAX_TAR_FRAME, MAX_TAR_HEADER, TEMP_MARK, FrameReader, Receiver,
+                                              TransferError, frame, member_parts, send_frames,
+                                              tree_digest)
+from orchestrator.remote import transfer
+from orchestrator.remote.container import Target
+from orchestrator.remote.local import LocalTransport
+
+ODD_NAME = "a name with spaces\nand a newline"
+
+
+def make_tree(root):
+    tree = root / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "empty").mkdir()
+    (tree / ODD_NAME).write_bytes(b"odd\n")
+    script = tree / "sub" / "run.sh"
+    script.write_bytes(b"#!/bin/sh\necho hi\n")
+    script.chmod(0o751)
+    (tree / "secret").write_bytes(b"k")
+    (tree / "secret").chmod(0o600)
+    os.symlink("sub/run.sh", tree / "link")
+    os.symlink("/etc/passwd", tree / "outside-link")
+    os.utime(tree / ODD_NAME, (1_600_000_000, 1_600_000_000))
+    os.utime(tree / "empty", (1_500_000_000, 1_500_000_000))
+    (tree / "sub").chmod(0o750)
+    return tree
+
+
+def snapshot(root):
+    """Every entry below root: kind, mode, mtime (not for links), content or link target."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            rel = os.path.relpath(path, root)
+            if stat.S_ISLNK(info.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(info.st_mode):
+                found[rel] = ("dir", stat.S_IMODE(info.st_mode), int(info.st_mtime))
+            else:
+                found[rel] = ("file", stat.S_IMODE(info.st_mode), int(info.st_mtime),
+                              hashlib.sha256(open(path, "rb").read()).hexdigest())
+    return found
+
+
+def stream_of(path, **kwargs):
+    return io.BytesIO(b"".join(send_frames(str(path), **kwargs)))
+
+
+def leftovers(folder):
+    return [name for _, dirs, files in os.walk(folder) for name in dirs + files
+            if name.startswith(TEMP_MARK)]
+
+
+def test_a_tree_round_trips_with_links_an_empty_folder_odd_names_modes_and_mtimes(tmp_path):
+    tree = make_tree(tmp_path / "src")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    sent = {}
+    done = Receiver(str(dest)).receive(stream_of(tree, hashes=sent).read)
+    assert snapshot(dest / "tree") == snapshot(tree)
+    assert done["files"] == 3 and done["links"] == 2 and done["dirs"] == 3
+    assert done["digest"] == tree_digest(sent) and done["path"] == str(dest / "tree")
+    assert os.readlink(dest / "tree" / "outside-link") == "/etc/passwd"   # copied, not followed
+
+
+def test_dest_names_the_copy_unless_it_is_a_folder(tmp_path):
+    tree = make_tree(tmp_path / "src")
+    Receiver(str(tmp_path / "renamed")).receive(stream_of(tree).read)
+    assert snapshot(tmp_path / "renamed") == snapshot(tree)
+    Receiver(str(tmp_path / "one.sh")).receive(stream_of(tree / "sub" / "run.sh").read)
+    assert (tmp_path / "one.sh").read_bytes() == b"#!/bin/sh\necho hi\n"
+    assert stat.S_IMODE((tmp_path / "one.sh").stat().st_mode) == 0o751
+    with pytest.raises(TransferError, match="no such folder"):
+        Receiver(str(tmp_path / "missing" / "x")).receive(stream_of(tree).read)
+
+
+def test_a_merge_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
+    tree = make_tree(tmp_path / "src")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    dest = tmp_path / "dest" / "tree"
+    dest.mkdir(parents=True)
+    os.symlink(victim, dest / "secret")      # where the stream's file "secret" goes
+    os.symlink(tmp_path, dest / "sub")       # where the stream's folder "sub" goes
+    with pytest.raises(TransferError, match="not a folder"):
+        Receiver(str(tmp_path / "dest")).receive(stream_of(tree).read)
+    assert victim.read_bytes() == b"untouched" and not (tmp_path / "run.sh").exists()
+    os.unlink(dest / "sub")
+    Receiver(str(tmp_path / "dest")).receive(stream_of(tree).read)
+    assert victim.read_bytes() == b"untouched"
+    assert (dest / "secret").read_bytes() == b"k" and not (dest / "secret").is_symlink()
+    assert leftovers(tmp_path) == []
+
+
+def tar_stream(members, manifest=None):
+    """A framed stream of hand-made members: (TarInfo, data or None)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    hashes = manifest if manifest is not None else {
+        info.name: hashlib.sha256(data).hexdigest() for info, data in members if info.isreg()}
+    data = raw.getvalue()
+    tar = b"".join(frame(b"T", data[at:at + MAX_TAR_FRAME]) for at in range(0, len(data), MAX_TAR_FRAME))
+    return io.BytesIO(frame(b"S", b'{"bytes": 0, "files": 0}') + tar
+                      + frame(b"M", json.dumps({"sha256": hashes}).encode()))
+
+
+def entry(name, kind=tarfile.REGTYPE, data=b"", linkname=""):
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.linkname = kind, len(data) if kind == tarfile.REGTYPE else 0, linkname
+    return info, (data if kind == tarfile.REGTYPE else None)
+
+
+@pytest.mark.parametrize("name", ["/etc/evil", "top/../../evil", "../evil", "other/evil"])
+def test_names_that_leave_the_tree_are_refused_and_nothing_is_left(tmp_path, name):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stream = tar_stream([entry("top", tarfile.DIRTYPE), entry("top/ok", data=b"1"),
+                         entry(name, data=b"evil")])
+    with pytest.raises(TransferError) as raised:
+        Receiver(str(dest)).receive(stream.read)
+    assert raised.value.kind == "unsafe-member"
+    assert os.listdir(dest) == [] and not (tmp_path / "evil").exists()
+
+
+def test_a_link_of_the_tree_is_never_followed_on_extraction(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stream = tar_stream([entry("top", tarfile.DIRTYPE),
+                         entry("top/escape", tarfile.SYMTYPE, linkname=str(outside)),
+                         entry("top/escape/planted", data=b"evil")])
+    with pytest.raises(TransferError, match="symbolic link"):
+        Receiver(str(dest)).receive(stream.read)
+    assert os.listdir(outside) == [] and os.listdir(dest) == []
+
+
+def test_hard_links_and_devices_are_refused(tmp_path):
+    stream = tar_stream([entry("top", tarfile.DIRTYPE),
+                         entry("top/hard", tarfile.LNKTYPE, linkname="/etc/shadow")])
+    with pytest.raises(TransferError) as raised:
+        Receiver(str(tmp_path)).receive(stream.read)
+    assert raised.value.kind == "unsupported-member" and os.listdir(tmp_path) == []
+
+
+def test_a_sha256_mismatch_writes_nothing_under_the_final_name(tmp_path):
+    stream = tar_stream([entry("big.bin", data=b"what arrived")],
+                        manifest={"big.bin": hashlib.sha256(b"what was sent").hexdigest()})
+    with pytest.raises(TransferError) as raised:
+        Receiver(str(tmp_path)).receive(stream.read)
+    assert raised.value.kind == "hash-mismatch" and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.999])
+def test_a_stream_cut_short_leaves_no_final_name_and_no_temporary_file(tmp_path, keep):
+    source = tmp_path / "src"
+    make_tree(source)
+    (source / "tree" / "big").write_bytes(os.urandom(3 << 20))
+    data = stream_of(source / "tree").getvalue()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(TransferError) as raised:
+        Receiver(str(dest)).receive(io.BytesIO(data[:int(len(data) * keep)]).read)
+    assert raised.value.kind == "truncated" and os.listdir(dest) == []
+
+
+def test_the_senders_error_stops_the_receiver(tmp_path):
+    stream = io.BytesIO(frame(b"X", b'{"message": "x changed", "kind": "changed"}'))
+    with pytest.raises(TransferError, match="x changed"):
+        Receiver(str(tmp_path)).receive(stream.read)
+
+
+def test_what_a_receiver_holds_is_bounded(tmp_path):
+    huge = io.BytesIO(b"T" + (10 << 20).to_bytes(4, "big"))
+    with pytest.raises(TransferError, match="damaged"):
+        FrameReader(huge.read).read(1)
+    info = tarfile.TarInfo("top")
+    info.pax_headers = {"comment": "x" * (MAX_TAR_HEADER + 10)}
+    with pytest.raises(TransferError, match="tar header"):
+        Receiver(str(tmp_path)).receive(tar_stream([(info, b"")]).read)
+
+
+def test_member_parts():
+    assert member_parts("top/./a//b/") == ["top", "a", "b"]
+    for bad in ("", "/x", "a/../b", ".", "a\0b"):
+        with pytest.raises(TransferError):
+            member_parts(bad)
+
+
+@pytest.mark.parametrize("now, said", [(b"1" * 20, "grew"), (b"1" * 4, "shrank")])
+def test_a_file_that_changes_while_it_is_read_is_the_senders_error(tmp_path, monkeypatch, now, said):
+    path = tmp_path / "changes"
+    path.write_bytes(b"1" * 10)
+    seen = os.stat(path)                     # the size its tar header says
+    path.write_bytes(now)
+    monkeypatch.setattr(tarstream, "walk", lambda _: iter([("changes", str(path), seen)]))
+    with pytest.raises(TransferError, match=said):
+        Receiver(str(tmp_path / "out")).receive(stream_of(path).read)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------ the payload, the controller
+def test_the_shipped_payload_receives_and_sends(tmp_path):
+    tree = make_tree(tmp_path / "src")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", compact_source("cp"),
+                          json.dumps({"action": "receive", "path": str(dest)})],
+                         input=stream_of(tree).getvalue(), capture_output=True, timeout=60)
+    final = json.loads(run.stdout.decode().splitlines()[-1])
+    assert run.returncode == 0 and final["event"] == "result" and final["files"] == 3
+    assert snapshot(dest / "tree") == snapshot(tree)
+    sent = subprocess.run([sys.executable, "-I", "-S", "-c", compact_source("cp"),
+                           json.dumps({"action": "send", "path": str(tree), "recursive": True})],
+                          capture_output=True, timeout=60)
+    Receiver(str(tmp_path / "back")).receive(io.BytesIO(sent.stdout).read)
+    assert snapshot(tmp_path / "back") == snapshot(tree)
+
+
+@pytest.fixture
+def here():
+    return Target("here", LocalTransport())
+
+
+def test_push_and_pull_through_a_target(tmp_path, here):
+    tree = make_tree(tmp_path / "src")
+    (tmp_path / "remote").mkdir()
+    pushed = transfer.push(here, str(tree), str(tmp_path / "remote") + "/", recursive=True)
+    assert snapshot(tmp_path / "remote" / "tree") == snapshot(tree)
+    pulled = transfer.pull(here, str(tmp_path / "remote" / "tree"), str(tmp_path / "back"),
+                           recursive=True)
+    assert snapshot(tmp_path / "back") == snapshot(tree)
+    assert pushed["digest"] == pulled["digest"] and pushed["files"] == 3
+
+
+def test_bad_sources_and_destinations_are_said_before_anything_runs(tmp_path, here):
+    with pytest.raises(BadArgument, match="a folder"):
+        transfer.push(here, str(tmp_path), "/tmp/x")
+    with pytest.raises(BadArgument, match="No such file"):
+        transfer.push(here, str(tmp_path / "none"), "/tmp/x")
+    with pytest.raises(BadArgument, match="no such folder"):
+        transfer.pull(here, "/etc/hostname", str(tmp_path / "no" / "x"))
+    with pytest.raises(PayloadError, match="copy it with -r"):
+        transfer.pull(here, str(tmp_path), str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_full_disk_on_a_pull_is_a_sentence_and_leaves_nothing(tmp_path, here, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device", "big.bin")
+    monkeypatch.setattr(tarstream, "_write_all", full)
+    source = tmp_path / "big.bin"
+    source.write_bytes(b"x" * 1000)
+    (tmp_path / "into").mkdir()
+    with pytest.raises(OrchError, match="here: writing big.bin: No space left on device"):
+        transfer.pull(here, str(source), str(tmp_path / "into") + "/")
+    assert os.listdir(tmp_path / "into") == []
