@@ -3,7 +3,7 @@ behind them and the remedy (orchestrator/watch/explain.py does the work)."""
 
 from __future__ import annotations
 
-import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,11 +13,19 @@ from orchestrator.ground.lazy import lazy
 
 pass_app = click.pass_obj
 # the analysis, the run store and SSH only when the command runs: `--help` stays instant
-explain = lazy("orchestrator.watch.explain", "explain")
-explain_record = lazy("orchestrator.watch.explain", "explain_record")
-launched_targets = lazy("orchestrator.watch.explain", "launched_targets")
-read_log_file = lazy("orchestrator.watch.explain", "read_log_file")
-RunStore = lazy("orchestrator.runs.store", "RunStore")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.runs.store import RunStore
+    from orchestrator.watch.explain import (explain, explain_record, launched_pid, launched_targets,
+                                            read_log_file, run_logs, take_stacks)
+else:
+    explain = lazy("orchestrator.watch.explain", "explain")
+    explain_record = lazy("orchestrator.watch.explain", "explain_record")
+    launched_targets = lazy("orchestrator.watch.explain", "launched_targets")
+    read_log_file = lazy("orchestrator.watch.explain", "read_log_file")
+    RunStore = lazy("orchestrator.runs.store", "RunStore")
+    take_stacks = lazy("orchestrator.watch.explain", "take_stacks")
+    launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
+    run_logs = lazy("orchestrator.watch.explain", "run_logs")
 SHOWN_FRAMES = 6          # innermost frames printed with their source; --json has them all
 SHOWN_CANDIDATES = 5
 KINDS = {"global": "module global, rebound under `global`",
@@ -80,7 +88,7 @@ def explain_command(app, run, log_file, targets, context, all_frames, as_json):
     else:
         for result in results:
             _print(result, all_frames)
-    sys.exit(ExitCode.OK if any(r.failures for r in results) else ExitCode.FAILED)
+    return ExitCode.OK if any(r.failures for r in results) else ExitCode.FAILED
 
 
 # ------------------------------------------------------------------ for people
@@ -162,9 +170,6 @@ def _print_candidate(candidate) -> None:
             out.print(f"        {line['line']:6d}  {esc(line['text'])}")
 
 
-take_stacks = lazy("orchestrator.watch.explain", "take_stacks")
-launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
-run_logs = lazy("orchestrator.watch.explain", "run_logs")
 
 
 @click.command("stacks")
@@ -212,7 +217,7 @@ def stacks_command(app, run, pid, targets, as_json):
     else:
         for result in results:
             _print_stacks(result)
-    sys.exit(ExitCode.FAILED if any(r.locks for r in results) else ExitCode.OK)
+    return ExitCode.FAILED if any(r.locks for r in results) else ExitCode.OK
 
 
 def _print_stacks(result) -> None:
