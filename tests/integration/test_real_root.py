@@ -109,7 +109,10 @@ def test_python3_missing_is_reported_with_the_distribution_fix(real_root, tmp_pa
     book.write_text(book.read_text() + "      install_python: true\n")
     code, output = orch(handle, "run", str(book), "-t", NO_PYTHON)
     assert code == 10, output
-    assert "$ apt-get update" in output and "must reach its package sources" in output
+    # a failed step shows its last 25 lines (apt-get update's are before them) and keeps the
+    # whole output in the run's folder
+    assert "apt-get install -y --no-install-recommends python3" in output
+    assert "must reach its package sources" in output and "-bootstrap-sbr1-201.log" in output
 
 
 def test_a_bare_offline_debian_root_goes_to_the_dflash_demo_verdict_ok(real_root):

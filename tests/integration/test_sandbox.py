@@ -46,8 +46,9 @@ def on_host(sandbox, host: str, *argv: str, input: bytes | None = None):
 
 
 def orch_sandbox_cli(*args: str, env: dict | None = None, user: list[str] | None = None):
-    code = "from orchestrator.cli.commands.sandbox import sandbox; sandbox()"
-    argv = [*(user or []), sys.executable, "-c", code, *args]
+    # through orch's own group: commands return their exit codes, and the group makes them
+    # the status (a bare click group would exit 0 whatever the command returned)
+    argv = [*(user or []), sys.executable, "-m", "orchestrator", "sandbox", *args]
     return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**os.environ, **(env or {})})
 

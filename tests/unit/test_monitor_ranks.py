@@ -19,7 +19,7 @@ from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.watch.classify import ProgressSnapshot
-from orchestrator.watch.logformats import make_format
+from orchestrator.watch.logformats import FORMATS, make_format
 from orchestrator.watch.torchrun import RANK_LOGS, TorchrunError, build_argv, check_spec
 
 from tests.unit.test_monitor_follow import Collect
@@ -96,7 +96,7 @@ def test_playbook_keys_are_checked_with_file_line_col(tmp_path):
     assert error(tmp_path, torchrun="{nproc_per_node: 2, nodes: 2}").startswith(
         "5:37: unknown torchrun option 'nodes'")
     assert error(tmp_path, torchrun="{master_port: 1}").startswith("5:17: torchrun needs nproc_per_node")
-    assert "format must be one of auto, orch, regex, specforge, hf-trainer, tqdm, jsonl, keyvalue, not 'specforg'" in \
+    assert f"format must be one of {', '.join(FORMATS)}, not 'specforg'" in \
         error(tmp_path, monitor="{format: specforg}")
     assert error(tmp_path, monitor="{format: regex}").startswith("7:23: format regex needs a metric_regex")
     assert "metric_regex is for format regex" in error(
