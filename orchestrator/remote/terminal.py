@@ -52,6 +52,9 @@ unset ORCH_VENV
 exec "$shell" -l
 '''.strip()
 
+# How long after the end of a pty session's output its exit status may come (see exit_status)
+STATUS_WAIT_S = 10.0
+
 
 def shell_argv(command: Sequence[str] = (), term: Optional[str] = None,
                venv: Optional[str] = None) -> list[str]:
@@ -176,8 +179,14 @@ def _forward_output(channel, out_fd: int) -> bool:
     return True
 
 
-def exit_status(channel) -> Optional[int]:
-    """The remote command's exit status; None when the channel closed without one."""
+def exit_status(channel, wait: float = STATUS_WAIT_S) -> Optional[int]:
+    """The remote command's exit status; None when the channel closed without one. sshd
+    may send a pty session's EOF before the status (the output drained before the shell
+    was reaped): the status is waited for, and a closed channel ends the wait (paramiko
+    marks its status ready with -1 then)."""
+    deadline = time.monotonic() + wait
+    while not channel.exit_status_ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
     if channel.exit_status_ready() and channel.exit_status >= 0:
         return channel.exit_status
     return None

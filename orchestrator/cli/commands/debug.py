@@ -198,7 +198,7 @@ class _Progress:
 @click.option("--venv", "use_venv", is_flag=True,
               help="Put the inventory's venv of TARGET first on PATH (VIRTUAL_ENV set).")
 @click.option("--host", "allow_host", is_flag=True,
-              help="TARGET may be a host: a shell on the Proxmox node itself.")
+              help="TARGET is a host of the inventory: a shell on the Proxmox node itself.")
 @click.argument("target")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_app
@@ -211,7 +211,8 @@ def shell_command(app, target, command, use_venv, allow_host):
     go through raw, so Ctrl-C and Ctrl-Z reach the remote program and Ctrl-D ends the
     shell. Your terminal is put back as it was afterwards, also when the link drops.
     Without a terminal here (a pipe, a script), COMMAND is required and runs without one,
-    as `orch exec` runs it. A host is a TARGET only with --host. Exit codes: the remote
+    as `orch exec` runs it. A host's own shell needs --host (TARGET is then the
+    host's name in the inventory). Exit codes: the remote
     shell's or command's; orch's own errors 255 (a host unreachable, the link lost), as
     ssh's, except a bad command line (2) and a container that does not exist or is not
     running (4).
@@ -245,16 +246,15 @@ def shell_command(app, target, command, use_venv, allow_host):
 
 
 def _shell_target(app, name: str, allow_host: bool):
+    if allow_host:
+        return app.fleet.host_target(name)
     targets = app.fleet.targets([name])
     if len(targets) != 1:
         raise click.UsageError(f"{name!r} names {len(targets)} targets: a shell is in one")
     target = targets[0]
-    if not target.vmid and not allow_host:
+    if not target.vmid:
         raise click.UsageError(f"{name!r} is a host, not a container: add --host for a shell "
                                "on the host itself")
-    if target.vmid and allow_host:
-        raise click.UsageError(f"{name!r} is a container: --host is for a host's own shell "
-                               f"(orch shell --host {target.host.name})")
     return target
 
 
