@@ -104,7 +104,7 @@ def term(sandbox):
         terminal.close()
 
 
-def test_a_shell_in_the_container_follows_resizes_lives_through_ctrl_c_and_exits_3(term):
+def test_a_shell_in_the_container_follows_resizes_lives_through_ctrl_c_z_and_exits_3(term):
     t = term("shell", "sb1-200")
     t.expect(r"root@CT200")                          # the container's prompt
     t.send(b"hostname; stty size; echo $TERM\r")
@@ -121,6 +121,12 @@ def test_a_shell_in_the_container_follows_resizes_lives_through_ctrl_c_and_exits
     t.send(b"echo alive-$((40+2))\r")
     t.expect(r"alive-42")
     assert time.monotonic() - started < 10
+    t.send(b"sleep 31\r")
+    time.sleep(1.0)
+    t.send(b"\x1a")                                  # Ctrl-Z: the container's shell stops it
+    t.expect(r"Stopped\s+sleep 31")
+    t.send(b"kill %1; echo killed-$((6*7))\r")
+    t.expect(r"killed-42")
     t.send(b"exit 3\r")
     code, after = t.finish()
     assert code == 3

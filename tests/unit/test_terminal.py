@@ -14,9 +14,11 @@ import subprocess
 import termios
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
+from orchestrator.agent.client import is_fast_command
 from orchestrator.ground.errors import ConnectionLost, OrchError
 from orchestrator.remote import terminal
 from orchestrator.remote.container import Target
@@ -233,8 +235,6 @@ class FakeHost:
         self.argv = None
 
     def terminal(self, argv, term, size):
-        from contextlib import contextmanager
-
         @contextmanager
         def opened():
             self.argv, self.term, self.size = argv, term, size
@@ -253,3 +253,9 @@ def test_a_link_lost_under_the_shell_is_connection_lost_with_the_reason(pty_pair
         terminal.open_shell(target, ["top"], None, slave, slave, "screen")
     assert host.size == (120, 50) and host.term == "screen"
     assert host.argv[-1] == "top" and "TERM=screen" in host.argv
+
+
+def test_orch_shell_never_goes_to_the_agent():
+    # it needs this process's terminal and signals: the warm agent has neither
+    assert not is_fast_command(["shell", "sb1-200"])
+    assert not is_fast_command(["-i", "inv.yaml", "shell", "--venv", "ct", "--", "top"])
