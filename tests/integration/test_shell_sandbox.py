@@ -21,6 +21,7 @@ import termios
 import time
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.sandbox
 
@@ -71,6 +72,11 @@ class Terminal:
                     raise AssertionError(f"the terminal closed before {pattern!r}: "
                                          f"{self.seen[-2000:]!r}")
                 self.seen += chunk
+
+    def orch_pid(self) -> int:
+        """The orch process: the one child of the terminal's sh."""
+        with open(f"/proc/{self.pid}/task/{self.pid}/children") as children:
+            return int(children.read().split()[0])
 
     def close(self):
         try:
@@ -182,6 +188,36 @@ def test_a_killed_link_ends_orch_with_255_and_the_terminal_restored(term, fleet)
     assert code == 255
     assert b"the connection to host sb1 broke while a shell in sb1-200 ran" in t.shown
     assert after == t.before
+
+
+def test_a_dead_link_is_noticed_by_the_keepalives_and_the_terminal_restored(sandbox, term,
+                                                                             tmp_path):
+    # sb2 declared dead after 1 s x (2 + 1) of silence; its packets dropped for a few seconds
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    data["hosts"]["sb2"].update(alive_interval=1, alive_count_max=2, connect_timeout=3)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(data))
+    t = term("shell", "sb2-201", "--", "sh", "-c", "echo started; exec sleep 60",
+             inventory=str(inventory))
+    t.expect("started")
+    sandbox.block_ssh("sb2")
+    try:
+        blocked = time.monotonic()
+        code, after = t.finish(timeout=30)
+        elapsed = time.monotonic() - blocked
+    finally:
+        sandbox.unblock_ssh("sb2")
+    assert code == 255 and b"answered none of 2 keepalive(s)" in t.shown, t.shown
+    assert elapsed < 3 + 5, f"{elapsed:.1f} s to notice a dead link"
+    assert after == t.before
+
+
+def test_sigterm_ends_orch_with_143_and_the_terminal_restored(term):
+    t = term("shell", "sb1-200", "--", "sh", "-c", "echo started; exec sleep 60")
+    t.expect("started")
+    os.kill(t.orch_pid(), signal.SIGTERM)
+    code, after = t.finish()
+    assert code == 128 + signal.SIGTERM and after == t.before
 
 
 def test_without_a_terminal_a_shell_is_refused_and_a_command_runs_as_exec(sandbox,
