@@ -213,8 +213,8 @@ def open_shell(target, command: Sequence[str], venv: Optional[str], in_fd: int,
     dropped before the remote end said it."""
     terminal = getattr(target.host, "terminal", None)
     if terminal is None:
-        raise OrchError(f"{target.describe()}: orch shell needs an SSH host "
-                        f"({target.host.name} is reached another way)",
+        raise OrchError(f"{target.describe()}: orch shell cannot open a terminal through "
+                        f"host {target.host.name}'s transport",
                         hint=f"`orch exec {target.name} -- CMD` runs a command there")
     if target.vmid:
         target.require_running()   # pct's own error would be one more line on the pty

@@ -120,18 +120,19 @@ def test_a_shell_in_the_container_follows_resizes_lives_through_ctrl_c_z_and_exi
     time.sleep(0.3)
     t.send(b"stty size\r")
     t.expect(r"43 132")
-    t.send(b"sleep 30; echo slept\r")
-    time.sleep(1.0)
+    # the job says it runs (the sums show only in its output, not in the echoed line)
+    t.send(b"sh -c 'echo running-$((1+2)); exec sleep 30'; echo slept\r")
+    t.expect(r"running-3")
     started = time.monotonic()
     t.send(b"\x03")                                  # Ctrl-C, as a byte in raw mode
     t.send(b"echo alive-$((40+2))\r")
     t.expect(r"alive-42")
     assert time.monotonic() - started < 10
-    t.send(b"sleep 31\r")
-    time.sleep(1.0)
+    t.send(b"sh -c 'echo running-$((2+2)); exec sleep 31'\r")
+    t.expect(r"running-4")
     t.send(b"\x1a")                                  # Ctrl-Z: the container's shell stops it
-    t.expect(r"Stopped\s+sleep 31")
-    t.send(b"kill %1; echo killed-$((6*7))\r")
+    t.expect(r"Stopped\s+sh -c")
+    t.send(b"kill -9 %1; wait; echo killed-$((6*7))\r")   # a stopped job: no exit blocked
     t.expect(r"killed-42")
     t.send(b"exit 3\r")
     code, after = t.finish()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
 import socket
 import struct
@@ -220,10 +221,76 @@ def test_without_a_command_the_script_starts_the_accounts_shell_in_its_home(tmp_
     assert result.stdout.split()[-2:] == [str(tmp_path), str(tmp_path)], result.stderr
 
 
-def test_a_host_reached_without_ssh_is_refused_with_a_sentence():
-    target = Target("here", LocalTransport())
-    with pytest.raises(OrchError, match="orch shell needs an SSH host"):
-        terminal.open_shell(target, [], None, 0, 1, "xterm")
+class NoTerminals:
+    name = "odd"
+
+
+def test_a_transport_without_terminals_is_refused_with_a_sentence():
+    with pytest.raises(OrchError, match="cannot open a terminal through host odd's transport"):
+        terminal.open_shell(Target("odd", NoTerminals()), [], None, 0, 1, "xterm")
+
+
+class Screen:
+    """The local terminal's other side (the pty master): what orch shows, keys typed."""
+
+    def __init__(self, master):
+        self.master = master
+        self.seen = b""
+
+    def expect(self, text: bytes, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            ready, _, _ = select.select([self.master], [], [], max(deadline - time.monotonic(), 0))
+            assert ready, f"no {text!r} on the screen: {self.seen!r}"
+            self.seen += os.read(self.master, 4096)
+
+
+def shell_here(slave, command, term="xterm-kitty"):
+    """orch shell's whole path on a host orch runs on: a pty of its own for the command,
+    driven from the terminal `slave`."""
+    return terminal.open_shell(Target("here", LocalTransport()), command, None, slave, slave,
+                               term)
+
+
+def test_a_local_command_runs_on_a_terminal_of_the_local_size_and_term(pty_pair):
+    master, slave = pty_pair
+    set_size(slave, 91, 33)
+    code = shell_here(slave, ["sh", "-c", 'tty; stty size; echo "$TERM"; exit 4'])
+    screen = Screen(master)
+    screen.expect(b"33 91\r\nxterm-kitty\r\n")
+    assert code == 4 and b"/dev/pts/" in screen.seen
+
+
+def test_ctrl_c_interrupts_the_command_on_its_pty_not_orch(pty_pair):
+    master, slave = pty_pair
+    screen = Screen(master)
+
+    def typist():
+        screen.expect(b"ready")
+        os.write(master, b"\x03")
+    thread = in_background(typist, 0)
+    code = shell_here(slave, ["sh", "-c", 'trap "echo got-int; exit 9" INT; echo ready; '
+                                          'while :; do sleep 0.05; done'])
+    thread.join(5)
+    screen.expect(b"got-int")
+    assert code == 9
+
+
+def test_a_local_resize_reaches_the_command(pty_pair):
+    master, slave = pty_pair
+    set_size(slave, 80, 24)
+    screen = Screen(master)
+
+    def resizer():
+        screen.expect(b"ready")
+        set_size(slave, 120, 40)
+        os.kill(os.getpid(), signal.SIGWINCH)
+    thread = in_background(resizer, 0)
+    code = shell_here(slave, ["sh", "-c", 'trap "stty size; exit 0" WINCH; echo ready; '
+                                          'while :; do sleep 0.05; done'])
+    thread.join(5)
+    screen.expect(b"40 120")
+    assert code == 0
 
 
 class FakeHost:
