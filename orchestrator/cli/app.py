@@ -74,9 +74,10 @@ class OrchGroup(click.Group):
         except OrchError as error:
             console.error(str(error))
             code = error.exit_code
-            # exec passes the remote code through: orch's own failures are 255, as with ssh,
-            # but a bad command line (2) and a missing or stopped container (4) keep theirs
-            if ctx.invoked_subcommand == "exec" and code not in (ExitCode.USAGE,
+            # exec and shell pass the remote code through: orch's own failures are 255, as
+            # with ssh, but a bad command line (2) and a missing or stopped container (4)
+            # keep theirs
+            if ctx.invoked_subcommand in ("exec", "shell") and code not in (ExitCode.USAGE,
                                                                   ExitCode.NO_CONTAINER):
                 code = ExitCode.EXEC_ORCH_ERROR
         except KeyboardInterrupt:
@@ -134,6 +135,8 @@ LAZY_COMMANDS = {
                "Every thread's Python stack of a hung run's live process, and who waits on whom."),
     "stop": ("orchestrator.cli.commands.run", "stop_command",
              "Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period."),
+    "shell": ("orchestrator.cli.commands.debug", "shell_command",
+              "An interactive shell (or COMMAND) in a container, through a PTY end to end."),
     "validate": ("orchestrator.cli.commands.run", "validate_command",
                  "Check PLAYBOOK without running it: keys, types, step kinds, templates, targets."),
     "verify": ("orchestrator.cli.commands.torch", "verify",

@@ -53,8 +53,8 @@ EXIT_CODE_MEANINGS = {
                           "record stays running for `orch attach`) or nothing was launched (recorded "
                           "as interrupted); `patch ... apply`/`revert` let the change finish and print "
                           "its outcome",
-    ExitCode.EXEC_ORCH_ERROR: "`orch exec`: orch's own errors (host unreachable, a connection lost or "
-                              "a dead link mid-command, a timeout; an agent that accepted `exec "
+    ExitCode.EXEC_ORCH_ERROR: "`orch exec` and `orch shell`: orch's own errors (host unreachable, a "
+                              "connection lost or a dead link mid-command, a timeout; an agent that accepted `exec "
                               "--timeout N` and did not answer within N + 8 s); any quick command: the "
                               "warm agent ended while it ran the command (its outcome is unknown; it "
                               "is never run a second time)",

@@ -163,6 +163,17 @@ class Target(Transport):
                 f"{duration:.1f} s): the command ended with it",
                 hint=f"start it with `orch ct start {self.name}`")
 
+    def require_running(self) -> None:
+        """Raise NoSuchContainer or ContainerNotRunning unless `pct status` says running
+        (for commands on a pty, where pct's own error cannot be told from the output)."""
+        status = self._pct_status()
+        if status is None:
+            raise NoSuchContainer(f"{self.describe()}: no such container",
+                                  hint=f"`orch ct list {self.host.name}` lists the containers there")
+        if status != "running":
+            raise ContainerNotRunning(f"{self.describe()} is not running ({status})",
+                                      hint=f"start it with `orch ct start {self.name}`")
+
     def _raise_pct_error(self, result: Result, shown: bool = False) -> None:
         """Raise when pct itself failed, not the command: its sentence ends the output, and
         `pct status` (asked only then) confirms it, so a command that prints the same

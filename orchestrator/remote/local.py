@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import select
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
+from contextlib import contextmanager
 
 from orchestrator.ground import invocation, paths
 from orchestrator.ground.errors import CommandTimeout, OrchError
@@ -20,6 +25,16 @@ _READ_SLICE_S = 0.25
 class LocalTransport(Transport):
     def __init__(self, name: str = "local"):
         self.name = name
+
+    @contextmanager
+    def terminal(self, argv, term: str, size: tuple[int, int]):
+        """argv on a new pty of `size` (columns, lines) with TERM `term`, as SshHost.terminal;
+        yields (channel, why): a local command has no link to lose."""
+        channel = _PtyChannel(validate_argv(argv), term, size)
+        try:
+            yield channel, lambda: ""
+        finally:
+            channel.close()
 
     def _run(self, argv: list[str], options: RunOptions) -> Result:
         started = time.monotonic()
@@ -147,6 +162,75 @@ def _feed_stdin(pipe, stdin) -> None:
         pipe.close()
     except (BrokenPipeError, ValueError):  # the command stopped reading; its exit code tells
         pass
+
+
+class _PtyChannel:
+    """A command on a pty of its own on this machine, with the methods of an SSH channel
+    that remote/terminal.py's relay uses: the local half of `orch shell` for a host orch
+    runs on (the controller on the Proxmox node itself)."""
+
+    def __init__(self, argv, term: str, size: tuple[int, int]):
+        command = invocation.current()
+        self._master, slave = pty.openpty()
+        self.resize_pty(*size, fd=slave)
+        try:
+            # setsid (start_new_session), then the pty becomes the session's terminal:
+            # Ctrl-C there is a SIGINT to the command's foreground job, not to orch
+            self._process = subprocess.Popen(
+                argv, stdin=slave, stdout=slave, stderr=slave, cwd=command.cwd,
+                env={**command.env, "TERM": term}, start_new_session=True,
+                preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        except OSError as error:
+            os.close(self._master)
+            raise OrchError(f"{argv[0]}: {error.strerror or error}") from None
+        finally:
+            os.close(slave)
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self._master
+
+    def recv(self, size: int) -> bytes:
+        try:
+            data = os.read(self._master, size)
+        except OSError:   # EIO: every holder of the pty's other side is gone
+            data = b""
+        self.closed = self.closed or not data
+        return data
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._master, view):]
+
+    def resize_pty(self, width: int, height: int, fd=None) -> None:
+        # on the master side too: the kernel sends SIGWINCH to the pty's foreground job
+        fcntl.ioctl(self._master if fd is None else fd, termios.TIOCSWINSZ,
+                    struct.pack("HHHH", height, width, 0, 0))
+
+    def shutdown_write(self) -> None:
+        pass   # a terminal has no end of input of its own: Ctrl-D is a key like the others
+
+    def exit_status_ready(self) -> bool:
+        return self._process.poll() is not None
+
+    @property
+    def exit_status(self) -> int:
+        code = self._process.returncode
+        return 128 - code if code < 0 else code   # killed by signal N: 128+N, as a shell says
+
+    def close(self) -> None:
+        """Hang up, as a closed terminal does: the command's group gets SIGHUP."""
+        if self._process.poll() is None:
+            _kill_group(self._process, signal.SIGHUP)
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _kill_group(self._process)
+                self._process.wait()
+        if self._master >= 0:
+            os.close(self._master)
+            self._master = -1
 
 
 def _kill_group(process: subprocess.Popen, number: int = signal.SIGKILL) -> None:

@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -396,6 +397,35 @@ class SshHost(Transport):
             raise HostUnreachable(f"host {self.name}: could not start {argv[0]}: "
                                   f"{why or error or type(error).__name__}") from None
         return _ChannelProcess(channel, lambda: self._release(connection), connection.lost_reason)
+
+
+    @contextmanager
+    def terminal(self, argv, term: str, size: tuple[int, int]):
+        """A channel running argv on a pty of `size` (columns, lines) with TERM `term`, for
+        an interactive session (`orch shell`); yields (channel, why): why() says why the
+        connection was lost, "" while it was not. The channel and its slot are given back
+        on leaving."""
+        command, preamble = remote_command(validate_argv(argv), {})
+        if preamble:   # it would arrive mixed with the keys typed
+            raise OrchError(f"host {self.name}: the command is too long for a terminal")
+        connection, channel = self._open_channel(30.0, time.monotonic() + 60.0)
+        try:
+            try:
+                reply = _ChannelDeadline(channel, EXEC_REPLY_TIMEOUT)
+                try:   # paramiko waits for sshd's answer to the pty request without a deadline
+                    channel.get_pty(term=term, width=size[0], height=size[1])
+                finally:
+                    reply.cancel()
+                if reply.fired or not _exec(channel, command):
+                    raise paramiko.SSHException(_no_exec_reply())
+            except (paramiko.SSHException, OSError, EOFError) as error:
+                raise HostUnreachable(f"host {self.name}: could not start a terminal: "
+                                      f"{connection.lost_reason() or error or type(error).__name__}"
+                                      ) from None
+            yield channel, connection.lost_reason
+        finally:
+            _quietly(channel.close)
+            self._release(connection)
 
 
 class _SshAgent(paramiko.agent.AgentSSH):

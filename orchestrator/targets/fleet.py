@@ -170,6 +170,14 @@ class Fleet:
     def targets(self, names) -> list[Target]:
         return [self.target(spec) for spec in self.inventory.resolve(names)]
 
+    def host_target(self, name: str) -> Target:
+        """The host `name` itself as a target, also where a group has the same name (the
+        sandbox's sb1), for what is explicitly about the host (`orch shell --host`)."""
+        if name not in self.inventory.hosts:
+            raise ConfigError(f"{name!r} is no host in {self.inventory.path}",
+                              hint="hosts: " + ", ".join(self.inventory.hosts))
+        return self.target(ContainerSpec(name=name, host=name))
+
     def ssh_settings(self, spec: HostSpec, seen: tuple = ()) -> SshSettings:
         """Inventory values win; ~/.ssh/config fills what the inventory leaves open."""
         if spec.name in seen:

@@ -74,7 +74,7 @@ def _exec(app, target, command, timeout, as_json):
     targets = app.fleet.targets([target])
     try:
         if len(targets) == 1 and not as_json:
-            return _exec_streaming(app.invocation, targets[0], command, timeout)
+            return exec_streaming(app.invocation, targets[0], command, timeout)
         return _exec_many(app, targets, command, timeout, as_json)
     except _OutputClosed:
         # like ssh under `| head`: the reader left, the remote command is stopped with us
@@ -82,7 +82,8 @@ def _exec(app, target, command, timeout, as_json):
         return 128 + signal.SIGPIPE
 
 
-def _exec_streaming(invocation, target, command, timeout):
+def exec_streaming(invocation, target, command, timeout):
+    """command in one target, its output and input streamed (no pty); its exit code."""
     result = target.run(command, stdin=_forwarded_stdin(invocation.stdin), timeout=timeout,
                         capture=False, kill_on_close=True, on_stdout=_writer(invocation.stdout),
                         on_stderr=_writer(invocation.stderr))

@@ -1,26 +1,32 @@
-"""The verbs of remote debugging: orch cp (files in and out of containers)."""
+"""The verbs of remote debugging: orch cp (files in and out of containers) and orch shell
+(a terminal in one)."""
 
 from __future__ import annotations
 
 import re
+import signal
 import time
 from typing import TYPE_CHECKING
 
 import click
 
+from orchestrator.cli.commands.core import exec_streaming
 from orchestrator.ground import console
 from orchestrator.ground.errors import ExitCode
 from orchestrator.ground.lazy import lazy
 
 pass_app = click.pass_obj
-# imported when first called: `orch cp --help` needs no SSH code
+# imported when first called: `orch cp --help` and `orch shell --help` need no SSH code
 if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.remote.terminal import open_shell, shell_argv
     from orchestrator.remote.transfer import pull, push
     from orchestrator.targets.fleet import fan_out
 else:
     fan_out = lazy("orchestrator.targets.fleet", "fan_out")
     push = lazy("orchestrator.remote.transfer", "push")
     pull = lazy("orchestrator.remote.transfer", "pull")
+    open_shell = lazy("orchestrator.remote.terminal", "open_shell")
+    shell_argv = lazy("orchestrator.remote.terminal", "shell_argv")
 
 # TARGET:PATH as scp reads it: a colon before any slash. HOST:VMID:PATH names a container by
 # its host and vmid; a local path with a colon is written ./name:x.
@@ -183,3 +189,87 @@ class _Progress:
         if self.printed:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+
+# ---------------------------------------------------------------- orch shell
+# As with exec, everything after TARGET is the command's: orch's options go before TARGET.
+@click.command("shell", context_settings={"ignore_unknown_options": True,
+                                          "allow_interspersed_args": False})
+@click.option("--venv", "use_venv", is_flag=True,
+              help="Put the inventory's venv of TARGET first on PATH (VIRTUAL_ENV set).")
+@click.option("--host", "allow_host", is_flag=True,
+              help="TARGET is a host of the inventory: a shell on the Proxmox node itself.")
+@click.argument("target")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_app
+def shell_command(app, target, command, use_venv, allow_host):
+    """An interactive shell (or COMMAND) in a container, through a PTY end to end.
+
+    With no COMMAND: the container account's login shell (root's, from its passwd), in its
+    home folder, as `pct enter` gives; with `-- COMMAND...` that command on a terminal (top,
+    python3, a debugger). Your terminal's size and TERM go along and a resize follows; keys
+    go through raw, so Ctrl-C and Ctrl-Z reach the remote program and Ctrl-D ends the
+    shell. Your terminal is put back as it was afterwards, also when the link drops.
+    Without a terminal here (a pipe, a script), COMMAND is required and runs without one,
+    as `orch exec` runs it. A host's own shell needs --host (TARGET is then the
+    host's name in the inventory). Exit codes: the remote
+    shell's or command's; orch's own errors 255 (a host unreachable, the link lost), as
+    ssh's, except a bad command line (2) and a container that does not exist or is not
+    running (4).
+
+    \b
+    Examples:
+      orch shell drafters
+      orch shell --venv drafters -- python3
+      orch shell pve:200 -- top
+      orch shell --host pve
+    """
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if command and command[0].startswith("-"):
+        raise click.UsageError(f"the command starts with {command[0]!r}: orch's options go "
+                               "before TARGET (orch shell --venv TARGET -- COMMAND...)")
+    chosen = _shell_target(app, target, allow_host)
+    venv = _venv_of(chosen) if use_venv else None
+    invocation = app.invocation
+    # SIGTERM unwinds like Ctrl-C, so the terminal is restored on the way out
+    with invocation.signal_handler(signal.SIGTERM, _terminated):
+        if not _on_terminal(invocation):
+            if not command:
+                raise click.UsageError("not on a terminal: an interactive shell needs one "
+                                       "(give -- COMMAND to run a command without one)")
+            return exec_streaming(invocation, chosen, shell_argv(command, venv=venv), None)
+        term = invocation.env.get("TERM") or "xterm"
+        return open_shell(chosen, command, venv, invocation.stdin.fileno(),
+                          invocation.stdout.fileno(), term)
+
+
+def _shell_target(app, name: str, allow_host: bool):
+    if allow_host:
+        return app.fleet.host_target(name)
+    targets = app.fleet.targets([name])
+    if len(targets) != 1:
+        raise click.UsageError(f"{name!r} names {len(targets)} targets: a shell is in one")
+    target = targets[0]
+    if not target.vmid:
+        raise click.UsageError(f"{name!r} is a host, not a container: add --host for a shell "
+                               "on the host itself")
+    return target
+
+
+def _venv_of(target) -> str:
+    if not target.venv:
+        raise click.UsageError(f"--venv: the inventory gives {target.name} no venv")
+    return target.expand(target.venv)
+
+
+def _on_terminal(invocation) -> bool:
+    try:
+        return invocation.stdin.isatty() and invocation.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _terminated(number, frame):
+    raise SystemExit(128 + number)
