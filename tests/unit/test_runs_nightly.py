@@ -308,3 +308,41 @@ def test_usage_error_recorded_by_the_runner_exits_2(playbook):
             store.begin(record)
         return record
     assert nightly(playbook, targets=[], extra_vars={}, run=usage).exit_code == ExitCode.USAGE
+
+
+def seed_history(playbook, levels, tok_s=6000):
+    """Earlier nightlies of the same shape, LEVELS oldest first (x tok_s)."""
+    with RunStore() as store:
+        for day, level in enumerate(levels, start=10):
+            store.begin(synthetic_run(f"202611{day:02d}-020000-hist00", playbook=playbook,
+                                      tok_s=tok_s * level, seed=day,
+                                      started_at=f"2026-11-{day:02d}T02:00:00+00:00"))
+
+
+def test_a_quiet_night_within_8_percent_noise_is_ok_not_a_regression(playbook):
+    # The last run was 8 % fast; tonight is 16 % below it but inside the nights' own spread.
+    seed_history(playbook, [1.02, 0.97, 1.03, 0.90, 1.10, 1.00, 0.95, 1.05, 0.93, 1.08])
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=6000 * 0.91))
+    assert outcome.exit_code == 0 and outcome.status == "ok"
+    summary = outcome.summary()
+    assert summary["noise"]["status"] == "ok" and summary["regressions"] == []
+    total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
+    assert total["window_runs"] == 10 and total["noise_pct"] > 0.05
+
+
+def test_a_5_percent_drop_is_suspected_then_confirmed_with_exit_code_20(playbook, webhook):
+    seed_history(playbook, [1.01, 0.99, 1.008, 0.992, 1.0, 1.012, 0.988, 1.004])   # ~1.3 % noise
+    config = NightlyConfig(notify=NotifyConfig(webhooks=[webhook]))
+    first = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=6000 * 0.95),
+                    config=config)
+    assert first.exit_code == 0 and first.status == "suspected"
+    body = Hook.received[-1][2]
+    assert body["status"] == "suspected" and body["suspected"]
+    assert body["text"].startswith("orch nightly dflash.yaml: SUSPECTED")
+    assert "confirmed if the next night is slow too" in body["text"]
+    report = open(first.reports["md"]).read()
+    assert "measured noise: suspected" in report
+    second = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=6000 * 0.95),
+                     config=config)
+    assert second.exit_code == ExitCode.REGRESSION and second.status == "regression"
+    assert "second slow night in a row" in Hook.received[-1][2]["text"]
