@@ -50,7 +50,7 @@ def test_a_5_percent_drop_on_a_quiet_machine_is_suspected_then_confirmed():
     assert night1.status == noise.SUSPECTED
     total = next(m for m in night1.metrics if m.metric == "total")
     assert total.effect == pytest.approx(-0.05, abs=0.01) and total.z <= -noise.Z_BAD
-    assert total.p < noise.ALPHA and total.previous_bad is False
+    assert total.p < noise.ALPHA and total.previous_z > -noise.Z_CONFIRM
     assert "confirmed if the next night is slow too" in total.reason
     night2 = judge(run(31, 0.95), [first] + records)
     assert night2.status == noise.REGRESSION
