@@ -35,7 +35,8 @@ from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
 from orchestrator.runs import noise
 from orchestrator.runs.baseline import choose_baseline, same_shape_history
-from orchestrator.runs.compare import DEFAULT_THRESHOLD, Change, Comparison, compare, throughput
+from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
+                                      environment_diff, throughput)
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.report import write_reports
 from orchestrator.runs.store import RunStore
@@ -268,6 +269,7 @@ class NightlyOutcome:
             "throughput_change": total.get("change"),
             "regressions": [c.message for c in self.comparison.regressions],
             "suspected": [c.message for c in self.suspected],
+            "environment": environment_diff(self.comparison),
             "noise": self.judgement.to_dict() if self.judgement else None,
             "findings": [f"{f.signature}: {f.message}" for f in self.record.findings],
             "torch": {t.name: t.torch_version for t in self.record.targets},

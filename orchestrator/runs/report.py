@@ -15,8 +15,8 @@ import jinja2
 
 from orchestrator import __version__
 from orchestrator.ground import verdicts
-from orchestrator.runs.compare import (Comparison, compare, fx_states_seen, is_problem, series,
-                                       throughput, worker_word)
+from orchestrator.runs.compare import (Comparison, compare, environment_diff, fx_states_seen,
+                                       is_problem, series, throughput, worker_word)
 from orchestrator.runs import gpu
 from orchestrator.runs.noise import NoiseJudgement
 from orchestrator.runs.model import RunRecord, now_iso
@@ -146,6 +146,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "baseline": baseline,
         "baseline_reason": baseline_reason,
         "noise": noise,
+        "environment": environment_diff(comparison) if comparison else [],
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
         "fx_states_seen": states,

@@ -346,3 +346,16 @@ def test_a_5_percent_drop_is_suspected_then_confirmed_with_exit_code_20(playbook
                      config=config)
     assert second.exit_code == ExitCode.REGRESSION and second.status == "regression"
     assert "second slow night in a row" in Hook.received[-1][2]["text"]
+
+
+def test_the_environment_diff_names_a_changed_package_and_a_reverted_patch(playbook):
+    seed_baseline(playbook)
+    freeze = ["filelock==3.16.1", "jinja2==3.1.4", "numpy==2.2.0", "sympy==1.13.3",
+              "torch==2.13.0+cpu", "typing_extensions==4.12.2", "triton==3.4.0"]
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(
+        freeze=freeze, states_seen=["vulnerable", "patched"]))
+    lines = outcome.summary()["environment"]
+    assert lines == ["sb1-200: fx-tls patch patched -> vulnerable -> patched",
+                     "sb1-200: numpy 2.1.3 -> 2.2.0", "sb1-200: + triton 3.4.0"]
+    report = open(outcome.reports["md"]).read()
+    assert "What changed since the baseline" in report and "numpy 2.1.3 -> 2.2.0" in report

@@ -470,6 +470,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
             console.out.print(f"  [red]regression[/]: {console.escape(message)}")
         for message in summary["suspected"]:
             console.out.print(f"  [yellow]suspected[/]: {console.escape(message)}")
+        for line in summary["environment"]:
+            console.out.print(f"  changed: {console.escape(line)}")
         console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
                            else "no baseline: ") + console.escape(summary["baseline_reason"] or ""))
         console.out.print(f"report: {summary['report_html']}")
