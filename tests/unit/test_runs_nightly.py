@@ -359,3 +359,14 @@ def test_the_environment_diff_names_a_changed_package_and_a_reverted_patch(playb
                      "sb1-200: numpy 2.1.3 -> 2.2.0", "sb1-200: + triton 3.4.0"]
     report = open(outcome.reports["md"]).read()
     assert "What changed since the baseline" in report and "numpy 2.1.3 -> 2.2.0" in report
+
+
+def test_cli_nightly_says_a_suspected_drop_and_what_changed_and_exits_0(playbook, monkeypatch):
+    seed_history(playbook, [1.01, 0.99, 1.008, 0.992, 1.0, 1.012, 0.988, 1.004])
+    freeze = ["filelock==3.16.1", "jinja2==3.1.4", "numpy==2.2.0", "sympy==1.13.3",
+              "torch==2.13.0+cpu", "typing_extensions==4.12.2"]
+    monkeypatch.setattr(nightly_mod, "run_playbook", fake_runner(tok_s=6000 * 0.95, freeze=freeze))
+    result = CliRunner().invoke(main, ["nightly", playbook, "--notify-on", "never"])
+    assert result.exit_code == 0, result.output
+    assert "SUSPECTED" in result.output and "suspected: total throughput: slower" in result.output
+    assert "changed: sb1-200: numpy 2.1.3 -> 2.2.0" in result.output
