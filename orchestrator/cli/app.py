@@ -100,6 +100,8 @@ LAZY_COMMANDS = {
            "Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token)."),
     "exec": ("orchestrator.cli.commands.core", "exec_command",
              "Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live."),
+    "explain": ("orchestrator.cli.commands.explain", "explain_command",
+                "Explain a failed run: its tracebacks, their source in the target, the shared state."),
     "grep-pkg": ("orchestrator.cli.commands.torch", "grep_pkg",
                  "Search any installed package's source (transformers, triton, ...) like grep-torch."),
     "grep-torch": ("orchestrator.cli.commands.torch", "grep_torch",
@@ -128,6 +130,8 @@ LAZY_COMMANDS = {
                  "Schedule `orch nightly` with a real scheduler: a systemd timer + service (user "
                  "units by default, --system for /etc/systemd/system), or a crontab line where "
                  "systemd is not running (or with --cron)."),
+    "stacks": ("orchestrator.cli.commands.explain", "stacks_command",
+               "Every thread's Python stack of a hung run's live process, and who waits on whom."),
     "stop": ("orchestrator.cli.commands.run", "stop_command",
              "Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period."),
     "validate": ("orchestrator.cli.commands.run", "validate_command",

@@ -27,8 +27,8 @@ from orchestrator.config.yamlsrc import load_yaml
 from orchestrator.ground.errors import ConfigError, OrchError
 
 READ_TOOLS = ("list_targets", "inventory_check", "grep_source", "read_source", "fx_tls_status",
-              "fx_tls_diff", "verify_fx_race", "run_status", "run_log", "runs_list",
-              "runs_compare")
+              "fx_tls_diff", "verify_fx_race", "run_status", "run_log", "explain_run",
+              "runs_list", "runs_compare")
 ALLOWANCES = {"exec": ("exec",),
               "write": ("fx_tls_apply", "fx_tls_revert", "run_start", "run_stop")}
 POLICY_KEYS = {"allow", "targets", "hosts"}

@@ -260,6 +260,23 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
         return call("run_log", arguments, lambda: tools.run_log(run_id, target, offset, max_bytes),
                     containers=lambda: tools.run_containers(run_id, target))
 
+    @tool("explain_run")
+    def explain_run(
+            run_id: RunId,
+            target: Annotated[Optional[str], Field(description="One of the run's targets; "
+                                                               "default: every launched one")] = None,
+            context: Annotated[int, Field(ge=0, le=20, description="Source lines around each "
+                                                                   "frame's line")] = 3,
+    ) -> dict[str, Any]:
+        """Why a run failed, as `orch explain`: every worker's traceback (grouped), each frame's
+        installed source, version and RECORD check, the process-wide mutable state the failing
+        frames read ranked with its evidence, and the remedy (orch's patch, or generic
+        options). Reads only; changes nothing."""
+        arguments = {"run_id": run_id, "target": target, "context": context}
+        # the policy sees what it reads in: the launched targets, as the inventory has them now
+        return call("explain_run", arguments, lambda: tools.explain_run(run_id, target, context),
+                    containers=lambda: tools.specs(tools.explain_targets(run_id, target)))
+
     @tool("runs_list")
     def runs_list(last: Annotated[int, Field(ge=1, le=500, description="The newest this many runs")] = 10,
                   playbook: Annotated[Optional[str], Field(description="Only runs of this playbook "

@@ -28,6 +28,7 @@ from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 from orchestrator.runs.controller import controller_state
 from orchestrator.runs.store import RunStore
+from orchestrator.watch.explain import explain_record, launched_targets
 
 MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_OUTPUT_BYTES = 64 << 10
@@ -340,6 +341,23 @@ class Tools:
         record = self.store.get(run_id, metrics=False)
         return [ContainerSpec(name=t.name, host=t.host, vmid=t.vmid) for t in record.targets
                 if name is None or t.name == name]
+
+    def explain_targets(self, run_id: str, target: Optional[str]) -> list[str]:
+        """The targets explain_run reads in: those the run launched on (or the one named)."""
+        record = self.store.get(run_id, metrics=False)
+        names = [n for n in launched_targets(record) if target is None or n == target]
+        if not names:
+            raise OrchError(f"run {record.run_id} launched nothing"
+                            + (f" on {target}" if target else "") + ": there is no log to explain")
+        return names
+
+    def explain_run(self, run_id: str, target: Optional[str], context: int) -> dict:
+        """`orch explain RUN` as data: each launched target's failures, frames, shared state
+        and remedies."""
+        record = self.store.get(run_id)
+        names = self.explain_targets(record.run_id, target)
+        explained = explain_record(record, [self.warm(name) for name in names], context=context)
+        return {"run_id": record.run_id, "explanations": [e.to_dict() for e in explained]}
 
     def runs_list(self, last: int, playbook: Optional[str]) -> dict:
         records = self.store.list(playbook=playbook, last=last)

@@ -42,7 +42,8 @@ with ``in_set`` false)::
 
     {"state": "node-meta", "title": "FX node-meta state", "in_set": true,
      "status": "vulnerable" | "upstream" | "patched" | "drifted" | "absent" | "unknown",
-     "where": "torch/fx/traceback.py:42", "why": "module globals current_meta, ..."}
+     "where": "torch/fx/traceback.py:42", "why": "module globals current_meta, ...",
+     "path": "torch/fx/traceback.py", "names": ["current_meta", ...]}
 
 ``status`` (overall, for the patch set) is the state after the action:
 
@@ -252,7 +253,10 @@ ROW_OF_SHAPE = {"global": "vulnerable", "upstream": "upstream", "absent": "absen
 
 def state_row(spec, tree, covered, in_set):
     """One shared state's row: where it stands and why (file:line)."""
-    row = {"state": spec.key, "title": spec.title, "in_set": in_set, "where": spec.relpath}
+    # path and names: what the state is, for a caller matching a state it found itself
+    # (`orch explain` looks its findings up here after its own analysis)
+    row = {"state": spec.key, "title": spec.title, "in_set": in_set, "where": spec.relpath,
+           "path": spec.relpath, "names": list(spec.names)}
     if spec.key in covered:
         row.update(status="patched", why="made thread-local by orch (record)")
         return row

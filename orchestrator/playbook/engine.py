@@ -8,6 +8,7 @@ The engine takes plain values (a Fleet, the CLI prefix for hints), never the CLI
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from typing import Optional
@@ -67,6 +68,30 @@ class TargetRun:
 
     def final_verdict(self) -> str:
         return self.verdict or self.monitor_verdict or OK
+
+
+# How long a Ctrl-C'd run asks a launch that was in flight whether it started. The question
+# runs in its own thread with a deadline: the interrupt may have landed inside paramiko while it
+# held its send lock, and then every later request on that connection waits for ever (seen:
+# an `orch run` hung 72 minutes after Ctrl-C in the launch step). The user pressed Ctrl-C;
+# an answer of "it may have started" is better than no exit.
+ASK_AFTER_INTERRUPT_S = 20.0
+
+
+def _status_within(target: Target, run_dir: str, seconds: float) -> Optional[dict]:
+    """The launcher's status of RUN_DIR, or None when asking failed or took over SECONDS."""
+    answer: list = []
+
+    def ask() -> None:
+        try:
+            answer.append(launcher(target, "status", run_dir, timeout=max(1.0, seconds - 5)))
+        except Exception:  # noqa: BLE001 - whatever stops the question, the answer is "asking failed"
+            pass
+
+    asking = threading.Thread(target=ask, name="orch-ask-launch", daemon=True)
+    asking.start()
+    asking.join(seconds)
+    return answer[0] if answer else None
 
 
 class Engine:
@@ -153,9 +178,8 @@ class Engine:
             if self.recorder.launch_info(name) is not None:
                 launched[name] = run_dir
                 continue
-            try:
-                status = launcher(target, "status", run_dir, timeout=15)
-            except (OrchError, KeyboardInterrupt):
+            status = _status_within(target, run_dir, ASK_AFTER_INTERRUPT_S)
+            if status is None:
                 launched[name] = run_dir + " (it may have started: asking failed)"
                 continue
             if status.get("state") not in ("missing", None):

@@ -173,6 +173,16 @@ def collect_files(target: Target, path: str, *, name_contains: str = "tfevents",
     return {**result, "files": files}
 
 
+def explain_frames(target: Target, frames: list[dict], roots: Optional[list] = None,
+                   context: int = 3) -> dict:
+    """A traceback's frames against the installed source: lines, package versions, RECORD
+    checks and the shared state they read (payloads/explain_frames.py)."""
+    # On stdin: a long traceback's frames can pass the kernel's limit on one argv string.
+    return run_payload(target, "explain_frames", {"frames": frames, "roots": list(roots or []),
+                                                  "context": context},
+                       timeout=READ_TIMEOUT, args_on_stdin=True)
+
+
 def fx_patch(target: Target, action: str, patch_set: str = "fx-tls") -> dict:
     """An fx patch set (fx-tls: the FX tracing flag; fx-threads: every FX state threads share):
     status, diff, apply or revert. Raises PatchBusy when another action holds the tree."""

@@ -43,7 +43,6 @@ from typing import Iterable, Optional
 # The stand-in trainer's step lines (the `orch` format; watch/classify.py reads them too).
 DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
                         r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
-FORMATS = ("auto", "orch", "regex", "specforge", "hf-trainer", "tqdm", "jsonl", "keyvalue")
 # Of a longer line only this much is parsed, kept in the record and shown (a tensor repr, a
 # writer that never prints a newline); the run's copy of its log keeps every byte.
 MAX_LINE = 16 * 1024
@@ -337,6 +336,17 @@ class LogFormat:
     name = "base"
     shape = ""                 # what its metric lines look like (the record says which was read)
     bars_are_points = False
+    detected = True            # whether `format: auto` offers lines to it (tqdm's bars are
+                               # progress under auto, and a step only when pinned)
+
+    @classmethod
+    def make(cls, logging_steps: Optional[int] = None) -> "LogFormat":
+        """A fresh parser for one run (logging_steps: the playbook's, for those that use it)."""
+        return cls()
+
+    def watch_progress(self, segment: Segment, points: list) -> None:
+        """Under `format: auto`, before any shape was picked: the progress points read so far
+        (bars), for a shape that pairs its lines with them later (hf-trainer)."""
 
     def __init__(self):
         self._bars: dict[int, tuple[str, int, int]] = {}   # worker -> (desc stem, n, offset)
@@ -536,6 +546,17 @@ class HfTrainerFormat(LogFormat):
     name = "hf-trainer"
     shape = "{'loss': X, ...} dicts (Hugging Face Trainer)"
 
+    @classmethod
+    def make(cls, logging_steps: Optional[int] = None) -> "HfTrainerFormat":
+        return cls(logging_steps)
+
+    def watch_progress(self, segment: Segment, points: list) -> None:
+        # The Trainer's dicts need the bars seen before them.
+        self._segment = segment
+        for point in points:
+            self._last_step[point.worker] = point.step
+            self.saw_bar(point.step, point.worker)   # no dict is held yet: nothing to pair
+
     def __init__(self, logging_steps: Optional[int] = None):
         super().__init__()
         self.logging_steps = logging_steps
@@ -656,6 +677,7 @@ class TqdmFormat(LogFormat):
 
     name = "tqdm"
     shape = "tqdm bars"
+    detected = False
     bars_are_points = True
 
     def __init__(self):
@@ -755,8 +777,8 @@ class AutoFormat(LogFormat):
 
     def __init__(self, logging_steps: Optional[int] = None):
         super().__init__()
-        self.candidates: list[LogFormat] = [OrchFormat(), SpecForgeFormat(), HfTrainerFormat(logging_steps),
-                                            JsonlFormat(), KeyValueFormat()]
+        self.candidates: list[LogFormat] = [shape.make(logging_steps) for shape in SHAPES
+                                            if shape.detected]
         self.picked: Optional[LogFormat] = None
 
     @property
@@ -778,12 +800,8 @@ class AutoFormat(LogFormat):
                 self.picked = candidate
                 return candidate.read(segment, default_worker)
         line, points = super().read(segment, default_worker)
-        # The Trainer's dicts need the bars seen before them: the hf candidate watches.
-        hf = self.candidates[2]
-        hf._segment = segment
-        for point in points:
-            hf._last_step[point.worker] = point.step
-            hf.saw_bar(point.step, point.worker)   # no dict is held yet: nothing to pair
+        for candidate in self.candidates:
+            candidate.watch_progress(segment, points)
         return line, points
 
     def is_metric_line(self, line: str) -> bool:
@@ -805,22 +823,28 @@ def _without_bars(text: str) -> str:
     return "".join(kept).strip()
 
 
+# The known shapes, most specific first: the order `format: auto` tries them in. A new shape is
+# a LogFormat subclass listed here (docs/design/architecture.md, "A log format").
+SHAPES: tuple[type[LogFormat], ...] = (OrchFormat, SpecForgeFormat, HfTrainerFormat, JsonlFormat,
+                                       KeyValueFormat, TqdmFormat)
+
+# What a playbook's `format` may say: auto (the default), regex (with metric_regex), a shape.
+FORMATS = ("auto", "regex") + tuple(shape.name for shape in SHAPES)
+
+
 def make_format(name: str, metric_regex: Optional[str] = None,
                 logging_steps: Optional[int] = None) -> LogFormat:
     """The parser for a playbook's `format` (and its `metric_regex`, for `regex`)."""
-    if name == "regex" or (name == "orch" and metric_regex):
+    if name == "regex" or (name in ("orch", "auto") and metric_regex):
         if not metric_regex:
             raise ValueError("format regex needs a metric_regex")
         return RegexFormat(metric_regex)
-    if name == "auto" and metric_regex:
-        return RegexFormat(metric_regex)
-    factories = {"orch": OrchFormat, "specforge": SpecForgeFormat, "tqdm": TqdmFormat,
-                 "jsonl": JsonlFormat, "keyvalue": KeyValueFormat,
-                 "hf-trainer": lambda: HfTrainerFormat(logging_steps),
-                 "auto": lambda: AutoFormat(logging_steps)}
-    if name not in factories:
-        raise ValueError(f"unknown log format {name!r}; known: {', '.join(FORMATS)}")
-    return factories[name]()
+    if name == "auto":
+        return AutoFormat(logging_steps)
+    for shape in SHAPES:
+        if shape.name == name:
+            return shape.make(logging_steps)
+    raise ValueError(f"unknown log format {name!r}; known: {', '.join(FORMATS)}")
 
 
 # ------------------------------------------------------------ what trainers write as data

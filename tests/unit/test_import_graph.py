@@ -151,7 +151,8 @@ LAYERS = [
 # Inside a room, the same rule between its modules or subpackages (bottom first).
 SUBLAYERS = {
     "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
-    "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "classify", "monitor"],
+    "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "stacks",
+              "classify", "monitor", "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["rerun", "schedule"],
 }

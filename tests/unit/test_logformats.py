@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from orchestrator.watch import logformats
 from orchestrator.watch.logformats import (FORMATS, MAX_LINE, DerivedThroughput, LogParser, LogPoint, LogStream,
                                      find_bars, log_time, make_format, parse_text)
 
@@ -276,3 +277,39 @@ def test_auto_detects_each_known_shape_and_says_which():
         assert (fmt.describe(), [p.step for p in points]) == (name, [step]), text
         assert points[0].loss is not None
     assert log_time("08/08/2026 17:44:20 - INFO - x") == log_time("2026-08-08 17:44:20,000 - INFO - x")
+
+
+class _EpochLines(logformats.LogFormat):
+    """A shape a test adds: `epoch-step N cost X` lines."""
+
+    name = "epoch-step"
+    shape = "epoch-step N cost X"
+
+    def is_metric_line(self, line: str) -> bool:
+        return line.startswith("epoch-step ")
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        if not self.is_metric_line(line):
+            return []
+        _, step, _, cost = line.split()
+        return [LogPoint(step=int(step), worker=worker, loss=float(cost))]
+
+
+def test_a_new_shape_is_one_class_listed_in_shapes(monkeypatch):
+    """Adding a log format touches no parser but its own: listed in SHAPES, `format: auto`
+    tries it and picks it, and make_format knows its name."""
+    monkeypatch.setattr(logformats, "SHAPES", logformats.SHAPES + (_EpochLines,))
+    log = "loading\nepoch-step 1 cost 2.5\nepoch-step 2 cost 2.0\n"
+    auto = make_format("auto")
+    points = parse_text(log, auto)
+    assert [(p.step, p.loss) for p in points] == [(1, 2.5), (2, 2.0)]
+    assert auto.describe() == "auto: epoch-step"
+    assert [p.step for p in parse_text(log, make_format("epoch-step"))] == [1, 2]
+
+
+def test_every_shape_has_a_name_a_shape_and_a_place_in_formats():
+    names = [shape.name for shape in logformats.SHAPES]
+    assert len(set(names)) == len(names) and all(shape.shape for shape in logformats.SHAPES)
+    assert FORMATS == ("auto", "regex", *names)
+    for name in FORMATS:
+        assert make_format(name, metric_regex=r"step=(?P<step>\d+)" if name == "regex" else None)

@@ -203,6 +203,18 @@ def test_the_launcher_ships_its_arguments_on_stdin_never_in_argv():
     assert call["stdin"].endswith(payload_source("launcher"))
 
 
+def test_explain_frames_ships_a_long_tracebacks_frames_on_stdin():
+    """Thousands of frames pass the kernel's limit on one argv string (128 KiB)."""
+    frames = [{"file": f"/venv/lib/python3.11/site-packages/pkg/m{i}.py", "line": i,
+               "function": "f", "innermost": False} for i in range(3000)]
+    t, host = target((0, [result(frames=[], files={}, modules={})], ""), venv="/root/venv")
+    assert payload_api.explain_frames(t, frames, roots=["/root/run"])["frames"] == []
+    call = host.calls[0]
+    assert call["argv"] == ["/root/venv/bin/python", "-"]
+    assert args_of(call) == {"frames": frames, "roots": ["/root/run"], "context": 3}
+    assert call["stdin"].endswith(payload_source("explain_frames"))
+
+
 def test_stop_run_waits_past_its_grace():
     t, host = target((0, [result(already=False, sent="SIGTERM")], ""))
     payload_api.stop_run(t, "/var/tmp/run", grace=4, reason="hang")

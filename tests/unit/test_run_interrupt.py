@@ -11,10 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.playbook import engine
 from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -106,3 +109,44 @@ def test_ctrl_c_as_the_launch_starts_says_what_the_target_has(playbook, attempt)
     finally:
         if state_of(playbook) != "missing":
             stop_run(Target("dev", LocalTransport("here")), str(playbook / "run"), grace=2)
+
+
+class _Recorder:
+    """A recorder with one launch in flight and nothing known about it yet."""
+
+    def __init__(self, target):
+        self.target, self.noted = target, {}
+
+    def launches_starting(self):
+        return {"dev": (self.target, "/run/dir")}
+
+    def launch_info(self, name):
+        return None
+
+    def note_launch(self, name, info):
+        self.noted[name] = info
+
+
+def test_a_wedged_connection_after_ctrl_c_costs_a_bounded_wait_not_a_hang(monkeypatch):
+    """Ctrl-C can land inside paramiko while it holds its send lock: every later request on
+    that connection then waits for ever. Asking the in-flight launch whether it started must
+    give up ("it may have started") instead of hanging `orch run` (seen: 72 minutes)."""
+    released = threading.Event()
+    monkeypatch.setattr(engine, "launcher", lambda *a, **k: released.wait() and {})
+    monkeypatch.setattr(engine, "ASK_AFTER_INTERRUPT_S", 0.5)
+    recorder = _Recorder(Target("dev", LocalTransport("here")))
+    started = time.monotonic()
+    try:
+        launched = engine.Engine._launched_when_interrupted(SimpleNamespace(recorder=recorder))
+    finally:
+        released.set()
+    assert time.monotonic() - started < 5
+    assert launched == {"dev": "/run/dir (it may have started: asking failed)"}
+
+
+def test_an_answer_after_ctrl_c_is_still_taken(monkeypatch):
+    monkeypatch.setattr(engine, "launcher",
+                        lambda *a, **k: {"state": "running", "pid": 42, "started_at": "t"})
+    recorder = _Recorder(Target("dev", LocalTransport("here")))
+    launched = engine.Engine._launched_when_interrupted(SimpleNamespace(recorder=recorder))
+    assert launched == {"dev": "/run/dir"} and recorder.noted["dev"]["pid"] == 42

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,9 +14,13 @@ from orchestrator.ground.lazy import lazy
 
 pass_app = click.pass_obj
 # imported when first called: `orch cp --help` needs no SSH code
-fan_out = lazy("orchestrator.targets.fleet", "fan_out")
-push = lazy("orchestrator.remote.transfer", "push")
-pull = lazy("orchestrator.remote.transfer", "pull")
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.remote.transfer import pull, push
+    from orchestrator.targets.fleet import fan_out
+else:
+    fan_out = lazy("orchestrator.targets.fleet", "fan_out")
+    push = lazy("orchestrator.remote.transfer", "push")
+    pull = lazy("orchestrator.remote.transfer", "pull")
 
 # TARGET:PATH as scp reads it: a colon before any slash. HOST:VMID:PATH names a container by
 # its host and vmid; a local path with a colon is written ./name:x.

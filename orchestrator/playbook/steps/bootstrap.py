@@ -122,9 +122,10 @@ class BootstrapStep(Step):
         torch = next((line.split("==", 1)[1] for line in freeze if line.lower().startswith("torch==")), None)
         did = result.get("did") or []
         if changed and did:
-            message = "; ".join(did) + f" ({result.get('seconds', '?')} s)"
+            # the container's own time for it: the console adds the whole step's after it
+            message = "; ".join(did) + f" (in the container: {result.get('seconds', '?')} s)"
         elif changed:
-            message = f"installed into {venv} ({result.get('seconds', '?')} s)"
+            message = f"installed into {venv} (in the container: {result.get('seconds', '?')} s)"
         else:
             message = f"nothing to do: {venv} already matches (marker {digest[:12]})"
         return StepOutcome(status="changed" if changed else "ok", message=message,

@@ -1,0 +1,232 @@
+"""orch explain: a failed run's tracebacks, their source in the target, the shared state
+behind them and the remedy (orchestrator/watch/explain.py does the work)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from orchestrator.ground import console
+from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.ground.lazy import lazy
+
+pass_app = click.pass_obj
+# the analysis, the run store and SSH only when the command runs: `--help` stays instant
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.runs.store import RunStore
+    from orchestrator.watch.explain import (explain, explain_record, launched_pid, launched_targets,
+                                            read_log_file, run_logs, take_stacks)
+else:
+    explain = lazy("orchestrator.watch.explain", "explain")
+    explain_record = lazy("orchestrator.watch.explain", "explain_record")
+    launched_targets = lazy("orchestrator.watch.explain", "launched_targets")
+    read_log_file = lazy("orchestrator.watch.explain", "read_log_file")
+    RunStore = lazy("orchestrator.runs.store", "RunStore")
+    take_stacks = lazy("orchestrator.watch.explain", "take_stacks")
+    launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
+    run_logs = lazy("orchestrator.watch.explain", "run_logs")
+SHOWN_FRAMES = 6          # innermost frames printed with their source; --json has them all
+SHOWN_CANDIDATES = 5
+KINDS = {"global": "module global, rebound under `global`",
+         "container": "module-level container, mutated in place"}
+
+
+@click.command("explain")
+@click.argument("run", default="last")
+@click.option("--log", "log_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Explain this log file instead of a recorded run's (its frames are read in -t TARGET).")
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="With RUN: only these of its targets. With --log: the container whose installed "
+                   "packages the log's frames come from (default: the inventory's default_target).")
+@click.option("-C", "--context", type=click.IntRange(0, 20), default=3, show_default=True,
+              metavar="N", help="Source lines shown around each frame's line.")
+@click.option("--all-frames", is_flag=True, help="Print every frame, not only the innermost ones.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (every frame, every candidate).")
+@pass_app
+def explain_command(app, run, log_file, targets, context, all_frames, as_json):
+    """Explain a failed run: its tracebacks, their source in the target, the shared state.
+
+    Reads the tracebacks of every worker in RUN's logs (default: the last run; every launch,
+    every rank), groups the same error in several workers, and reads each frame's source in
+    the target's installed packages with the target's own python: the lines around it, the
+    package version, and whether the file still matches its wheel's RECORD. Then it finds the
+    process-wide mutable state the failing frames read (module globals a function rebinds
+    under `global`, module-level dicts/lists/sets mutated in place, class attributes set at
+    run time), ranks it with the evidence, and proposes a remedy: orch's thread-safety patch
+    when it covers that state, else the generic options. Nothing is imported or changed in
+    the target. Exit code: 0 a traceback was explained, 1 none found in the logs, other codes
+    for errors (docs/reference/exit-codes.md).
+
+    \b
+    Examples:
+      orch explain                       # the last run
+      orch explain 20261129-0915 -t drafters
+      orch explain --log train.log -t drafters
+      orch explain last --json | jq '.[0].candidates[0]'
+    """
+    if log_file:
+        chosen = app.fleet.targets(targets)
+        if len(chosen) != 1:
+            raise click.UsageError(f"--log explains one log against one target; "
+                                   f"{', '.join(targets)} names {len(chosen)}")
+        results = [explain(chosen[0], [read_log_file(log_file)], context=context)]
+    else:
+        with RunStore() as store:
+            record = store.get(run)
+        names = launched_targets(record)
+        if targets:
+            names = [n for n in names if n in targets]
+        if not names:
+            raise OrchError(f"run {record.run_id} launched nothing"
+                            + (f" on {', '.join(targets)}" if targets else "")
+                            + ": there is no log to explain",
+                            hint="`orch explain --log FILE -t TARGET` explains a log from elsewhere")
+        results = explain_record(record, app.fleet.targets(names), context=context)
+    if as_json:
+        console.print_json([r.to_dict() for r in results])
+    else:
+        for result in results:
+            _print(result, all_frames)
+    return ExitCode.OK if any(r.failures for r in results) else ExitCode.FAILED
+
+
+# ------------------------------------------------------------------ for people
+def _print(result, all_frames: bool) -> None:
+    out, esc = console.out, console.escape
+    out.print(f"[bold]== {esc(result.target)}[/]"
+              + (f" ({esc(result.python)})" if result.python else "") + ": "
+              + ", ".join(f"{esc(log['source'])}: {log['tracebacks']} traceback(s)" for log in result.logs))
+    for note in result.notes:
+        out.print(f"  {esc(note)}")
+    for number, failure in enumerate(result.failures, 1):
+        _print_failure(number, failure, all_frames)
+    if result.candidates:
+        out.print("\n[bold]Shared state the failing frames read[/] (most evidence first):")
+        for candidate in result.candidates[:SHOWN_CANDIDATES]:
+            _print_candidate(candidate)
+        if len(result.candidates) > SHOWN_CANDIDATES:
+            out.print(f"  ... {len(result.candidates) - SHOWN_CANDIDATES} more with less evidence (--json)")
+    for remedy in result.remedies:
+        out.print(f"\n[bold]Remedy[/] for {esc(remedy.state)}: {esc(remedy.summary)}")
+        for option in remedy.options:
+            out.print(f"  - {esc(option)}")
+        for command in remedy.commands:
+            out.print(f"    [cyan]{esc(command)}[/]")
+
+
+def _print_failure(number, failure, all_frames: bool) -> None:
+    out, esc = console.out, console.escape
+    who = ", ".join(failure.workers) or "one worker"
+    out.print(f"\n[bold red]{number}. {esc(failure.exception)}[/]: {esc(failure.message)}")
+    out.print(f"   in {len(failure.workers) or 1} worker(s): {esc(who)}"
+              + (f" ({failure.count} tracebacks)" if failure.count > len(failure.workers) else ""))
+    for cause in failure.causes:
+        out.print(f"   chained after: {esc(cause)}")
+    frames = failure.frames if all_frames else failure.frames[-SHOWN_FRAMES:]
+    if len(frames) < len(failure.frames):
+        out.print(f"   ... {len(failure.frames) - len(frames)} outer frame(s) (--all-frames)")
+    for frame in frames:
+        _print_frame(frame)
+
+
+def _print_frame(frame) -> None:
+    out, esc = console.out, console.escape
+    package = ""
+    if frame.package and frame.version:
+        record = {"ok": "as installed", "mismatch": "CHANGED since install (patched or drifted)",
+                  "not-listed": "not in its RECORD"}.get(frame.record or "", "")
+        package = f"  [dim]{esc(frame.package)} {esc(frame.version)}{', ' + record if record else ''}[/]"
+    elif frame.package:
+        package = f"  [dim]{esc(frame.package)}[/]"
+    out.print(f"   [bold]{esc(frame.relpath or frame.file)}:{frame.line}[/] in "
+              f"{esc(frame.qualname or frame.function)}{package}")
+    if not frame.available:
+        out.print(f"      source not available: {esc(frame.reason)}"
+                  + (f"\n      {esc(frame.code)}" if frame.code else ""))
+        return
+    for line in frame.source:
+        mark = ">" if line["line"] == frame.line else " "
+        out.print(f"    {mark}{line['line']:6d}  {esc(line['text'])}")
+
+
+def _print_candidate(candidate) -> None:
+    out, esc = console.out, console.escape
+    local = "[green]thread-local[/]" if candidate.thread_local else "[red]process-global[/]"
+    kind = KINDS.get(candidate.kind, candidate.kind)
+    out.print(f"  [bold]{esc(candidate.name)}[/] in {esc(candidate.defined)} ({esc(kind)}, "
+              f"{local}, score {candidate.score})")
+    for write in candidate.writes[:4]:
+        out.print(f"      written: {esc(write['where'])} in {esc(write['function'])} ({esc(write['how'])})"
+                  + (f"\n          {esc(write['text'])}" if write.get("text") else ""))
+    if len(candidate.writes) > 4:
+        out.print(f"      ... {len(candidate.writes) - 4} more writes")
+    for evidence in candidate.evidence:
+        out.print(f"      - {esc(evidence)}")
+    check = next((r for r in candidate.read_by if r.get("via_source")), None)
+    if check:
+        out.print(f"      the check, {esc(check['via_where'])}:")
+        for line in check["via_source"]:
+            out.print(f"        {line['line']:6d}  {esc(line['text'])}")
+
+
+
+
+@click.command("stacks")
+@click.argument("run", default="last")
+@click.option("--pid", type=click.IntRange(1), help="This process instead of RUN's launched one.")
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="With RUN: only these of its targets. With --pid: the container it runs in "
+                   "(default: the inventory's default_target).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def stacks_command(app, run, pid, targets, as_json):
+    """Every thread's Python stack of a hung run's live process, and who waits on whom.
+
+    Takes the stacks from outside the process with pystack (`python -m pystack remote PID`
+    with the target's venv, else pystack on its PATH; it uses ptrace: root in the
+    container), reads each frame's
+    source with the target's python, and reads the wait graph from it: a thread stopped on a
+    `with LOCK:` line waits for LOCK, a thread inside a `with LOCK:` block holds it. RUN's
+    process is the one its last launch started. Exit code: 0 stacks taken, 1 some thread
+    waits on a lock (a likely deadlock), other codes for errors (docs/reference/exit-codes.md).
+
+    \b
+    Examples:
+      orch stacks                       # the last run's process
+      orch stacks 20261129-0915 -t drafters
+      orch stacks --pid 4242 -t drafters --json
+    """
+    if pid:
+        chosen = app.fleet.targets(targets)
+        if len(chosen) != 1:
+            raise click.UsageError("--pid names one process in one target")
+        results = [take_stacks(chosen[0], pid)]
+    else:
+        with RunStore() as store:
+            record = store.get(run)
+        names = [n for n in launched_targets(record) if not targets or n in targets]
+        if not names:
+            raise OrchError(f"run {record.run_id} launched nothing"
+                            + (f" on {', '.join(targets)}" if targets else ""))
+        # with the run's logs: a thread that died holding a lock is named as its holder
+        results = [take_stacks(t, launched_pid(record, t.name), run_logs(record, t))
+                   for t in app.fleet.targets(names)]
+    if as_json:
+        console.print_json([{**vars(r)} for r in results])
+    else:
+        for result in results:
+            _print_stacks(result)
+    return ExitCode.FAILED if any(r.locks for r in results) else ExitCode.OK
+
+
+def _print_stacks(result) -> None:
+    out, esc = console.out, console.escape
+    out.print(f"[bold]== {esc(result.target)}[/] pid {result.pid}: {len(result.threads)} thread(s) ({esc(result.tool)})")
+    for lock in result.locks:
+        out.print(f"  [bold red]waits[/]: {esc(lock['sentence'])}")
+    for thread in result.threads:
+        out.print(f"\n  [bold]{esc(thread['label'])}[/]")
+        for frame in thread["frames"][-SHOWN_FRAMES:]:
+            out.print(f"    {esc(frame['file'])}:{frame['line']} in {esc(frame['function'])}"
+                      + (f"\n        {esc(frame['code'])}" if frame["code"] else ""))

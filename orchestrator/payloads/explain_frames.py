@@ -1,0 +1,456 @@
+"""The frames of a traceback, explained with the installed source: each frame's lines, the
+installed version of its package and whether its file is still the one the wheel installed
+(the dist-info RECORD), and the process-wide mutable state the failing frames read
+(_state_scan.py), directly or through the checks they call.
+
+Shipped into a container and run with the container's (venv's) python; standard library
+only, Python 3.8+. Nothing is imported: files are read and parsed with ast.
+
+Args::
+
+    {"frames": [{"file": "/venv/.../torch/_dynamo/eval_frame.py", "line": 1120,
+                 "function": "compile_wrapper", "innermost": true}, ...],
+     "roots": ["/root/run"],      # more directories whose files may be read (the trainer's)
+     "context": 3}                # lines shown either side of each frame's line
+
+A frame's file is read only when it is a .py file inside one of this python's sys.path
+directories (site-packages, the standard library) or one of `roots`; a path from another
+machine is matched by its part after site-packages/ (or dist-packages/). Anything else
+(`<frozen ...>`, C++ frames, files elsewhere) is reported as not available, with why.
+
+Result::
+
+    {"event": "result", "python": "...", "files": {FILE: {...}}, "frames": [...],
+     "modules": {MODULE: {"relpath": ..., "states": [...]}}}
+"""
+
+import ast
+import base64
+import hashlib
+import os
+import sys
+
+from _protocol import *  # orch: inlined when shipped
+from _locate import *  # orch: inlined when shipped
+from _state_scan import *  # orch: inlined when shipped
+
+ARG_SPEC = {"frames": (list, REQUIRED), "roots": (list, []), "context": (int, 3)}
+MAX_FRAMES = 400
+MAX_MODULES = 60
+MAX_FILE_BYTES = 4 << 20
+MAX_CALLS = 8           # calls followed per frame (into the checks it makes)
+MAX_FOLLOWED = 80       # and in all
+CHECK_DEPTH = 2         # a check, and the helpers it calls (is_fx_symbolic_tracing -> _get_...)
+SITE_DIRS = ("site-packages", "dist-packages")
+
+
+# ------------------------------------------------------------------ where a file is
+class Files:
+    """Resolves a traceback's file names to readable files of this python's installation."""
+
+    def __init__(self, roots):
+        self.roots = [os.path.realpath(r) for r in search_path()]
+        self.sites = [r for r in self.roots if os.path.basename(r) in SITE_DIRS]
+        # never the whole file system: a root of "/" would let any .py file through
+        self.extra = [os.path.realpath(os.path.expanduser(r)) for r in roots
+                      if isinstance(r, str) and r and os.path.isdir(os.path.expanduser(r))
+                      and os.path.realpath(os.path.expanduser(r)) != "/"]
+        self.tops = {}       # site -> {top-level name: dist-info}
+        self.records = {}    # dist-info -> {relpath: hash}
+        self.cache = {}
+
+    def resolve(self, name):
+        if name not in self.cache:
+            self.cache[name] = self._resolve(name)
+        return self.cache[name]
+
+    def _resolve(self, name):
+        if name.startswith("<") or not name:
+            return {"status": "unavailable", "reason": "no Python source file (%s)" % (name or "?")}
+        if not name.endswith(".py"):
+            return {"status": "unavailable", "reason": "not a Python source file"}
+        for candidate in self._candidates(name):
+            real = os.path.realpath(candidate)
+            root = self._root_of(real)
+            if root is not None and os.path.isfile(real):
+                return self._describe(real, root)
+        return {"status": "unavailable",
+                "reason": "not in this python's installed packages or the run's files (%s)"
+                          % sys.executable}
+
+    def _candidates(self, name):
+        yield name
+        for marker in SITE_DIRS:
+            at = name.rfind("/%s/" % marker)
+            if at >= 0:
+                tail = name[at + len(marker) + 2:]
+                for site in self.sites:
+                    yield os.path.join(site, tail)
+
+    def _root_of(self, real):
+        best = None
+        for root in self.roots + self.extra:
+            if real.startswith(root.rstrip("/") + "/") and (best is None or len(root) > len(best)):
+                best = root
+        return best
+
+    def _describe(self, real, root):
+        relpath = os.path.relpath(real, root)
+        found = {"status": "ok", "path": real, "root": root, "relpath": relpath,
+                 "module": module_name(relpath)}
+        if root in self.sites:
+            found.update(self._package(root, relpath, real))
+        elif root in self.extra:
+            found["package"] = None
+        else:
+            found["package"] = "(standard library)"
+        return found
+
+    def _package(self, site, relpath, real):
+        top = relpath.split("/", 1)[0]
+        top = top[:-3] if top.endswith(".py") else top
+        dist_info = self._tops(site).get(top)
+        if dist_info is None:
+            return {"package": top, "distribution": None, "version": None, "record": None}
+        meta = read_metadata(dist_info)
+        expected = self._record(dist_info).get(relpath)
+        if expected is None:
+            state = "not-listed"
+        else:
+            state = "ok" if file_hash(real) == expected else "mismatch"
+        return {"package": top, "distribution": meta.get("Name"), "version": meta.get("Version"),
+                "record": state}
+
+    def _tops(self, site):
+        if site not in self.tops:
+            found = {}
+            for dist_info in dist_infos_in(site):
+                for name in top_level_names(dist_info):
+                    found.setdefault(name, dist_info)
+            self.tops[site] = found
+        return self.tops[site]
+
+    def _record(self, dist_info):
+        if dist_info not in self.records:
+            hashes = {}
+            for row in read_lines(os.path.join(dist_info, "RECORD")):
+                parts = row.rsplit(",", 2)
+                if len(parts) == 3 and parts[1].startswith("sha256="):
+                    hashes[parts[0]] = parts[1][len("sha256="):]
+            self.records[dist_info] = hashes
+        return self.records[dist_info]
+
+
+def module_name(relpath):
+    parts = relpath[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def file_hash(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+# ------------------------------------------------------------------ modules
+class Modules:
+    """Each module's text, tree and shared state, read once, at most MAX_MODULES."""
+
+    def __init__(self):
+        self.loaded = {}
+
+    def get(self, info):
+        module = info["module"]
+        if module in self.loaded:
+            return self.loaded[module]
+        if len(self.loaded) >= MAX_MODULES:
+            return None
+        self.loaded[module] = entry = {"info": info, "lines": [], "scan": None, "error": None}
+        try:
+            if os.path.getsize(info["path"]) > MAX_FILE_BYTES:
+                raise ValueError("larger than %d bytes" % MAX_FILE_BYTES)
+            with open(info["path"], "rb") as handle:
+                data = handle.read()
+            entry["lines"] = data.decode("utf-8", "replace").splitlines()
+            entry["scan"] = ModuleStates(ast.parse(data, info["path"]))
+        except (OSError, ValueError, SyntaxError, RecursionError) as exc:
+            entry["error"] = "%s: %s" % (type(exc).__name__, exc)
+        return entry
+
+
+def line_text(lines, line):
+    return lines[line - 1].strip()[:400] if 1 <= line <= len(lines) else ""
+
+
+def source_around(lines, line, context):
+    if not lines or not 1 <= line <= len(lines):
+        return []
+    return source_lines(lines, line - context, line + context)
+
+
+def source_lines(lines, start, end):
+    start, end = max(1, start), min(len(lines), end)
+    return [{"line": n, "text": lines[n - 1][:400]} for n in range(start, end + 1)]
+
+
+# ------------------------------------------------------------------ calls a frame makes
+def dotted(node):
+    """'a.b.c' for the expression a.b.c; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def imports(tree, module):
+    """Local name -> the dotted name it stands for, from the module's imports."""
+    names = {}
+    package = module.split(".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    names[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    names[top] = top
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                # the module's own package, level parts up (a package's __init__ counts too)
+                parent = package[:len(package) - node.level]
+                base = ".".join(parent + ([base] if base else []))
+            for alias in node.names:
+                if alias.name != "*":
+                    names[alias.asname or alias.name] = "%s.%s" % (base, alias.name) if base else alias.name
+    return names
+
+
+def aliases(functions, line):
+    """`name = a.b.c` in the functions that hold `line` (a check cached in a local)."""
+    found = {}
+    for function in functions:
+        for node in own_nodes(function):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name) and node.lineno <= line:
+                name = dotted(node.value)
+                if name:
+                    found[node.targets[0].id] = name
+    return found
+
+
+def statements_at(function, line):
+    """The statements of `function` whose lines hold `line`, outermost first."""
+    found, body = [], list(function.node.body)
+    while body:
+        inner = []
+        for node in body:
+            if node.lineno <= line <= (getattr(node, "end_lineno", None) or node.lineno):
+                found.append(node)
+                for name in ("body", "orelse", "finalbody"):
+                    inner.extend(getattr(node, name, None) or [])
+                for handler in getattr(node, "handlers", None) or []:
+                    inner.extend(handler.body)
+        body = [n for n in inner if isinstance(n, ast.stmt)]
+    return found
+
+
+def with_blocks(function, line, lines):
+    """The `with` statements around `line`: [{expr, line, entering}]; entering: the frame
+    stands on the `with` line itself (acquiring: a lock it waits for), else inside its body
+    (holding it)."""
+    found = []
+    for statement in statements_at(function, line):
+        if isinstance(statement, (ast.With, ast.AsyncWith)):
+            entering = line < statement.body[0].lineno
+            for item in statement.items:
+                found.append({"expr": segment(lines, item.context_expr), "line": statement.lineno,
+                              "entering": entering})
+    return found[:20]
+
+
+def acquired_locks(function, line, lines):
+    """`X.acquire()` calls in the function before `line` with no `X.release()` after them
+    (up to the line): locks this frame holds without a `with` [{expr, line, entering: False}];
+    one on `line` itself is being acquired (entering)."""
+    calls = [n for n in own_nodes(function) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr in ("acquire", "release")
+             and n.lineno <= line]
+    found = []
+    for call in sorted(calls, key=lambda n: n.lineno):
+        expr = segment(lines, call.func.value)
+        if call.func.attr == "acquire":
+            found = [f for f in found if f["expr"] != expr]
+            found.append({"expr": expr, "line": call.lineno, "entering": call.lineno == line})
+        else:
+            found = [f for f in found if f["expr"] != expr]
+    return found[:20]
+
+
+def segment(lines, node):
+    """The source text of an expression on one line (col offsets count UTF-8 bytes)."""
+    end = getattr(node, "end_lineno", None)
+    if end == node.lineno and 1 <= node.lineno <= len(lines):
+        raw = lines[node.lineno - 1].encode("utf-8")
+        return raw[node.col_offset:node.end_col_offset].decode("utf-8", "replace")[:200]
+    return dotted(node) or "?"
+
+
+def calls_on_the_way(function, line, innermost):
+    """Calls in the conditions that led to `line` (the if/while/assert tests around it) and,
+    for the frame that raised, in its own statement: the checks the error depends on. (An
+    outer frame's own statement is the call into the next frame, already on the stack.)"""
+    parts = []
+    statements = statements_at(function, line)
+    for statement in statements:
+        if isinstance(statement, (ast.If, ast.While, ast.Assert)):
+            parts.append(statement.test)
+    if innermost and statements and not hasattr(statements[-1], "body"):
+        parts.append(statements[-1])
+    calls = [n for part in parts for n in ast.walk(part) if isinstance(n, ast.Call)]
+    return calls[:MAX_CALLS]
+
+
+class Callees:
+    """Resolves a call in a frame to a function of an installed module."""
+
+    def __init__(self, files, modules):
+        self.files, self.modules, self.followed = files, modules, 0
+
+    def resolve(self, info, scan, tree_imports, local_aliases, call):
+        name = dotted(call.func)
+        if not name:
+            return None
+        first, _, rest = name.partition(".")
+        if first in local_aliases:
+            name = local_aliases[first] + ("." + rest if rest else "")
+            first, _, rest = name.partition(".")
+        if first in tree_imports:
+            name = tree_imports[first] + ("." + rest if rest else "")
+        elif any(f.qualname == name for f in scan.functions):
+            return info, name
+        return self._find(info, name)
+
+    def _find(self, info, name):
+        parts = name.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            module, function = parts[:cut], ".".join(parts[cut:])
+            for relpath in ("/".join(module) + ".py", "/".join(module) + "/__init__.py"):
+                found = self.files.resolve(os.path.join(info["root"], relpath))
+                if found.get("status") == "ok":
+                    return found, function
+        return None
+
+    def reads(self, frame_info, frame_line, function, scan, module, innermost):
+        """What the functions called on the way to `frame_line` read, and the functions they
+        call in turn (CHECK_DEPTH deep): [(module, key, via)]."""
+        local_aliases = aliases(scan.enclosing(frame_line), frame_line)
+        calls = calls_on_the_way(function, frame_line, innermost)
+        return self._follow(frame_info, scan, module, local_aliases, calls, [], 1)
+
+    def _follow(self, info, scan, module, local_aliases, calls, chain, depth):
+        found = []
+        tree_imports = imports(scan.tree, module)
+        for call in calls:
+            if self.followed >= MAX_FOLLOWED:
+                break
+            target = self.resolve(info, scan, tree_imports, local_aliases, call)
+            if target is None:
+                continue
+            self.followed += 1
+            callee_info, qualname = target
+            entry = self.modules.get(callee_info)
+            if entry is None or entry["scan"] is None:
+                continue
+            callee = next((f for f in entry["scan"].functions if f.qualname == qualname), None)
+            if callee is None or any(c["function"] == qualname for c in chain):
+                continue
+            via = {"function": qualname, "module": callee_info["module"],
+                   "relpath": callee_info["relpath"], "line": callee.start,
+                   "call_line": call.lineno, "chain": [c["function"] for c in chain],
+                   "source": source_lines(entry["lines"], callee.start,
+                                          min(callee.end, callee.start + 11))}
+            for key in sorted(entry["scan"].reads.get(qualname, ())):
+                found.append((callee_info["module"], key, via))
+            if depth < CHECK_DEPTH:
+                inner = [n for n in own_nodes(callee) if isinstance(n, ast.Call)][:MAX_CALLS]
+                found += self._follow(callee_info, entry["scan"], callee_info["module"], {},
+                                      inner, chain + [via], depth + 1)
+        return found
+
+
+# ------------------------------------------------------------------ the run
+def explain_frame(frame, files, modules, callees, context):
+    name, line = str(frame.get("file") or ""), frame.get("line")
+    out = {"file": name, "line": line, "function": frame.get("function") or ""}
+    info = files.resolve(name)
+    if info["status"] != "ok" or not isinstance(line, int):
+        out["source"], out["reads"] = [], []
+        return out
+    entry = modules.get(info)
+    if entry is None:
+        out.update(source=[], reads=[], note="more than %d modules: not read" % MAX_MODULES)
+        return out
+    out["source"] = source_around(entry["lines"], line, context)
+    scan = entry["scan"]
+    if scan is None:
+        out.update(reads=[], note=entry["error"])
+        return out
+    function = scan.function_at(line)
+    out["qualname"] = function.qualname if function else "<module>"
+    out["with"] = (with_blocks(function, line, entry["lines"])
+                   + acquired_locks(function, line, entry["lines"])) if function else []
+    reads = []
+    if function is not None:
+        for key in sorted(scan.reads.get(function.qualname, ())):
+            reads.append({"module": info["module"], "state": key, "via": None})
+        for module, key, via in callees.reads(info, line, function, scan, info["module"],
+                                                  bool(frame.get("innermost"))):
+            reads.append({"module": module, "state": key, "via": via})
+    out["reads"] = reads
+    return out
+
+
+def module_report(entry):
+    scan = entry["scan"]
+    report = {"relpath": entry["info"]["relpath"], "path": entry["info"]["path"],
+              "error": entry["error"], "states": []}
+    if scan is None:
+        return report
+    lines = entry["lines"]
+    for key in sorted(scan.states):
+        state = dict(scan.states[key])
+        state["writes"] = [dict(w, text=line_text(lines, w["line"])) for w in state["writes"]]
+        state["text"] = line_text(lines, state["line"])
+        state["readers"] = scan.readers(key)[:40]
+        state["functions"] = [{"qualname": f.qualname, "start": f.start, "end": f.end}
+                              for f in scan.functions
+                              if any(w["function"] == f.qualname for w in state["writes"])]
+        report["states"].append(state)
+    return report
+
+
+def run(args):
+    frames = [f for f in args["frames"] if isinstance(f, dict)][:MAX_FRAMES]
+    files = Files(args["roots"])
+    modules = Modules()
+    callees = Callees(files, modules)
+    context = max(0, min(args["context"], 20))
+    explained = [explain_frame(f, files, modules, callees, context) for f in frames]
+    return {"python": sys.executable,
+            "python_version": "%d.%d.%d" % sys.version_info[:3],
+            "files": files.cache, "frames": explained,
+            "modules": dict((name, module_report(entry)) for name, entry in modules.loaded.items()),
+            "limits": {"modules": MAX_MODULES, "frames": MAX_FRAMES}}
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(sys.argv, ARG_SPEC, run))

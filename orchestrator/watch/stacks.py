@@ -1,0 +1,130 @@
+"""A hung run's threads: every thread's Python stack of the live process, as pystack prints
+it (`pystack remote PID`, taken from outside the process), and the wait graph read from the
+source: a frame stopped on a `with LOCK:` line waits for LOCK; a frame inside the body of a
+`with LOCK:` block holds it. Pure functions over pystack's text and the explain_frames
+payload's facts; no I/O.
+
+pystack 1.7's words (checked on CPython 3.11):
+
+    Traceback for thread 25594 (python) [] (most recent call last):
+        (Python) File "/usr/lib/python3.11/threading.py", line 995, in _bootstrap
+            self._bootstrap_inner()
+
+Bounded like tracebacks.py: lines cut by LogStream, at most MAX_THREADS threads of at most
+tracebacks.MAX_FRAMES frames.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+
+from orchestrator.watch import tracebacks
+from orchestrator.watch.logformats import LogStream
+
+MAX_THREADS = 512
+STDLIB = "(standard library)"   # the explain_frames payload's package for those files
+_THREAD = re.compile(r"Traceback for thread (?P<tid>\d{1,12}) \((?P<name>[^)\n]{0,200})\)")
+_FRAME = re.compile(r'\((?P<kind>Python|C)\) File "(?P<file>[^"\n]{1,4096})", line (?P<line>\d{1,9})'
+                    r"(?:, in (?P<function>[^\n]{1,400}))?")
+
+
+@dataclass
+class ThreadStack:
+    tid: int
+    name: str
+    frames: list[tracebacks.Frame] = field(default_factory=list)   # outermost first
+
+    @property
+    def label(self) -> str:
+        if not self.tid:                       # a thread that died: its log's name for it
+            return f"{self.name or 'a thread'} (dead)"
+        return f"thread {self.tid}" + (f" ({self.name})" if self.name else "")
+
+
+def parse_pystack(text: str) -> list[ThreadStack]:
+    threads: list[ThreadStack] = []
+    stream = LogStream()
+    for segment in stream.feed(text) + stream.finish():
+        line = segment.text
+        header = _THREAD.search(line)
+        if header:
+            if len(threads) >= MAX_THREADS:
+                break
+            threads.append(ThreadStack(int(header.group("tid")), header.group("name").strip()))
+            continue
+        frame = _FRAME.search(line)
+        if frame and threads and frame.group("kind") == "Python":
+            frames = threads[-1].frames
+            frames.append(tracebacks.Frame(frame.group("file"), int(frame.group("line")),
+                                           (frame.group("function") or "").strip()))
+            if len(frames) > tracebacks.MAX_FRAMES:
+                del frames[0]
+        elif threads and threads[-1].frames and line.strip() and not threads[-1].frames[-1].code:
+            threads[-1].frames[-1].code = line.strip()[:400]
+    return threads
+
+
+@dataclass
+class Lock:
+    key: str                  # relpath:expression, the name the source gives it
+    holders: list[dict]       # [{thread, where, inside}]: inside = that thread's innermost frame
+    waiters: list[dict]       # [{thread, where}]
+
+    def sentence(self) -> str:
+        name = self.key
+        parts = []
+        for h in self.holders:
+            parts.append(f"{h['thread']} holds {name} ({h['where']}), now in {h['inside']}")
+        if self.waiters:
+            who = ", ".join(w["thread"] for w in self.waiters)
+            parts.append(f"{who} wait{'s' if len(self.waiters) == 1 else ''} on {name} "
+                         f"({', '.join(sorted({w['where'] for w in self.waiters}))})"
+                         + ("" if self.holders else ": no live thread holds it (its holder "
+                                                    "died or released it elsewhere)"))
+        return "; ".join(parts)
+
+
+def wait_graph(threads: list[ThreadStack], facts: dict,
+               dead: list[tracebacks.Traceback] = ()) -> list[Lock]:
+    """The locks the stacks hold or wait for, from each frame's enclosing `with` blocks and
+    un-released acquire() calls (the payload's `with` per frame). `dead`: the tracebacks of
+    threads that died (the run's log): a lock one of them held is held by a dead thread."""
+    by_frame = {(f.get("file"), f.get("line")): f for f in facts.get("frames", [])}
+    files = facts.get("files", {})
+    locks: dict[str, Lock] = {}
+    died = [ThreadStack(0, tb.worker, list(tb.frames)) for tb in dead]
+    for thread in list(threads) + died:
+        innermost = thread.frames[-1] if thread.frames else None
+        inside = (f"{innermost.function} ({posixpath.basename(innermost.file)}:{innermost.line})"
+                  if innermost else "?")
+        if thread in died:
+            tb = dead[died.index(thread)]
+            inside = f"DIED there with {tb.exception}: {tb.message[:120]}"
+        for frame in thread.frames:
+            seen = by_frame.get((frame.file, frame.line)) or {}
+            info = files.get(frame.file) or {}
+            if info.get("package") == STDLIB:
+                continue    # threading's own locks (a join waits on one): not the run's
+            relpath = info.get("relpath") or posixpath.basename(frame.file)
+            for block in seen.get("with", []):
+                key = f"{relpath}:{block['expr']}"
+                lock = locks.setdefault(key, Lock(key, [], []))
+                where = f"{posixpath.basename(frame.file)}:{block['line']}"
+                if block["entering"] and frame is innermost:
+                    lock.waiters.append({"thread": thread.label, "where": where})
+                elif not block["entering"]:
+                    lock.holders.append({"thread": thread.label, "where": where, "inside": inside})
+    return [lock for lock in locks.values() if lock.waiters]
+
+
+def stack_frames(threads: list[ThreadStack], dead: list[tracebacks.Traceback] = ()) -> list[dict]:
+    """Each distinct frame once, for the explain_frames payload."""
+    seen: dict[tuple, dict] = {}
+    for thread in list(threads) + [ThreadStack(0, tb.worker, tb.frames) for tb in dead]:
+        for frame in thread.frames:
+            seen.setdefault((frame.file, frame.line), {"file": frame.file, "line": frame.line,
+                                                       "function": frame.function,
+                                                       "innermost": False})
+    return list(seen.values())

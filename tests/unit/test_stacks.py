@@ -1,0 +1,180 @@
+"""`orch stacks`: a hung run's threads from outside the process (real pystack on a real
+deadlock: one thread holds a lock inside a sleeping "compile", two wait on it), and the
+pystack parser alone (bounded)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from orchestrator.watch import stacks
+from tests.pystackenv import pystack_venv
+
+DEADLOCK = textwrap.dedent('''
+    import threading, time
+    compile_lock = threading.Lock()
+    started = threading.Event()
+
+    def compile_step():
+        time.sleep(600)                # a "compile" that never ends
+
+    def first():
+        with compile_lock:
+            started.set()
+            compile_step()
+
+    def others():
+        started.wait(30)
+        with compile_lock:
+            pass
+
+    threads = [threading.Thread(target=first, name="drafter-0")]
+    threads += [threading.Thread(target=others, name=f"drafter-{n}") for n in (1, 2)]
+    for t in threads: t.start()
+    print("ready", flush=True)
+    for t in threads: t.join()
+''')
+
+# One drafter dies in its "compile" after taking the lock with acquire(); the others wait
+# on it forever (the H200's one-drafter-errored-others-silent run).
+DIED_HOLDING = textwrap.dedent('''
+    import threading, time
+    compile_lock = threading.Lock()
+    taken = threading.Event()
+
+    def compile_step():
+        raise RuntimeError("inductor failed in the compile")
+
+    def first():
+        compile_lock.acquire()
+        taken.set()
+        compile_step()
+
+    def others():
+        taken.wait(30)
+        with compile_lock:
+            pass
+
+    threads = [threading.Thread(target=first, name="drafter-0")]
+    threads += [threading.Thread(target=others, name=f"drafter-{n}") for n in (1, 2)]
+    for t in threads: t.start()
+    threads[0].join()
+    print("ready", flush=True)
+    for t in threads: t.join()
+''')
+
+PYSTACK_TEXT = '''Traceback for thread 11 (python) [] (most recent call last):
+    (Python) File "/run/hang.py", line 16, in others
+        with compile_lock:
+
+Traceback for thread 10 (python) [] (most recent call last):
+    (Python) File "/run/hang.py", line 11, in first
+        compile_step()
+    (Python) File "/run/hang.py", line 7, in compile_step
+        time.sleep(600)
+'''
+
+
+def test_the_parser_reads_threads_frames_and_code():
+    threads = stacks.parse_pystack(PYSTACK_TEXT)
+    assert [(t.tid, t.name, [(f.line, f.function) for f in t.frames]) for t in threads] == \
+        [(11, "python", [(16, "others")]), (10, "python", [(11, "first"), (7, "compile_step")])]
+    assert threads[0].frames[0].code == "with compile_lock:"
+    many = "".join(f"Traceback for thread {n} (x) []:\n" for n in range(stacks.MAX_THREADS + 50))
+    assert len(stacks.parse_pystack(many)) == stacks.MAX_THREADS
+
+
+@pytest.fixture(scope="module")
+def venv():
+    return pystack_venv()
+
+
+@pytest.fixture()
+def hung(venv, tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(DEADLOCK)
+    process = subprocess.Popen([f"{venv}/bin/python", str(script)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.5)                     # the two others reach their `with`
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_deadlock_names_the_holder_inside_its_compile_and_the_waiters(venv, hung, tmp_path):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
+                         f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
+                          "stacks", "--pid", str(hung.pid), "-t", "dev", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr   # 1: a thread waits
+    [result] = json.loads(out.stdout)
+    assert result["pid"] == hung.pid and len(result["threads"]) == 4          # main + three
+    [lock] = result["locks"]
+    assert lock["key"] == "hang.py:compile_lock"
+    [holder] = lock["holders"]
+    assert holder["where"] == "hang.py:10" and holder["inside"] == "compile_step (hang.py:7)"
+    assert len(lock["waiters"]) == 2 and {w["where"] for w in lock["waiters"]} == {"hang.py:16"}
+    assert "holds hang.py:compile_lock" in lock["sentence"] and "wait on hang.py:compile_lock" in lock["sentence"]
+
+
+def test_no_pystack_is_a_clear_error(tmp_path):
+    inventory = tmp_path / "inventory.yaml"
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    inventory.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
+                         f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
+                          "stacks", "--pid", "1", "-t", "dev"], capture_output=True, text=True,
+                         timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode != 0 and "has no pystack" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tmp_path, monkeypatch):
+    """`orch stacks RUN`: the live stacks show two waiters and no holder; the run's log has
+    the dead drafter's traceback, whose frame took the lock with acquire() and never let go."""
+    from orchestrator.runs.model import RunRecord, StepResult
+    from orchestrator.runs.store import RunStore
+
+    run_dir = tmp_path / "launch"
+    run_dir.mkdir()
+    script = run_dir / "died.py"
+    script.write_text(DIED_HOLDING)
+    log = open(run_dir / "output.log", "w")
+    process = subprocess.Popen([f"{venv}/bin/python", str(script)], stdout=subprocess.PIPE,
+                               stderr=log, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        monkeypatch.setenv("ORCH_DATA_DIR", str(tmp_path / "data"))
+        record = RunRecord(run_id="20261202-0300-abcdef", playbook="p.yaml", playbook_sha256="", name="p")
+        record.steps.append(StepResult("launch", "launch", "dev", "changed",
+                                       data={"run_dir": str(run_dir), "pid": process.pid,
+                                             "argv": ["python", str(script)]}))
+        with RunStore() as store:
+            store.begin(record)
+            store.save_step(record.run_id, record.steps[0])
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
+                             f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
+        out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
+                              "stacks", "last", "--json"], capture_output=True, text=True, timeout=300)
+    finally:
+        process.kill()
+        process.wait()
+        log.close()
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    [result] = json.loads(out.stdout)
+    [lock] = result["locks"]
+    assert lock["key"] == "died.py:compile_lock"
+    [holder] = lock["holders"]
+    assert holder["thread"] == "drafter-0 (dead)" and holder["where"] == "died.py:10"
+    assert holder["inside"].startswith("DIED there with RuntimeError: inductor failed")
+    assert len(lock["waiters"]) == 2
+    assert lock["sentence"].startswith("drafter-0 (dead) holds died.py:compile_lock")
