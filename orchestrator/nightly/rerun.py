@@ -33,8 +33,10 @@ from orchestrator.ground import console, paths
 from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
-from orchestrator.runs.baseline import choose_baseline
-from orchestrator.runs.compare import DEFAULT_THRESHOLD, Comparison, compare, throughput
+from orchestrator.runs import noise
+from orchestrator.runs.baseline import choose_baseline, same_shape_history
+from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
+                                      environment_diff, throughput)
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.report import write_reports
 from orchestrator.runs.store import RunStore
@@ -234,12 +236,19 @@ class NightlyOutcome:
     reports: dict[str, str]
     baseline_reason: str = ""
     notified: list[dict] = field(default_factory=list)
+    judgement: Optional[noise.NoiseJudgement] = None
 
     @property
     def status(self) -> str:
         if self.record.verdict != OK:
             return self.record.verdict
-        return "regression" if self.comparison.regressed else "ok"
+        if self.comparison.regressed:
+            return "regression"
+        return "suspected" if self.suspected else "ok"
+
+    @property
+    def suspected(self) -> list[Change]:
+        return [c for c in self.comparison.changes if c.severity == noise.SUSPECTED]
 
     def summary(self) -> dict:
         """The short summary sent to notifiers and printed with --json."""
@@ -259,6 +268,9 @@ class NightlyOutcome:
             "baseline_reason": self.baseline_reason,
             "throughput_change": total.get("change"),
             "regressions": [c.message for c in self.comparison.regressions],
+            "suspected": [c.message for c in self.suspected],
+            "environment": environment_diff(self.comparison),
+            "noise": self.judgement.to_dict() if self.judgement else None,
             "findings": [f"{f.signature}: {f.message}" for f in self.record.findings],
             "torch": {t.name: t.torch_version for t in self.record.targets},
             "fx_tls": {t.name: t.fx_tls_state for t in self.record.targets},
@@ -276,9 +288,9 @@ class NightlyOutcome:
             change = self.comparison.throughput.get("total", {}).get("change")
             parts.append(f"{tp:,.0f} tok/s" + (f" ({change * 100:+.1f} % vs baseline)"
                                               if change is not None else ""))
-        if self.comparison.regressions:
-            parts.append("; ".join(c.message for c in self.comparison.regressions[:3])
-                         + (" …" if len(self.comparison.regressions) > 3 else ""))
+        flagged = self.comparison.regressions or self.suspected
+        if flagged:
+            parts.append("; ".join(c.message for c in flagged[:3]) + (" …" if len(flagged) > 3 else ""))
         return head + " - " + ", ".join(parts)
 
 
@@ -333,18 +345,27 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
             choice = choose_baseline(store, record)
             baseline = choice.record
             comparison = compare(baseline, record, config.threshold)
+            judgement = judge_noise(store, record)
+            noise.apply_to(comparison, judgement)
             directory = record.artifacts_dir or paths.run_dir(record.run_id)
             reports = write_reports(record, baseline, directory, comparison=comparison,
-                                    baseline_reason=choice.reason)
+                                    baseline_reason=choice.reason, noise=judgement)
             outcome = NightlyOutcome(record, baseline, comparison,
                                      outcome_code(record, comparison), reports,
-                                     baseline_reason=choice.reason)
+                                     baseline_reason=choice.reason, judgement=judgement)
             _write_json(os.path.join(directory, "nightly.json"), outcome.summary())
             outcome.notified = notify(outcome, config.notify)
             return outcome
         finally:
             if own_store:
                 store.close()
+
+
+def judge_noise(store: RunStore, record: RunRecord) -> noise.NoiseJudgement:
+    """Tonight's throughput against the noise of the runs of its shape before it (one more
+    than the window: the previous night is judged again for the persistence rule)."""
+    history = same_shape_history(store, record, noise.WINDOW + 1)
+    return noise.judge(noise.profile(record), [noise.profile(run) for run in history])
 
 
 def _write_json(path: str, data: dict) -> None:

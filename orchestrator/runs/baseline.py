@@ -117,3 +117,17 @@ def _show(value) -> str:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return ",".join(value) if value else "[]"
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def same_shape_history(store: RunStore, record: RunRecord, last: int) -> list[RunRecord]:
+    """The newest LAST ok runs of RECORD's playbook and shape, before it, newest first, with
+    their metric series: the window runs/noise.py measures a metric's noise in. The pin is
+    not consulted: noise is measured over what the runs did, not over one chosen run."""
+    shape = run_shape(record)
+    found = []
+    for candidate in store.ok_runs(record.playbook, exclude=record.run_id):
+        if len(found) >= last:
+            break
+        if candidate.started_at <= record.started_at and not differences(run_shape(candidate), shape):
+            found.append(store.get(candidate.run_id))
+    return found

@@ -335,3 +335,32 @@ def _patch_drift(was: Optional[str], seen: list[str]) -> Optional[str]:
         return (f"torch was patched in the baseline and was found {bad} in this run (the patch "
                 "is gone: torch reinstalled?)")
     return None
+
+
+# ------------------------------------------------------------------ what changed, in short
+ENVIRONMENT_LINES = 8      # a chat message's worth; the reports have the whole tables
+
+
+def environment_diff(comparison: Comparison, limit: int = ENVIRONMENT_LINES) -> list[str]:
+    """What changed on each target since the baseline, most telling first: torch, the
+    fx-tls patch state, then packages (changed, added, removed) from pip freeze. The
+    suspects of a regression, for a notification or the top of a report."""
+    lines: list[str] = []
+    for name, info in comparison.targets.items():
+        torch = info["torch"]
+        if torch["base"] and torch["new"] and torch["base"] != torch["new"]:
+            lines.append(f"{name}: torch {torch['base']} -> {torch['new']}")
+        state = info["fx_tls_state"]
+        if state["base"] and state["seen"] and state["seen"] != [state["base"]]:
+            # Every state this run saw: "patched -> vulnerable -> patched" is a patch a
+            # reinstall undid and the playbook re-applied.
+            lines.append(f"{name}: fx-tls patch {state['base']} -> {' -> '.join(state['seen'])}")
+        packages = info["packages"] or {}
+        for package, (old, new) in (packages.get("changed") or {}).items():
+            if package != "torch":
+                lines.append(f"{name}: {package} {old or '?'} -> {new or '?'}")
+        lines += [f"{name}: + {p} {v}".rstrip() for p, v in (packages.get("added") or {}).items()]
+        lines += [f"{name}: - {p} {v}".rstrip() for p, v in (packages.get("removed") or {}).items()]
+    if len(lines) > limit:
+        lines = lines[:limit - 1] + [f"... and {len(lines) - limit + 1} more (the report has them all)"]
+    return lines

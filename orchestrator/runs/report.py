@@ -15,9 +15,10 @@ import jinja2
 
 from orchestrator import __version__
 from orchestrator.ground import verdicts
-from orchestrator.runs.compare import (Comparison, compare, fx_states_seen, is_problem, series,
-                                       throughput, worker_word)
+from orchestrator.runs.compare import (Comparison, compare, environment_diff, fx_states_seen,
+                                       is_problem, series, throughput, worker_word)
 from orchestrator.runs import gpu
+from orchestrator.runs.noise import NoiseJudgement
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import line_chart, sparkline
 
@@ -88,9 +89,10 @@ def _elapsed(record: RunRecord) -> Optional[float]:
 
 def context(record: RunRecord, baseline: Optional[RunRecord] = None,
             comparison: Optional[Comparison] = None, threshold: float = 0.10,
-            baseline_reason: Optional[str] = None) -> dict:
+            baseline_reason: Optional[str] = None,
+            noise: Optional[NoiseJudgement] = None) -> dict:
     """Everything both templates show. baseline_reason: which baseline and why (or why none),
-    from runs/baseline.py."""
+    from runs/baseline.py. noise: orch nightly's runs/noise.py judgement, shown per metric."""
     if baseline is None:
         comparison = None        # a comparison with nothing: the verdict already says it all
     elif comparison is None:
@@ -143,6 +145,8 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "failed_steps": [s for s in record.steps if s.status == "failed"],
         "baseline": baseline,
         "baseline_reason": baseline_reason,
+        "noise": noise,
+        "environment": environment_diff(comparison) if comparison else [],
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
         "fx_states_seen": states,

@@ -9,7 +9,7 @@ import json
 from click.testing import CliRunner
 
 from orchestrator.cli.app import main
-from orchestrator.runs.baseline import choose_baseline, run_shape
+from orchestrator.runs.baseline import choose_baseline, run_shape, same_shape_history
 from orchestrator.nightly.rerun import nightly
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import synthetic_run
@@ -117,3 +117,20 @@ def test_report_and_nightly_say_which_baseline_and_why(tmp_path):
     html = open(outcome.reports["html"]).read()
     assert "Why this run: the last ok run of the same shape" in html
     assert json.dumps(summary)
+
+
+def test_same_shape_history_is_the_newest_ok_runs_of_the_shape_before_the_run(tmp_path):
+    with RunStore(str(tmp_path / "h.sqlite")) as store:
+        for day in range(10, 16):
+            store.begin(synthetic_run(f"202611{day}-020000-h00000", seed=day,
+                                      started_at=f"2026-11-{day}T02:00:00+00:00"))
+        store.begin(synthetic_run("20261113-030000-other0", drafters=2,
+                                  started_at="2026-11-13T03:00:00+00:00"))
+        store.begin(synthetic_run("20261114-030000-failed", verdict="hang",
+                                  started_at="2026-11-14T03:00:00+00:00"))
+        tonight = synthetic_run("20261115-020000-h00000", seed=15,
+                                started_at="2026-11-15T02:00:00+00:00")
+        found = same_shape_history(store, tonight, 3)
+    assert [r.run_id for r in found] == ["20261114-020000-h00000", "20261113-020000-h00000",
+                                         "20261112-020000-h00000"]
+    assert all(r.metrics for r in found)           # with their series: the samples

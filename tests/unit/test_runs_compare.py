@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.runs.compare import compare, package_diff, parse_freeze, throughput
+from orchestrator.runs.compare import (ENVIRONMENT_LINES, compare, environment_diff, package_diff,
+                                       parse_freeze, throughput)
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord
 from tests.fixtures.synthetic import FREEZE, synthetic_run
 
@@ -176,3 +177,12 @@ def test_informational_findings_are_not_failures():
     hang = compare(synthetic_run("a"), synthetic_run("b", findings=notes + [
         Finding("sb1-200", "hang", "no step for 120 s")]))
     assert kinds(hang) == ["failure-signature"]
+
+
+def test_the_environment_diff_is_bounded_for_a_chat_message():
+    base = synthetic_run("b")
+    new = synthetic_run("n", torch_version="2.14.0+cpu",
+                        freeze=[f"pkg{i}==1.{i}" for i in range(20)] + ["torch==2.14.0+cpu"])
+    lines = environment_diff(compare(base, new))
+    assert len(lines) == ENVIRONMENT_LINES and lines[0] == "sb1-200: torch 2.13.0+cpu -> 2.14.0+cpu"
+    assert lines[-1].startswith("... and ") and "the report has them all" in lines[-1]

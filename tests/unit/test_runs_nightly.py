@@ -308,3 +308,65 @@ def test_usage_error_recorded_by_the_runner_exits_2(playbook):
             store.begin(record)
         return record
     assert nightly(playbook, targets=[], extra_vars={}, run=usage).exit_code == ExitCode.USAGE
+
+
+def seed_history(playbook, levels, tok_s=6000):
+    """Earlier nightlies of the same shape, LEVELS oldest first (x tok_s)."""
+    with RunStore() as store:
+        for day, level in enumerate(levels, start=10):
+            store.begin(synthetic_run(f"202611{day:02d}-020000-hist00", playbook=playbook,
+                                      tok_s=tok_s * level, seed=day,
+                                      started_at=f"2026-11-{day:02d}T02:00:00+00:00"))
+
+
+def test_a_quiet_night_within_8_percent_noise_is_ok_not_a_regression(playbook):
+    # The last run was 8 % fast; tonight is 16 % below it but inside the nights' own spread.
+    seed_history(playbook, [1.02, 0.97, 1.03, 0.90, 1.10, 1.00, 0.95, 1.05, 0.93, 1.08])
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=6000 * 0.91))
+    assert outcome.exit_code == 0 and outcome.status == "ok"
+    summary = outcome.summary()
+    assert summary["noise"]["status"] == "ok" and summary["regressions"] == []
+    total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
+    assert total["window_runs"] == 10 and total["noise_pct"] > 0.05
+
+
+def test_a_5_percent_drop_is_suspected_then_confirmed_with_exit_code_20(playbook, webhook):
+    seed_history(playbook, [1.01, 0.99, 1.008, 0.992, 1.0, 1.012, 0.988, 1.004])   # ~1.3 % noise
+    config = NightlyConfig(notify=NotifyConfig(webhooks=[webhook]))
+    first = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=6000 * 0.95),
+                    config=config)
+    assert first.exit_code == 0 and first.status == "suspected"
+    body = Hook.received[-1][2]
+    assert body["status"] == "suspected" and body["suspected"]
+    assert body["text"].startswith("orch nightly dflash.yaml: SUSPECTED")
+    assert "confirmed if the next night is slow too" in body["text"]
+    report = open(first.reports["md"]).read()
+    assert "measured noise: suspected" in report
+    second = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(tok_s=6000 * 0.95),
+                     config=config)
+    assert second.exit_code == ExitCode.REGRESSION and second.status == "regression"
+    assert "second slow night in a row" in Hook.received[-1][2]["text"]
+
+
+def test_the_environment_diff_names_a_changed_package_and_a_reverted_patch(playbook):
+    seed_baseline(playbook)
+    freeze = ["filelock==3.16.1", "jinja2==3.1.4", "numpy==2.2.0", "sympy==1.13.3",
+              "torch==2.13.0+cpu", "typing_extensions==4.12.2", "triton==3.4.0"]
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(
+        freeze=freeze, states_seen=["vulnerable", "patched"]))
+    lines = outcome.summary()["environment"]
+    assert lines == ["sb1-200: fx-tls patch patched -> vulnerable -> patched",
+                     "sb1-200: numpy 2.1.3 -> 2.2.0", "sb1-200: + triton 3.4.0"]
+    report = open(outcome.reports["md"]).read()
+    assert "What changed since the baseline" in report and "numpy 2.1.3 -> 2.2.0" in report
+
+
+def test_cli_nightly_says_a_suspected_drop_and_what_changed_and_exits_0(playbook, monkeypatch):
+    seed_history(playbook, [1.01, 0.99, 1.008, 0.992, 1.0, 1.012, 0.988, 1.004])
+    freeze = ["filelock==3.16.1", "jinja2==3.1.4", "numpy==2.2.0", "sympy==1.13.3",
+              "torch==2.13.0+cpu", "typing_extensions==4.12.2"]
+    monkeypatch.setattr(nightly_mod, "run_playbook", fake_runner(tok_s=6000 * 0.95, freeze=freeze))
+    result = CliRunner().invoke(main, ["nightly", playbook, "--notify-on", "never"])
+    assert result.exit_code == 0, result.output
+    assert "SUSPECTED" in result.output and "suspected: total throughput: slower" in result.output
+    assert "changed: sb1-200: numpy 2.1.3 -> 2.2.0" in result.output

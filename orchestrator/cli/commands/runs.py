@@ -417,15 +417,20 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
     devices, throughput variables), write report.html and report.md
     into the run's folder, notify, exit with the outcome.
 
+    Throughput is judged against the measured noise of the last 20 ok runs of the same
+    shape: one slow night is "suspected" (exit 0, said on one line), two slow nights in a
+    row, or one far outside the noise, a regression (20). With fewer than 4 such runs
+    the --threshold against the baseline judges.
+
     Only one nightly of a playbook runs at a time: a second exits at once with code 21.
 
     \b
     Exit codes:
-      0   ok, no regression against the baseline
+      0   ok, or a suspected throughput drop (not yet confirmed)
       10  the run failed (FX race, traceback, OOM, non-zero exit, killed)
       11  the run hung       12  degraded throughput       13  a target was unreachable
-      20  the run was ok but regressed (throughput drop, new failure signature,
-          patch drift, torch version change)
+      20  the run was ok but regressed (throughput below its noise two nights running
+          or far below it, new failure signature, patch drift, torch version change)
       21  another `orch nightly` of this playbook is running
 
     \b
@@ -463,6 +468,10 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
         console.out.print(f"[{style}]{console.escape(summary['text'])}[/]")
         for message in summary["regressions"]:
             console.out.print(f"  [red]regression[/]: {console.escape(message)}")
+        for message in summary["suspected"]:
+            console.out.print(f"  [yellow]suspected[/]: {console.escape(message)}")
+        for line in summary["environment"]:
+            console.out.print(f"  changed: {console.escape(line)}")
         console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
                            else "no baseline: ") + console.escape(summary["baseline_reason"] or ""))
         console.out.print(f"report: {summary['report_html']}")

@@ -1,0 +1,74 @@
+"""`orch nightly`'s noise model for real: the sandbox DFlash playbook (the stand-in trainer on
+real torch 2.13 CPU in CT 201 of sb1) run six times into one fresh store.
+
+    four quiet nights     too little history: "insufficient data", the fixed threshold judges
+    a fifth quiet night   judged against the four's measured noise: never a regression
+    a slowed night        (--slow-ms: about -80 %) far outside the noise: a regression at once
+
+The machine is shared and busy, so a quiet night may come out "suspected" (exit 0); what is
+promised, and checked, is that it never exits 20. Each nightly takes about 20-40 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.ground.errors import ExitCode
+from tests.integration.torch_seed import remove_venv, seed_torch_venv
+
+pytestmark = pytest.mark.sandbox
+
+HOST, VMID, TARGET = "sb1", 201, "sb1-201"
+VENV_DIR = "orch-noise-venv"
+VENV = f"/root/{VENV_DIR}"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLAYBOOK = os.path.join(REPO, "playbooks", "dflash-sandbox.yaml")
+SMALL = ["-e", f"venv={VENV}", "-e", "steps=16", "-e", "log_every=2", "-e", "verify_trials=1",
+         "-e", "degraded_below=0", "-e", "hang_after=90"]
+SLOW = ["-e", "extra_args=[--slow-ms, 2500]"]
+
+
+@pytest.fixture(scope="module")
+def env(sandbox, tmp_path_factory):
+    data = tmp_path_factory.mktemp("noise-data")
+    seed_torch_venv(sandbox, HOST, VMID, dest=VENV_DIR)
+    environment = {**os.environ, "ORCH_DATA_DIR": str(data)}
+    environment.pop("ORCH_STORE", None)
+    yield {"env": environment, "inventory": str(sandbox.inventory_path)}
+    remove_venv(sandbox, HOST, VMID, dest=VENV_DIR)
+
+
+def nightly(env, *extra):
+    # 50 %: while the history is short the fixed threshold judges, and this machine is noisy.
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "-i", env["inventory"], "nightly",
+                           PLAYBOOK, "-t", TARGET, *SMALL, "--threshold", "50%", "--json", *extra],
+                          cwd=REPO, env=env["env"], capture_output=True, text=True, timeout=600)
+    assert done.stdout, done.stderr[-6000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_quiet_nights_stay_quiet_and_a_slowed_one_is_a_regression(env):
+    for night in range(4):
+        code, summary = nightly(env)
+        assert code == 0 and summary["verdict"] == "ok", summary
+        assert summary["noise"]["status"] == "insufficient data"
+        assert f"{night} earlier run(s) of this shape" in summary["noise"]["metrics"][0]["reason"]
+
+    code, summary = nightly(env)
+    assert code == 0 and summary["status"] in ("ok", "suspected"), summary["noise"]
+    total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
+    assert total["window_runs"] == 4 and total["samples"] >= 3 and total["p"] is not None
+    assert total["status"] in ("ok", "suspected") and total["noise_pct"] > 0
+
+    code, summary = nightly(env, *SLOW)
+    assert code == ExitCode.REGRESSION and summary["status"] == "regression", summary["noise"]
+    total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
+    assert total["status"] == "regression" and "far outside the noise" in total["reason"]
+    assert total["effect"] < -0.5 and total["p"] < 0.01
+    assert any(m.startswith("total throughput: far outside the noise") for m in summary["regressions"])
+    assert "measured noise: regression" in open(summary["report_md"]).read()

@@ -1,0 +1,106 @@
+"""runs/noise.py: throughput judged against its measured noise, with the persistence rule.
+The records are the synthetic stand-in trainer's (tests/fixtures/synthetic.py): 3 drafters,
+per-step tok/s within +-4 % of the run's level; each run's level is chosen per test."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.runs import noise
+from orchestrator.runs.compare import compare
+from orchestrator.runs.model import MetricPoint
+from tests.fixtures.synthetic import synthetic_run
+
+# Run-to-run spreads of about 8 %: a loaded CPU's nights, none of them slower in truth.
+NOISY = [1.08, 0.93, 1.05, 0.95, 1.00, 1.10, 0.90, 1.03, 0.97, 1.02]
+# A quiet machine: within 1 %.
+QUIET = [1.004, 0.996, 1.008, 0.992, 1.0, 1.006, 0.994, 1.002, 0.998, 1.001]
+
+
+def run(n: int, level: float, tok_s: float = 5400.0):
+    return synthetic_run(f"20261120-{n:06d}-noise0", tok_s=tok_s * level, seed=n,
+                         started_at=f"2026-11-{n:02d}T02:00:00+00:00")
+
+
+def history(levels: list[float]) -> list:
+    """Records for LEVELS, the first the newest (as the store gives them)."""
+    return [run(len(levels) - i, level) for i, level in enumerate(levels)]
+
+
+def judge(tonight, records):
+    return noise.judge(noise.profile(tonight), [noise.profile(r) for r in records])
+
+
+def test_a_quiet_night_inside_8_percent_noise_is_ok_where_the_fixed_threshold_cried_wolf():
+    records = history(NOISY)
+    tonight = run(30, 0.91)                       # 11.6 % below last night, 9 % below the median
+    assert compare(records[0], tonight).regressed             # today's rule: a "regression"
+    judgement = judge(tonight, records)
+    assert judgement.status == noise.OK
+    total = next(m for m in judgement.metrics if m.metric == "total")
+    assert total.noise_pct == pytest.approx(0.074, abs=0.015)  # the MAD of the levels, as a sd
+    assert -3 < total.z < -0.5 and "within the noise" in total.reason
+
+
+def test_a_5_percent_drop_on_a_quiet_machine_is_suspected_then_confirmed():
+    records = history(QUIET)
+    first = run(30, 0.95)
+    assert not compare(records[0], first).regressed           # today's rule misses it
+    night1 = judge(first, records)
+    assert night1.status == noise.SUSPECTED
+    total = next(m for m in night1.metrics if m.metric == "total")
+    assert total.effect == pytest.approx(-0.05, abs=0.01) and total.z <= -noise.Z_BAD
+    assert total.p < noise.ALPHA and total.previous_z > -noise.Z_CONFIRM
+    assert "confirmed if the next night is slow too" in total.reason
+    night2 = judge(run(31, 0.95), [first] + records)
+    assert night2.status == noise.REGRESSION
+    assert "second slow night in a row" in night2.worst()[0].reason
+
+
+def test_a_drop_far_outside_the_noise_is_confirmed_at_once():
+    judgement = judge(run(30, 0.80), history(QUIET))
+    assert judgement.status == noise.REGRESSION
+    assert all(m.status == noise.REGRESSION for m in judgement.metrics)
+    assert "far outside the noise" in judgement.worst()[0].reason
+
+
+def test_one_slow_night_then_a_normal_one_is_ok_again():
+    records = history(QUIET)
+    slow = run(30, 0.95)
+    assert judge(slow, records).status == noise.SUSPECTED
+    assert judge(run(31, 1.0), [slow] + records).status == noise.OK
+
+
+def test_too_short_a_history_is_insufficient_data_with_the_count():
+    judgement = judge(run(30, 0.5), history(QUIET[:noise.MIN_RUNS - 1]))
+    assert judgement.status == noise.INSUFFICIENT and not judgement.decides
+    assert f"3 earlier run(s) of this shape, {noise.MIN_RUNS} needed" in judgement.metrics[0].reason
+
+
+def test_a_low_level_whose_steps_are_not_slower_is_not_flagged():
+    """The rank test guards the level: a trainer summary that says slow while every step
+    it printed was as fast as usual is not enough alone."""
+    records = history(QUIET)
+    tonight = run(30, 1.0)
+    tonight.summary["total_tok_s"] = 5400 * 3 * 0.8
+    total = next(m for m in judge(tonight, records).metrics if m.metric == "total")
+    assert total.z < -noise.Z_FAR and total.p > noise.ALPHA and total.status == noise.OK
+
+
+def test_samples_drop_the_compile_step_and_sum_the_total_over_common_steps():
+    record = synthetic_run("r", drafters=2, steps=4)
+    record.metrics.append(MetricPoint("sb1-200", 0, 5, tok_s=999.0))   # only drafter 0 got there
+    got = noise.samples(record)
+    assert len(got["d0"]) == 4 and len(got["d1"]) == 3
+    by_step = {(p.drafter, p.step): p.tok_s for p in record.metrics}
+    assert got["total"] == [by_step[(0, s)] + by_step[(1, s)] for s in (2, 3, 4)]
+
+
+def test_the_comparison_keeps_the_threshold_view_as_information_when_the_noise_decides():
+    records = history(NOISY)
+    tonight = run(30, 0.91)
+    comparison = compare(records[0], tonight)
+    noise.apply_to(comparison, judge(tonight, records))
+    assert not comparison.regressed
+    assert any("the noise model judges throughput" in c.message and c.severity == "info"
+               for c in comparison.changes)
