@@ -72,26 +72,14 @@ def rooms_in(root: str) -> set[str]:
 
 @functools.lru_cache(maxsize=None)
 def room_graph(root: str = PACKAGE_DIR) -> dict[str, set[str]]:
+    """room -> the other rooms its modules import."""
     rooms = rooms_in(root)
     graph: dict[str, set[str]] = {}
-    for folder, _dirs, files in os.walk(root):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(folder, name)
-            relative = os.path.relpath(path, os.path.dirname(root))[:-3].replace(os.sep, ".")
-            module = relative[: -len(".__init__")] if relative.endswith(".__init__") else relative
-            package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
-            room = room_of(module)
-            if room is None:
-                continue
-            with open(path, encoding="utf-8") as handle:
-                tree = ast.parse(handle.read(), path)
-            for target in imported_modules(tree, package):
-                other = room_of(target)
-                if other in rooms and other != room:
-                    graph.setdefault(room, set()).add(other)
-            graph.setdefault(room, set())
+    for module, targets in module_imports(root).items():
+        room = room_of(module)
+        if room is not None:
+            graph.setdefault(room, set()).update(
+                other for other in map(room_of, targets) if other in rooms and other != room)
     return graph
 
 
