@@ -7,7 +7,7 @@ maintained reader on the controller.
 
 Args::
 
-    {"path": "/work/out/runs", "name_contains": "tfevents", "max_bytes": 16777216,
+    {"path": "/root/outputs/runs", "name_contains": "tfevents", "max_bytes": 16777216,
      "max_files": 64, "max_depth": 4}
 
 PATH is a file (collected whatever its name) or a folder searched to max_depth levels for
@@ -18,7 +18,7 @@ read up to what is left of max_bytes for all of them ("read" < "size": cut there
 
 Result::
 
-    {"event": "result", "path": "/work/out/runs", "files": 2, "bytes": 81234,
+    {"event": "result", "path": "/root/outputs/runs", "files": 2, "bytes": 81234,
      "left_out": 0, "cut": false}
 
 left_out counts the files past max_files or past the byte budget; cut is true when any

@@ -14,7 +14,7 @@ from orchestrator.ground import console, invocation
 from orchestrator.ground.invocation import Interrupt, Invocation
 
 
-def made(env=None, cwd="/work/here", **kwargs) -> Invocation:
+def made(env=None, cwd="/srv/here", **kwargs) -> Invocation:
     return Invocation(io.StringIO(), io.StringIO(), io.StringIO(), env=env or {}, cwd=cwd, **kwargs)
 
 
@@ -32,9 +32,9 @@ def test_expanduser_without_home_asks_the_password_database(monkeypatch):
 
 
 def test_a_path_is_relative_to_the_commands_folder():
-    command = made({"HOME": "/home/me"}, cwd="/work/here")
-    assert command.path("inventory.yaml") == "/work/here/inventory.yaml"
-    assert command.path("../there/x") == "/work/there/x"
+    command = made({"HOME": "/home/me"}, cwd="/srv/here")
+    assert command.path("inventory.yaml") == "/srv/here/inventory.yaml"
+    assert command.path("../there/x") == "/srv/there/x"
     assert command.path("~/inv.yaml") == "/home/me/inv.yaml"
     assert command.path("/etc/x") == "/etc/x"
 
