@@ -108,3 +108,14 @@ def test_the_mcp_tool_and_the_cli_help_name_every_state():
     for state in fx_states.STATES:
         assert state in described, f"mcp/server.py's fx_tls_status does not name {state}"
         assert state in cli_help, f"`orch patch fx-tls --help` does not name {state}"
+
+
+def test_verify_prints_each_trial_once_per_target_and_nothing_with_json(monkeypatch):
+    from orchestrator.cli.commands import torch as torch_commands
+    shown = []
+    monkeypatch.setattr(torch_commands.console, "info", shown.append)
+    progress = torch_commands._trial_progress(False, lambda event: f"trial {event['index']}")
+    progress("dev")({"event": "trial", "index": 1})
+    progress("dev")({"event": "result"})
+    torch_commands._trial_progress(True, lambda event: "never")("dev")({"event": "trial", "index": 2})
+    assert shown == ["dev: trial 1"]

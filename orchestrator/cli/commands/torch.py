@@ -343,18 +343,10 @@ def fx_race(app, targets, trials, as_json):
       orch verify fx-race -t all-drafters --trials 20 --json
     """
     chosen = app.fleet.targets(targets)
-    lock = threading.Lock()
-
-    def progress(name):
-        def on_event(event):
-            if not as_json and event.get("event") == "trial":
-                with lock:
-                    console.info(f"{name}: trial {event.get('index')}: cross-thread "
-                                 f"{'RAISED' if event.get('cross_thread_raised') else 'ok'}, "
-                                 f"same-thread control "
-                                 f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}")
-        return on_event
-
+    progress = _trial_progress(as_json, lambda event: (
+        f"trial {event.get('index')}: cross-thread "
+        f"{'RAISED' if event.get('cross_thread_raised') else 'ok'}, same-thread control "
+        f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}"))
     results = fan_out(chosen, lambda target: payload_api.fx_race(
         target, trials, on_event=progress(target.name)))
     _print_each(results, as_json, _print_race)
@@ -362,6 +354,20 @@ def fx_race(app, targets, trials, as_json):
         return results.first_error().exit_code
     return (ExitCode.OK if all(o.get("verdict") == "fixed" for o in results.succeeded.values())
             else ExitCode.FAILED)
+
+
+def _trial_progress(as_json: bool, describe):
+    """progress(target name) -> the payload's on_event: each trial event as one line
+    (`describe(event)`), one writer at a time (targets run side by side); nothing with --json."""
+    lock = threading.Lock()
+
+    def progress(name):
+        def on_event(event):
+            if not as_json and event.get("event") == "trial":
+                with lock:
+                    console.info(f"{name}: {describe(event)}")
+        return on_event
+    return progress
 
 
 def _print_race(target, outcome) -> None:
@@ -408,16 +414,10 @@ def fx_threads_race(app, targets, trials, as_json):
       orch verify fx-threads -t all-drafters --trials 10 --json
     """
     chosen = app.fleet.targets(targets)
-    lock = threading.Lock()
-
-    def progress(name):
-        def on_event(event):
-            if not as_json and event.get("event") == "trial":
-                with lock:
-                    console.info(f"{name}: {RACE_TITLES.get(event.get('state', 'fx-tracing-flag'))}"
-                                 f" trial {event.get('index')}/{event.get('trials')}"
-                                 + (f": {event['problem']}" if event.get("problem") else ""))
-        return on_event
+    progress = _trial_progress(as_json, lambda event: (
+        f"{RACE_TITLES.get(event.get('state', 'fx-tracing-flag'))} trial "
+        f"{event.get('index')}/{event.get('trials')}"
+        + (f": {event['problem']}" if event.get("problem") else "")))
 
     results = fan_out(chosen, lambda target: payload_api.fx_race(
         target, trials, on_event=progress(target.name), states=list(fx_states.SHARED_STATES)))
