@@ -20,7 +20,7 @@ import json
 import os
 import posixpath
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from orchestrator.ground import paths
 from orchestrator.ground.errors import OrchError
@@ -28,6 +28,7 @@ from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import RunRecord
 from orchestrator.watch import stacks, tracebacks
+from orchestrator.watch.stacktool import stack_command
 from orchestrator.watch.suspects import (Candidate, Remedy, applied_notes, facts_by_frame, patch_rows,
                                          rank, remedies)
 from orchestrator.watch.torchrun import RANK_LOG_DIR
@@ -302,9 +303,6 @@ def own_roots(record: RunRecord, target: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ a hung run
-STACK_TOOL = "pystack"        # pystack remote PID: every thread's Python stack, from outside
-
-
 @dataclass
 class Stacks:
     target: str
@@ -314,13 +312,16 @@ class Stacks:
     tool: str = ""
 
 
-def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None) -> Stacks:
+def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None,
+                wheelhouse: Optional[str] = None,
+                progress: Callable[[str], None] = lambda line: None) -> Stacks:
     """Every thread's stack of process PID in TARGET, and who waits on whom; with the run's
-    logs, the threads that died too (their tracebacks), as holders of what they left locked."""
-    command = _stack_command(target)
+    logs, the threads that died too (their tracebacks), as holders of what they left locked.
+    pystack is the target's own, or carried in from WHEELHOUSE or orch's cache (stacktool)."""
+    command, tool = stack_command(target, wheelhouse, progress)
     result = target.run([*command, "remote", str(int(pid))], timeout=120)
     if not result.ok:
-        raise OrchError(f"{target.name}: {' '.join(command)} remote {pid} failed: "
+        raise OrchError(f"{target.name}: {tool}: remote {pid} failed: "
                         f"{' '.join(result.stderr_tail(2))}",
                         hint="it reads the process with ptrace: run as root (or with CAP_SYS_PTRACE) "
                              "in the process's own container, and the process must still be alive")
@@ -334,21 +335,7 @@ def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None) 
     return Stacks(target.name, int(pid),
                   [{"tid": t.tid, "name": t.name, "label": t.label,
                     "frames": [asdict(f) for f in t.frames]} for t in threads],
-                  [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], " ".join(command))
-
-
-def _stack_command(target: Target) -> list[str]:
-    """pystack run by the venv's python when the venv has it (`python -m pystack`: a venv
-    copied elsewhere keeps working, its scripts' shebangs would not), else one on PATH."""
-    if target.venv:
-        python = target.python()
-        if target.run([python, "-c", f"import {STACK_TOOL}"], timeout=60).ok:
-            return [python, "-m", STACK_TOOL]
-    if target.run(["sh", "-c", f"command -v {STACK_TOOL}"], timeout=30).ok:
-        return [STACK_TOOL]
-    raise OrchError(f"{target.name} has no {STACK_TOOL} (neither in its venv nor on PATH)",
-                    hint=f"install it in the venv: orch exec {target.name} -- "
-                         f"{target.venv or 'VENV'}/bin/pip install {STACK_TOOL}")
+                  [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], tool)
 
 
 def launched_pid(record: RunRecord, target: str) -> int:

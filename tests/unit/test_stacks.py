@@ -5,6 +5,7 @@ pystack parser alone (bounded)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from orchestrator.watch import stacks
+from orchestrator.watch import stacks, stacktool
 from tests.pystackenv import pystack_venv
 
 DEADLOCK = textwrap.dedent('''
@@ -124,16 +125,22 @@ def test_a_deadlock_names_the_holder_inside_its_compile_and_the_waiters(venv, hu
     assert "holds hang.py:compile_lock" in lock["sentence"] and "wait on hang.py:compile_lock" in lock["sentence"]
 
 
-def test_no_pystack_is_a_clear_error(tmp_path):
+def test_a_venv_without_pystack_gets_it_from_orchs_cache_downloaded_for_its_python(hung, tmp_path):
+    """No pystack in the venv nor on PATH, no --wheelhouse: orch downloads the pinned pystack
+    for the target python's tags into its cache here (pip download) and carries it in."""
     inventory = tmp_path / "inventory.yaml"
     venv = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     inventory.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
                          f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
-                          "stacks", "--pid", "1", "-t", "dev"], capture_output=True, text=True,
-                         timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
-    assert out.returncode != 0 and "has no pystack" in out.stderr and "Traceback" not in out.stderr
+                          "stacks", "--pid", str(hung.pid), "-t", "dev", "--json"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"downloading {stacktool.PIN} for cpython" in out.stderr
+    [wheel] = os.listdir(tmp_path / ".cache" / "orch" / "tool-wheels")
+    assert wheel.startswith("pystack-1.7.2-") and wheel[:-4] in json.loads(out.stdout)[0]["tool"]
 
 
 def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tmp_path, monkeypatch):

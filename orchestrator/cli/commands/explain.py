@@ -178,15 +178,19 @@ def _print_candidate(candidate) -> None:
 @click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
               help="With RUN: only these of its targets. With --pid: the container it runs in "
                    "(default: the inventory's default_target).")
+@click.option("--wheelhouse", metavar="DIR", type=click.Path(file_okay=False),
+              help="A folder of wheels here holding a pystack wheel for the target's python, "
+                   "carried in when the target has no pystack (default: orch's cache, filled "
+                   "with pip download).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_app
-def stacks_command(app, run, pid, targets, as_json):
+def stacks_command(app, run, pid, targets, wheelhouse, as_json):
     """Every thread's Python stack of a hung run's live process, and who waits on whom.
 
     Takes the stacks from outside the process with pystack (`python -m pystack remote PID`
-    with the target's venv, else pystack on its PATH; it uses ptrace: root in the
-    container), reads each frame's
-    source with the target's python, and reads the wait graph from it: a thread stopped on a
+    with the target's venv, else pystack on its PATH, else orch carries a pystack wheel that
+    fits the target's python into its own folder there, /var/lib/orch/tools; it uses
+    ptrace: root in the container), reads each frame's source with the target's python, and reads the wait graph from it: a thread stopped on a
     `with LOCK:` line waits for LOCK, a thread inside a `with LOCK:` block holds it. RUN's
     process is the one its last launch started. Exit code: 0 stacks taken, 1 some thread
     waits on a lock (a likely deadlock), other codes for errors (docs/reference/exit-codes.md).
@@ -196,12 +200,13 @@ def stacks_command(app, run, pid, targets, as_json):
       orch stacks                       # the last run's process
       orch stacks 20261129-0915 -t drafters
       orch stacks --pid 4242 -t drafters --json
+      orch stacks --wheelhouse ~/wheels   # a container with no pystack and no internet here
     """
     if pid:
         chosen = app.fleet.targets(targets)
         if len(chosen) != 1:
             raise click.UsageError("--pid names one process in one target")
-        results = [take_stacks(chosen[0], pid)]
+        results = [take_stacks(chosen[0], pid, wheelhouse=wheelhouse, progress=console.info)]
     else:
         with RunStore() as store:
             record = store.get(run)
@@ -210,7 +215,8 @@ def stacks_command(app, run, pid, targets, as_json):
             raise OrchError(f"run {record.run_id} launched nothing"
                             + (f" on {', '.join(targets)}" if targets else ""))
         # with the run's logs: a thread that died holding a lock is named as its holder
-        results = [take_stacks(t, launched_pid(record, t.name), run_logs(record, t))
+        results = [take_stacks(t, launched_pid(record, t.name), run_logs(record, t),
+                               wheelhouse=wheelhouse, progress=console.info)
                    for t in app.fleet.targets(names)]
     if as_json:
         console.print_json([{**vars(r)} for r in results])
