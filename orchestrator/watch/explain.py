@@ -307,7 +307,7 @@ def own_roots(record: RunRecord, target: str) -> list[str]:
 class Stacks:
     target: str
     pid: int
-    threads: list[dict]       # [{tid, name, frames: [{file, line, function, code}]}]
+    threads: list[dict]       # [{tid, name, label, compile, frames: [{file, line, function, code}]}]
     locks: list[dict]         # [{key, holders, waiters, sentence}]
     tool: str = ""
 
@@ -325,7 +325,7 @@ def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None,
                         f"{' '.join(result.stderr_tail(2))}",
                         hint="it reads the process with ptrace: run as root (or with CAP_SYS_PTRACE) "
                              "in the process's own container, and the process must still be alive")
-    threads = stacks.parse_pystack(result.stdout.decode("utf-8", "replace"))
+    threads = stacks.thread_names(stacks.parse_pystack(result.stdout.decode("utf-8", "replace")), pid)
     dead = [tb for log in logs or [] for tb in tracebacks.parse(log.text, log.source, log.worker).tracebacks]
     frames = stacks.stack_frames(threads, dead)
     # the files the process runs itself may be read: they are on its own stacks
@@ -333,7 +333,7 @@ def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None,
     facts = payload_api.explain_frames(target, frames, roots=roots, context=0) if threads else {}
     locks = stacks.wait_graph(threads, facts, dead)
     return Stacks(target.name, int(pid),
-                  [{"tid": t.tid, "name": t.name, "label": t.label,
+                  [{"tid": t.tid, "name": t.name, "label": t.label, "compile": t.compile,
                     "frames": [asdict(f) for f in t.frames]} for t in threads],
                   [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], tool)
 

@@ -13,18 +13,65 @@ import subprocess
 import sys
 import time
 
+import textwrap
+
 import pytest
 import yaml
 
 from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.targets.fleet import Fleet
-from tests.integration.torch_seed import container_root
+from tests.integration.torch_seed import container_root, remove_venv, seed_torch_venv
 from tests.pystackenv import foreign_wheelhouse, pystack_venv, pystack_wheelhouse
 from tests.unit.test_stacks import DEADLOCK
 
 HOST, VMID = "sb2", 201
 NAME = f"{HOST}-{VMID}"
 VENV = "stacks-venv"
+TORCH_VENV = "stacks-torch-venv"
+RUN_DIR = "/root/.orch-stacks-test"
+
+# Real torch 2.13: drafter-0 holds the trainer's lock inside torch.compile, whose backend
+# never returns; drafter-1 reaches the lock while torch.fx symbolically traces a function
+# that takes it; drafter-2 waits on it plainly.
+COMPILE_HANG = textwrap.dedent('''
+    import threading
+    import torch
+    import torch.fx
+
+    compile_lock = threading.Lock()
+    in_backend = threading.Event()
+    never = threading.Event()
+
+    def stuck_backend(gm, example_inputs):
+        in_backend.set()
+        never.wait()                   # a backend compile that never ends
+        return gm.forward
+
+    def first():
+        step = torch.compile(lambda x: x * 2 + 1, backend=stuck_backend)
+        with compile_lock:
+            step(torch.ones(3))
+
+    def traced(x):
+        with compile_lock:             # reached while FX traces this function
+            return x + 1
+
+    def second():
+        in_backend.wait(300)
+        torch.fx.symbolic_trace(traced)
+
+    def third():
+        in_backend.wait(300)
+        with compile_lock:
+            pass
+
+    threads = [threading.Thread(target=f, name=f"drafter-{n}", daemon=True)
+               for n, f in enumerate((first, second, third))]
+    for t in threads: t.start()
+    in_backend.wait(300)
+    print("ready", flush=True)
+    for t in threads: t.join()
+''')
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +80,9 @@ def inventory(sandbox, tmp_path_factory):
     venv = os.path.join(root, VENV)
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run(["cp", "-al", pystack_venv(), venv], check=True)
-    with open(os.path.join(root, "hang.py"), "w") as handle:
-        handle.write(DEADLOCK)
+    for name, text in (("hang.py", DEADLOCK), ("compile_hang.py", COMPILE_HANG)):
+        with open(os.path.join(root, name), "w") as handle:
+            handle.write(text)
     data = yaml.safe_load(sandbox.inventory_path.read_text())
     data["containers"][NAME]["venv"] = f"/root/{VENV}"
     path = tmp_path_factory.mktemp("stacks") / "inventory.yaml"
@@ -44,23 +92,51 @@ def inventory(sandbox, tmp_path_factory):
     (path.parent / "bare.yaml").write_text(yaml.safe_dump(data))
     yield str(path)
     shutil.rmtree(venv, ignore_errors=True)
-    os.unlink(os.path.join(root, "hang.py"))
+    for name in ("hang.py", "compile_hang.py"):
+        os.unlink(os.path.join(root, name))
 
 
-def stacks_of_the_deadlock(inventory: str, python: str, *options: str):
-    """`orch stacks --pid` of hang.py run detached in the container by PYTHON."""
+@pytest.fixture(scope="module")
+def torch_inventory(sandbox, inventory):
+    """The container with a real torch venv, which has no pystack (orch carries it in)."""
+    seed_torch_venv(sandbox, HOST, VMID, TORCH_VENV)
+    data = yaml.safe_load(open(inventory).read())
+    data["containers"][NAME]["venv"] = f"/root/{TORCH_VENV}"
+    path = os.path.join(os.path.dirname(inventory), "torch.yaml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(data, handle)
+    yield path
+    remove_venv(sandbox, HOST, VMID, TORCH_VENV)
+
+
+def stacks_of_the_deadlock(inventory: str, python: str, *options: str, script: str = "hang.py",
+                           sandbox=None):
+    """`orch stacks --pid` of SCRIPT run detached in the container by PYTHON, once it says
+    "ready" in its log (torch takes seconds to import)."""
+    log = os.path.join(container_root(sandbox, HOST, VMID), os.path.basename(RUN_DIR), "output.log") \
+        if sandbox else None
     with Fleet.from_path(inventory) as fleet:
         target = fleet.targets([NAME])[0]
-        run_dir = "/root/.orch-stacks-test"
-        started = launcher(target, "start", run_dir, argv=[python, "/root/hang.py"],
+        started = launcher(target, "start", RUN_DIR, argv=[python, f"/root/{script}"],
                            env={}, venv=None, cwd="/root")
         try:
+            deadline = time.monotonic() + 240
+            while log and time.monotonic() < deadline and "ready" not in _text(log):
+                time.sleep(0.5)
             time.sleep(2.0)                  # threads at their locks
             return subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", inventory,
                                    "stacks", "--pid", str(started["pid"]), "-t", NAME, "--json", *options],
                                   capture_output=True, text=True, timeout=300)
         finally:
-            stop_run(target, run_dir, grace=2.0)
+            stop_run(target, RUN_DIR, grace=2.0)
+
+
+def _text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
 
 
 def assert_the_deadlock_is_read(out) -> dict:
@@ -106,3 +182,24 @@ def test_a_wheel_for_another_machine_is_refused_before_anything_is_pushed(invent
     wheelhouse = os.path.join(root, "var", "lib", "orch", "wheelhouse")
     pushed = os.listdir(wheelhouse) if os.path.isdir(wheelhouse) else []
     assert not any("aarch64" in name for name in pushed), pushed
+
+
+@pytest.mark.torch
+def test_a_thread_stuck_inside_a_real_torch_compile_is_labelled(torch_inventory, sandbox):
+    out = stacks_of_the_deadlock(torch_inventory, f"/root/{TORCH_VENV}/bin/python",
+                                 "--wheelhouse", pystack_wheelhouse(), script="compile_hang.py",
+                                 sandbox=sandbox)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    [result] = json.loads(out.stdout)
+    [lock] = [lock for lock in result["locks"] if lock["key"] == "compile_hang.py:compile_lock"]
+    first, traced, third = [f"compile_hang.py:{n}" for n, line in enumerate(COMPILE_HANG.splitlines(), 1)
+                            if "with compile_lock:" in line]
+    [holder] = lock["holders"]
+    assert holder["where"] == first and holder["compile"] == ["torch._dynamo"]
+    waiting = {w["where"]: w["compile"] for w in lock["waiters"]}
+    assert waiting[third] == []                                          # drafter-2: plain
+    assert "torch.fx" in waiting[traced]                                 # drafter-1: FX tracing
+    assert "inside a compile (torch._dynamo)" in lock["sentence"]
+    in_compile = [t for t in result["threads"] if t["compile"]]
+    assert len(in_compile) == 2 and any("stuck_backend" == f["function"] for t in in_compile
+                                        for f in t["frames"])

@@ -90,6 +90,33 @@ def test_the_parser_reads_threads_frames_and_code():
     assert len(stacks.parse_pystack(many)) == stacks.MAX_THREADS
 
 
+def _thread(tid: int, name: str, *files: str) -> str:
+    return (f"Traceback for thread {tid} ({name}) [] (most recent call last):\n"
+            + "".join(f'    (Python) File "{f}", line 1, in f\n' for f in files) + "\n")
+
+
+def test_thread_names_are_kept_only_when_they_name_the_thread():
+    """Before CPython 3.14 every thread's system name is the process's ("python3"); 3.14 and
+    later set it to the Thread's name, which pystack prints."""
+    old = stacks.thread_names(stacks.parse_pystack(_thread(7, "python3") + _thread(8, "python3")), pid=7)
+    assert [t.label for t in old] == ["thread 7 (python3)", "thread 8"]
+    new = stacks.thread_names(stacks.parse_pystack(_thread(7, "python3.14") + _thread(8, "drafter-0")), pid=7)
+    assert [t.label for t in new] == ["thread 7 (python3.14)", "thread 8 (drafter-0)"]
+
+
+def test_a_stack_inside_torchs_compiler_is_labelled_by_its_parts():
+    site = "/venv/lib/python3.11/site-packages"
+    [dynamo, fx, plain, lookalike] = stacks.parse_pystack(
+        _thread(1, "p", "/run/train.py", f"{site}/torch/_dynamo/eval_frame.py",
+                f"{site}/torch/_inductor/compile_fx.py", f"{site}/torch/_dynamo/utils.py")
+        + _thread(2, "p", f"{site}/torch/fx/_symbolic_trace.py", "/run/train.py")
+        + _thread(3, "p", "/run/train.py", f"{site}/torch/nn/modules/module.py")
+        + _thread(4, "p", "/run/mytorch/fx/graph.py"))
+    assert dynamo.compile == ["torch._dynamo", "torch._inductor"]
+    assert fx.compile == ["torch.fx"] and plain.compile == [] and lookalike.compile == []
+    assert stacks.compile_words(dynamo.compile) == "inside a compile (torch._dynamo, torch._inductor)"
+
+
 @pytest.fixture(scope="module")
 def venv():
     return pystack_venv()

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.store import RunStore
     from orchestrator.watch.explain import (explain, explain_record, launched_pid, launched_targets,
                                             read_log_file, run_logs, take_stacks)
+    from orchestrator.watch.stacks import compile_words
 else:
     explain = lazy("orchestrator.watch.explain", "explain")
     explain_record = lazy("orchestrator.watch.explain", "explain_record")
@@ -25,6 +26,7 @@ else:
     RunStore = lazy("orchestrator.runs.store", "RunStore")
     take_stacks = lazy("orchestrator.watch.explain", "take_stacks")
     launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
+    compile_words = lazy("orchestrator.watch.stacks", "compile_words")
     run_logs = lazy("orchestrator.watch.explain", "run_logs")
 SHOWN_FRAMES = 6          # innermost frames printed with their source; --json has them all
 SHOWN_CANDIDATES = 5
@@ -232,7 +234,8 @@ def _print_stacks(result) -> None:
     for lock in result.locks:
         out.print(f"  [bold red]waits[/]: {esc(lock['sentence'])}")
     for thread in result.threads:
-        out.print(f"\n  [bold]{esc(thread['label'])}[/]")
+        inside = f"  [magenta]{esc(compile_words(thread['compile']))}[/]" if thread["compile"] else ""
+        out.print(f"\n  [bold]{esc(thread['label'])}[/]{inside}")
         for frame in thread["frames"][-SHOWN_FRAMES:]:
             out.print(f"    {esc(frame['file'])}:{frame['line']} in {esc(frame['function'])}"
                       + (f"\n        {esc(frame['code'])}" if frame["code"] else ""))
