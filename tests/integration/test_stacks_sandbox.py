@@ -73,6 +73,23 @@ COMPILE_HANG = textwrap.dedent('''
     for t in threads: t.join()
 ''')
 
+# torchrun with 2 ranks (gloo, CPU): rank 0 is in a "compile" that never ends, so rank 1
+# waits for it in the barrier
+RANKS_HANG = textwrap.dedent('''
+    import time
+    import torch.distributed as dist
+
+    def compile_step():
+        time.sleep(600)
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(f"rank {rank} ready", flush=True)
+    if rank == 0:
+        compile_step()
+    dist.barrier()
+''')
+
 
 @pytest.fixture(scope="module")
 def inventory(sandbox, tmp_path_factory):
@@ -80,7 +97,7 @@ def inventory(sandbox, tmp_path_factory):
     venv = os.path.join(root, VENV)
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run(["cp", "-al", pystack_venv(), venv], check=True)
-    for name, text in (("hang.py", DEADLOCK), ("compile_hang.py", COMPILE_HANG)):
+    for name, text in (("hang.py", DEADLOCK), ("compile_hang.py", COMPILE_HANG), ("ranks_hang.py", RANKS_HANG)):
         with open(os.path.join(root, name), "w") as handle:
             handle.write(text)
     data = yaml.safe_load(sandbox.inventory_path.read_text())
@@ -92,7 +109,7 @@ def inventory(sandbox, tmp_path_factory):
     (path.parent / "bare.yaml").write_text(yaml.safe_dump(data))
     yield str(path)
     shutil.rmtree(venv, ignore_errors=True)
-    for name in ("hang.py", "compile_hang.py"):
+    for name in ("hang.py", "compile_hang.py", "ranks_hang.py"):
         os.unlink(os.path.join(root, name))
 
 
@@ -109,24 +126,28 @@ def torch_inventory(sandbox, inventory):
     remove_venv(sandbox, HOST, VMID, TORCH_VENV)
 
 
-def stacks_of_the_deadlock(inventory: str, python: str, *options: str, script: str = "hang.py",
-                           sandbox=None):
-    """`orch stacks --pid` of SCRIPT run detached in the container by PYTHON, once it says
-    "ready" in its log (torch takes seconds to import)."""
-    log = os.path.join(container_root(sandbox, HOST, VMID), os.path.basename(RUN_DIR), "output.log") \
-        if sandbox else None
+def stacks_of_the_deadlock(inventory: str, python: str, *options: str, sandbox, script: str = "hang.py",
+                           argv: tuple = (), ready: tuple = ("ready",), then: tuple = ()):
+    """`orch stacks --pid` of SCRIPT run detached in the container by PYTHON (or of ARGV),
+    once its log says each of READY (torch takes seconds to import); with THEN, once more
+    with each of its option tuples added, and a list of the outputs."""
+    log = os.path.join(container_root(sandbox, HOST, VMID), os.path.basename(RUN_DIR), "output.log")
+    if os.path.exists(log):
+        os.unlink(log)                       # the launcher appends: an earlier run's "ready"
     with Fleet.from_path(inventory) as fleet:
         target = fleet.targets([NAME])[0]
-        started = launcher(target, "start", RUN_DIR, argv=[python, f"/root/{script}"],
+        started = launcher(target, "start", RUN_DIR, argv=list(argv) or [python, f"/root/{script}"],
                            env={}, venv=None, cwd="/root")
         try:
             deadline = time.monotonic() + 240
-            while log and time.monotonic() < deadline and "ready" not in _text(log):
+            while time.monotonic() < deadline and not all(r in _text(log) for r in ready):
                 time.sleep(0.5)
             time.sleep(2.0)                  # threads at their locks
-            return subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", inventory,
-                                   "stacks", "--pid", str(started["pid"]), "-t", NAME, "--json", *options],
-                                  capture_output=True, text=True, timeout=300)
+            outs = [subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", inventory,
+                                    "stacks", "--pid", str(started["pid"]), "-t", NAME, "--json", *options,
+                                    *more], capture_output=True, text=True, timeout=300)
+                    for more in [()] + list(then)]
+            return (outs if then else outs[0]), started["pid"]
         finally:
             stop_run(target, RUN_DIR, grace=2.0)
 
@@ -150,8 +171,8 @@ def assert_the_deadlock_is_read(out) -> dict:
     return result
 
 
-def test_stacks_of_a_deadlock_in_a_container(inventory):
-    out = stacks_of_the_deadlock(inventory, f"/root/{VENV}/bin/python")
+def test_stacks_of_a_deadlock_in_a_container(inventory, sandbox):
+    out, _ = stacks_of_the_deadlock(inventory, f"/root/{VENV}/bin/python", sandbox=sandbox)
     assert_the_deadlock_is_read(out)
 
 
@@ -159,13 +180,15 @@ def test_a_container_without_pystack_gets_it_carried_in(inventory, sandbox):
     tools = os.path.join(os.path.dirname(container_root(sandbox, HOST, VMID)), "var", "lib", "orch", "tools")
     shutil.rmtree(tools, ignore_errors=True)         # a first time: nothing of orch's there yet
     bare = os.path.join(os.path.dirname(inventory), "bare.yaml")
-    out = stacks_of_the_deadlock(bare, "/usr/bin/python3", "--wheelhouse", pystack_wheelhouse())
+    out, _ = stacks_of_the_deadlock(bare, "/usr/bin/python3", "--wheelhouse", pystack_wheelhouse(),
+                                    sandbox=sandbox)
     result = assert_the_deadlock_is_read(out)
     assert "has no pystack: carrying pystack-1.7.2-cp311" in out.stderr
     [folder] = os.listdir(tools)
     assert folder.startswith("pystack-1.7.2-cp311-cp311-") and folder in result["tool"]
     assert os.path.isfile(os.path.join(tools, folder, "pystack", "__main__.py"))
-    again = stacks_of_the_deadlock(bare, "/usr/bin/python3", "--wheelhouse", pystack_wheelhouse())
+    again, _ = stacks_of_the_deadlock(bare, "/usr/bin/python3", "--wheelhouse", pystack_wheelhouse(),
+                                    sandbox=sandbox)
     assert_the_deadlock_is_read(again)
     assert "pushing wheel" not in again.stderr      # already there: checked by sha256, not sent
 
@@ -186,7 +209,7 @@ def test_a_wheel_for_another_machine_is_refused_before_anything_is_pushed(invent
 
 @pytest.mark.torch
 def test_a_thread_stuck_inside_a_real_torch_compile_is_labelled(torch_inventory, sandbox):
-    out = stacks_of_the_deadlock(torch_inventory, f"/root/{TORCH_VENV}/bin/python",
+    out, _ = stacks_of_the_deadlock(torch_inventory, f"/root/{TORCH_VENV}/bin/python",
                                  "--wheelhouse", pystack_wheelhouse(), script="compile_hang.py",
                                  sandbox=sandbox)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
@@ -203,3 +226,22 @@ def test_a_thread_stuck_inside_a_real_torch_compile_is_labelled(torch_inventory,
     in_compile = [t for t in result["threads"] if t["compile"]]
     assert len(in_compile) == 2 and any("stuck_backend" == f["function"] for t in in_compile
                                         for f in t["frames"])
+
+
+@pytest.mark.torch
+def test_under_a_real_torchrun_each_ranks_worker_is_read(torch_inventory, sandbox):
+    python = f"/root/{TORCH_VENV}/bin/python"
+    argv = (python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "/root/ranks_hang.py")
+    ready = ("rank 0 ready", "rank 1 ready")
+    (out, one, missing), torchrun = stacks_of_the_deadlock(
+        torch_inventory, python, "--wheelhouse", pystack_wheelhouse(), argv=argv, ready=ready,
+        sandbox=sandbox, then=(("--rank", "1"), ("--rank", "5")))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    results = json.loads(out.stdout)
+    assert [(r["rank"], r["world_size"], r["launcher_pid"]) for r in results] == [(0, 2, torchrun), (1, 2, torchrun)]
+    assert all(r["pid"] != torchrun for r in results)
+    functions = [{f["function"] for t in r["threads"] for f in t["frames"]} for r in results]
+    assert "compile_step" in functions[0] and "barrier" in functions[1]
+    assert [r["rank"] for r in json.loads(one.stdout)] == [1], one.stderr
+    assert missing.returncode != 0 and "has no rank 5 below it (its ranks: 0, 1)" in missing.stderr

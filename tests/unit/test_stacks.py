@@ -212,3 +212,39 @@ def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tm
     assert holder["inside"].startswith("DIED there with RuntimeError: inductor failed")
     assert len(lock["waiters"]) == 2
     assert lock["sentence"].startswith("drafter-0 (dead) holds died.py:compile_lock")
+
+
+FAKE_AGENT = textwrap.dedent('''
+    import os, subprocess, sys, time
+    env = dict(os.environ, TORCHELASTIC_RUN_ID="x", WORLD_SIZE="2")
+    # rank 0 starts a child of its own (a DataLoader worker: the same RANK inherited)
+    grandchild = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    workers = [subprocess.Popen([sys.executable, "-c", grandchild if rank == 0 else "import time; time.sleep(60)"],
+                                env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in (1, 0)]
+    print(" ".join(str(w.pid) for w in workers), flush=True)
+    time.sleep(60)
+''')
+
+
+def test_the_rank_workers_below_a_torchrun_like_agent_are_found(tmp_path):
+    """The rank_procs payload on a real process tree: two workers with torchrun's variables
+    below the agent, and rank 0's own child (same RANK) left out."""
+    from orchestrator.remote.container import Target
+    from orchestrator.remote.local import LocalTransport
+    from orchestrator.remote.payload_api import rank_processes
+
+    agent = subprocess.Popen([sys.executable, "-c", FAKE_AGENT], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        one, zero = (int(p) for p in agent.stdout.readline().split())
+        time.sleep(0.5)                              # rank 0's child started
+        found = rank_processes(Target("dev", LocalTransport("here")), agent.pid)
+        assert found["alive"] is True
+        assert [(r["rank"], r["pid"], r["ppid"], r["local_rank"], r["world_size"]) for r in found["ranks"]] == \
+            [(0, zero, agent.pid, 0, 2), (1, one, agent.pid, 1, 2)]
+        plain = rank_processes(Target("dev", LocalTransport("here")), zero)
+        assert plain["ranks"] == []                  # below a worker: no ranks of their own
+    finally:
+        os.killpg(agent.pid, 9)
+        agent.wait()
+    assert rank_processes(Target("dev", LocalTransport("here")), agent.pid)["alive"] is False
