@@ -23,8 +23,9 @@ list     makes the wheelhouse folder root's own (0700, see _statedir) or refuses
          `sizes` (what needs no upload).
 platform what this python is, for the controller's choice of a wheel with a native
          extension: {"implementation": "cpython", "python": "3.11", "machine": "x86_64",
-         "libc": "glibc", "libc_version": "2.36"}; with "dest": whether DEST already holds
-         an unpacked wheel ({"unpacked": {"wheel": NAME, "sha256": ...}} or null).
+         "libc": "glibc", "libc_version": "2.36"}; with "tools": the wheels already
+         unpacked in that folder's subfolders ({"unpacked": {FOLDER: {"wheel", "sha256"}}}),
+         so a second run pushes and unpacks nothing.
 unpack   a pushed wheel ("wheel": path in the wheelhouse, "sha256") unpacked into its own
          folder "dest" (0700, under STATE_DIR), for `python -c ... sys.path.insert(0, DEST)`:
          a tool orch runs without installing it into the user's venv. The wheel is checked
@@ -336,11 +337,25 @@ def machine():
 
 def describe_platform(args):
     name, version = libc()
-    unpacked = None
-    if args.get("dest"):
-        unpacked = read_unpacked(os.path.expanduser(args["dest"]))
     emit("result", implementation=sys.implementation.name, python="%d.%d" % sys.version_info[:2],
-         machine=machine(), libc=name, libc_version=version, unpacked=unpacked)
+         machine=machine(), libc=name, libc_version=version,
+         unpacked=unpacked_in(os.path.expanduser(args["tools"])) if args.get("tools") else {})
+
+
+def unpacked_in(tools):
+    """{folder name: marker} of the unpacked wheels in TOOLS; none when the folder is not
+    there or is not one root alone controls (unpack then says why)."""
+    try:
+        if payload_folder(tools, create=False) is None:
+            return {}
+    except UnsafePath:
+        return {}
+    found = {}
+    for name in sorted(os.listdir(tools))[:200]:
+        marker = read_unpacked(os.path.join(tools, name))
+        if marker and not os.path.islink(os.path.join(tools, name)):
+            found[name] = marker
+    return found
 
 
 def read_unpacked(dest):

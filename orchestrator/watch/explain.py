@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import OrchError
+from orchestrator.ground.errors import BadArgument, OrchError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import RunRecord
@@ -329,7 +329,7 @@ def stacks_of(target: Target, pid: int, logs: Optional[list[LogText]] = None,
         workers = [w for w in workers if w["rank"] == rank]
         if not workers:
             ranks = ", ".join(str(w["rank"]) for w in found.get("ranks") or []) or "none: it is no torchrun"
-            raise OrchError(f"{target.name}: process {pid} has no rank {rank} below it (its ranks: {ranks})")
+            raise BadArgument(f"{target.name}: process {pid} has no rank {rank} below it (its ranks: {ranks})")
     tool = stack_command(target, wheelhouse, progress)
     if not workers:
         return [take_stacks(target, pid, logs, tool=tool)]

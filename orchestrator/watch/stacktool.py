@@ -20,7 +20,7 @@ import subprocess
 import sys
 from typing import Callable, Optional
 
-from orchestrator.ground.errors import OrchError
+from orchestrator.ground.errors import BadArgument, OrchError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.remote.wheels import Platform, file_sha256, fitting_wheel, push_wheels
@@ -52,12 +52,15 @@ def carried(target: Target, python: str, wheelhouse: Optional[str],
     """The folder in TARGET holding an unpacked pystack wheel that fits PYTHON; pushed and
     unpacked when it is not there yet."""
     tools = f"{target.state_dir()}/tools"
-    facts = payload_api.bootstrap(target, "platform", python=python, timeout=120)
+    facts = payload_api.bootstrap(target, "platform", python=python, timeout=120, tools=tools)
     platform = Platform.from_facts(facts)
     wheel = _wheel_for(platform, wheelhouse, progress, where=f"{target.name}'s {python}")
     name = os.path.basename(wheel)
-    dest = f"{tools}/{name[:-len('.whl')]}"
+    folder = name[:-len(".whl")]
+    dest = f"{tools}/{folder}"
     digest = file_sha256(wheel)
+    if ((facts.get("unpacked") or {}).get(folder) or {}).get("sha256") == digest:
+        return dest                  # carried in by an earlier run: nothing to push
     remote_dir = f"{target.state_dir()}/wheelhouse"
     progress(f"{target.name} has no {TOOL}: carrying {name} to {dest}")
     push_wheels(target, os.path.dirname(wheel), [name], remote_dir, progress,
@@ -72,16 +75,18 @@ def _wheel_for(platform: Platform, wheelhouse: Optional[str], progress: Callable
     """A pystack wheel for PLATFORM: from WHEELHOUSE when given (only from there), else from
     orch's cache, downloaded into it first when none there fits."""
     if platform.implementation != "cpython":
-        raise OrchError(f"{where} is {platform.describe()}: pystack reads CPython processes "
+        raise BadArgument(f"{where} is {platform.describe()}: pystack reads CPython processes "
                         "only and runs on CPython")
     folder = os.path.expanduser(wheelhouse or WHEEL_CACHE)
+    if wheelhouse and not os.path.isdir(folder):
+        raise BadArgument(f"--wheelhouse {wheelhouse}: no such folder here")
     found, misfits = fitting_wheel(folder, TOOL, platform)
     if found is None and not wheelhouse:
         _download(folder, platform, progress)
         found, misfits = fitting_wheel(folder, TOOL, platform)
     if found is None:
         why = ("; ".join(misfits[:4]) if misfits else f"it holds no {TOOL} wheel")
-        raise OrchError(f"no {TOOL} wheel in {folder} fits {where} ({platform.describe()}): {why}",
+        raise BadArgument(f"no {TOOL} wheel in {folder} fits {where} ({platform.describe()}): {why}",
                         hint="put one for it there: " + " ".join(
                             ["pip", *download_argv(folder, platform, _short_platforms(platform))[3:]]))
     return found

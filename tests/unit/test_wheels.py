@@ -84,6 +84,8 @@ def test_a_real_wheel_is_unpacked_once_into_its_own_folder(pushed, tmp_path):
     assert json.loads((dest / ".orch-unpacked.json").read_text())["wheel"] == NAME
     assert stat.S_IMODE(os.stat(dest.parent).st_mode) == 0o700
     assert bootstrap(here(), "unpack", **args)["changed"] is False
+    unpacked = bootstrap(here(), "platform", python=sys.executable, tools=str(dest.parent))["unpacked"]
+    assert unpacked == {NAME[:-4]: {"wheel": NAME, "sha256": args["sha256"]}}
     assert [p for p in os.listdir(dest.parent) if p.endswith(".part")] == []
 
 

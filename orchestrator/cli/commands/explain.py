@@ -198,8 +198,10 @@ def stacks_command(app, run, pid, targets, rank, wheelhouse, as_json):
     and reads the wait graph from it: a thread stopped on a `with LOCK:` line waits for
     LOCK, a thread inside a `with LOCK:` block holds it; a thread inside torch.compile,
     dynamo, inductor or FX tracing is labelled so. RUN's process is the one its last launch
-    started; when that is torchrun, the stacks are its rank workers' (--rank N: one). Exit code: 0 stacks taken, 1 some thread
-    waits on a lock (a likely deadlock), other codes for errors (docs/reference/exit-codes.md).
+    started; when that is torchrun, the stacks are its rank workers' (--rank N: one).
+    Exit code: 0 stacks taken, 1 some thread waits on a lock (a likely deadlock), 2 a
+    --wheelhouse, --rank or wheel that does not fit, other codes for errors
+    (docs/reference/exit-codes.md).
 
     \b
     Examples:
