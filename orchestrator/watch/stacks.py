@@ -107,13 +107,18 @@ def parse_pystack(text: str) -> list[ThreadStack]:
 @dataclass
 class Lock:
     key: str                  # relpath:expression, the name the source gives it
-    holders: list[dict]       # [{thread, where, inside, compile}]: inside = its innermost frame
+    holders: list[dict]       # [{thread, where, inside, compile, died}]: inside = its innermost
+    #                           frame; died = "Exception: message" of a thread that died
     waiters: list[dict]       # [{thread, where, compile}]; compile: compile_parts of its stack
 
     def sentence(self) -> str:
         name = self.key
         parts = []
         for h in self.holders:
+            if h.get("died"):     # the H200's story: "X died inside a compile holding L"
+                parts.append(f"{h['thread']} died" + (f" {compile_words(h['compile'])}" if h.get("compile") else "")
+                             + f" holding {name} ({h['where']}): {h['died']}")
+                continue
             parts.append(f"{h['thread']} holds {name} ({h['where']}), now in {h['inside']}"
                          + (f", {compile_words(h['compile'])}" if h.get("compile") else ""))
         if self.waiters:
@@ -139,9 +144,11 @@ def wait_graph(threads: list[ThreadStack], facts: dict,
         innermost = thread.frames[-1] if thread.frames else None
         inside = (f"{innermost.function} ({posixpath.basename(innermost.file)}:{innermost.line})"
                   if innermost else "?")
+        death = ""
         if thread in died:
             tb = dead[died.index(thread)]
-            inside = f"DIED there with {tb.exception}: {tb.message[:120]}"
+            death = f"{tb.exception}: {tb.message[:120]}"
+            inside = f"DIED there with {death}"
         for frame in thread.frames:
             seen = by_frame.get((frame.file, frame.line)) or {}
             info = files.get(frame.file) or {}
@@ -157,7 +164,7 @@ def wait_graph(threads: list[ThreadStack], facts: dict,
                                          "compile": thread.compile})
                 elif not block["entering"]:
                     lock.holders.append({"thread": thread.label, "where": where, "inside": inside,
-                                         "compile": thread.compile})
+                                         "compile": thread.compile, "died": death})
     return [lock for lock in locks.values() if lock.waiters]
 
 

@@ -73,6 +73,38 @@ COMPILE_HANG = textwrap.dedent('''
     for t in threads: t.join()
 ''')
 
+# Real torch 2.13: drafter-0 takes the trainer's lock with acquire() and dies inside
+# torch.compile (its backend raises); the other two wait on the lock forever: the H200's
+# one-drafter-errored-others-silent run.
+DIED_IN_COMPILE = textwrap.dedent('''
+    import threading
+    import torch
+
+    compile_lock = threading.Lock()
+    taken = threading.Event()
+
+    def failing_backend(gm, example_inputs):
+        raise RuntimeError("inductor failed in the compile")
+
+    def first():
+        step = torch.compile(lambda x: x * 2 + 1, backend=failing_backend)
+        compile_lock.acquire()
+        taken.set()
+        step(torch.ones(3))
+
+    def others():
+        taken.wait(300)
+        with compile_lock:
+            pass
+
+    threads = [threading.Thread(target=first, name="drafter-0", daemon=True)]
+    threads += [threading.Thread(target=others, name=f"drafter-{n}", daemon=True) for n in (1, 2)]
+    for t in threads: t.start()
+    threads[0].join()
+    print("ready", flush=True)
+    for t in threads: t.join()
+''')
+
 # torchrun with 2 ranks (gloo, CPU): rank 0 is in a "compile" that never ends, so rank 1
 # waits for it in the barrier
 RANKS_HANG = textwrap.dedent('''
@@ -97,7 +129,8 @@ def inventory(sandbox, tmp_path_factory):
     venv = os.path.join(root, VENV)
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run(["cp", "-al", pystack_venv(), venv], check=True)
-    for name, text in (("hang.py", DEADLOCK), ("compile_hang.py", COMPILE_HANG), ("ranks_hang.py", RANKS_HANG)):
+    for name, text in (("hang.py", DEADLOCK), ("compile_hang.py", COMPILE_HANG), ("ranks_hang.py", RANKS_HANG),
+                       ("died_in_compile.py", DIED_IN_COMPILE)):
         with open(os.path.join(root, name), "w") as handle:
             handle.write(text)
     data = yaml.safe_load(sandbox.inventory_path.read_text())
@@ -109,7 +142,7 @@ def inventory(sandbox, tmp_path_factory):
     (path.parent / "bare.yaml").write_text(yaml.safe_dump(data))
     yield str(path)
     shutil.rmtree(venv, ignore_errors=True)
-    for name in ("hang.py", "compile_hang.py", "ranks_hang.py"):
+    for name in ("hang.py", "compile_hang.py", "ranks_hang.py", "died_in_compile.py"):
         os.unlink(os.path.join(root, name))
 
 
@@ -239,9 +272,58 @@ def test_under_a_real_torchrun_each_ranks_worker_is_read(torch_inventory, sandbo
         sandbox=sandbox, then=(("--rank", "1"), ("--rank", "5")))
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     results = json.loads(out.stdout)
-    assert [(r["rank"], r["world_size"], r["launcher_pid"]) for r in results] == [(0, 2, torchrun), (1, 2, torchrun)]
+    assert [(r["rank"], r["world_size"], r["launcher_pid"]) for r in results] == \
+        [(0, 2, torchrun), (1, 2, torchrun)], out.stderr
     assert all(r["pid"] != torchrun for r in results)
     functions = [{f["function"] for t in r["threads"] for f in t["frames"]} for r in results]
-    assert "compile_step" in functions[0] and "barrier" in functions[1]
+    assert "compile_step" in functions[0] and "barrier" in functions[1], functions
     assert [r["rank"] for r in json.loads(one.stdout)] == [1], one.stderr
     assert missing.returncode == 2 and "has no rank 5 below it (its ranks: 0, 1)" in missing.stderr
+
+
+@pytest.mark.torch
+def test_a_run_whose_drafter_died_inside_a_real_compile_holding_the_lock(torch_inventory, sandbox,
+                                                                        tmp_path, monkeypatch):
+    """`orch stacks RUN`: the live stacks show two waiters and no holder; the run's log has
+    drafter-0's traceback from inside torch.compile, whose frame took the lock and never
+    let it go: "drafter-0 (dead) died inside a compile (torch._dynamo) holding ..."."""
+    from orchestrator.runs.model import RunRecord, StepResult
+    from orchestrator.runs.store import RunStore
+
+    python = f"/root/{TORCH_VENV}/bin/python"
+    log = os.path.join(container_root(sandbox, HOST, VMID), os.path.basename(RUN_DIR), "output.log")
+    if os.path.exists(log):
+        os.unlink(log)
+    monkeypatch.setenv("ORCH_DATA_DIR", str(tmp_path / "data"))
+    with Fleet.from_path(torch_inventory) as fleet:
+        target = fleet.targets([NAME])[0]
+        argv = [python, "/root/died_in_compile.py"]
+        started = launcher(target, "start", RUN_DIR, argv=argv, env={}, venv=None, cwd="/root")
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and "ready" not in _text(log):
+                time.sleep(0.5)
+            time.sleep(1.0)
+            record = RunRecord(run_id="20261202-0400-abcdef", playbook="p.yaml", playbook_sha256="", name="p")
+            record.steps.append(StepResult("launch", "launch", NAME, "changed",
+                                           data={"run_dir": RUN_DIR, "pid": started["pid"], "argv": argv}))
+            with RunStore() as store:
+                store.begin(record)
+                store.save_step(record.run_id, record.steps[0])
+            out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", torch_inventory,
+                                  "stacks", "last", "--json", "--wheelhouse", pystack_wheelhouse()],
+                                 capture_output=True, text=True, timeout=300)
+        finally:
+            stop_run(target, RUN_DIR, grace=2.0)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    [result] = json.loads(out.stdout)
+    [lock] = [lock for lock in result["locks"] if lock["key"] == "died_in_compile.py:compile_lock"]
+    [holder] = lock["holders"]
+    assert holder["thread"] == "drafter-0 (dead)" and "torch._dynamo" in holder["compile"]
+    # torch 2.13 prints the backend's error on the message's second line, which is not read
+    assert holder["died"] == "torch._dynamo.exc.BackendCompilerFailed: backend='failing_backend' raised:"
+    assert lock["sentence"].startswith("drafter-0 (dead) died inside a compile (torch._dynamo")
+    assert " holding died_in_compile.py:compile_lock (" in lock["sentence"]
+    [waiting] = [n for n, line in enumerate(DIED_IN_COMPILE.splitlines(), 1) if "with compile_lock:" in line]
+    assert len(lock["waiters"]) == 2 and lock["sentence"].endswith(
+        f"wait on died_in_compile.py:compile_lock (died_in_compile.py:{waiting})")

@@ -211,7 +211,8 @@ def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tm
     assert holder["thread"] == "drafter-0 (dead)" and holder["where"] == "died.py:10"
     assert holder["inside"].startswith("DIED there with RuntimeError: inductor failed")
     assert len(lock["waiters"]) == 2
-    assert lock["sentence"].startswith("drafter-0 (dead) holds died.py:compile_lock")
+    assert lock["sentence"].startswith("drafter-0 (dead) died holding died.py:compile_lock (died.py:10): "
+                                       "RuntimeError: inductor failed in the compile; ")
 
 
 FAKE_AGENT = textwrap.dedent('''
