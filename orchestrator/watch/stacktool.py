@@ -20,6 +20,7 @@ import subprocess
 import sys
 from typing import Callable, Optional
 
+from orchestrator.ground import invocation
 from orchestrator.ground.errors import BadArgument, OrchError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
@@ -77,7 +78,8 @@ def _wheel_for(platform: Platform, wheelhouse: Optional[str], progress: Callable
     if platform.implementation != "cpython":
         raise BadArgument(f"{where} is {platform.describe()}: pystack reads CPython processes "
                         "only and runs on CPython")
-    folder = os.path.expanduser(wheelhouse or WHEEL_CACHE)
+    # the user's own paths (through the warm agent too: its cwd and HOME are not the user's)
+    folder = invocation.current().path(wheelhouse or WHEEL_CACHE)
     if wheelhouse and not os.path.isdir(folder):
         raise BadArgument(f"--wheelhouse {wheelhouse}: no such folder here")
     found, misfits = fitting_wheel(folder, TOOL, platform)
