@@ -323,7 +323,7 @@ def stacks_of(target: Target, pid: int, logs: Optional[list[LogText]] = None,
     found = payload_api.rank_processes(target, pid)
     if not found.get("alive"):
         raise OrchError(f"{target.name}: process {pid} is not running (the run has ended?)",
-                        hint="`orch status` shows the run's state; `orch explain` reads a dead run's logs")
+                        hint="`orch runs show RUN` shows the run's state; `orch explain RUN` reads a dead run's logs")
     workers = found.get("ranks") or []
     if rank is not None:
         workers = [w for w in workers if w["rank"] == rank]

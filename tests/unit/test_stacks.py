@@ -249,3 +249,16 @@ def test_the_rank_workers_below_a_torchrun_like_agent_are_found(tmp_path):
         os.killpg(agent.pid, 9)
         agent.wait()
     assert rank_processes(Target("dev", LocalTransport("here")), agent.pid)["alive"] is False
+
+
+def test_a_process_that_is_gone_is_said_so_before_pystack_is_looked_for(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\n"
+                         "default_target: dev\n")
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
+                          "stacks", "--pid", str(gone.pid), "-t", "dev"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"process {gone.pid} is not running" in out.stderr
