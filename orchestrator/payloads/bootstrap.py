@@ -21,21 +21,38 @@ install  creates the venv when missing, runs pip (each output line a "pip" event
 list     makes the wheelhouse folder root's own (0700, see _statedir) or refuses an unsafe
          one; returns its files with their sizes, and the sha256 of those whose size is in
          `sizes` (what needs no upload).
+platform what this python is, for the controller's choice of a wheel with a native
+         extension: {"implementation": "cpython", "python": "3.11", "machine": "x86_64",
+         "libc": "glibc", "libc_version": "2.36"}; with "tools": the wheels already
+         unpacked in that folder's subfolders ({"unpacked": {FOLDER: {"wheel", "sha256"}}}),
+         so a second run pushes and unpacks nothing.
+unpack   a pushed wheel ("wheel": path in the wheelhouse, "sha256") unpacked into its own
+         folder "dest" (0700, under STATE_DIR), for `python -c ... sys.path.insert(0, DEST)`:
+         a tool orch runs without installing it into the user's venv. The wheel is checked
+         against its sha256 first; members are written only below DEST (no absolute names,
+         no `..`, no links), at most MAX_UNPACKED bytes; the folder is filled under a
+         temporary name and renamed into place, so a half-unpacked one is never used.
 """
 
 import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 import time
+import zipfile
 
 from _protocol import *  # orch: inlined when shipped
 from _statedir import *  # orch: inlined when shipped
 
 MARKER = ".orch-bootstrap.json"
+UNPACKED = ".orch-unpacked.json"      # in an unpacked wheel's folder: which wheel, its sha256
+MAX_UNPACKED = 1 << 30                # bytes one unpacked wheel may hold
+MAX_MEMBERS = 20000
 
 
 def venv_python(venv):
@@ -292,11 +309,147 @@ def list_dir(args):
     emit("result", dir=folder, files=files)
 
 
+def libc():
+    """The C library this python runs on and its version: glibc from confstr, musl from its
+    loader's own words (`ld-musl-ARCH.so.1` prints "Version 1.2.4" on stderr)."""
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        return name, version
+    except (AttributeError, OSError, ValueError):
+        pass
+    loader = "/lib/ld-musl-%s.so.1" % machine()
+    if os.path.exists(loader):
+        try:
+            words = subprocess.run([loader], capture_output=True, text=True, timeout=30).stderr
+        except (OSError, subprocess.TimeoutExpired):
+            words = ""
+        for line in words.splitlines():
+            if line.startswith("Version "):
+                return "musl", line.split()[1]
+        return "musl", ""
+    return "", ""
+
+
+def machine():
+    """The machine this python is built for (a 32-bit python on a 64-bit kernel says i686)."""
+    return sysconfig.get_platform().split("-", 1)[-1]
+
+
+def describe_platform(args):
+    name, version = libc()
+    emit("result", implementation=sys.implementation.name, python="%d.%d" % sys.version_info[:2],
+         machine=machine(), libc=name, libc_version=version,
+         unpacked=unpacked_in(os.path.expanduser(args["tools"])) if args.get("tools") else {})
+
+
+def unpacked_in(tools):
+    """{folder name: marker} of the unpacked wheels in TOOLS; none when the folder is not
+    there or is not one root alone controls (unpack then says why)."""
+    try:
+        if payload_folder(tools, create=False) is None:
+            return {}
+    except UnsafePath:
+        return {}
+    found = {}
+    for name in sorted(os.listdir(tools))[:200]:
+        marker = read_unpacked(os.path.join(tools, name))
+        if marker and not os.path.islink(os.path.join(tools, name)):
+            found[name] = marker
+    return found
+
+
+def read_unpacked(dest):
+    try:
+        with open(os.path.join(dest, UNPACKED)) as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def member_path(name, dest):
+    """Where a wheel's member goes below dest, or None for a member not unpacked (the
+    .data folder's scripts and headers). Refuses a name that would leave dest."""
+    parts = name.split("/")
+    if name.startswith("/") or "\\" in name or ".." in parts or "" in parts[:-1]:
+        fail("the wheel's member %r would be written outside its folder: not unpacking" % name,
+             kind="bad-wheel")
+    if parts[0].endswith(".data"):
+        if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+            return None
+        parts = parts[2:]
+    return os.path.join(dest, *parts) if parts[-1] else None
+
+
+def unpack(args):
+    wheel, dest = args["wheel"], os.path.expanduser(args["dest"])
+    checked_folder(os.path.dirname(wheel), create=False)
+    verify_wheel(wheel, args.get("sha256"))
+    parent = os.path.dirname(dest)
+    try:
+        payload_folder(parent, create=True)
+    except UnsafePath as error:
+        fail("unsafe folder for orch's tools: %s" % error, kind="unsafe-path")
+    found = read_unpacked(dest)
+    if found and found.get("sha256") == args["sha256"]:
+        emit("result", dest=dest, changed=False)
+        return
+    work = os.path.join(parent, ".%s.%s.part" % (os.path.basename(dest), os.urandom(6).hex()))
+    os.mkdir(work, 0o700)
+    try:
+        extract(wheel, work)
+        with open(os.path.join(work, UNPACKED), "w") as handle:
+            json.dump({"wheel": os.path.basename(wheel), "sha256": args["sha256"]}, handle)
+        if os.path.lexists(dest):
+            old = work + ".old"
+            os.rename(dest, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(work, dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    emit("result", dest=dest, changed=True)
+
+
+def extract(wheel, folder):
+    total = 0
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            members = archive.infolist()
+            if len(members) > MAX_MEMBERS:
+                fail("%s has %d members, more than orch unpacks (%d)" % (wheel, len(members), MAX_MEMBERS),
+                     kind="bad-wheel")
+            for member in members:
+                kind = stat.S_IFMT(member.external_attr >> 16)
+                if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+                    fail("the wheel's member %r is not a plain file: not unpacking" % member.filename,
+                         kind="bad-wheel")
+                path = member_path(member.filename, folder)
+                if path is None or member.is_dir():
+                    continue
+                total += member.file_size
+                if total > MAX_UNPACKED:
+                    fail("%s unpacks to more than %d bytes: not unpacking" % (wheel, MAX_UNPACKED),
+                         kind="bad-wheel")
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                mode = 0o755 if (member.external_attr >> 16) & 0o111 else 0o644
+                with archive.open(member) as source, open(path, "xb") as sink:
+                    shutil.copyfileobj(source, sink, 1 << 20)
+                os.chmod(path, mode)
+    except (zipfile.BadZipFile, OSError) as error:
+        fail("%s cannot be unpacked: %s" % (wheel, error), kind="bad-wheel")
+
+
 def main():
     args = json.loads(sys.argv[1])
     action = args.get("action")
     if action == "list":
         list_dir(args)
+        return
+    if action == "platform":
+        describe_platform(args)
+        return
+    if action == "unpack":
+        unpack(args)
         return
     venv = os.path.abspath(os.path.expanduser(args["venv"]))
     if action == "check":

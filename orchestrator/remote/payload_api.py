@@ -183,6 +183,12 @@ def explain_frames(target: Target, frames: list[dict], roots: Optional[list] = N
                        timeout=READ_TIMEOUT, args_on_stdin=True)
 
 
+def rank_processes(target: Target, pid: int) -> dict:
+    """The torchrun rank workers below process PID (payloads/rank_procs.py): {alive, ranks}."""
+    return run_payload(target, "rank_procs", {"pid": int(pid)}, python=SYSTEM_PYTHON,
+                       timeout=READ_TIMEOUT)
+
+
 def fx_patch(target: Target, action: str, patch_set: str = "fx-tls") -> dict:
     """An fx patch set (fx-tls: the FX tracing flag; fx-threads: every FX state threads share):
     status, diff, apply or revert. Raises PatchBusy when another action holds the tree."""

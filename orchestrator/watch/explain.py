@@ -20,14 +20,15 @@ import json
 import os
 import posixpath
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import OrchError
+from orchestrator.ground.errors import BadArgument, OrchError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import RunRecord
 from orchestrator.watch import stacks, tracebacks
+from orchestrator.watch.stacktool import stack_command
 from orchestrator.watch.suspects import (Candidate, Remedy, applied_notes, facts_by_frame, patch_rows,
                                          rank, remedies)
 from orchestrator.watch.torchrun import RANK_LOG_DIR
@@ -302,53 +303,68 @@ def own_roots(record: RunRecord, target: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ a hung run
-STACK_TOOL = "pystack"        # pystack remote PID: every thread's Python stack, from outside
-
-
 @dataclass
 class Stacks:
     target: str
     pid: int
-    threads: list[dict]       # [{tid, name, frames: [{file, line, function, code}]}]
+    threads: list[dict]       # [{tid, name, label, compile, frames: [{file, line, function, code}]}]
     locks: list[dict]         # [{key, holders, waiters, sentence}]
     tool: str = ""
+    rank: Optional[int] = None        # under torchrun: the worker's RANK (and its launcher)
+    world_size: Optional[int] = None
+    launcher_pid: Optional[int] = None
 
 
-def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None) -> Stacks:
+def stacks_of(target: Target, pid: int, logs: Optional[list[LogText]] = None,
+              rank: Optional[int] = None, wheelhouse: Optional[str] = None,
+              progress: Callable[[str], None] = lambda line: None) -> list[Stacks]:
+    """PID's stacks; when PID is torchrun (its rank workers below it, payloads/rank_procs.py),
+    each rank worker's instead, or only RANK's."""
+    found = payload_api.rank_processes(target, pid)
+    if not found.get("alive"):
+        raise OrchError(f"{target.name}: process {pid} is not running (the run has ended?)",
+                        hint="`orch runs show RUN` shows the run's state; `orch explain RUN` reads a dead run's logs")
+    workers = found.get("ranks") or []
+    if rank is not None:
+        workers = [w for w in workers if w["rank"] == rank]
+        if not workers:
+            ranks = ", ".join(str(w["rank"]) for w in found.get("ranks") or []) or "none: it is no torchrun"
+            raise BadArgument(f"{target.name}: process {pid} has no rank {rank} below it (its ranks: {ranks})")
+    tool = stack_command(target, wheelhouse, progress)
+    if not workers:
+        return [take_stacks(target, pid, logs, tool=tool)]
+    return [take_stacks(target, w["pid"], logs, tool=tool, worker=w, launcher_pid=pid) for w in workers]
+
+
+def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None, *,
+                tool: tuple[list[str], str], worker: Optional[dict] = None,
+                launcher_pid: Optional[int] = None) -> Stacks:
     """Every thread's stack of process PID in TARGET, and who waits on whom; with the run's
-    logs, the threads that died too (their tracebacks), as holders of what they left locked."""
-    command = _stack_command(target)
+    logs, the threads that died too (their tracebacks), as holders of what they left locked
+    (a rank WORKER's: those of its own rank's log only). TOOL: stack_command's answer."""
+    command, words = tool
     result = target.run([*command, "remote", str(int(pid))], timeout=120)
     if not result.ok:
-        raise OrchError(f"{target.name}: {' '.join(command)} remote {pid} failed: "
+        raise OrchError(f"{target.name}: {words}: remote {pid} failed: "
                         f"{' '.join(result.stderr_tail(2))}",
                         hint="it reads the process with ptrace: run as root (or with CAP_SYS_PTRACE) "
                              "in the process's own container, and the process must still be alive")
-    threads = stacks.parse_pystack(result.stdout.decode("utf-8", "replace"))
+    threads = stacks.thread_names(stacks.parse_pystack(result.stdout.decode("utf-8", "replace")), pid)
     dead = [tb for log in logs or [] for tb in tracebacks.parse(log.text, log.source, log.worker).tracebacks]
+    if worker is not None:
+        # a rank's own log folder is its local rank's; torchrun's [rankN]: prefixes the same
+        dead = [tb for tb in dead if tb.worker == f"rank {worker.get('local_rank')}"]
     frames = stacks.stack_frames(threads, dead)
     # the files the process runs itself may be read: they are on its own stacks
     roots = _own_folders(f["file"] for f in frames)
     facts = payload_api.explain_frames(target, frames, roots=roots, context=0) if threads else {}
     locks = stacks.wait_graph(threads, facts, dead)
     return Stacks(target.name, int(pid),
-                  [{"tid": t.tid, "name": t.name, "label": t.label,
+                  [{"tid": t.tid, "name": t.name, "label": t.label, "compile": t.compile,
                     "frames": [asdict(f) for f in t.frames]} for t in threads],
-                  [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], " ".join(command))
-
-
-def _stack_command(target: Target) -> list[str]:
-    """pystack run by the venv's python when the venv has it (`python -m pystack`: a venv
-    copied elsewhere keeps working, its scripts' shebangs would not), else one on PATH."""
-    if target.venv:
-        python = target.python()
-        if target.run([python, "-c", f"import {STACK_TOOL}"], timeout=60).ok:
-            return [python, "-m", STACK_TOOL]
-    if target.run(["sh", "-c", f"command -v {STACK_TOOL}"], timeout=30).ok:
-        return [STACK_TOOL]
-    raise OrchError(f"{target.name} has no {STACK_TOOL} (neither in its venv nor on PATH)",
-                    hint=f"install it in the venv: orch exec {target.name} -- "
-                         f"{target.venv or 'VENV'}/bin/pip install {STACK_TOOL}")
+                  [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], words,
+                  rank=(worker or {}).get("rank"), world_size=(worker or {}).get("world_size"),
+                  launcher_pid=launcher_pid)
 
 
 def launched_pid(record: RunRecord, target: str) -> int:

@@ -10,6 +10,11 @@ pystack 1.7's words (checked on CPython 3.11):
         (Python) File "/usr/lib/python3.11/threading.py", line 995, in _bootstrap
             self._bootstrap_inner()
 
+A thread is "inside a compile" when a frame of its stack runs in torch.compile's machinery
+(torch/_dynamo: the frame evaluation and the backend it calls; torch/_inductor: code
+generation; torch/fx: symbolic tracing), known from the frames' files alone: a compile that
+never ends, or one that died holding a lock, is the usual story behind a silent hang.
+
 Bounded like tracebacks.py: lines cut by LogStream, at most MAX_THREADS threads of at most
 tracebacks.MAX_FRAMES frames.
 """
@@ -26,6 +31,7 @@ from orchestrator.watch.logformats import LogStream
 MAX_THREADS = 512
 STDLIB = "(standard library)"   # the explain_frames payload's package for those files
 _THREAD = re.compile(r"Traceback for thread (?P<tid>\d{1,12}) \((?P<name>[^)\n]{0,200})\)")
+_COMPILE = re.compile(r"(?:^|/)torch/(_dynamo|_inductor|fx)/")
 _FRAME = re.compile(r'\((?P<kind>Python|C)\) File "(?P<file>[^"\n]{1,4096})", line (?P<line>\d{1,9})'
                     r"(?:, in (?P<function>[^\n]{1,400}))?")
 
@@ -41,6 +47,38 @@ class ThreadStack:
         if not self.tid:                       # a thread that died: its log's name for it
             return f"{self.name or 'a thread'} (dead)"
         return f"thread {self.tid}" + (f" ({self.name})" if self.name else "")
+
+    @property
+    def compile(self) -> list[str]:
+        return compile_parts(self.frames)
+
+
+def compile_parts(frames: list[tracebacks.Frame]) -> list[str]:
+    """The parts of torch's compiler a stack is inside, outermost first: ["torch._dynamo",
+    "torch.fx"]; [] when it is in none."""
+    parts: list[str] = []
+    for frame in frames:
+        found = _COMPILE.search(frame.file.replace("\\", "/"))
+        if found and f"torch.{found.group(1)}" not in parts:
+            parts.append(f"torch.{found.group(1)}")
+    return parts
+
+
+def compile_words(parts: list[str]) -> str:
+    return f"inside a compile ({', '.join(parts)})" if parts else ""
+
+
+def thread_names(threads: list[ThreadStack], pid: int) -> list[ThreadStack]:
+    """Keep only the names that name a thread. pystack prints each thread's system name
+    (/proc/PID/task/TID/comm, 15 bytes at most). CPython 3.14 and later set it to the
+    Thread's name when the thread starts ("drafter-0"); before 3.14 every thread inherits
+    the process's name ("python3"), which names no thread and is dropped (the main thread,
+    whose tid is the pid, keeps it)."""
+    process = next((t.name for t in threads if t.tid == pid), None)
+    for thread in threads:
+        if thread.tid != pid and thread.name == process:
+            thread.name = ""
+    return threads
 
 
 def parse_pystack(text: str) -> list[ThreadStack]:
@@ -69,16 +107,23 @@ def parse_pystack(text: str) -> list[ThreadStack]:
 @dataclass
 class Lock:
     key: str                  # relpath:expression, the name the source gives it
-    holders: list[dict]       # [{thread, where, inside}]: inside = that thread's innermost frame
-    waiters: list[dict]       # [{thread, where}]
+    holders: list[dict]       # [{thread, where, inside, compile, died}]: inside = its innermost
+    #                           frame; died = "Exception: message" of a thread that died
+    waiters: list[dict]       # [{thread, where, compile}]; compile: compile_parts of its stack
 
     def sentence(self) -> str:
         name = self.key
         parts = []
         for h in self.holders:
-            parts.append(f"{h['thread']} holds {name} ({h['where']}), now in {h['inside']}")
+            if h.get("died"):     # the H200's story: "X died inside a compile holding L"
+                parts.append(f"{h['thread']} died" + (f" {compile_words(h['compile'])}" if h.get("compile") else "")
+                             + f" holding {name} ({h['where']}): {h['died']}")
+                continue
+            parts.append(f"{h['thread']} holds {name} ({h['where']}), now in {h['inside']}"
+                         + (f", {compile_words(h['compile'])}" if h.get("compile") else ""))
         if self.waiters:
-            who = ", ".join(w["thread"] for w in self.waiters)
+            who = ", ".join(w["thread"] + (f" [{compile_words(w['compile'])}]" if w.get("compile") else "")
+                            for w in self.waiters)
             parts.append(f"{who} wait{'s' if len(self.waiters) == 1 else ''} on {name} "
                          f"({', '.join(sorted({w['where'] for w in self.waiters}))})"
                          + ("" if self.holders else ": no live thread holds it (its holder "
@@ -99,9 +144,11 @@ def wait_graph(threads: list[ThreadStack], facts: dict,
         innermost = thread.frames[-1] if thread.frames else None
         inside = (f"{innermost.function} ({posixpath.basename(innermost.file)}:{innermost.line})"
                   if innermost else "?")
+        death = ""
         if thread in died:
             tb = dead[died.index(thread)]
-            inside = f"DIED there with {tb.exception}: {tb.message[:120]}"
+            death = f"{tb.exception}: {tb.message[:120]}"
+            inside = f"DIED there with {death}"
         for frame in thread.frames:
             seen = by_frame.get((frame.file, frame.line)) or {}
             info = files.get(frame.file) or {}
@@ -113,9 +160,11 @@ def wait_graph(threads: list[ThreadStack], facts: dict,
                 lock = locks.setdefault(key, Lock(key, [], []))
                 where = f"{posixpath.basename(frame.file)}:{block['line']}"
                 if block["entering"] and frame is innermost:
-                    lock.waiters.append({"thread": thread.label, "where": where})
+                    lock.waiters.append({"thread": thread.label, "where": where,
+                                         "compile": thread.compile})
                 elif not block["entering"]:
-                    lock.holders.append({"thread": thread.label, "where": where, "inside": inside})
+                    lock.holders.append({"thread": thread.label, "where": where, "inside": inside,
+                                         "compile": thread.compile, "died": death})
     return [lock for lock in locks.values() if lock.waiters]
 
 

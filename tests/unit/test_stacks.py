@@ -5,6 +5,7 @@ pystack parser alone (bounded)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from orchestrator.watch import stacks
+from orchestrator.watch import stacks, stacktool
 from tests.pystackenv import pystack_venv
 
 DEADLOCK = textwrap.dedent('''
@@ -89,6 +90,33 @@ def test_the_parser_reads_threads_frames_and_code():
     assert len(stacks.parse_pystack(many)) == stacks.MAX_THREADS
 
 
+def _thread(tid: int, name: str, *files: str) -> str:
+    return (f"Traceback for thread {tid} ({name}) [] (most recent call last):\n"
+            + "".join(f'    (Python) File "{f}", line 1, in f\n' for f in files) + "\n")
+
+
+def test_thread_names_are_kept_only_when_they_name_the_thread():
+    """Before CPython 3.14 every thread's system name is the process's ("python3"); 3.14 and
+    later set it to the Thread's name, which pystack prints."""
+    old = stacks.thread_names(stacks.parse_pystack(_thread(7, "python3") + _thread(8, "python3")), pid=7)
+    assert [t.label for t in old] == ["thread 7 (python3)", "thread 8"]
+    new = stacks.thread_names(stacks.parse_pystack(_thread(7, "python3.14") + _thread(8, "drafter-0")), pid=7)
+    assert [t.label for t in new] == ["thread 7 (python3.14)", "thread 8 (drafter-0)"]
+
+
+def test_a_stack_inside_torchs_compiler_is_labelled_by_its_parts():
+    site = "/venv/lib/python3.11/site-packages"
+    [dynamo, fx, plain, lookalike] = stacks.parse_pystack(
+        _thread(1, "p", "/run/train.py", f"{site}/torch/_dynamo/eval_frame.py",
+                f"{site}/torch/_inductor/compile_fx.py", f"{site}/torch/_dynamo/utils.py")
+        + _thread(2, "p", f"{site}/torch/fx/_symbolic_trace.py", "/run/train.py")
+        + _thread(3, "p", "/run/train.py", f"{site}/torch/nn/modules/module.py")
+        + _thread(4, "p", "/run/mytorch/fx/graph.py"))
+    assert dynamo.compile == ["torch._dynamo", "torch._inductor"]
+    assert fx.compile == ["torch.fx"] and plain.compile == [] and lookalike.compile == []
+    assert stacks.compile_words(dynamo.compile) == "inside a compile (torch._dynamo, torch._inductor)"
+
+
 @pytest.fixture(scope="module")
 def venv():
     return pystack_venv()
@@ -124,16 +152,22 @@ def test_a_deadlock_names_the_holder_inside_its_compile_and_the_waiters(venv, hu
     assert "holds hang.py:compile_lock" in lock["sentence"] and "wait on hang.py:compile_lock" in lock["sentence"]
 
 
-def test_no_pystack_is_a_clear_error(tmp_path):
+def test_a_venv_without_pystack_gets_it_from_orchs_cache_downloaded_for_its_python(hung, tmp_path):
+    """No pystack in the venv nor on PATH, no --wheelhouse: orch downloads the pinned pystack
+    for the target python's tags into its cache here (pip download) and carries it in."""
     inventory = tmp_path / "inventory.yaml"
     venv = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     inventory.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
                          f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
-                          "stacks", "--pid", "1", "-t", "dev"], capture_output=True, text=True,
-                         timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
-    assert out.returncode != 0 and "has no pystack" in out.stderr and "Traceback" not in out.stderr
+                          "stacks", "--pid", str(hung.pid), "-t", "dev", "--json"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"downloading {stacktool.PIN} for cpython" in out.stderr
+    [wheel] = os.listdir(tmp_path / ".cache" / "orch" / "tool-wheels")
+    assert wheel.startswith("pystack-1.7.2-") and wheel[:-4] in json.loads(out.stdout)[0]["tool"]
 
 
 def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tmp_path, monkeypatch):
@@ -177,4 +211,54 @@ def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tm
     assert holder["thread"] == "drafter-0 (dead)" and holder["where"] == "died.py:10"
     assert holder["inside"].startswith("DIED there with RuntimeError: inductor failed")
     assert len(lock["waiters"]) == 2
-    assert lock["sentence"].startswith("drafter-0 (dead) holds died.py:compile_lock")
+    assert lock["sentence"].startswith("drafter-0 (dead) died holding died.py:compile_lock (died.py:10): "
+                                       "RuntimeError: inductor failed in the compile; ")
+
+
+FAKE_AGENT = textwrap.dedent('''
+    import os, subprocess, sys, time
+    env = dict(os.environ, TORCHELASTIC_RUN_ID="x", WORLD_SIZE="2")
+    # rank 0 starts a child of its own (a DataLoader worker: the same RANK inherited)
+    grandchild = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    workers = [subprocess.Popen([sys.executable, "-c", grandchild if rank == 0 else "import time; time.sleep(60)"],
+                                env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in (1, 0)]
+    print(" ".join(str(w.pid) for w in workers), flush=True)
+    time.sleep(60)
+''')
+
+
+def test_the_rank_workers_below_a_torchrun_like_agent_are_found(tmp_path):
+    """The rank_procs payload on a real process tree: two workers with torchrun's variables
+    below the agent, and rank 0's own child (same RANK) left out."""
+    from orchestrator.remote.container import Target
+    from orchestrator.remote.local import LocalTransport
+    from orchestrator.remote.payload_api import rank_processes
+
+    agent = subprocess.Popen([sys.executable, "-c", FAKE_AGENT], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        one, zero = (int(p) for p in agent.stdout.readline().split())
+        time.sleep(0.5)                              # rank 0's child started
+        found = rank_processes(Target("dev", LocalTransport("here")), agent.pid)
+        assert found["alive"] is True
+        assert [(r["rank"], r["pid"], r["ppid"], r["local_rank"], r["world_size"]) for r in found["ranks"]] == \
+            [(0, zero, agent.pid, 0, 2), (1, one, agent.pid, 1, 2)]
+        plain = rank_processes(Target("dev", LocalTransport("here")), zero)
+        assert plain["ranks"] == []                  # below a worker: no ranks of their own
+    finally:
+        os.killpg(agent.pid, 9)
+        agent.wait()
+    assert rank_processes(Target("dev", LocalTransport("here")), agent.pid)["alive"] is False
+
+
+def test_a_process_that_is_gone_is_said_so_before_pystack_is_looked_for(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  here: {transport: local}\ncontainers:\n  dev: {host: here}\n"
+                         "default_target: dev\n")
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
+                          "stacks", "--pid", str(gone.pid), "-t", "dev"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"process {gone.pid} is not running" in out.stderr

@@ -16,15 +16,17 @@ pass_app = click.pass_obj
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.store import RunStore
     from orchestrator.watch.explain import (explain, explain_record, launched_pid, launched_targets,
-                                            read_log_file, run_logs, take_stacks)
+                                            read_log_file, run_logs, stacks_of)
+    from orchestrator.watch.stacks import compile_words
 else:
     explain = lazy("orchestrator.watch.explain", "explain")
     explain_record = lazy("orchestrator.watch.explain", "explain_record")
     launched_targets = lazy("orchestrator.watch.explain", "launched_targets")
     read_log_file = lazy("orchestrator.watch.explain", "read_log_file")
     RunStore = lazy("orchestrator.runs.store", "RunStore")
-    take_stacks = lazy("orchestrator.watch.explain", "take_stacks")
+    stacks_of = lazy("orchestrator.watch.explain", "stacks_of")
     launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
+    compile_words = lazy("orchestrator.watch.stacks", "compile_words")
     run_logs = lazy("orchestrator.watch.explain", "run_logs")
 SHOWN_FRAMES = 6          # innermost frames printed with their source; --json has them all
 SHOWN_CANDIDATES = 5
@@ -178,30 +180,42 @@ def _print_candidate(candidate) -> None:
 @click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
               help="With RUN: only these of its targets. With --pid: the container it runs in "
                    "(default: the inventory's default_target).")
+@click.option("--rank", type=click.IntRange(0), metavar="N",
+              help="Under torchrun: only rank N's worker (default: every rank's).")
+@click.option("--wheelhouse", metavar="DIR", type=click.Path(file_okay=False),
+              help="A folder of wheels here holding a pystack wheel for the target's python, "
+                   "carried in when the target has no pystack (default: orch's cache, filled "
+                   "with pip download).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_app
-def stacks_command(app, run, pid, targets, as_json):
+def stacks_command(app, run, pid, targets, rank, wheelhouse, as_json):
     """Every thread's Python stack of a hung run's live process, and who waits on whom.
 
     Takes the stacks from outside the process with pystack (`python -m pystack remote PID`
-    with the target's venv, else pystack on its PATH; it uses ptrace: root in the
-    container), reads each frame's
-    source with the target's python, and reads the wait graph from it: a thread stopped on a
-    `with LOCK:` line waits for LOCK, a thread inside a `with LOCK:` block holds it. RUN's
-    process is the one its last launch started. Exit code: 0 stacks taken, 1 some thread
-    waits on a lock (a likely deadlock), other codes for errors (docs/reference/exit-codes.md).
+    with the target's venv, else pystack on its PATH, else orch carries a pystack wheel that
+    fits the target's python into its own folder there, /var/lib/orch/tools; it uses
+    ptrace: root in the container), reads each frame's source with the target's python,
+    and reads the wait graph from it: a thread stopped on a `with LOCK:` line waits for
+    LOCK, a thread inside a `with LOCK:` block holds it; a thread inside torch.compile,
+    dynamo, inductor or FX tracing is labelled so. RUN's process is the one its last launch
+    started; when that is torchrun, the stacks are its rank workers' (--rank N: one).
+    Exit code: 0 stacks taken, 1 some thread waits on a lock (a likely deadlock), 2 a
+    --wheelhouse, --rank or wheel that does not fit, other codes for errors
+    (docs/reference/exit-codes.md).
 
     \b
     Examples:
       orch stacks                       # the last run's process
       orch stacks 20261129-0915 -t drafters
+      orch stacks --rank 1              # under torchrun: rank 1's worker only
       orch stacks --pid 4242 -t drafters --json
+      orch stacks --wheelhouse ~/wheels   # a container with no pystack and no internet here
     """
     if pid:
         chosen = app.fleet.targets(targets)
         if len(chosen) != 1:
             raise click.UsageError("--pid names one process in one target")
-        results = [take_stacks(chosen[0], pid)]
+        results = stacks_of(chosen[0], pid, rank=rank, wheelhouse=wheelhouse, progress=console.info)
     else:
         with RunStore() as store:
             record = store.get(run)
@@ -210,8 +224,9 @@ def stacks_command(app, run, pid, targets, as_json):
             raise OrchError(f"run {record.run_id} launched nothing"
                             + (f" on {', '.join(targets)}" if targets else ""))
         # with the run's logs: a thread that died holding a lock is named as its holder
-        results = [take_stacks(t, launched_pid(record, t.name), run_logs(record, t))
-                   for t in app.fleet.targets(names)]
+        results = [stacks for t in app.fleet.targets(names)
+                   for stacks in stacks_of(t, launched_pid(record, t.name), run_logs(record, t),
+                                           rank=rank, wheelhouse=wheelhouse, progress=console.info)]
     if as_json:
         console.print_json([{**vars(r)} for r in results])
     else:
@@ -222,11 +237,15 @@ def stacks_command(app, run, pid, targets, as_json):
 
 def _print_stacks(result) -> None:
     out, esc = console.out, console.escape
-    out.print(f"[bold]== {esc(result.target)}[/] pid {result.pid}: {len(result.threads)} thread(s) ({esc(result.tool)})")
+    rank = (f" (rank {result.rank}" + (f" of {result.world_size}" if result.world_size else "")
+            + f", under torchrun pid {result.launcher_pid})") if result.rank is not None else ""
+    out.print(f"[bold]== {esc(result.target)}[/] pid {result.pid}{rank}: {len(result.threads)} thread(s) "
+              f"({esc(result.tool)})")
     for lock in result.locks:
         out.print(f"  [bold red]waits[/]: {esc(lock['sentence'])}")
     for thread in result.threads:
-        out.print(f"\n  [bold]{esc(thread['label'])}[/]")
+        inside = f"  [magenta]{esc(compile_words(thread['compile']))}[/]" if thread["compile"] else ""
+        out.print(f"\n  [bold]{esc(thread['label'])}[/]{inside}")
         for frame in thread["frames"][-SHOWN_FRAMES:]:
             out.print(f"    {esc(frame['file'])}:{frame['line']} in {esc(frame['function'])}"
                       + (f"\n        {esc(frame['code'])}" if frame["code"] else ""))

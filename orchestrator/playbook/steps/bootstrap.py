@@ -25,6 +25,7 @@ from typing import Callable
 from orchestrator.targets import distro
 
 from orchestrator.remote import payload_api
+from orchestrator.remote.wheels import push_wheels
 from orchestrator.ground.errors import OrchError, PayloadError
 from orchestrator.payloads._statedir import STATE_DIR
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
@@ -249,29 +250,13 @@ class BootstrapStep(Step):
         return folder
 
     def _push_wheels(self, ctx: StepContext, local_dir: str, names: list, remote_dir: str) -> dict:
-        """Push the wheels the container lacks (by sha256: a file of the same size proves
-        nothing); returns {name: sha256} of them all, which the payload checks again before
-        pip reads any of them."""
-        target = ctx.target
-        digests = {name: file_sha256(os.path.join(local_dir, name)) for name in names}
-        sizes = {name: os.path.getsize(os.path.join(local_dir, name)) for name in names}
-        present = payload_api.bootstrap(target, "list", timeout=ctx.remaining(600), dir=remote_dir,
-                                        sizes=sizes).get("files", {})
-        missing = [name for name in names if (present.get(name) or {}).get("sha256") != digests[name]]
-        if not missing:
-            ctx.progress(f"all {len(names)} wheels already in {remote_dir}")
-            return digests
-        for number, name in enumerate(missing, 1):
-            size = sizes[name]
-            ctx.progress(f"pushing wheel {number}/{len(missing)}: {name} ({size / 1e6:.1f} MB)")
-            with open(os.path.join(local_dir, name), "rb") as handle:
-                data = handle.read()
-            try:
-                target.put(f"{remote_dir}/{name}", data, mode=0o600,
-                           timeout=ctx.remaining(120 + size / 5e6))
-            except OrchError as error:
-                raise StepFailed(f"pushing {name} to {target.name} failed: {error}") from None
-        return digests
+        """Push the wheels the container lacks (remote/wheels.py); {name: sha256} of them all."""
+        try:
+            return push_wheels(ctx.target, local_dir, names, remote_dir, ctx.progress, ctx.remaining)
+        except PayloadError:
+            raise
+        except OrchError as error:
+            raise StepFailed(str(error)) from None
 
 
 class PipPhases:
@@ -297,14 +282,6 @@ def remote_wheelhouse(target, params: dict) -> str:
     """The wheelhouse in the target: the step's remote_wheelhouse, else root's own folder
     (the bootstrap payload's list action makes and checks it)."""
     return params["remote_wheelhouse"] or f"{target.state_dir()}/wheelhouse"
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def index_env(index_url: str | None, extra_index_urls: list) -> dict:
