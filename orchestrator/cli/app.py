@@ -60,7 +60,7 @@ class OrchGroup(click.Group):
 
     def invoke(self, ctx):
         given = ctx.obj if isinstance(ctx.obj, Invocation) else invocation.from_process()
-        with invocation.using(given):
+        with invocation.using(given), given.ctrl_c_outside_locks():
             return self._invoke(ctx)
 
     def _invoke(self, ctx):

@@ -201,11 +201,46 @@ class Invocation:
         finally:
             signal.signal(number, previous)
 
+    @contextmanager
+    def ctrl_c_outside_locks(self):
+        """Ctrl-C for the direct path's command: Python's own KeyboardInterrupt, except
+        where it would land inside paramiko. Raised there, between a lock's acquire() and
+        the try that releases it, it leaves the transport's send lock held, and every later
+        request on that connection waits for ever (seen: an `orch run` hung 72 minutes after
+        Ctrl-C). Inside paramiko the press sets the interrupt token instead, as the agent's
+        client does: the token closes the command's channels, which wakes the thread, and
+        the transport raises KeyboardInterrupt on its way out (remote/base.py). A second
+        press raises at once, wherever it lands."""
+        def on_ctrl_c(number, frame):
+            if self.interrupt.is_set() or not _inside(frame, _LOCK_HOLDING_LIBRARIES):
+                raise KeyboardInterrupt
+            self.interrupt.set(number)
+        with self.signal_handler(signal.SIGINT, on_ctrl_c):
+            yield
+
     def detached(self) -> "Invocation":
         """The same world with an interrupt that never fires: for what is opened now to
         outlive this command (a warm session's channel)."""
         return Invocation(self.stdin, self.stdout, self.stderr, self.env, self.cwd,
                           self.term_size, interrupt=_Never())
+
+
+# Libraries that take locks a KeyboardInterrupt must not land between (see
+# ctrl_c_outside_locks); the packages' top-level names.
+_LOCK_HOLDING_LIBRARIES = ("paramiko",)
+_FRAMES_LOOKED_AT = 64   # a signal arrives deep in a call, never deeper than this below us
+
+
+def _inside(frame, packages: tuple[str, ...]) -> bool:
+    """Whether one of the frames from `frame` outwards runs code of one of `packages`."""
+    for _ in range(_FRAMES_LOOKED_AT):
+        if frame is None:
+            return False
+        module = frame.f_globals.get("__name__") or ""
+        if module.partition(".")[0] in packages:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _ProcessInvocation(Invocation):
@@ -239,7 +274,10 @@ _CURRENT: contextvars.ContextVar[Invocation] = contextvars.ContextVar("orch_invo
 
 
 def from_process() -> Invocation:
-    """The direct path's invocation: the process's own streams, environment and folder."""
+    """The direct path's invocation: the process's own streams, environment and folder,
+    with an interrupt token of its own for each command (one set by a Ctrl-C'd command
+    must not close the next one's channels: tests run many commands in one process)."""
+    _PROCESS.interrupt = Interrupt()
     return _PROCESS
 
 

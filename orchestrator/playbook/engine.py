@@ -14,6 +14,7 @@ import traceback
 from typing import Optional
 
 from orchestrator.config.inventory import ContainerSpec, Inventory
+from orchestrator.ground import invocation
 from orchestrator.config.yamlsrc import Loc, OptionSource
 from orchestrator.ground.errors import ConfigError, ConnectionProblem, ExitCode, OrchError
 from orchestrator.ground.verdicts import FAILED, INTERRUPTED, OK, UNREACHABLE, exit_code_for, worst
@@ -81,10 +82,13 @@ ASK_AFTER_INTERRUPT_S = 20.0
 def _status_within(target: Target, run_dir: str, seconds: float) -> Optional[dict]:
     """The launcher's status of RUN_DIR, or None when asking failed or took over SECONDS."""
     answer: list = []
+    # the question is asked because of the interrupt: it must not be closed by it
+    despite_interrupt = invocation.current().detached()
 
     def ask() -> None:
         try:
-            answer.append(launcher(target, "status", run_dir, timeout=max(1.0, seconds - 5)))
+            with invocation.using(despite_interrupt):
+                answer.append(launcher(target, "status", run_dir, timeout=max(1.0, seconds - 5)))
         except Exception:  # noqa: BLE001 - whatever stops the question, the answer is "asking failed"
             pass
 

@@ -134,3 +134,43 @@ def test_only_a_command_that_owns_the_signals_installs_a_handler():
     with invocation.from_process().signal_handler(signal.SIGUSR1, handler) as installed:
         assert installed and signal.getsignal(signal.SIGUSR1) is handler
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def _code_of(module_name: str):
+    """A function whose frames belong to module `module_name`: it sends this process a
+    Ctrl-C and gives the handler a few bytecodes to run in."""
+    namespace = {"__name__": module_name, "os": os, "signal": signal}
+    exec("def press_ctrl_c():\n"
+         "    os.kill(os.getpid(), signal.SIGINT)\n"
+         "    for _ in range(1000):\n"
+         "        pass\n", namespace)
+    return namespace["press_ctrl_c"]
+
+
+def test_ctrl_c_inside_paramiko_sets_the_token_instead_of_raising_there():
+    command = invocation.from_process()
+    inside_paramiko = _code_of("paramiko.transport")
+    with command.ctrl_c_outside_locks():
+        inside_paramiko()                       # raised here, it could leave a lock held
+        assert command.interrupt.is_set() and command.interrupt.signal == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            command.interrupt.check()           # what the transport does on its way out
+        with pytest.raises(KeyboardInterrupt):
+            inside_paramiko()                   # a second press raises wherever it lands
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_elsewhere_raises_as_python_does_and_each_command_gets_a_fresh_token():
+    command = invocation.from_process()
+    with command.ctrl_c_outside_locks():
+        with pytest.raises(KeyboardInterrupt):
+            _code_of("orchestrator.playbook.engine")()
+        assert not command.interrupt.is_set()   # nothing closed: finally blocks clean up
+        _code_of("paramiko.channel")()
+    assert command.interrupt.is_set()
+    assert not invocation.from_process().interrupt.is_set()
+
+
+def test_a_command_of_the_agent_leaves_the_signals_alone():
+    with made().ctrl_c_outside_locks():
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
