@@ -17,7 +17,10 @@ it holds (`orch sandbox up --hosts 8 --containers 4 --stopped 0` first for 32). 
 an inventory of its own (the sandbox's, with a group per size and no venv, so that
 `inventory check` passes) in a temporary folder, removed at the end.
 
-    python benchmarks/fanout.py [-n 9] [--sizes 1,2,4,8,16,32] [--json]
+    python benchmarks/fanout.py [-n 9] [--sizes 1,2,4,8,16,32] [--baseline ORCH] [--json]
+
+--baseline names another orch (an older checkout's .venv/bin/orch): its rows are measured
+in the same rounds, with a warm agent of its own, for a before/after side by side.
 """
 
 from __future__ import annotations
@@ -47,6 +50,17 @@ SIZES = (1, 2, 4, 8, 16, 32)
 COMMANDS = {"inventory check": lambda group: ["inventory", "check", "-t", group, "--json"],
             "exec -- true": lambda group: ["exec", "--json", group, "--", "true"]}
 PATHS = {"direct": ["--no-agent"], "warm agent": []}
+
+
+def ways(orch: str, env: dict, baseline: Optional[str], scratch: str) -> dict[str, tuple]:
+    """Each row's way: path name -> (orch executable, its path's options, environment);
+    with --baseline, the same two paths of another orch (its own warm agent), side by side."""
+    table = {path: (orch, options, env) for path, options in PATHS.items()}
+    if baseline:
+        other = {**env, "ORCH_AGENT_DIR": os.path.join(scratch, "baseline-agent")}
+        table.update({f"baseline {path}": (baseline, options, other)
+                      for path, options in PATHS.items()})
+    return table
 
 
 def spread(inventory: dict, count: int) -> list[str]:
@@ -123,19 +137,23 @@ def run_once(argv: list[str], env: dict, agent: Optional[int]) -> dict:
             "sandbox_cpu": sandbox_cpu_s() - cpu_before, "targets": len(rows)}
 
 
-def measure(orch: str, inventory_file: str, sizes: list[int], count: int, env: dict) -> list[dict]:
-    cases = [(command, path, size) for command in COMMANDS for path in PATHS for size in sizes]
+def measure(table: dict[str, tuple], inventory_file: str, sizes: list[int],
+            count: int) -> list[dict]:
+    cases = [(command, path, size) for command in COMMANDS for path in table for size in sizes]
     samples: dict[tuple, list[dict]] = {case: [] for case in cases}
-    agent = None
-    for round_number in range(count + 1):   # round 0 warms up: the agent, its connections
+    agents: dict[str, Optional[int]] = {}
+    for round_number in range(count + 1):   # round 0 warms up: the agents, their connections
         for case in cases:
             command, path, size = case
-            argv = [orch, *PATHS[path], "-i", inventory_file, *COMMANDS[command](f"fan-{size}")]
-            sample = run_once(argv, env, agent if path == "warm agent" else None)
+            orch, options, env = table[path]
+            argv = [orch, *options, "-i", inventory_file, *COMMANDS[command](f"fan-{size}")]
+            sample = run_once(argv, env, agents.get(path) if not options else None)
             assert sample["targets"] == size, (argv, sample)
             if round_number:
                 samples[case].append(sample)
-        agent = agent or agent_pid(orch, env)
+        for path, (orch, options, env) in table.items():
+            if not options:
+                agents[path] = agents.get(path) or agent_pid(orch, env)
     return [row_of(case, values, samples) for case, values in samples.items()]
 
 
@@ -158,6 +176,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--count", type=int, default=9)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--baseline", metavar="ORCH",
+                        help="another orch executable (an older checkout's) measured alongside")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not sandboxes.status()["healthy"]:
@@ -174,9 +194,12 @@ def main() -> int:
         with open(inventory_file, "w") as out:
             yaml.safe_dump(inventory, out)
         load = os.getloadavg()
-        table = measure(orch, inventory_file, sizes, args.count, env)
+        compared = ways(orch, env, args.baseline, scratch)
+        table = measure(compared, inventory_file, sizes, args.count)
     finally:
-        subprocess.run([orch, "agent", "stop"], env=env, capture_output=True)
+        for executable, options, environment in ways(orch, env, args.baseline, scratch).values():
+            if not options:
+                subprocess.run([executable, "agent", "stop"], env=environment, capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
     hosts = len({spec["host"] for spec in inventory["containers"].values()})
     if args.json:
@@ -190,7 +213,8 @@ def main() -> int:
                  "agent CPU ms", "sandbox CPU ms"],
                 [[r["command"], r["path"], r["containers"], f"{r['median_ms']:.0f}",
                   f"{r['p95_ms']:.0f}", f"{r['x_one']:.2f}", r["cpu_ms"],
-                  r["agent_cpu_ms"] if r["path"] == "warm agent" else "-", r["sandbox_cpu_ms"]]
+                  r["agent_cpu_ms"] if r["path"].endswith("warm agent") else "-",
+                  r["sandbox_cpu_ms"]]
                  for r in table], left=2)
     return 0
 
