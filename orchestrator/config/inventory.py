@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from orchestrator.config.concurrency import DEFAULT_JOBS, MAX_JOBS
 from orchestrator.config.inventory_file import inventory_path
 from orchestrator.config.schema import check_keys, expect, expect_list_of
 from orchestrator.config.yamlsrc import Source, load_yaml
@@ -35,6 +36,7 @@ CONTAINER_KEYS = ("host", "cluster", "vmid", "venv", "gpus", "env", "description
 API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_file",
             "fingerprint")
 TOP_KEYS = ("hosts", "containers", "groups", "clusters", "default_target", "defaults")
+DEFAULTS_KEYS = ("jobs",)   # defaults: {jobs: N}, a fan-out's concurrency (config/concurrency.py)
 VMID_PATTERN = re.compile(r"^[1-9][0-9]{2,8}$")  # the ids pct accepts
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -81,6 +83,7 @@ class Inventory:
     groups: dict[str, list[str]]
     default_target: Optional[str] = None
     clusters: dict[str, list[str]] = field(default_factory=dict)
+    jobs: int = DEFAULT_JOBS   # defaults: {jobs: N}, a fan-out's concurrency
 
     def resolve(self, names: list[str] | tuple[str, ...]) -> list[ContainerSpec]:
         """Targets by name: containers, groups, hosts (the host itself) or HOST:VMID."""
@@ -145,7 +148,21 @@ def load_inventory(path: Optional[str] = None) -> Inventory:
         if default not in containers and default not in groups and default not in hosts:
             raise source.error(("default_target",), f"default_target {default!r} names no container, "
                                                    "group or host")
-    return Inventory(source.filename, hosts, containers, groups, default, clusters)
+    return Inventory(source.filename, hosts, containers, groups, default, clusters,
+                     jobs=_defaults(source, data).get("jobs", DEFAULT_JOBS))
+
+
+def _defaults(source: Source, data: dict) -> dict:
+    """The `defaults:` section: what every command uses unless its options say otherwise."""
+    section = data.get("defaults") or {}
+    expect(source, ("defaults",), section, dict)
+    check_keys(source, ("defaults",), section, DEFAULTS_KEYS)
+    if "jobs" in section:
+        jobs = expect(source, ("defaults", "jobs"), section["jobs"], int)
+        if not 1 <= jobs <= MAX_JOBS:
+            raise source.error(("defaults", "jobs"), f"jobs must be between 1 and {MAX_JOBS}, "
+                                                     f"not {jobs}")
+    return section
 
 
 def _section(source: Source, data: dict, key: str) -> dict:

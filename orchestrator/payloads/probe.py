@@ -7,9 +7,6 @@ Run as `PYTHON - '{"venv": "/root/venv"}'`; prints one JSON result line:
 """
 
 import os
-import platform
-import shutil
-import subprocess
 import sys
 
 from _protocol import *  # orch: inlined when shipped
@@ -25,6 +22,7 @@ def venv_info(venv):
     python = os.path.join(venv, "bin", "python")
     info = {"path": venv, "present": os.path.isfile(python) and os.access(python, os.X_OK)}
     if info["present"]:
+        import subprocess   # only with a venv to ask: see _gpus.on_path
         out = subprocess.run([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              universal_newlines=True, timeout=60)
@@ -34,12 +32,12 @@ def venv_info(venv):
 
 def run(args):
     return {
-        "hostname": platform.node(),
+        "hostname": os.uname().nodename,          # platform's answers, without platform
         "python": sys.executable,
-        "python_version": platform.python_version(),
+        "python_version": "%d.%d.%d" % sys.version_info[:3],
         "venv": venv_info(args["venv"]),
         "gpus": query_gpus(),
-        "ripgrep": shutil.which("rg") is not None,
+        "ripgrep": on_path("rg"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 

@@ -114,6 +114,11 @@ class SshHost(Transport):
         self._changed = threading.Condition()
         self._connecting = False
         self._connection_limit = max(1, settings.connections)
+        # connection attempts started, and the last one's error while no later one began:
+        # commands that waited for that attempt fail with it instead of each dialling again
+        # (a fan-out over a down host's containers pays its connect timeout once, not once each)
+        self._attempts = 0
+        self._failure: Optional[tuple[int, OrchError]] = None
 
     # -- connections ------------------------------------------------------------------
     def connect(self) -> paramiko.Transport:
@@ -124,6 +129,7 @@ class SshHost(Transport):
     def _reserve(self, deadline: Optional[float], count: bool = True) -> "_Connection":
         """A connection with a free channel slot (counted as taken when `count`), waiting
         for one until deadline (None: as long as it takes)."""
+        awaited = None   # the attempt this command waits for, begun by another
         while True:
             with self._changed:
                 while True:
@@ -132,9 +138,14 @@ class SshHost(Transport):
                         if not count or connection.open < connection.capacity:
                             connection.open += count
                             return connection
+                    if self._failure is not None and self._failure[0] == awaited:
+                        raise self._failure[1]
                     if not self._connecting and len(self._connections) < self._connection_limit:
                         self._connecting = True
+                        self._attempts += 1
                         break
+                    if self._connecting:
+                        awaited = self._attempts
                     invocation.current().interrupt.check()
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
@@ -158,9 +169,11 @@ class SshHost(Transport):
     def _add_connection(self, count: bool) -> "_Connection":
         try:
             client = self._open_client()
-        except BaseException:
+        except BaseException as error:
             with self._changed:
                 self._connecting = False
+                if isinstance(error, OrchError) and not self._connections:
+                    self._failure = (self._attempts, error)
                 self._changed.notify_all()
             raise
         connection = _Connection(client, self.settings.max_sessions)
@@ -170,6 +183,7 @@ class SshHost(Transport):
             connection.open += count
             self._connections.append(connection)
             self._connecting = False
+            self._failure = None
             self._changed.notify_all()
         _Watchdog(client.get_transport(), self.settings.alive_interval,
                   self.settings.alive_count_max).start()

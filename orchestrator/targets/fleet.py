@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
+from orchestrator.config.concurrency import DEFAULT_JOBS
 from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, load_inventory
 from orchestrator.ground import invocation
 from orchestrator.ground.errors import ConfigError, NoSuchContainer, OrchError
@@ -297,35 +298,72 @@ class GroupResult:
                 for item in self.items]
 
 
-def fan_out(items: list, work: Callable, max_workers: int = 16,
-            on_interrupt: Optional[Callable[[], None]] = None) -> GroupResult:
-    """Run work(item) for every item at once (each_concurrently), sorted into succeeded and failed."""
-    return GroupResult(items, each_concurrently(items, work, max_workers, on_interrupt))
+def fan_out(items: list, work: Callable, jobs: int = DEFAULT_JOBS,
+            on_interrupt: Optional[Callable[[], None]] = None,
+            on_done: Optional[Callable[[object, object], None]] = None) -> GroupResult:
+    """Run work(item) for every item, `jobs` at once (each_concurrently), sorted into
+    succeeded and failed."""
+    return GroupResult(items, each_concurrently(items, work, jobs, on_interrupt, on_done))
 
 
-def each_concurrently(items: list, work: Callable, max_workers: int = 16,
-                      on_interrupt: Optional[Callable[[], None]] = None) -> list:
-    """Run work(item) for every item at once; each outcome is a value or the OrchError raised.
-    Callers that judge the outcomes use fan_out: this is its list form.
+def each_concurrently(items: list, work: Callable, jobs: int = DEFAULT_JOBS,
+                      on_interrupt: Optional[Callable[[], None]] = None,
+                      on_done: Optional[Callable[[object, object], None]] = None) -> list:
+    """Run work(item) for every item, at most `jobs` at once (a command's --jobs, the
+    inventory's `defaults: {jobs: N}`); each outcome is a value or the OrchError raised, in
+    the order of the items. Callers that judge the outcomes use fan_out: this is its list
+    form. on_done(item, outcome) is told of each as it ends (a progress line).
 
-    on_interrupt runs when the wait is interrupted (Ctrl-C): it must make the running work
-    end (close the connections), or the interrupt would wait for every command to finish.
-    """
+    Items that are targets start host by host in turn (spread_by_host): with more targets
+    than jobs, every host's connection is set up in the first wave, not one host's after
+    another's, and no host gets more channels at once than its share.
+
+    On an interrupt (Ctrl-C) the command's channels are closed (the running work ends now,
+    its remote commands killed), what has not started never starts, and on_interrupt runs
+    (the direct path closes its connections): the interrupt does not wait for every command
+    to finish."""
     def guarded(item):
         try:
-            return work(item)
+            outcome = work(item)
         except OrchError as error:
-            return error
+            outcome = error
+        if on_done is not None:
+            on_done(item, outcome)
+        return outcome
     if len(items) <= 1:
         return [guarded(item) for item in items]
-    pool = ThreadPoolExecutor(max_workers=min(max_workers, len(items)))
+    outcomes: list = [None] * len(items)
+    pool = ThreadPoolExecutor(max_workers=min(max(1, jobs), len(items)))
+    # the workers print, read the environment and file their channels under the
+    # interrupt of the command that started them
+    bound = invocation.bind(guarded)
+    futures: dict = {}
     try:
-        # the workers print, read the environment and file their channels under the
-        # interrupt of the command that started them
-        return list(pool.map(invocation.bind(guarded), items))
+        for index in spread_by_host(items):
+            futures[pool.submit(bound, items[index])] = index
+        for future in as_completed(futures):
+            outcomes[futures[future]] = future.result()
+        return outcomes
     except BaseException:
+        for future in futures:
+            future.cancel()
+        invocation.current().interrupt.close_filed()
         if on_interrupt is not None:
             on_interrupt()
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+def spread_by_host(items: list) -> list[int]:
+    """The items' indexes, one host's first item, the next host's first, ..., then every
+    host's second: the order a fan-out starts them in. Items without a host (names) keep
+    their order."""
+    queues: dict = {}
+    for index, item in enumerate(items):
+        host = getattr(getattr(item, "host", None), "name", None)
+        queues.setdefault(host if host is not None else index, []).append(index)
+    order = []
+    for depth in range(max(map(len, queues.values()))):
+        order += [queue[depth] for queue in queues.values() if depth < len(queue)]
+    return order

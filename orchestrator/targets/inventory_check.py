@@ -5,6 +5,9 @@ wrong. The CLI prints the rows as a table or JSON; the MCP tool returns them.
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
+from orchestrator.config.concurrency import DEFAULT_JOBS
 from orchestrator.targets import distro
 
 from orchestrator.remote import payload_api
@@ -13,11 +16,14 @@ from orchestrator.targets.fleet import each_concurrently
 from orchestrator.remote.container import Target
 
 
-def check_targets(targets: list[Target]) -> list[dict]:
+def check_targets(targets: list[Target], jobs: int = DEFAULT_JOBS,
+                  on_done: Optional[Callable[[Target, object], None]] = None) -> list[dict]:
     """One row per target: {"target", "where", "ok", "reachable", "running", ...}; a target
-    the probe could not run on has "error" (the sentence), one it ran on has "problems"."""
+    the probe could not run on has "error" (the sentence), one it ran on has "problems".
+    At most `jobs` are probed at once; on_done is told of each as it ends."""
     rows = []
-    for target, report in zip(targets, each_concurrently(targets, check_target)):
+    for target, report in zip(targets, each_concurrently(targets, check_target, jobs,
+                                                         on_done=on_done)):
         if isinstance(report, OrchError):
             rows.append({"target": target.name, "where": target.describe(), "ok": False,
                          "reachable": reachable(report), "running": False, "error": str(report)})
@@ -33,7 +39,10 @@ def check_target(target: Target) -> dict:
     try:
         probe = payload_api.probe(target)
     except OrchError as error:
-        if isinstance(error, PayloadError) or not distro.python_missing(target, payload_api.SYSTEM_PYTHON):
+        # a host or link that failed is no missing python: asking again would only wait
+        # for it a second time
+        if isinstance(error, (PayloadError, ConnectionProblem)) or not distro.python_missing(
+                target, payload_api.SYSTEM_PYTHON):
             raise
         return python_missing_report(target)
     venv = probe.get("venv")

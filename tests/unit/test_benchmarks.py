@@ -41,3 +41,15 @@ def test_every_benchmark_still_starts(script):
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+def test_fanout_spreads_each_size_over_the_hosts_and_keeps_to_what_the_sandbox_holds():
+    from benchmarks import fanout
+    names = [f"sb{h}-20{c}" for h in (1, 2, 3) for c in (0, 1)]
+    inventory = {"containers": {n: {"host": n.split("-")[0], "vmid": 200, "venv": "/root/venv"}
+                                for n in names},
+                 "groups": {"running": names}}
+    inventory, sizes = fanout.fan_inventory(inventory, [1, 2, 4, 8])
+    assert sizes == [1, 2, 4]   # 6 containers: no 8
+    assert inventory["groups"]["fan-4"] == ["sb1-200", "sb2-200", "sb3-200", "sb1-201"]
+    assert all("venv" not in spec for spec in inventory["containers"].values())

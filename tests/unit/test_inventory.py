@@ -175,3 +175,20 @@ def test_yaml_is_read_by_libyaml_and_its_mistakes_said_by_pyyaml(tmp_path, monke
         yamlsrc.load_yaml("x.yaml", "a:\n\t- b\n")
     with pytest.raises(ConfigError, match=r"x.yaml:2:4: invalid YAML: found undefined alias 'y'"):
         yamlsrc.load_yaml("x.yaml", "a: &x 1\nb: *y\n")
+
+
+def test_defaults_jobs_sets_a_fan_outs_concurrency(tmp_path):
+    assert load_inventory(write(tmp_path, GOOD)).jobs == 32   # config/concurrency.py
+    assert load_inventory(write(tmp_path, GOOD + "defaults: {jobs: 8}\n")).jobs == 8
+
+
+@pytest.mark.parametrize("defaults, words", [
+    ("{jobs: 0}", "jobs must be between 1 and 1000, not 0"),
+    ("{jobs: many}", "'many'"),
+    ("{job: 4}", "unknown key 'job' in defaults"),
+    ("[4]", "defaults"),
+])
+def test_bad_defaults_are_named_with_their_line(tmp_path, defaults, words):
+    with pytest.raises(ConfigError) as raised:
+        load_inventory(write(tmp_path, GOOD + f"defaults: {defaults}\n"))
+    assert words in str(raised.value) and "inventory.yaml:9" in str(raised.value), str(raised.value)

@@ -14,7 +14,7 @@ import time
 import paramiko
 import pytest
 
-from orchestrator.ground.errors import BadArgument, ChannelRefused
+from orchestrator.ground.errors import BadArgument, ChannelRefused, HostUnreachable
 from orchestrator.payloads import compact_source, payload_source
 from orchestrator.remote.base import Result, validate_env
 from orchestrator.remote.local import LocalTransport
@@ -62,6 +62,36 @@ def test_a_refused_channel_is_reported_as_refused_at_once(error):
     assert "refused to open a session channel" in message and "MaxSessions" in message
     assert "within 30" not in message and "after 0.0" in message
     assert host._connections[0].open == 0  # the slot was given back
+
+
+def test_commands_waiting_for_a_connection_that_fails_share_its_error():
+    """A fan-out over a down host's containers: the first command dials, the others wait for
+    that attempt and fail with its error, instead of each paying the connect timeout again."""
+    host = SshHost(SshSettings(name="pve", address="192.0.2.1"))
+    dials = []
+
+    def slow_failure():
+        dials.append(1)
+        time.sleep(0.3)
+        raise HostUnreachable("cannot reach host pve at 192.0.2.1:22: timed out")
+    host.open_client = slow_failure
+    errors = []
+
+    def one():
+        try:
+            host.run(["true"], timeout=30)
+        except HostUnreachable as error:
+            errors.append(str(error))
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(dials) == 1 and len(errors) == 4
+    assert all("cannot reach host pve" in error for error in errors)
+    with pytest.raises(HostUnreachable):   # a later command dials again: the host may be back
+        host.run(["true"], timeout=30)
+    assert len(dials) == 2
 
 
 def test_env_goes_into_the_command_quoted_once():

@@ -14,6 +14,7 @@ from orchestrator.ground import console
 from orchestrator.ground.errors import ConfigError, ExitCode
 from orchestrator.ground.lazy import lazy
 from orchestrator.remote.base import LineSplitter, stdin_bytes
+from orchestrator.cli.commands.fanout import Fanout, fanout_options, report_failures
 from orchestrator.remote.container import require_vmid
 
 # imported when first called: `orch exec --help` needs no SSH code
@@ -37,10 +38,11 @@ pass_app = click.pass_obj
               help="Kill the command (its whole process group) after this long "
                    "(default: no limit).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON when it ends.")
+@fanout_options
 @click.argument("target")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_app
-def exec_command(app, target, command, timeout, as_json):
+def exec_command(app, target, command, timeout, as_json, jobs, progress):
     """Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live.
 
     Options go before TARGET; everything after TARGET (an optional `--` first) is the
@@ -50,12 +52,16 @@ def exec_command(app, target, command, timeout, as_json):
     killed. orch exits with the command's exit code; its own errors exit 255, as ssh's do
     (a host unreachable, a connection lost mid-command or a dead link, a timeout), except a
     bad command line (2) and a container that does not exist or is not running (4).
+    Over a group, every container's lines are prefixed [NAME], at most --jobs run at once,
+    and the containers orch could not run the command in are listed at the end, one line
+    each with its fix (docs/guide/fleet.md).
 
     \b
     Examples:
       orch exec drafters -- nvidia-smi
       orch exec pve:200 python3 -c 'import sys; print(sys.argv)' 'a b' '$HOME'
       orch exec --timeout 60 all-drafters -- df -h /
+      orch exec --jobs 8 --progress all-drafters -- nvidia-smi -L
     """
     command = list(command)
     if command and command[0] == "--":
@@ -67,15 +73,16 @@ def exec_command(app, target, command, timeout, as_json):
                                "before TARGET (orch exec --timeout 5 TARGET -- COMMAND...)")
     # SIGTERM unwinds like Ctrl-C; in the agent the client's SIGTERM comes as the interrupt
     with app.invocation.signal_handler(signal.SIGTERM, _terminated):
-        return _exec(app, target, command, timeout, as_json)
+        return _exec(app, target, command, timeout, as_json, jobs, progress)
 
 
-def _exec(app, target, command, timeout, as_json):
+def _exec(app, target, command, timeout, as_json, jobs=None, progress=None):
     targets = app.fleet.targets([target])
     try:
         if len(targets) == 1 and not as_json:
             return exec_streaming(app.invocation, targets[0], command, timeout)
-        return _exec_many(app, targets, command, timeout, as_json)
+        return _exec_many(app, Fanout(app, targets, jobs, progress, as_json), command, timeout,
+                          as_json)
     except _OutputClosed:
         # like ssh under `| head`: the reader left, the remote command is stopped with us
         app.invocation.discard_stdout()
@@ -90,26 +97,26 @@ def exec_streaming(invocation, target, command, timeout):
     return result.exit_code
 
 
-def _exec_many(app, targets, command, timeout, as_json):
-    invocation = app.invocation
+def _exec_many(app, fanout, command, timeout, as_json):
+    invocation, targets = app.invocation, fanout.targets
     stdin = stdin_bytes(_forwarded_stdin(invocation.stdin))  # every target gets the same input
 
     def run_one(target):
         if as_json:
             return target.run(command, stdin=stdin, timeout=timeout, capture=True,
                               kill_on_close=True)
-        out, err = _prefixed(target.name, invocation.stdout), _prefixed(target.name, invocation.stderr)
+        out = _prefixed(target.name, invocation.stdout, fanout.progress.printing)
+        err = _prefixed(target.name, invocation.stderr, fanout.progress.printing)
         try:
             return target.run(command, stdin=stdin, timeout=timeout, capture=False,
                               kill_on_close=True, on_stdout=out.feed, on_stderr=err.feed)
         finally:   # a last line without a newline is a line too
             out.flush()
             err.flush()
-    results = fan_out(targets, run_one, on_interrupt=app.fleet.close)
+    results = fanout.run(run_one, on_interrupt=app.fleet.close)
     if as_json:
         console.print_json([_result_json(t, results) for t in targets])
-    for t, error in results.failed.items():
-        console.error(_naming(t.name, str(error)))
+    report_failures(results)
     codes = [ExitCode.EXEC_ORCH_ERROR if t in results.failed else results.succeeded[t].exit_code
              for t in targets]
     return max(codes)
@@ -151,11 +158,11 @@ def _writer(stream):
     return write
 
 
-def _prefixed(name: str, stream) -> LineSplitter:
-    lock = threading.Lock()
-
+def _prefixed(name: str, stream, printing) -> LineSplitter:
+    """A target's output as `[NAME] line` lines on stream; printing() is held while one is
+    written (it takes the progress line away: console/fanout.py)."""
     def line(text: str) -> None:
-        with lock:
+        with printing():
             try:
                 stream.write(f"[{name}] {text}\n")
                 stream.flush()
@@ -298,22 +305,27 @@ def inventory():
 @click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
               help="Only these containers or groups (default: every container).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@fanout_options
 @pass_app
-def inventory_check(app, targets, as_json):
+def inventory_check(app, targets, as_json, jobs, progress):
     """Check every container at once: reachable, running, python, venv, GPUs.
 
     A container without python3 is reported with its distribution's install command
     (read from /etc/os-release), e.g. `orch exec CT -- apt-get install -y python3`.
+    At most --jobs containers are checked at once; the table has a row per container and
+    what is wrong follows it, one line per container with its fix.
     Exit code: 0 all ok, 1 a container has a problem.
 
     \b
     Example:
       orch inventory check --json
       orch inventory check -t drafters
+      orch inventory check --jobs 64 --progress
     """
     fleet = app.fleet
     chosen = fleet.targets(list(targets) or list(fleet.inventory.containers))
-    rows = check_targets(chosen)
+    fanout = Fanout(app, chosen, jobs, progress, as_json)
+    rows = fanout.each(lambda jobs, on_done: check_targets(chosen, jobs, on_done))
     if as_json:
         console.print_json(rows)
     else:

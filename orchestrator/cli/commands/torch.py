@@ -15,6 +15,8 @@ from orchestrator.ground import console, fx_states, invocation
 from orchestrator.remote import payload_api
 from orchestrator.ground.errors import ExitCode
 from orchestrator.ground.lazy import lazy
+from orchestrator.cli.commands.fanout import (JOBS_OPTION, PROGRESS_OPTION, Fanout,
+                                              fanout_options, report_failures)
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.targets.fleet import GroupResult, fan_out
@@ -45,6 +47,8 @@ def _search_options(command):
         click.option("--max-hits", type=click.IntRange(1), default=200, show_default=True,
                      help="Stop after this many hits per target (the output says so)."),
         JSON_OPTION,
+        JOBS_OPTION,
+        PROGRESS_OPTION,
     ]):
         command = option(command)
     return command
@@ -88,11 +92,11 @@ def grep_pkg(app, package, pattern, **options):
 
 
 def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context, definition,
-            show, engine, max_hits, as_json):
+            show, engine, max_hits, as_json, jobs, progress):
     if show and not definition:
         raise click.UsageError("--show goes with --def (it prints a definition's body)")
     chosen = app.fleet.targets(targets)
-    results = fan_out(chosen, lambda target: payload_api.search(
+    results = Fanout(app, chosen, jobs, progress, as_json).run(lambda target: payload_api.search(
         target, pattern, package=package, fixed=fixed, word=word, ignore_case=ignore_case,
         context=context, mode="def" if definition else "grep", show=show, engine=engine,
         max_hits=max_hits))
@@ -101,15 +105,18 @@ def _search(app, package, pattern, *, targets, fixed, word, ignore_case, context
 
 
 def _print_each(results: GroupResult, as_json: bool, print_outcome) -> None:
-    """One JSON list of every target's outcome, or each target's in turn, its error said once."""
+    """One JSON list of every target's outcome, or each target's in turn; over several
+    targets the failed ones are listed at the end, one line each (one target: its error)."""
     if as_json:
         console.print_json(results.rows())
         return
     for target in results.items:
-        if target in results.failed:
-            console.target_error(target.name, results.failed[target])
-        else:
+        if target in results.succeeded:
             print_outcome(target, results.succeeded[target])
+        elif len(results.items) == 1:
+            console.target_error(target.name, results.failed[target])
+    if len(results.items) > 1:
+        report_failures(results)
 
 
 def _print_search(target, outcome, max_hits) -> None:
@@ -208,9 +215,10 @@ def _patch_command(patch_set: str, summary: str, examples: str):
     @click.argument("action", type=click.Choice(list(payload_api.PATCH_ACTIONS)))
     @TARGET_OPTION
     @JSON_OPTION
+    @fanout_options
     @pass_app
-    def command(app, action, targets, as_json):
-        return _run_patch(app, patch_set, action, targets, as_json)
+    def command(app, action, targets, as_json, jobs, progress):
+        return _run_patch(app, patch_set, action, targets, as_json, jobs, progress)
 
     parts = (summary, STATUS_LINES, PATCH_EXIT_CODES, examples)
     command.__doc__ = "\n\n".join(inspect.cleandoc(part) for part in parts)
@@ -245,12 +253,13 @@ fx_tls = _patch_command("fx-tls", """Make torch's FX tracing flag thread-local: 
       orch patch fx-tls revert -t drafters --json""")
 
 
-def _run_patch(app, patch_set, action, targets, as_json):
+def _run_patch(app, patch_set, action, targets, as_json, jobs=None, progress=None):
     chosen = app.fleet.targets(targets)
     changes = action in ("apply", "revert")
+    fanout = Fanout(app, chosen, jobs, progress, as_json)
     with (finish_before_interrupt(action) if changes else contextlib.nullcontext()) as ctrl_c:
         try:
-            results = fan_out(chosen, lambda target: payload_api.fx_patch(
+            results = fanout.run(lambda target: payload_api.fx_patch(
                 target, action, patch_set=patch_set))
         except KeyboardInterrupt:
             # The second Ctrl-C: the payload goes on without us; say what is known.
