@@ -47,7 +47,7 @@ def is_fast_command(args: list[str]) -> bool:
     if index is None:
         return False
     name, rest = args[index], args[index + 1:]
-    if name not in FAST_COMMANDS:
+    if name not in FAST_COMMANDS or _asks_for_help(rest):
         return False
     subcommands = FAST_COMMANDS[name]
     if subcommands is None:
@@ -57,6 +57,15 @@ def is_fast_command(args: list[str]) -> bool:
     if name == "patch":
         return _first_positional(rest[1:]) in PATCH_ACTIONS_IN_AGENT
     return True
+
+
+def _asks_for_help(rest: list[str]) -> bool:
+    """`orch CMD ... --help`: click prints the help while it parses, to the process's own
+    stdout, before the command's invocation exists; in the agent that is the agent's
+    stdout, and the user would see nothing. Help needs no connection: the direct path
+    prints it. Words after `--` are the remote command's own."""
+    words = rest[:rest.index("--")] if "--" in rest else rest
+    return "--help" in words or "-h" in words
 
 
 def _command_index(args: list[str]) -> int | None:

@@ -123,6 +123,9 @@ def test_help_lists_every_command_without_loading_it():
     (["--no-agent", "exec", "ct", "true"], False),
     (["--trust-new-host-keys", "exec", "ct", "true"], False),
     (["--help"], False),
+    (["inventory", "check", "--help"], False),     # the agent would print it to its own stdout
+    (["exec", "-h"], False),
+    (["exec", "ct", "--", "grep", "-h", "x"], True),   # the remote grep's -h
     (["run", "playbook.yaml"], False),
     (["nightly", "playbook.yaml"], False),
     ([], False),
