@@ -12,7 +12,7 @@ Two actions, run with the container's python (`PYTHON - ARGS_JSON`):
   listener that answered, not something else on that port), and report what the node
   offers. Result:
 
-    {"endpoint": {"ok": bool, "error": "..." | null, "seconds": 0.01},
+    {"endpoint": {"ok": bool, "error": "..." | null, "seconds": 0.01} | null (connect false),
      "shm": {"path": "/dev/shm", "total_bytes": N, "free_bytes": N} | {"error": "..."},
      "interfaces": ["eth0", "lo"],          # /sys/class/net, at most 256 names
      "gpus": rows of _gpus.query_gpus | null (no nvidia-smi) | {"error": ...}}
@@ -32,7 +32,8 @@ from _gpus import *  # orch: inlined when shipped
 
 ARG_SPEC = {"action": (str, REQUIRED), "host": (str, None), "port": (int, REQUIRED),
             "token": (str, REQUIRED), "timeout": (float, 3.0), "expect": (int, 1),
-            "seconds": (float, 30.0), "gpus": (list, []), "stop_on_stdin": (bool, False)}
+            "seconds": (float, 30.0), "gpus": (list, []), "stop_on_stdin": (bool, False),
+            "connect": (bool, True)}
 MAX_INTERFACES = 256
 SHM = "/dev/shm"
 
@@ -94,7 +95,10 @@ def _wait_for_close(peer):
 
 
 def check(args):
-    return {"endpoint": reach(args["host"], args["port"], args["token"], args["timeout"]),
+    endpoint = None   # not asked for: nothing of ours listens (its port was taken)
+    if args["connect"]:
+        endpoint = reach(args["host"], args["port"], args["token"], args["timeout"])
+    return {"endpoint": endpoint,
             "shm": shm_size(),
             "interfaces": interfaces(),
             "gpus": query_gpus(only=tuple(args["gpus"]))}

@@ -242,11 +242,13 @@ def preflight_listener(target: Target, port: int, token: str, expect: int,
 
 
 def preflight_check(target: Target, host: str, port: int, token: str, *,
-                    connect_timeout: float = 3.0, gpus: Sequence[int] = ()) -> dict:
+                    connect_timeout: float = 3.0, gpus: Sequence[int] = (),
+                    connect: bool = True) -> dict:
     """The pre-flight's measurements on one node: the endpoint reached (and answering with
-    token), /dev/shm's size, the interfaces, the GPUs (preflight payload's docstring)."""
+    token) unless not `connect`, /dev/shm's size, the interfaces, the GPUs (the preflight
+    payload's docstring)."""
     args = {"action": "check", "host": host, "port": port, "token": token,
-            "timeout": connect_timeout, "gpus": list(gpus)}
+            "timeout": connect_timeout, "gpus": list(gpus), "connect": connect}
     return run_payload(target, "preflight", args, python=SYSTEM_PYTHON,
                        timeout=PREFLIGHT_TIMEOUT + connect_timeout)
 

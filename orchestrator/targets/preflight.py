@@ -75,7 +75,7 @@ def preflight(nodes: Sequence[Target], endpoint: tuple[str, int], *,
     try:
         listening = listener.start()
         measured = each_concurrently(list(nodes), lambda node: _measure(
-            node, host, port, token, connect_timeout, patch_set))
+            node, host, port, token, connect_timeout, patch_set, connect=listening is None))
     finally:
         listener.stop()
     rows: list[PreflightRow] = []
@@ -99,12 +99,13 @@ def failures(rows: Sequence[PreflightRow]) -> list[PreflightRow]:
 
 
 def _measure(node: Target, host: str, port: int, token: str, connect_timeout: float,
-             patch_set: str) -> _Measured:
-    """The node's measurements first (the listener waits for its connection), then its
-    torch's patch status."""
+             patch_set: str, connect: bool) -> _Measured:
+    """The node's measurements first (the listener waits for its connection; no connect
+    when nothing of ours listens), then its torch's patch status."""
     return _Measured(
         check=_caught(lambda: payload_api.preflight_check(
-            node, host, port, token, connect_timeout=connect_timeout, gpus=node.gpus)),
+            node, host, port, token, connect_timeout=connect_timeout, gpus=node.gpus,
+            connect=connect)),
         patch=_caught(lambda: payload_api.fx_patch(node, "status", patch_set=patch_set)))
 
 
@@ -172,8 +173,8 @@ class _Listener:
                 event = self._next_event(deadline - time.monotonic())
                 if event is None or event.get("event") in ("result", "error"):
                     break
-        except OrchError:
-            pass
+        except (OrchError, OSError):
+            pass     # it ended by itself already (every node connected): its channel closed
         finally:
             self.process.close()
             self.process = None

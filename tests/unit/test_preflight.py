@@ -185,8 +185,8 @@ def fakes(monkeypatch):
                                        '{"event": "result", "accepted": 2}']),
              "reach": {}, "torch": {}, "calls": []}
 
-    def check(node, host, port, token, connect_timeout, gpus):
-        state["calls"].append((node.name, host, port, connect_timeout))
+    def check(node, host, port, token, connect_timeout, gpus, connect):
+        state["calls"].append((node.name, host, port, connect_timeout, connect))
         return {"event": "result", "endpoint": state["reach"].get(node.name, {"ok": True, "seconds": 0.01}),
                 "shm": {"path": "/dev/shm", "total_bytes": 4 * GIB, "free_bytes": 4 * GIB},
                 "interfaces": ["eth0", "lo"], "gpus": None}
@@ -203,8 +203,8 @@ def test_every_node_passes_and_the_listener_is_stopped(fakes):
     assert pf.failures(rows) == []
     assert {(r.node, r.check) for r in rows} >= {(n, c) for n in ("n1", "n2") for c in (
         "endpoint", "torch", "fx-patch", "gpus", "shm", "interface")}
-    assert sorted(fakes["calls"]) == [("n1", "10.88.1.200", 29500, 3.0),
-                                      ("n2", "10.88.1.200", 29500, 3.0)]
+    assert sorted(fakes["calls"]) == [("n1", "10.88.1.200", 29500, 3.0, True),
+                                      ("n2", "10.88.1.200", 29500, 3.0, True)]
     assert fakes["listener"].written == [b"stop\n"] and fakes["listener"].closed
     assert render_preflight(rows).startswith("pre-flight: 2 node(s) ready\n")
 
@@ -229,3 +229,4 @@ def test_a_taken_port_fails_on_the_listener_node_and_skips_the_connects(fakes):
     assert failed.detail == "the rendezvous port 29500 is already in use in n1"
     assert "ss -ltnp" in failed.fix
     assert not [r for r in rows if r.check == "endpoint" and r.node == "n2"]
+    assert [call[-1] for call in fakes["calls"]] == [False, False]   # nobody connects in vain
