@@ -83,6 +83,13 @@ def test_every_running_container_has_lo_and_eth0_up_with_its_layout_address(sand
         assert links["inet"] == {"lo": ["127.0.0.1"], "eth0": [address_of(sandbox, target)]}
 
 
+def test_a_containers_own_name_resolves_to_its_address_as_proxmox_writes_etc_hosts(sandbox):
+    """torchrun's c10d rendezvous finds the endpoint's node by resolving its own hostname."""
+    resolved = orch_exec(sandbox.inventory_path, "sb2-201", "python3", "-c",
+                         "import socket; print(socket.gethostbyname(socket.gethostname()))")
+    assert resolved == "10.88.2.201\n"
+
+
 def test_the_address_is_in_the_inventory_and_the_status(sandbox):
     import orch_sandbox as sb
     from orchestrator.config.inventory import load_inventory
