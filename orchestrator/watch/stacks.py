@@ -147,7 +147,9 @@ def wait_graph(threads: list[ThreadStack], facts: dict,
         death = ""
         if thread in died:
             tb = dead[died.index(thread)]
-            death = f"{tb.exception}: {tb.message[:120]}"
+            # one line: a message of several ("backend=... raised:" then the real error)
+            # is joined with " "
+            death = f"{tb.exception}: {' '.join(tb.message.split(chr(10)))[:240]}"
             inside = f"DIED there with {death}"
         for frame in thread.frames:
             seen = by_frame.get((frame.file, frame.line)) or {}

@@ -30,6 +30,10 @@ HEADER = "Traceback (most recent call last):"
 _FRAME = re.compile(r'File "(?P<file>[^"\n]{1,4096})", line (?P<line>\d{1,9})(?:, in (?P<function>[^\n]{1,400}))?')
 # `Type: message`, `pkg.mod.Type: message` or a bare `Type` (KeyboardInterrupt), at a line's start
 _EXCEPTION = re.compile(r"(?P<type>[A-Za-z_]\w{0,200}(?:\.[A-Za-z_]\w{0,200}){0,20})(?P<colon>:)?")
+# An exception line that ends in ":" announces more lines of its message (torch's
+# `BackendCompilerFailed: backend='inductor' raised:` then `RuntimeError: ...`, the error
+# that matters); they run to the next blank line, at most this many.
+MAX_MESSAGE_LINES = 20
 MAX_NOISE = 40            # other lines inside one traceback before it is given up as cut off
 _CARET = re.compile(r"\s{0,400}[~^]{1,4000}\s{0,40}$")
 _CHAINED = ("During handling of the above exception, another exception occurred:",
@@ -98,6 +102,7 @@ class _Reader:
         self.pending_chain = False
         self.last_done: Optional[Traceback] = None
         self.noise = 0
+        self.message_lines = 0      # > 0: the lines after last_done's exception line are its message
 
 
 class TracebackParser:
@@ -144,7 +149,10 @@ class TracebackParser:
                 self._line(reader, rest)
             return
         if reader.current is None:
-            self._idle(reader, text)
+            if reader.message_lines:
+                self._message_line(reader, text)
+            else:
+                self._idle(reader, text)
             return
         stripped = text.strip()
         frame = _FRAME.search(text)
@@ -167,6 +175,16 @@ class TracebackParser:
         reader.pending_chain = False
         self._who(reader, text)
 
+    def _message_line(self, reader: _Reader, text: str) -> None:
+        stripped = text.strip()
+        if not stripped or stripped in _CHAINED or reader.message_lines > MAX_MESSAGE_LINES:
+            reader.message_lines = 0
+            self._idle(reader, text)
+            return
+        tb = reader.last_done
+        tb.message = (tb.message + "\n" + stripped)[:MAX_MESSAGE]
+        reader.message_lines += 1
+
     def _who(self, reader: _Reader, text: str) -> None:
         """The worker the next traceback belongs to, if this line names one."""
         trainer = dflash.ERROR_LINE.search(text)
@@ -188,7 +206,7 @@ class TracebackParser:
         reader.current = Traceback(worker=worker, exception="", message="", source=self.source,
                                    line=self.lineno, causes=[c for c in chain if c is not None])
         reader.next_worker, reader.pending_chain, reader.chained = "", False, []
-        reader.noise = 0
+        reader.noise = reader.message_lines = 0
 
     def _frame(self, tb: Traceback, match: re.Match) -> None:
         tb.frames.append(Frame(match.group("file"), int(match.group("line")),
@@ -215,6 +233,7 @@ class TracebackParser:
         tb.exception = match.group("type")
         tb.message = stripped[match.end():].strip()[:MAX_MESSAGE]
         self._finish(reader)
+        reader.message_lines = 1 if tb.message.endswith(":") else 0
 
     def _finish(self, reader: _Reader) -> None:
         tb, reader.current = reader.current, None

@@ -60,6 +60,40 @@ def test_pythons_thread_header_and_chained_exceptions():
     assert [c.exception for c in tb.causes] == ["KeyError"]
 
 
+# The end of what torch 2.13 prints when a compile backend raises (a real run's text): the
+# exception line ends in "raised:" and the error that matters is on the next line.
+BACKEND_FAILED = """Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/__init__.py", line 2568, in __call__
+    return self.compiler_fn(model_, inputs_, **self.kwargs)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/root/train.py", line 3, in bad_backend
+    raise RuntimeError("Detected that you are using FX to symbolically trace a dynamo-optimized function.")
+torch._dynamo.exc.BackendCompilerFailed: backend='bad_backend' raised:
+RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized function.
+
+Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially if you're reporting a bug to PyTorch). For even more developer context, set TORCH_LOGS="+dynamo"
+
+step=4 loss=0.5
+"""
+
+
+def test_a_message_announced_by_a_colon_goes_on_to_the_blank_line():
+    for log in (BACKEND_FAILED,
+                "".join(f"[rank{r}]:{line}\n" for line in BACKEND_FAILED.splitlines()
+                        for r in (0, 1))):
+        result = tracebacks.parse(log)
+        assert {tb.message for tb in result.tracebacks} == {
+            "backend='bad_backend' raised:\nRuntimeError: Detected that you are using FX to "
+            "symbolically trace a dynamo-optimized function."}
+        assert {tb.exception for tb in result.tracebacks} == {"torch._dynamo.exc.BackendCompilerFailed"}
+    # a message without the colon stays one line: the trainer's next line is not part of it
+    [tb] = tracebacks.parse(TB + "step=4 loss=0.5\n").tracebacks
+    assert tb.message == "'custom'"
+    # and the message is bounded, however long the announced part runs
+    [tb] = tracebacks.parse(BACKEND_FAILED.replace("\n\nSet", "\n" + "more\n" * 500 + "\nSet")).tracebacks
+    assert tb.message.count("\n") <= tracebacks.MAX_MESSAGE_LINES
+
+
 def test_frozen_and_dotted_exceptions():
     log = ('Traceback (most recent call last):\n  File "<frozen importlib._bootstrap>", line 1, in _load\n'
            "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised\n")

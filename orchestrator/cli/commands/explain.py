@@ -120,7 +120,10 @@ def _print(result, all_frames: bool) -> None:
 def _print_failure(number, failure, all_frames: bool) -> None:
     out, esc = console.out, console.escape
     who = ", ".join(failure.workers) or "one worker"
-    out.print(f"\n[bold red]{number}. {esc(failure.exception)}[/]: {esc(failure.message)}")
+    # a message of several lines (torch's "backend=... raised:" then the real error) is
+    # indented under its number
+    message = esc(failure.message).replace("\n", "\n" + " " * (len(str(number)) + 2))
+    out.print(f"\n[bold red]{number}. {esc(failure.exception)}[/]: {message}")
     out.print(f"   in {len(failure.workers) or 1} worker(s): {esc(who)}"
               + (f" ({failure.count} tracebacks)" if failure.count > len(failure.workers) else ""))
     for cause in failure.causes:
