@@ -8,7 +8,10 @@ that socket and the socket to stdout:
 - the socket's end (the server closed) ends the relay: what the server sent is written out
   whole first. The local client then sees the connection close.
 Exit status: 0 relayed; 3 nothing accepted the connection (the one line on stderr says
-why); with `probe` it only connects and closes (0: something listens).
+why). With `probe` it connects to nothing: it looks for a listening socket on PORT in the
+kernel's tables (/proc/net/tcp, tcp6): 0 one listens, 3 none. A test connection would be
+taken by a one-client server as its client: debugpy's adapter serves the first connection
+it gets and then no other.
 """
 
 import os
@@ -19,6 +22,8 @@ import threading
 CHUNK = 1 << 16
 CONNECT_TIMEOUT_S = 10
 NOT_CONNECTED = 3
+LISTEN = "0A"          # TCP_LISTEN in /proc/net/tcp's st column
+MAX_TABLE_LINES = 1 << 20   # a table is the kernel's, but read bounded all the same
 
 
 def connect(port):
@@ -31,6 +36,24 @@ def connect(port):
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def listening(port):
+    """Whether a socket of this network namespace listens on TCP `port` (any address)."""
+    wanted = ":%04X" % port
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines, None)   # the header
+                for count, line in enumerate(lines):
+                    fields = line.split(None, 4)
+                    if len(fields) > 3 and fields[1].endswith(wanted) and fields[3] == LISTEN:
+                        return True
+                    if count > MAX_TABLE_LINES:
+                        break
+        except OSError:
+            continue
+    return False
 
 
 def to_server(sock):
@@ -65,10 +88,9 @@ def to_client(sock):
 
 def main(argv):
     port = int(argv[1])
-    sock = connect(port)
     if argv[2:] == ["probe"]:
-        sock.close()
-        return 0
+        return 0 if listening(port) else NOT_CONNECTED
+    sock = connect(port)
     threading.Thread(target=to_server, args=(sock,), daemon=True).start()
     to_client(sock)
     sock.close()

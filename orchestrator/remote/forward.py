@@ -71,8 +71,10 @@ def relay_argv(port: int, probe: bool = False) -> list[str]:
 
 
 def probe(target: Target, port: int) -> bool:
-    """Whether something accepts connections on `port` in the target now. Raises what a
-    command there raises (host unreachable, no such container, no python3)."""
+    """Whether a socket listens on `port` in the target now, seen in the kernel's tables
+    without connecting (a one-client server such as debugpy's would take a test connection
+    for its client). Raises what a command there raises (host unreachable, no such
+    container, no python3)."""
     result = target.run(relay_argv(port, probe=True), timeout=30)
     if result.exit_code in (0, NOT_CONNECTED):
         return result.exit_code == 0

@@ -2,12 +2,16 @@
 (python3 -m http.server) in a container, reached only through the relay (it listens on the
 container's 127.0.0.1): a big response intact (sha256), connections at once, the server
 closing first, the client closing first, 100 fetches at once, 12 connections at once on one
-SSH connection of a stock sshd (MaxSessions 10), and a link that breaks under a relay."""
+SSH connection of a stock sshd (MaxSessions 10), a link that breaks under a relay, and a
+debugpy listener answering a DAP initialize request through `orch forward`."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
+import glob
 import hashlib
+import json
 import os
 import secrets
 import socket
@@ -20,12 +24,14 @@ import urllib.request
 import pytest
 
 from orchestrator.ground.errors import ConnectionLost
-from orchestrator.remote import forward
+from orchestrator.remote import forward, transfer
 from orchestrator.targets.fleet import Fleet
 
 pytestmark = pytest.mark.sandbox
 
 BIG_MB = 30
+DEBUGPY = "debugpy==1.8.22"
+DEBUGPY_CACHE = os.path.expanduser("~/.cache/orch-test/debugpy-wheel")
 # Constant text: the folder and port arrive as $1 and $2. setsid: the server outlives this
 # command's reaper; its pid is kept for the teardown.
 START_SERVER = ('cd "$1" && head -c "$3" /dev/urandom > big.bin && printf small > small.txt '
@@ -200,3 +206,76 @@ def test_a_link_broken_under_a_relay_stops_the_forward_with_a_clear_message(sand
     assert isinstance(error, ConnectionLost), error
     assert "the connection to host sb1 broke" in str(error)
     assert "the forward to sb1-200 stopped" in str(error)
+
+
+# ----------------------------------------------------------------- a debugger
+def debugpy_wheel() -> str:
+    """debugpy's wheel for the container's python (3.11), downloaded once into a cache
+    folder (CI downloads it once)."""
+    os.makedirs(DEBUGPY_CACHE, exist_ok=True)
+    with open(DEBUGPY_CACHE + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not glob.glob(f"{DEBUGPY_CACHE}/debugpy-*.whl"):
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                                   "--only-binary=:all:", "--python-version", "3.11",
+                                   "--platform", "manylinux_2_34_x86_64", "-d", DEBUGPY_CACHE,
+                                   DEBUGPY], capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                pytest.skip(f"cannot download {DEBUGPY}: {done.stderr.strip()[-300:]}")
+    return sorted(glob.glob(f"{DEBUGPY_CACHE}/debugpy-*.whl"))[-1]
+
+
+# Constant text: the folder ($1) and the port ($2) are data. The program waits for a client.
+LISTEN = ("import sys, time; sys.path.insert(0, sys.argv[1]); import debugpy; "
+          "debugpy.listen(('127.0.0.1', int(sys.argv[2]))); time.sleep(300)")
+START_DEBUGPY = ('python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" '
+                 '"$1/debugpy.whl" "$1/site" && { setsid python3 -c "$3" "$1/site" "$2" '
+                 '>"$1/log" 2>&1 </dev/null & echo $! > "$1/pid"; }')
+
+
+def dap_message(sock, held: bytearray) -> dict:
+    """One DAP message (Content-Length header, JSON body) from sock."""
+    while b"\r\n\r\n" not in held:
+        held += sock.recv(4096)
+    head, _, rest = bytes(held).partition(b"\r\n\r\n")
+    size = int(head.split(b":", 1)[1])
+    while len(rest) < size:
+        rest += sock.recv(4096)
+    held[:] = rest[size:]
+    return json.loads(rest[:size])
+
+
+def test_a_debugpy_listener_answers_initialize_through_the_forward(sandbox, ct):
+    """Through the command, which looks at the port first: that look must not be a
+    connection, or debugpy's adapter would take it for its one client."""
+    folder = f"/tmp/fwd-debugpy-{secrets.token_hex(4)}"
+    port = 20000 + secrets.randbelow(20000)
+    ct.run(["mkdir", "-p", folder], timeout=30).check()
+    try:
+        transfer.push(ct, debugpy_wheel(), f"{folder}/debugpy.whl")
+        ct.run(["sh", "-c", START_DEBUGPY, "sh", folder, str(port), LISTEN], timeout=120).check()
+        deadline = time.monotonic() + 30
+        while not forward.probe(ct, port):
+            assert time.monotonic() < deadline, ct.run(["cat", f"{folder}/log"], timeout=30).text
+            time.sleep(0.3)
+        process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
+                                    str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
+                                   stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "ORCH_AGENT": "off"})
+        try:
+            local = int(process.stderr.readline().split()[0].rsplit(":", 1)[1])
+            body = json.dumps({"seq": 1, "type": "request", "command": "initialize",
+                               "arguments": {"adapterID": "orch", "clientID": "orch-test"}}).encode()
+            with socket.create_connection(("127.0.0.1", local), timeout=60) as client:
+                client.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                held = bytearray()
+                message = dap_message(client, held)
+                while message["type"] != "response":   # events (telemetry, output) come first
+                    message = dap_message(client, held)
+        finally:
+            process.terminate()
+            process.communicate(timeout=30)
+        assert message["command"] == "initialize" and message["success"] is True, message
+        assert "supportsConfigurationDoneRequest" in message["body"]
+    finally:
+        ct.run(["sh", "-c", 'kill "$(cat "$1/pid")"; rm -rf "$1"', "sh", folder], timeout=30)

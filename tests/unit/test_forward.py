@@ -174,6 +174,19 @@ def test_nothing_listening_closes_the_connection_and_says_so(started):
     assert not forward.probe(local_target(), port_nobody_uses)
 
 
+def test_the_probe_sees_a_listener_without_connecting_to_it():
+    """A one-client server (debugpy's adapter) would take a test connection for its client."""
+    accepted = []
+    server = Server(accepted.append)
+    try:
+        assert forward.probe(local_target(), server.port)
+        time.sleep(0.2)
+        assert accepted == []
+    finally:
+        server.close()
+    assert not forward.probe(local_target(), server.port)
+
+
 def test_connections_beyond_the_limit_are_refused_and_the_others_go_on(started):
     release = threading.Event()
 
