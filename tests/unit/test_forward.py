@@ -69,6 +69,10 @@ class Server:
             conn.close()
 
     def close(self):
+        try:   # wakes the accept(): a close alone leaves the socket listening meanwhile
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
 
 
