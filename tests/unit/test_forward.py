@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -269,7 +270,8 @@ def wait_for(condition, timeout=20):
 
 
 # -- the command ----------------------------------------------------------------------
-def test_the_command_prints_the_url_relays_and_stops_on_sigterm(inventory):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_the_command_prints_the_url_relays_and_stops_on_a_signal(inventory, stop):
     server = Server(lambda conn: conn.sendall(b"hello from the target"))
     process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inventory,
                                 "forward", "dev2", f"0:{server.port}"],
@@ -280,7 +282,7 @@ def test_the_command_prints_the_url_relays_and_stops_on_sigterm(inventory):
     local = int(line.split()[0].rsplit(":", 1)[1])
     with connect(local) as client:
         assert read_all(client) == b"hello from the target"
-    process.terminate()
+    process.send_signal(stop)   # SIGINT: Ctrl-C
     _, err = process.communicate(timeout=20)
     assert process.returncode == 0, err
     assert "forward stopped: 1 connection(s)" in err and "Traceback" not in err
