@@ -116,7 +116,7 @@ class _ClientReader:
 
 @dataclass
 class Stats:
-    """What a forward carried (for the closing line, tests and the benchmark)."""
+    """What a forward carried (for its closing line, and tests)."""
 
     accepted: int = 0
     refused: int = 0          # over max_connections: closed at once
