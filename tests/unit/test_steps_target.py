@@ -153,15 +153,19 @@ def test_a_wheel_of_the_same_size_but_other_content_is_pushed_again(tmp_path):
     (tmp_path / "wheels").mkdir()
     (tmp_path / "wheels" / "a-1-py3-none-any.whl").write_bytes(b"abc")
     digest = hashlib.sha256(b"abc").hexdigest()
+    root = tmp_path / "ct"   # the container's / (the wheelhouse in it)
+    (root / "var" / "lib" / "orch" / "wheelhouse").mkdir(parents=True)
     for remote, pushes in (("0" * 64, 1), (digest, 0)):
         h = harness(tmp_path, WHEELHOUSE)
         h.host.on_payload("bootstrap", {"up_to_date": False, "ensurepip": True, "changed": True,
                                         "files": {"a-1-py3-none-any.whl": {"size": 3, "sha256": remote}}})
-        h.host.on_argv(["sh", "-c"])
+        h.host.on_cp(root)
         assert h.record().steps[0].status == "changed"
-        puts = [c for c in h.host.calls if c.argv[:2] == ["sh", "-c"] and "orch-put" in c.argv]
+        puts = h.host.cp_calls("receive")
         assert len(puts) == pushes
-        assert puts == [] or puts[0].argv[4] == "/var/lib/orch/wheelhouse/a-1-py3-none-any.whl"
+        assert puts == [] or json.loads(puts[0].argv[-1])["path"] == \
+            "/var/lib/orch/wheelhouse/a-1-py3-none-any.whl"
+        assert (root / "var/lib/orch/wheelhouse/a-1-py3-none-any.whl").read_bytes() == b"abc"
         install = h.host.payload_calls("bootstrap")[-1].payload_args
         assert install["action"] == "install" and install["wheels"] == {"a-1-py3-none-any.whl": digest}
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 from orchestrator.targets import distro
 
-from orchestrator.remote import payload_api
+from orchestrator.remote import payload_api, transfer
 from orchestrator.ground.errors import OrchError, PayloadError
 from orchestrator.payloads._statedir import STATE_DIR
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
@@ -264,11 +264,9 @@ class BootstrapStep(Step):
         for number, name in enumerate(missing, 1):
             size = sizes[name]
             ctx.progress(f"pushing wheel {number}/{len(missing)}: {name} ({size / 1e6:.1f} MB)")
-            with open(os.path.join(local_dir, name), "rb") as handle:
-                data = handle.read()
-            try:
-                target.put(f"{remote_dir}/{name}", data, mode=0o600,
-                           timeout=ctx.remaining(120 + size / 5e6))
+            try:   # streamed and sha256-checked as orch cp sends (no wheel held in memory)
+                transfer.push(target, os.path.join(local_dir, name), f"{remote_dir}/{name}",
+                              timeout=ctx.remaining(120 + size / 5e6))
             except OrchError as error:
                 raise StepFailed(f"pushing {name} to {target.name} failed: {error}") from None
         return digests
