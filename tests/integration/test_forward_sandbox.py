@@ -279,3 +279,15 @@ def test_a_debugpy_listener_answers_initialize_through_the_forward(sandbox, ct):
         assert "supportsConfigurationDoneRequest" in message["body"]
     finally:
         ct.run(["sh", "-c", 'kill "$(cat "$1/pid")"; rm -rf "$1"', "sh", folder], timeout=30)
+
+
+@pytest.mark.parametrize("target, said", [
+    ("sb1-202", "is not running"),      # stopped
+    ("sb1:299", "no such container"),
+])
+def test_a_container_that_cannot_run_the_relay_exits_4_with_no_url(sandbox, target, said):
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(sandbox.inventory_path),
+                          "forward", target, "0:6006"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "ORCH_AGENT": "off"})
+    assert out.returncode == 4, out.stderr
+    assert said in out.stderr and "Traceback" not in out.stderr and "http://" not in out.stderr
