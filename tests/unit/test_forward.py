@@ -277,13 +277,15 @@ def test_the_command_prints_the_url_relays_and_stops_on_a_signal(inventory, stop
                                 "forward", "dev2", f"0:{server.port}"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "ORCH_AGENT": "off"})
-    line = process.stderr.readline()
-    assert line.startswith("http://127.0.0.1:") and line.strip().endswith(f"-> dev2:{server.port}")
-    local = int(line.split()[0].rsplit(":", 1)[1])
-    with connect(local) as client:
-        assert read_all(client) == b"hello from the target"
-    process.send_signal(stop)   # SIGINT: Ctrl-C
-    _, err = process.communicate(timeout=20)
+    try:
+        line = process.stderr.readline()
+        assert line.startswith("http://127.0.0.1:") and line.strip().endswith(f"-> dev2:{server.port}")
+        local = int(line.split()[0].rsplit(":", 1)[1])
+        with connect(local) as client:
+            assert read_all(client) == b"hello from the target"
+    finally:
+        process.send_signal(stop)   # SIGINT: Ctrl-C
+        _, err = process.communicate(timeout=20)
     assert process.returncode == 0, err
     assert "forward stopped: 1 connection(s)" in err and "Traceback" not in err
 
