@@ -19,11 +19,10 @@ from orchestrator.remote import payload_api
 from orchestrator.playbook.attach import stop_recorded_run
 from orchestrator.config.inventory import ContainerSpec
 from orchestrator.playbook.engine import run_playbook
-from orchestrator.ground.errors import ConfigError, OrchError
+from orchestrator.ground.errors import ConfigError, OrchError, PayloadError
 from orchestrator.targets.fleet import Fleet, fan_out
 from orchestrator.targets.inventory_check import check_targets
 from orchestrator.mcp.outputs import STREAMS, OutputGone, OutputSpool, StreamCapture, whole_utf8
-from orchestrator.ground.errors import PayloadError
 from orchestrator.mcp.policy import PolicyRefused, refuse_outside, refuse_templates
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target

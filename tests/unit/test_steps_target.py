@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 
+import pytest
+
 from orchestrator.ground import paths
 from tests.unit.step_fakes import payload_failure, planned, RUN_ID, harness
 
@@ -137,6 +139,22 @@ def test_a_collected_file_whose_bytes_changed_on_the_way_is_a_problem_not_a_file
     assert "output.log" not in outcome.data["files"]
     assert not os.path.exists(os.path.join(dest, "output.log"))
     assert [n for n in os.listdir(dest) if n.startswith(".orch-cp-")] == []
+
+
+def test_a_link_lost_under_collect_ends_the_step_as_before(tmp_path):
+    """A copy that failed is a problem to report; a lost link is not one of those."""
+    from orchestrator.ground.errors import ConnectionLost
+    from orchestrator.payloads import compact_source
+    from tests.unit.step_fakes import Reply
+    h = harness(tmp_path, COLLECT)
+    h.begin("dev")
+    h.recorder.note_launch("dev", {"run_dir": "/runs/r1", "pid": 7})
+    h.host.on(lambda argv, stdin: compact_source("cp") in argv,
+              Reply(error=ConnectionLost("the connection to host fakehost broke")))
+    params = {"log": True, "freeze": False, "nvidia_smi": False, "summary": False,
+              "files": [], "max_log_mb": 64}
+    with pytest.raises(ConnectionLost):
+        h.step().run(h.context(), params)
 
 
 WHEELHOUSE = """\

@@ -13,7 +13,8 @@ import os
 import posixpath
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import OrchError
+from orchestrator.ground.errors import (CommandTimeout, ConnectionProblem, ContainerProblem,
+                                        OrchError)
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepOutcome
 from orchestrator.remote import transfer
 
@@ -69,8 +70,8 @@ class CollectStep(Step):
             for name in ("cmd.json", "pid.json", "exit.json"):
                 try:
                     fetch(posixpath.join(run_dir, name), name, 60)
-                except OrchError:
-                    pass   # written at some stages of a launch only
+                except OrchError as error:
+                    _unless_the_target_is_gone(error)   # written at some stages of a launch only
         if params["freeze"]:
             try:
                 python = target.python()
@@ -107,7 +108,16 @@ class CollectStep(Step):
                            data={"dir": dest, "files": saved, "problems": problems})
 
 
+def _unless_the_target_is_gone(error: OrchError) -> None:
+    """A file that could not be copied is the step's problem to report; a host lost, a
+    container stopped or a timeout ends the step, as any command of it would."""
+    if isinstance(error, (ConnectionProblem, ContainerProblem, CommandTimeout)):
+        raise error
+
+
 def _said(error: OrchError, target) -> str:
-    """The error's first line without the target's name in front (the step names it)."""
+    """The error's first line without the target's name in front (the step names it);
+    raises the errors that end the step instead (_unless_the_target_is_gone)."""
+    _unless_the_target_is_gone(error)
     text = str(error).splitlines()[0]
     return text[len(target.name) + 2:] if text.startswith(f"{target.name}: ") else text
