@@ -103,6 +103,8 @@ LAZY_COMMANDS = {
              "Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live."),
     "explain": ("orchestrator.cli.commands.explain", "explain_command",
                 "Explain a failed run: its tracebacks, their source in the target, the shared state."),
+    "forward": ("orchestrator.cli.commands.debug", "forward_command",
+                "Forward local TCP ports to ports inside a container, until Ctrl-C."),
     "grep-pkg": ("orchestrator.cli.commands.torch", "grep_pkg",
                  "Search any installed package's source (transformers, triton, ...) like grep-torch."),
     "grep-torch": ("orchestrator.cli.commands.torch", "grep_torch",

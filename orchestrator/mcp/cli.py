@@ -33,11 +33,14 @@ else:
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST",
               help="Let tools act on this Proxmox host itself, outside any container (as its "
                    "SSH user, usually root). Repeatable. Default: containers only.")
+@click.option("--allow-path", "allow_paths", multiple=True, metavar="FOLDER",
+              help="read_file may also read files under this absolute folder of a container "
+                   "(repeatable). Default: run folders only.")
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="A YAML policy: `allow: [exec, write]`, `targets: [NAME, ...]`, "
-                   "`hosts: [HOST, ...]`.")
+                   "`hosts: [HOST, ...]`, `paths: [FOLDER, ...]`.")
 @click.pass_obj
-def mcp_command(app, allow, allow_targets, allow_hosts, policy_file):
+def mcp_command(app, allow, allow_targets, allow_hosts, allow_paths, policy_file):
     """Serve orch's tools to an AI agent over MCP (stdio): typed, capped, audited.
 
     An MCP host (Claude Desktop, VS Code, an agent framework) starts this command and talks
@@ -45,7 +48,8 @@ def mcp_command(app, allow, allow_targets, allow_hosts, policy_file):
     container stay open for the server's life. Every tool call is recorded before it acts
     and after: `orch runs audit`. Tools act in containers only: a host's own name (or an
     inventory entry without a vmid) is refused unless --allow-host names it. run_start's
-    vars are data: template syntax in them is refused.
+    vars are data: template syntax in them is refused. read_file reads files of run
+    folders only, and of the folders --allow-path names.
 
     Exit codes: 0 when the client closes the connection; 1 when the MCP SDK is missing;
     2 for a bad option, inventory or policy file (FILE:LINE:COL).
@@ -56,6 +60,7 @@ def mcp_command(app, allow, allow_targets, allow_hosts, policy_file):
       orch -i inventory.yaml mcp --allow exec --allow write --allow-target drafters
       orch -i sandbox mcp --policy mcp-policy.yaml
       orch -i inventory.yaml mcp --allow exec --allow-host pve   # pve itself too
+      orch -i inventory.yaml mcp --allow-path /root/outputs     # read_file there too
     """
     try:
         # server.py is built on the MCP SDK, an optional extra (orch[mcp]): imported here so
@@ -67,7 +72,8 @@ def mcp_command(app, allow, allow_targets, allow_hosts, policy_file):
                             hint="pip install 'orch[mcp]' (or: pip install 'mcp>=2.3,<3')") from None
         raise
     fleet = app.fleet
-    policy = build_policy(allow, allow_targets, policy_file, fleet.inventory, hosts=allow_hosts)
+    policy = build_policy(allow, allow_targets, policy_file, fleet.inventory, hosts=allow_hosts,
+                          paths=allow_paths)
     store = RunStore()
     tools = Tools(fleet, store, app.inventory_option)
     audit = AuditLog(store, new_session_id())

@@ -6,6 +6,7 @@
     orch mcp --allow exec --allow-target sb1-200   # changing tools on sb1-200 only
     orch mcp --policy mcp-policy.yaml # allow: [exec, write]; targets: [drafters]
     orch mcp --allow-host pve         # tools may also act on the Proxmox host pve itself
+    orch mcp --allow-path /root/outputs   # read_file may also read under this folder
 
 A tool that is not allowed is not even listed: an agent cannot call what it cannot see.
 
@@ -14,24 +15,30 @@ inventory entry without a vmid: a command there runs on the hypervisor, as its S
 usually root) is refused, by read-only tools too, unless the allowance names that host
 (`--allow-host NAME`, or `hosts: [NAME]` in the policy file).
 
+read_file reads only under orch's run folders of the container (its state folder's runs/)
+and under the folders the allowance adds (`--allow-path`, `paths:`); the payload checks the
+real path (symlinks resolved) in the container, and the check here refuses what is plainly
+outside before anything runs.
+
 run_start's vars are data: a value (or key) holding template syntax is refused before the
 playbook is read, so a client cannot smuggle a template into the controller's renderer.
 """
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from orchestrator.config.yamlsrc import load_yaml
 from orchestrator.ground.errors import ConfigError, OrchError
 
-READ_TOOLS = ("list_targets", "inventory_check", "grep_source", "read_source", "fx_tls_status",
-              "fx_tls_diff", "verify_fx_race", "run_status", "run_log", "explain_run",
-              "runs_list", "runs_compare")
+READ_TOOLS = ("list_targets", "inventory_check", "grep_source", "read_source", "read_file",
+              "fx_tls_status", "fx_tls_diff", "verify_fx_race", "run_status", "run_log",
+              "explain_run", "runs_list", "runs_compare")
 ALLOWANCES = {"exec": ("exec",),
               "write": ("fx_tls_apply", "fx_tls_revert", "run_start", "run_stop")}
-POLICY_KEYS = {"allow", "targets", "hosts"}
+POLICY_KEYS = {"allow", "targets", "hosts", "paths"}
 TEMPLATE_MARKS = ("{{", "{%", "{#")
 
 
@@ -51,6 +58,7 @@ class Policy:
     targets: Optional[frozenset] = None       # container names; None: any target
     target_names: tuple = field(default=())   # as given (groups too), for messages
     hosts: frozenset = frozenset()            # hosts tools may act on themselves
+    paths: tuple = ()                         # folders read_file may read besides run folders
 
     def tools(self) -> list[str]:
         names = list(READ_TOOLS)
@@ -91,11 +99,32 @@ class Policy:
         allowed = ", ".join(sorted(self.allow)) or "read-only"
         where = "any container" if self.targets is None else ", ".join(self.target_names)
         hosts = f"; hosts themselves: {', '.join(sorted(self.hosts))}" if self.hosts else ""
-        return f"{allowed} ({where}{hosts})"
+        paths = f"; read_file also under {', '.join(self.paths)}" if self.paths else ""
+        return f"{allowed} ({where}{hosts}{paths})"
+
+
+def refuse_outside(path: str, roots: Iterable[str]) -> None:
+    """read_file's path must be absolute and, as written, inside one of roots (the payload
+    checks the real path again in the container: a link cannot lead out)."""
+    roots = list(roots)
+    if not path.startswith("/") or "\0" in path:
+        raise PolicyRefused(f"read_file: {path!r} is not an absolute path",
+                            hint="give the file's absolute path in the container")
+    normal = posixpath.normpath(path)
+    if not any(normal == root or normal.startswith(root.rstrip("/") + "/") for root in roots):
+        raise PolicyRefused(f"read_file: {path} is not inside the folders this client may "
+                            f"read ({', '.join(roots)})",
+                            hint="run folders are readable; the server's owner can add a "
+                                 "folder with --allow-path (or paths: in the policy file)")
 
 
 def refuse_templates(variables: Any, path: str = "vars") -> None:
-    """run_start's vars are data: no key or string value may hold template syntax (the
+    """read_file reads only under orch's run folders of the container (its state folder's runs/)
+and under the folders the allowance adds (`--allow-path`, `paths:`); the payload checks the
+real path (symlinks resolved) in the container, and the check here refuses what is plainly
+outside before anything runs.
+
+run_start's vars are data: no key or string value may hold template syntax (the
     playbook renders its own templates with them; a template inside one would be rendered
     on the controller)."""
     if isinstance(variables, dict):
@@ -113,15 +142,20 @@ def refuse_templates(variables: Any, path: str = "vars") -> None:
 
 def build_policy(allow: Iterable[str] = (), targets: Iterable[str] = (),
                  policy_file: Optional[str] = None, inventory=None,
-                 hosts: Iterable[str] = ()) -> Policy:
-    """The allowance from --allow/--allow-target/--allow-host and an optional policy file
-    (merged)."""
-    allow, targets, hosts = list(allow), list(targets), list(hosts)
+                 hosts: Iterable[str] = (), paths: Iterable[str] = ()) -> Policy:
+    """The allowance from --allow/--allow-target/--allow-host/--allow-path and an optional
+    policy file (merged)."""
+    allow, targets, hosts, paths = list(allow), list(targets), list(hosts), list(paths)
     if policy_file:
         from_file = _read_policy_file(policy_file)
         allow += from_file.get("allow", [])
         targets += from_file.get("targets", [])
         hosts += from_file.get("hosts", [])
+        paths += from_file.get("paths", [])
+    bad = [p for p in paths if not p.startswith("/") or not posixpath.normpath(p).strip("/")]
+    if bad:
+        raise ConfigError(f"--allow-path {bad[0]!r}: give an absolute folder other than /",
+                          hint="e.g. --allow-path /root/outputs")
     unknown = sorted(set(allow) - set(ALLOWANCES))
     if unknown:
         raise ConfigError(f"unknown allowance {', '.join(map(repr, unknown))}",
@@ -131,7 +165,8 @@ def build_policy(allow: Iterable[str] = (), targets: Iterable[str] = (),
         if strange:
             raise ConfigError(f"--allow-host {strange[0]!r}: no such host in {inventory.path}",
                               hint="hosts: " + ", ".join(sorted(inventory.hosts)))
-    policy = Policy(allow=frozenset(allow), hosts=frozenset(hosts))
+    policy = Policy(allow=frozenset(allow), hosts=frozenset(hosts),
+                    paths=tuple(dict.fromkeys(posixpath.normpath(p) for p in paths)))
     if not targets:
         return policy
     specs = inventory.resolve(targets) if inventory else []
@@ -154,7 +189,8 @@ def _read_policy_file(path: str) -> dict:
         raise source.error((), "a policy is a mapping with allow: and targets:")
     for key in data:
         if key not in POLICY_KEYS:
-            raise source.error((key,), f"unknown key {key!r} (known: allow, targets, hosts)", key=True)
+            raise source.error((key,), f"unknown key {key!r} (known: allow, targets, hosts, "
+                                       "paths)", key=True)
     for key in POLICY_KEYS & set(data):
         value = data[key]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

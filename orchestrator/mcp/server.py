@@ -82,6 +82,19 @@ class SourceText(TypedDict):
     bytes: int
 
 
+class FilePage(TypedDict):
+    target: str
+    path: str
+    size: int            # the file's size now
+    offset: int
+    next_offset: int     # pass it back as offset to read on
+    bytes: int
+    eof: bool
+    encoding: str        # utf-8 (data is the text) or base64 (data is the bytes, encoded)
+    data: str
+    sha256: str          # of this page's bytes, as read in the container
+
+
 class LogPage(TypedDict, total=False):
     run_id: str
     target: Optional[str]
@@ -216,6 +229,25 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
                      "start_line": start_line, "end_line": end_line, "max_bytes": max_bytes}
         return call("read_source", arguments, lambda: tools.read_source(
             target, package, path, start_line, end_line, max_bytes))
+
+    @tool("read_file")
+    def read_file(
+            target: Target,
+            path: Annotated[str, Field(description="An absolute path in the container, inside a "
+                                                   "run folder (the state folder's runs/, e.g. "
+                                                   "/var/lib/orch/runs/RUN/launch/output.log) or "
+                                                   "a folder the server allows")],
+            offset: Annotated[int, Field(ge=0, description="Byte offset to read from")] = 0,
+            max_bytes: Annotated[int, Field(ge=1, le=1 << 20, description="At most this many "
+                                                                          "bytes")] = DEFAULT_OUTPUT_BYTES,
+    ) -> FilePage:
+        """A byte range of one file in a container, read-only: run folders (logs, metrics,
+        core dumps), or folders the server's owner allows. Text when it is UTF-8, else
+        base64; the sha256 of the bytes is computed where they were read and checked here.
+        A path whose real path (symlinks resolved) leads outside is refused."""
+        arguments = {"target": target, "path": path, "offset": offset, "max_bytes": max_bytes}
+        return call("read_file", arguments, lambda: tools.read_file(
+            target, path, offset, max_bytes, extra_roots=policy.paths))
 
     @tool("fx_tls_status")
     def fx_tls_status(target: Target) -> dict[str, Any]:

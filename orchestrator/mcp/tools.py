@@ -9,6 +9,8 @@ attach.stop_recorded_run, RunStore, runs.compare, inventory_check.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import threading
 from typing import Any, Optional
@@ -17,11 +19,11 @@ from orchestrator.remote import payload_api
 from orchestrator.playbook.attach import stop_recorded_run
 from orchestrator.config.inventory import ContainerSpec
 from orchestrator.playbook.engine import run_playbook
-from orchestrator.ground.errors import ConfigError, OrchError
+from orchestrator.ground.errors import ConfigError, OrchError, PayloadError
 from orchestrator.targets.fleet import Fleet, fan_out
 from orchestrator.targets.inventory_check import check_targets
 from orchestrator.mcp.outputs import STREAMS, OutputGone, OutputSpool, StreamCapture, whole_utf8
-from orchestrator.mcp.policy import refuse_templates
+from orchestrator.mcp.policy import PolicyRefused, refuse_outside, refuse_templates
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.container import Target
 from orchestrator.remote.session import SessionPool, SessionTarget
@@ -211,6 +213,33 @@ class Tools:
         found = payload_api.source_read(warm, package, path, start_line, end_line,
                                         max_bytes=max(1, min(max_bytes, MAX_OUTPUT_BYTES)))
         return {"target": warm.name, **{k: v for k, v in found.items() if k != "event"}}
+
+    def read_file(self, target: str, path: str, offset: int, max_bytes: int,
+                  extra_roots=()) -> dict:
+        """Bytes of one file under the container's run folders (or a folder the allowance
+        adds): text when they are UTF-8 (cut at a character's start; next_offset is where
+        the next page starts), else base64; their sha256 checked end to end."""
+        warm = self.warm(target)
+        roots = [f"{warm.state_dir()}/runs", *extra_roots]
+        refuse_outside(path, roots)
+        try:
+            found = payload_api.file_read(warm, path, roots, max(0, offset),
+                                          max(1, min(max_bytes, MAX_OUTPUT_BYTES)))
+        except PayloadError as error:
+            if error.kind == "outside-allowance":   # the real path leads out: a link
+                raise PolicyRefused(str(error)) from None
+            raise
+        data = found["data"]
+        page = whole_utf8(data, at_end=found["eof"])
+        try:
+            text, encoding = page.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            page, text, encoding = data, base64.b64encode(data).decode("ascii"), "base64"
+        return {"target": warm.name, "path": path, "size": found["size"],
+                "offset": found["offset"], "next_offset": found["offset"] + len(page),
+                "bytes": len(page), "eof": found["offset"] + len(page) >= found["size"],
+                "encoding": encoding, "data": text,
+                "sha256": hashlib.sha256(page).hexdigest()}
 
     def fx_tls(self, target: str, action: str) -> dict:
         warm = self.warm(target)

@@ -119,41 +119,46 @@ def _walk_below(folder, name):
                 yield below
 
 
-def measure(path):
+def measure(path, last_bytes=None):
     """{"bytes", "files"} of what walk(path) sends (the S frame)."""
     total = files = 0
     for _, _, info in walk(path):
         if stat.S_ISREG(info.st_mode):
-            total, files = total + info.st_size, files + 1
+            total, files = total + _sent_size(info, last_bytes), files + 1
     return {"bytes": total, "files": files}
 
 
-def send_frames(path, on_data=None, skipped=None, hashes=None):
+def send_frames(path, on_data=None, skipped=None, hashes=None, last_bytes=None):
     """The framed stream of path: S, T..., M (or X when a file changed under the read, or
     could not be read: the generator itself never raises, so a stream always ends).
     on_data(n) is told of every n bytes of file data; skipped gets what tar cannot carry
-    here (sockets, devices, fifos), which is left out; hashes gets every file's sha256."""
+    here (sockets, devices, fifos), which is left out; hashes gets every file's sha256.
+    last_bytes: path is one regular file, and only its last last_bytes bytes are sent (as
+    `tail -c`: a log that grows meanwhile is no error, its end at the start is sent)."""
     hashes = {} if hashes is None else hashes
     out = _TarFrames()
     try:
-        yield frame(b"S", json.dumps(measure(path)).encode())
+        if last_bytes is not None and (last_bytes < 0 or not os.path.isfile(path)):
+            raise TransferError("%s: a byte range is for one regular file" % path, "bad-args")
+        yield frame(b"S", json.dumps(measure(path, last_bytes)).encode())
         for member, full, info in walk(path):
             kind = stat.S_IFMT(info.st_mode)
             if kind not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
                 if skipped is not None:
                     skipped.append(member)
                 continue
-            for ready in out.add(_header(member, full, info)):
+            size = _sent_size(info, last_bytes)
+            for ready in out.add(_header(member, full, info, size)):
                 yield ready
             if kind == stat.S_IFREG:
                 digest = hashlib.sha256()
-                for piece in _file_data(full, info.st_size):
+                for piece in _file_data(full, size, info.st_size - size, last_bytes is None):
                     digest.update(piece)
                     if on_data:
                         on_data(len(piece))
                     for ready in out.add(piece):
                         yield ready
-                for ready in out.add(tarfile.NUL * (-info.st_size % tarfile.BLOCKSIZE)):
+                for ready in out.add(tarfile.NUL * (-size % tarfile.BLOCKSIZE)):
                     yield ready
                 hashes[member] = digest.hexdigest()
         for ready in out.add(tarfile.NUL * (2 * tarfile.BLOCKSIZE), flush=True):  # the end
@@ -165,6 +170,13 @@ def send_frames(path, on_data=None, skipped=None, hashes=None):
         yield error_frame(error)
         return
     yield frame(b"M", json.dumps({"sha256": hashes}).encode())
+
+
+def _sent_size(info, last_bytes):
+    """How many bytes of a file the stream carries: all, or its last last_bytes."""
+    if not stat.S_ISREG(info.st_mode):
+        return 0
+    return info.st_size if last_bytes is None else min(info.st_size, last_bytes)
 
 
 class _TarFrames:
@@ -183,7 +195,7 @@ class _TarFrames:
                 yield frame(b"T", data[start:start + MAX_TAR_FRAME])
 
 
-def _header(member, full, info):
+def _header(member, full, info, size):
     entry = tarfile.TarInfo(member if not stat.S_ISDIR(info.st_mode) else member + "/")
     entry.mode = stat.S_IMODE(info.st_mode)
     entry.mtime = int(info.st_mtime)
@@ -194,18 +206,21 @@ def _header(member, full, info):
     elif stat.S_ISLNK(info.st_mode):
         entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(full)
     else:
-        entry.size = info.st_size
+        entry.size = size
     return entry.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _file_data(full, size):
-    """size bytes of the file, in pieces; a file that shrank or grew meanwhile is an error
-    (tar's header holds its size already)."""
+def _file_data(full, size, offset=0, whole=True):
+    """size bytes of the file from offset, in pieces; a file that shrank meanwhile is an
+    error (tar's header holds its size already), and so is one that grew when the whole
+    file was to be sent."""
     try:
         fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as error:
         raise TransferError("cannot read %s: %s" % (full, error.strerror), "unreadable")
     try:
+        if offset:
+            os.lseek(fd, offset, os.SEEK_SET)
         left = size
         while left:
             piece = os.read(fd, min(CHUNK, left))
@@ -213,7 +228,7 @@ def _file_data(full, size):
                 raise TransferError("%s shrank while it was copied" % full, "changed")
             left -= len(piece)
             yield piece
-        if os.read(fd, 1):
+        if whole and os.read(fd, 1):
             raise TransferError("%s grew while it was copied" % full, "changed")
     finally:
         os.close(fd)

@@ -1,11 +1,13 @@
 """Payload: the container's end of `orch cp` — stdlib only.
 
 Run as `python3 -I -S -c SOURCE ARGS_JSON` (the source in argv, so that stdin is free for
-the stream); ARGS_JSON: {"action": "receive" | "send", "path": PATH, "recursive": bool}.
+the stream); ARGS_JSON: {"action": "receive" | "send", "path": PATH, "recursive": bool,
+"last_bytes": N | null}.
 - receive: reads a framed tar stream (_tarstream.py) on stdin and unpacks it at PATH (into
   it when it is a folder); prints one JSON result line: counts, "digest" (the sha256 over
   every file's sha256), "path" (what was written); or an error line.
 - send: writes the framed stream of PATH on stdout; its failures are the stream's X frame.
+  last_bytes: only the last N bytes of PATH, one regular file (`tail -c N`).
 SIGTERM (the reaper's, when orch's channel closed) removes what was staged, as an error does.
 """
 
@@ -15,7 +17,8 @@ import sys
 from _protocol import *  # orch: inlined when shipped
 from _tarstream import *  # orch: inlined when shipped
 
-ARG_SPEC = {"action": (str, REQUIRED), "path": (str, REQUIRED), "recursive": (bool, False)}
+ARG_SPEC = {"action": (str, REQUIRED), "path": (str, REQUIRED), "recursive": (bool, False),
+            "last_bytes": (int, None)}
 
 
 def _terminated(number, _frame):
@@ -51,7 +54,7 @@ def send(args):
         if problem:
             out.write(error_frame(problem))
             return 1
-        for piece in send_frames(path):
+        for piece in send_frames(path, last_bytes=args["last_bytes"]):
             out.write(piece)
         out.flush()
     except BrokenPipeError:

@@ -14,6 +14,7 @@ what the command does.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Callable, Optional, Sequence, Union
 
@@ -171,6 +172,36 @@ def collect_files(target: Target, path: str, *, name_contains: str = "tfevents",
         "path": path, "name_contains": name_contains, "max_bytes": max_bytes,
         "max_files": max_files}, python=SYSTEM_PYTHON, timeout=timeout, on_event=collect)
     return {**result, "files": files}
+
+
+def file_read(target: Target, path: str, roots: list[str], offset: int = 0,
+              length: int = 64 << 10, timeout: float = READ_TIMEOUT) -> dict:
+    """Bytes [offset, offset+length) of one regular file of target whose real path is inside
+    one of `roots` (checked there, on real paths: payloads/file_read.py). The result with
+    "data": the bytes, at most `length` whatever the container sends, their sha256 checked
+    against the one computed where they were read (PayloadError kind "hash-mismatch")."""
+    pieces: list[bytes] = []
+    kept = [0]   # the container's output is not trusted to keep to length: we do
+
+    def collect(event: dict) -> None:
+        if event.get("event") != "chunk":
+            return
+        try:
+            piece = base64.b64decode(event.get("data") or "", validate=True)
+        except (ValueError, TypeError):
+            piece = b""   # the digest below then differs, and says so
+        piece = piece[:max(0, length - kept[0])]
+        kept[0] += len(piece)
+        pieces.append(piece)
+
+    result = run_payload(target, "file_read", {"path": path, "roots": list(roots),
+                                               "offset": offset, "length": length},
+                         python=SYSTEM_PYTHON, timeout=timeout, on_event=collect)
+    data = b"".join(pieces)
+    if hashlib.sha256(data).hexdigest() != result.get("sha256"):
+        raise PayloadError(f"{target.name}: the {len(data)} bytes read from {path} are not the "
+                           "ones the container sent (their sha256 differs)", kind="hash-mismatch")
+    return {**result, "data": data}
 
 
 def explain_frames(target: Target, frames: list[dict], roots: Optional[list] = None,

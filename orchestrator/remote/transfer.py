@@ -30,10 +30,12 @@ DataCallback = Callable[[int], None]
 QUEUE_CHUNKS = 32        # a pull's output waiting for the receiver: at most 32 x 64 KiB
 
 
-def cp_argv(action: str, path: str, recursive: bool = False) -> list[str]:
+def cp_argv(action: str, path: str, recursive: bool = False,
+            last_bytes: Optional[int] = None) -> list[str]:
     """The container's end: the payload's source in argv (stdin carries the stream), -I -S
     as the reaper runs (stdlib only; PYTHON* variables and the current folder are not its)."""
-    args = json.dumps({"action": action, "path": path, "recursive": recursive})
+    args = json.dumps({"action": action, "path": path, "recursive": recursive,
+                       **({"last_bytes": last_bytes} if last_bytes is not None else {})})
     return [SYSTEM_PYTHON, "-I", "-S", "-c", compact_source("cp"), args]
 
 
@@ -80,8 +82,10 @@ def push(target: Target, source: str, dest: str, *, recursive: bool = False,
 def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
          on_data: Optional[DataCallback] = None,
          on_size: Optional[Callable[[dict], None]] = None,
-         timeout: Optional[float] = None) -> dict:
-    """Copy the file or tree `source` of target to the local `dest`; returns what was written."""
+         timeout: Optional[float] = None, last_bytes: Optional[int] = None) -> dict:
+    """Copy the file or tree `source` of target to the local `dest`; returns what was written.
+    last_bytes: source is one file, and only its last last_bytes bytes are copied (`tail -c`,
+    verified as a whole copy is)."""
     _check_local_dest(dest)
     started = time.monotonic()
     pipe = _ChunkQueue()
@@ -100,7 +104,7 @@ def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
     worker.start()
     result = None
     try:
-        result = target.run(cp_argv("send", remote_path(target, source), recursive),
+        result = target.run(cp_argv("send", remote_path(target, source), recursive, last_bytes),
                             timeout=timeout, on_stdout=pipe.put, capture=False,
                             kill_on_close=True)
     except _ReceiverGone:

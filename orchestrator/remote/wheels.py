@@ -20,7 +20,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from orchestrator.ground.errors import OrchError
-from orchestrator.remote import payload_api
+from orchestrator.remote import payload_api, transfer
 from orchestrator.remote.container import Target
 
 # manylinux's first names, and the glibc each stands for (PEP 600's aliases)
@@ -112,10 +112,9 @@ def push_wheels(target: Target, local_dir: str, names: list[str], remote_dir: st
     for number, name in enumerate(missing, 1):
         size = sizes[name]
         progress(f"pushing wheel {number}/{len(missing)}: {name} ({size / 1e6:.1f} MB)")
-        with open(os.path.join(local_dir, name), "rb") as handle:
-            data = handle.read()
-        try:
-            target.put(f"{remote_dir}/{name}", data, mode=0o600, timeout=timeout(120 + size / 5e6))
+        try:   # streamed and sha256-checked as orch cp sends (no wheel held in memory)
+            transfer.push(target, os.path.join(local_dir, name), f"{remote_dir}/{name}",
+                          timeout=timeout(120 + size / 5e6))
         except OrchError as error:
             raise OrchError(f"pushing {name} to {target.name} failed: {error}") from None
     return digests

@@ -444,3 +444,40 @@ def test_agent_replay_of_the_seed_story(inventory, store, torch_venv_in_containe
     assert calls >= 12
     tools = [r["tool"] for r in audit(store, "--last", "500")]
     assert tools.count("run_start") == 3 and "fx_tls_apply" in tools and "run_stop" in tools
+
+
+# ------------------------------------------------------------------ read_file
+def test_read_file_reads_a_run_folder_and_nothing_outside_it(sandbox, inventory, store):
+    """A file of a run folder in a real container, in two pages, its sha256 as read there;
+    a link from the run folder to /etc/shadow and /etc/shadow itself are refused."""
+    import hashlib
+    import secrets
+    from orchestrator.targets.fleet import Fleet
+    folder = f"/var/lib/orch/runs/mcp-read-{secrets.token_hex(4)}"
+    body = ("step 1 loss 2.5 ✓\n" * 5000).encode()
+    with Fleet.from_path(inventory) as fleet:
+        ct = fleet.targets(["sb1-200"])[0]
+        ct.run(["mkdir", "-p", folder], timeout=30).check()
+        ct.put(f"{folder}/output.log", body)
+        ct.run(["ln", "-s", "/etc/shadow", f"{folder}/shadow"], timeout=30).check()
+        try:
+            async def scenario():
+                async with serve(inventory, store) as agent:
+                    first = await agent.ok("read_file", target="sb1-200",
+                                           path=f"{folder}/output.log", max_bytes=50001)
+                    rest = await agent.ok("read_file", target="sb1-200",
+                                          path=f"{folder}/output.log",
+                                          offset=first["next_offset"], max_bytes=1 << 20)
+                    link = await agent.error("read_file", target="sb1-200", path=f"{folder}/shadow")
+                    shadow = await agent.error("read_file", target="sb1-200", path="/etc/shadow")
+                    return first, rest, link, shadow
+            first, rest, link, shadow = asyncio.run(scenario())
+        finally:
+            ct.run(["rm", "-rf", folder], timeout=30)
+    assert first["size"] == len(body) and not first["eof"] and rest["eof"]
+    assert (first["data"] + rest["data"]).encode() == body
+    assert first["sha256"] == hashlib.sha256(first["data"].encode()).hexdigest()
+    assert "not inside the folders this client may read" in link and "root:" not in link
+    assert "not inside the folders this client may read" in shadow
+    outcomes = [row["outcome"] for row in audit(store, "--tool", "read_file")]
+    assert outcomes == ["refused", "refused", "ok", "ok"]

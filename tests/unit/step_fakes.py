@@ -13,7 +13,8 @@ from typing import Callable, Optional
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.playbook.engine import Engine, TargetRun
-from orchestrator.payloads import payload_source
+from orchestrator.payloads import compact_source, payload_source
+from orchestrator.payloads._tarstream import Receiver, TransferError, send_frames
 from orchestrator.playbook.loader import load_playbook
 from orchestrator.remote.base import Result, Transport, stdin_bytes
 from orchestrator.remote.container import Target
@@ -56,6 +57,7 @@ class FakeHost(Transport):
         self.name = name
         self.calls: list[Call] = []
         self._replies: list[tuple[Callable, Reply]] = []
+        self._answers: list[tuple[Callable, Callable]] = []   # computed replies (on_cp)
 
     def on(self, match: Callable[[list, Optional[bytes]], bool], reply: Reply) -> "FakeHost":
         self._replies.append((match, reply))
@@ -73,6 +75,40 @@ class FakeHost(Transport):
         return self.on(lambda argv, stdin: bool(stdin) and stdin.endswith(source),
                        Reply(stdout=("\n".join(lines) + "\n").encode()))
 
+    def on_cp(self, root, corrupt: Optional[Callable[[bytes], bytes]] = None) -> "FakeHost":
+        """orch cp's container end (payloads/cp.py) as the real code does it, under the local
+        folder root standing in for the container's /: a push's stream is unpacked and
+        checked by the real Receiver, a pull's stream is the real send_frames. corrupt
+        changes a stream on its way, either direction (a link that flips bytes)."""
+        source = compact_source("cp")
+
+        def answer(argv, stdin):
+            args = json.loads(argv[-1])
+            path = str(root) + args["path"]
+            if args["action"] == "send":
+                stream = b"".join(send_frames(path, last_bytes=args.get("last_bytes")))
+                return Reply(stdout=corrupt(stream) if corrupt else stream)
+            stream = corrupt(stdin) if corrupt else stdin
+            offset = [0]
+
+            def read_exact(size):
+                piece = stream[offset[0]:offset[0] + size]
+                offset[0] += len(piece)
+                return piece
+            try:
+                done = Receiver(path).receive(read_exact)
+            except TransferError as error:
+                line = {"event": "error", "message": str(error), "kind": error.kind}
+                return Reply(exit_code=1, stdout=(json.dumps(line) + "\n").encode())
+            done["path"] = done["path"][len(str(root)):]
+            return Reply(stdout=(json.dumps({"event": "result", **done}) + "\n").encode())
+        self._answers.append((lambda argv, stdin: source in argv, answer))
+        return self
+
+    def cp_calls(self, action: str) -> list[Call]:
+        source = compact_source("cp")
+        return [c for c in self.calls if source in c.argv and json.loads(c.argv[-1])["action"] == action]
+
     def payload_calls(self, name: str) -> list[Call]:
         source = payload_source(name)
         return [c for c in self.calls if c.stdin and c.stdin.endswith(source)]
@@ -80,7 +116,9 @@ class FakeHost(Transport):
     def _run(self, argv, options) -> Result:
         stdin = stdin_bytes(options.stdin)
         self.calls.append(Call(list(argv), stdin, dict(options.env)))
-        for match, reply in self._replies:
+        computed = [(match, make(list(argv), stdin)) for match, make in self._answers
+                    if match(list(argv), stdin)]
+        for match, reply in computed + self._replies:
             if match(list(argv), stdin):
                 if reply.error is not None:
                     raise reply.error

@@ -58,9 +58,9 @@ def world(tmp_path):
     store.close()
 
 
-def serve(world, allow=(), hosts=(), targets=(), audit=None):
+def serve(world, allow=(), hosts=(), targets=(), audit=None, paths=()):
     tmp_path, fleet, store, tools = world
-    policy = build_policy(allow, targets, inventory=fleet.inventory, hosts=hosts)
+    policy = build_policy(allow, targets, inventory=fleet.inventory, hosts=hosts, paths=paths)
     return build_server(tools, policy, audit or AuditLog(store, "s1"))
 
 
@@ -89,6 +89,7 @@ def rows(world):
     ("fx_tls_status", {"target": "pve"}),
     ("verify_fx_race", {"target": "dev"}),
     ("inventory_check", {"targets": ["pve"]}),
+    ("read_file", {"target": "dev", "path": "/etc/hostname"}),
 ])
 def test_a_host_itself_is_refused_for_every_tool(world, tool, arguments):
     [(error, text, _)] = calls(serve(world, allow=["exec"]), (tool, arguments))
@@ -361,3 +362,99 @@ def test_the_spool_of_a_killed_server_is_swept_by_the_next(tmp_path):
     root = spool.root
     spool.close()
     assert not os.path.exists(root)
+
+
+# ------------------------------------------------------------------ read_file
+@pytest.fixture
+def readable(world):
+    """A folder read_file may read (--allow-path) on the host `here` (--allow-host), with a
+    text file, a binary one, a link out of the folder and a fifo; and a file beside it."""
+    tmp_path = world[0]
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "log.txt").write_text("line one\n" + "é" * 10 + "\nend\n", encoding="utf-8")
+    (allowed / "core.bin").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "secret").write_text("not for the client\n")
+    os.symlink(tmp_path / "secret", allowed / "link")
+    os.mkfifo(allowed / "fifo")
+    server = serve(world, hosts=["here"], paths=[str(allowed)])
+    return server, allowed
+
+
+def read(server, path, **more):
+    [(error, text, result)] = calls(server, ("read_file", {"target": "dev", "path": str(path),
+                                                           **more}))
+    return error, text, result
+
+
+def test_read_file_pages_text_by_utf8_characters_with_their_sha256(world, readable):
+    import hashlib
+    server, allowed = readable
+    whole = (allowed / "log.txt").read_bytes()
+    error, _, first = read(server, allowed / "log.txt", max_bytes=10)   # cut inside an é
+    assert not error and first["encoding"] == "utf-8"
+    assert first["data"] == "line one\n" and first["next_offset"] == 9 and not first["eof"]
+    assert first["sha256"] == hashlib.sha256(b"line one\n").hexdigest()
+    error, _, rest = read(server, allowed / "log.txt", offset=9, max_bytes=1 << 20)
+    assert not error and rest["eof"] and rest["size"] == len(whole)
+    assert (first["data"] + rest["data"]).encode() == whole
+    assert [r["outcome"] for r in rows(world)] == ["ok", "ok"]
+
+
+def test_read_file_gives_bytes_that_are_no_text_as_base64(readable):
+    import base64
+    server, allowed = readable
+    error, _, result = read(server, allowed / "core.bin")
+    assert not error and result["encoding"] == "base64" and result["eof"]
+    assert base64.b64decode(result["data"]) == (allowed / "core.bin").read_bytes()
+
+
+@pytest.mark.parametrize("path, said", [
+    ("/etc/passwd", "is not inside the folders this client may read"),
+    ("{allowed}/../secret", "is not inside the folders this client may read"),
+    ("relative/log.txt", "is not an absolute path"),
+    ("{allowed}/link", "is not inside the folders this client may read"),   # the real path
+])
+def test_read_file_refuses_what_is_outside_its_folders_and_audits_it(world, readable, path, said):
+    server, allowed = readable
+    error, text, _ = read(server, path.format(allowed=allowed))
+    assert error and said in text and "not for the client" not in text
+    [row] = rows(world)
+    assert (row["tool"], row["outcome"]) == ("read_file", "refused")
+
+
+def test_read_file_refuses_a_fifo_without_hanging_and_a_missing_file(readable):
+    server, allowed = readable
+    error, text, _ = read(server, allowed / "fifo")
+    assert error and "is not a regular file" in text
+    error, text, _ = read(server, allowed / "missing")
+    assert error and "no such file" in text
+
+
+def test_read_file_without_an_allowed_folder_reads_run_folders_only(world):
+    server = serve(world, hosts=["here"])
+    error, text, _ = read(server, world[0] / "secret")
+    assert error and "/runs" in text and "--allow-path" in text
+
+
+@pytest.mark.parametrize("path", ["relative", "/", "//"])
+def test_allow_path_must_be_an_absolute_folder_other_than_root(world, path):
+    with pytest.raises(ConfigError, match="--allow-path"):
+        build_policy(paths=[path], inventory=world[1].inventory)
+
+
+def test_read_file_catches_bytes_changed_on_the_way(monkeypatch):
+    """The container's chunks against the sha256 it computed: a changed byte is caught."""
+    from orchestrator.ground.errors import PayloadError
+    from orchestrator.remote import payload_api
+
+    def tampered(target, name, args, on_event=None, **_):
+        on_event({"event": "chunk", "data": "aGVsbG8K"})   # b"hello\n", sent as b"hellp\n"'s
+        import hashlib
+        return {"event": "result", "size": 6, "offset": 0, "bytes": 6, "eof": True,
+                "sha256": hashlib.sha256(b"hellp\n").hexdigest()}
+    monkeypatch.setattr(payload_api, "run_payload", tampered)
+    target = type("T", (), {"name": "c1"})()
+    with pytest.raises(PayloadError, match="sha256 differs") as raised:
+        payload_api.file_read(target, "/var/lib/orch/runs/x", ["/var/lib/orch/runs"])
+    assert raised.value.kind == "hash-mismatch"

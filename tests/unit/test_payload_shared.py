@@ -17,8 +17,9 @@ from tests.fixtures.payloads import PAYLOADS, run_payload
 
 SHARED_NAMES = {"emit", "fail", "parse_args", "run_main", "PayloadError", "query_gpus"}
 # Not event streams, so not on _protocol: remote/session.py's request/response command server,
-# and the wrapper whose output is the wrapped command's own (remote/container.py).
-TRANSPORT_HELPERS = {"exec_server", "reaper"}
+# the wrapper whose output is the wrapped command's own (remote/container.py), and orch
+# forward's relay, whose stdin and stdout are a TCP connection's bytes (remote/forward.py).
+TRANSPORT_HELPERS = {"exec_server", "reaper", "forward"}
 PROTOCOL_LINE = "from _protocol import *  # orch: inlined when shipped"
 GPUS_LINE = "from _gpus import *  # orch: inlined when shipped"
 EVENT_PAYLOADS = sorted(p.stem for p in PAYLOADS.glob("*.py")

@@ -4,6 +4,8 @@ calls, failures."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 
 import pytest
 
@@ -24,7 +26,14 @@ PUSH = """\
 
 
 def _puts(host) -> list:
-    return [c for c in host.calls if c.argv[:2] == ["sh", "-c"] and "orch-put" in c.argv]
+    return host.cp_calls("receive")
+
+
+def _container(tmp_path):
+    """A local folder standing in for the container's /, with /srv/app in it."""
+    root = tmp_path / "ct"
+    (root / "srv" / "app").mkdir(parents=True)
+    return root
 
 
 def test_push_plan(tmp_path):
@@ -36,13 +45,16 @@ def test_push_plan(tmp_path):
 def test_push_renders_and_writes_a_changed_file(tmp_path):
     h = harness(tmp_path, PUSH, extra_vars={"file": "hello.j2"},
                 files={"hello.j2": "hello {{ greeting }} on {{ target.name }}\n"})
+    root = _container(tmp_path)
     h.host.on(lambda argv, stdin: "orch-sha" in argv, Reply(stdout=b""))
     h.host.on_argv(["mkdir", "-p", "/srv/app"])
-    h.host.on(lambda argv, stdin: "orch-put" in argv, Reply())
+    h.host.on_cp(root)
     record = h.record()
     (put,) = _puts(h.host)
-    assert put.stdin == b"hello world on dev\n"
-    assert put.argv[-3:] == ["/srv/app/hello.txt", "755", str(len(put.stdin))]
+    assert json.loads(put.argv[-1])["path"] == "/srv/app/hello.txt"
+    written = root / "srv" / "app" / "hello.txt"
+    assert written.read_bytes() == b"hello world on dev\n"
+    assert oct(written.stat().st_mode & 0o777) == "0o755"
     assert record.steps[0].status == "changed"
     assert record.steps[0].data["changed"] == ["/srv/app/hello.txt"]
 
@@ -63,11 +75,31 @@ def test_push_writes_a_file_again_when_only_its_mode_differs(tmp_path):
     h.host.on(lambda argv, stdin: "orch-sha" in argv,
               Reply(stdout=f"{digest}  /srv/app/hello.txt\n644\n".encode()))
     h.host.on_argv(["mkdir", "-p", "/srv/app"])
-    h.host.on(lambda argv, stdin: "orch-put" in argv, Reply())
+    root = _container(tmp_path)
+    (root / "srv" / "app" / "hello.txt").write_bytes(b"hi\n")
+    h.host.on_cp(root)
     record = h.record()
     (put,) = _puts(h.host)
-    assert put.argv[4:6] == ["/srv/app/hello.txt", "755"]
+    assert json.loads(put.argv[-1])["path"] == "/srv/app/hello.txt"
+    assert oct((root / "srv" / "app" / "hello.txt").stat().st_mode & 0o777) == "0o755"
     assert record.steps[0].message == "1 file(s) written"
+
+
+def test_a_push_whose_bytes_changed_on_the_way_fails_and_keeps_the_old_file(tmp_path):
+    """The stream's file data is changed in transit (a byte flipped) but not the sender's
+    sha256 list: the container's end catches it before the rename."""
+    h = harness(tmp_path, PUSH, extra_vars={"file": "hello.j2"}, files={"hello.j2": "hi there\n"})
+    h.host.on(lambda argv, stdin: "orch-sha" in argv, Reply(stdout=b""))
+    h.host.on_argv(["mkdir", "-p", "/srv/app"])
+    root = _container(tmp_path)
+    (root / "srv" / "app" / "hello.txt").write_bytes(b"old\n")
+    h.host.on_cp(root, corrupt=lambda stream: stream.replace(b"hi there\n", b"hi thera\n"))
+    record = h.record()
+    assert len(_puts(h.host)) == 1
+    assert record.steps[0].status == "failed"
+    assert "sha256" in record.steps[0].message, record.steps[0].message
+    assert (root / "srv" / "app" / "hello.txt").read_bytes() == b"old\n"
+    assert os.listdir(root / "srv" / "app") == ["hello.txt"]   # no staged copy left
 
 
 def test_put_never_writes_through_a_link_planted_beside_the_destination(tmp_path):

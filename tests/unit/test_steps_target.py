@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 
+import pytest
+
 from orchestrator.ground import paths
 from tests.unit.step_fakes import payload_failure, planned, RUN_ID, harness
 
@@ -84,24 +86,31 @@ def test_collect_plan(tmp_path):
 
 
 def test_collect_saves_the_launched_run_files(tmp_path):
+    """The files come through orch cp's stream (the fake runs the real send_frames under a
+    folder standing in for the container's /): the log's last max_log_mb only."""
+    root = tmp_path / "ct"
+    (root / "runs" / "r1").mkdir(parents=True)
+    log = b"".join(b"step=%d\n" % i for i in range(200_000))
+    (root / "runs" / "r1" / "output.log").write_bytes(log)
+    (root / "runs" / "r1" / "exit.json").write_bytes(b'{"exit_code": 0}')
     h = harness(tmp_path, COLLECT)
     h.begin("dev")
     h.recorder.note_launch("dev", {"run_dir": "/runs/r1", "pid": 7})
     h.recorder.note_monitor_result("dev", {"verdict": "ok", "total_tok_s": 18000})
-    h.host.on_argv(["tail", "-c", str(64 * 1024 * 1024), "/runs/r1/output.log"], stdout=b"step=1\n")
-    h.host.on_argv(["cat", "/runs/r1/exit.json"], stdout=b'{"exit_code": 0}')
+    h.host.on_cp(root)
     h.host.on_argv(["/opt/venv/bin/python", "-m", "pip", "freeze"], stdout=b"torch==2.13.0\n")
-    h.host.on_argv(["cat", "--", "/etc/os-release"], exit_code=1, stderr=b"cat: permission denied\n")
     h.recorder.calls.clear()
     step = h.step()
     params = {"log": True, "freeze": True, "nvidia_smi": True, "summary": True,
-              "files": ["/etc/os-release"], "max_log_mb": 64}
+              "files": ["/etc/os-release-missing"], "max_log_mb": 1}
     outcome = step.run(h.context(), params)
     dest = os.path.join(paths.run_dir(RUN_ID), "dev")
     assert outcome.data["files"] == ["output.log", "exit.json", "pip-freeze.txt", "summary.json"]
-    assert outcome.data["problems"] == ["/etc/os-release: cat: permission denied"]
+    [problem] = outcome.data["problems"]
+    assert problem.startswith("/etc/os-release-missing: ") and "No such file" in problem, problem
     with open(os.path.join(dest, "output.log"), "rb") as handle:
-        assert handle.read() == b"step=1\n"
+        assert handle.read() == log[-(1 << 20):]
+    assert [json.loads(c.argv[-1]).get("last_bytes") for c in h.host.cp_calls("send")][:1] == [1 << 20]
     with open(os.path.join(dest, "summary.json")) as handle:
         summary = json.load(handle)
     assert summary["monitor"] == {"verdict": "ok", "total_tok_s": 18000}
@@ -109,6 +118,43 @@ def test_collect_saves_the_launched_run_files(tmp_path):
     assert h.recorder.names() == ["save_targets", "note_artifacts"]
     assert h.recorder.record.artifacts_dir == paths.run_dir(RUN_ID)
     assert h.recorder.target_info("dev").pip_freeze == ["torch==2.13.0"]
+
+
+def test_a_collected_file_whose_bytes_changed_on_the_way_is_a_problem_not_a_file(tmp_path):
+    """The log's bytes are changed in transit, not the container's sha256 list: caught here,
+    before the file gets its name; the step says it and keeps going."""
+    root = tmp_path / "ct"
+    (root / "runs" / "r1").mkdir(parents=True)
+    (root / "runs" / "r1" / "output.log").write_bytes(b"loss=1.25\n" * 100)
+    h = harness(tmp_path, COLLECT)
+    h.begin("dev")
+    h.recorder.note_launch("dev", {"run_dir": "/runs/r1", "pid": 7})
+    h.host.on_cp(root, corrupt=lambda stream: stream.replace(b"loss=1.25", b"loss=0.25", 1))
+    params = {"log": True, "freeze": False, "nvidia_smi": False, "summary": False,
+              "files": [], "max_log_mb": 64}
+    outcome = h.step().run(h.context(), params)
+    dest = os.path.join(paths.run_dir(RUN_ID), "dev")
+    [problem] = outcome.data["problems"]
+    assert problem.startswith("log: ") and "sha256" in problem, problem
+    assert "output.log" not in outcome.data["files"]
+    assert not os.path.exists(os.path.join(dest, "output.log"))
+    assert [n for n in os.listdir(dest) if n.startswith(".orch-cp-")] == []
+
+
+def test_a_link_lost_under_collect_ends_the_step_as_before(tmp_path):
+    """A copy that failed is a problem to report; a lost link is not one of those."""
+    from orchestrator.ground.errors import ConnectionLost
+    from orchestrator.payloads import compact_source
+    from tests.unit.step_fakes import Reply
+    h = harness(tmp_path, COLLECT)
+    h.begin("dev")
+    h.recorder.note_launch("dev", {"run_dir": "/runs/r1", "pid": 7})
+    h.host.on(lambda argv, stdin: compact_source("cp") in argv,
+              Reply(error=ConnectionLost("the connection to host fakehost broke")))
+    params = {"log": True, "freeze": False, "nvidia_smi": False, "summary": False,
+              "files": [], "max_log_mb": 64}
+    with pytest.raises(ConnectionLost):
+        h.step().run(h.context(), params)
 
 
 WHEELHOUSE = """\
@@ -125,15 +171,19 @@ def test_a_wheel_of_the_same_size_but_other_content_is_pushed_again(tmp_path):
     (tmp_path / "wheels").mkdir()
     (tmp_path / "wheels" / "a-1-py3-none-any.whl").write_bytes(b"abc")
     digest = hashlib.sha256(b"abc").hexdigest()
+    root = tmp_path / "ct"   # the container's / (the wheelhouse in it)
+    (root / "var" / "lib" / "orch" / "wheelhouse").mkdir(parents=True)
     for remote, pushes in (("0" * 64, 1), (digest, 0)):
         h = harness(tmp_path, WHEELHOUSE)
         h.host.on_payload("bootstrap", {"up_to_date": False, "ensurepip": True, "changed": True,
                                         "files": {"a-1-py3-none-any.whl": {"size": 3, "sha256": remote}}})
-        h.host.on_argv(["sh", "-c"])
+        h.host.on_cp(root)
         assert h.record().steps[0].status == "changed"
-        puts = [c for c in h.host.calls if c.argv[:2] == ["sh", "-c"] and "orch-put" in c.argv]
+        puts = h.host.cp_calls("receive")
         assert len(puts) == pushes
-        assert puts == [] or puts[0].argv[4] == "/var/lib/orch/wheelhouse/a-1-py3-none-any.whl"
+        assert puts == [] or json.loads(puts[0].argv[-1])["path"] == \
+            "/var/lib/orch/wheelhouse/a-1-py3-none-any.whl"
+        assert (root / "var/lib/orch/wheelhouse/a-1-py3-none-any.whl").read_bytes() == b"abc"
         install = h.host.payload_calls("bootstrap")[-1].payload_args
         assert install["action"] == "install" and install["wheels"] == {"a-1-py3-none-any.whl": digest}
 

@@ -280,3 +280,42 @@ def test_a_full_disk_on_a_pull_is_a_sentence_and_leaves_nothing(tmp_path, here, 
     with pytest.raises(OrchError, match="here: writing big.bin: No space left on device"):
         transfer.pull(here, str(source), str(tmp_path / "into") + "/")
     assert os.listdir(tmp_path / "into") == []
+
+
+def test_last_bytes_sends_the_end_of_one_file_as_tail_does(tmp_path):
+    log = tmp_path / "output.log"
+    log.write_bytes(b"".join(b"line %d\n" % i for i in range(1000)))
+    (tmp_path / "dest").mkdir()
+    done = Receiver(str(tmp_path / "dest" / "tail.log")).receive(
+        stream_of(log, last_bytes=100).read)
+    assert (tmp_path / "dest" / "tail.log").read_bytes() == log.read_bytes()[-100:]
+    assert done["bytes"] == 100
+    Receiver(str(tmp_path / "dest" / "all.log")).receive(stream_of(log, last_bytes=1 << 30).read)
+    assert (tmp_path / "dest" / "all.log").read_bytes() == log.read_bytes()
+
+
+def test_a_log_that_grows_under_a_tail_is_no_error(tmp_path):
+    """The end it had when the copy began is sent; a whole copy of a growing file fails."""
+    log = tmp_path / "output.log"
+    log.write_bytes(os.urandom(1 << 20))
+    start = log.read_bytes()
+    for last_bytes, fails in ((600 << 10, False), (None, True)):
+        frames = send_frames(str(log), last_bytes=last_bytes)
+        pieces = [next(frames), next(frames)]     # S, then the first T: the read has begun
+        with open(log, "ab") as handle:
+            handle.write(b"more\n")
+        pieces += list(frames)
+        dest = tmp_path / f"copy-{last_bytes}"
+        if fails:
+            with pytest.raises(TransferError, match="grew while it was copied"):
+                Receiver(str(dest)).receive(io.BytesIO(b"".join(pieces)).read)
+        else:
+            Receiver(str(dest)).receive(io.BytesIO(b"".join(pieces)).read)
+            assert dest.read_bytes() == start[-(600 << 10):]
+        log.write_bytes(start)
+
+
+def test_last_bytes_is_for_one_regular_file(tmp_path):
+    tree = make_tree(tmp_path / "src")
+    with pytest.raises(TransferError, match="a byte range is for one regular file"):
+        Receiver(str(tmp_path / "x")).receive(stream_of(tree, last_bytes=10).read)

@@ -1,5 +1,5 @@
-"""The verbs of remote debugging: orch cp (files in and out of containers) and orch shell
-(a terminal in one)."""
+"""The verbs of remote debugging: orch cp (files in and out of containers), orch shell
+(a terminal in one) and orch forward (local ports to ports inside one)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import click
 from orchestrator.cli.commands.core import exec_streaming
 from orchestrator.ground import console
 from orchestrator.ground.errors import ExitCode
-from orchestrator.ground.lazy import lazy
+from orchestrator.ground.lazy import LazyModule, lazy
 
 pass_app = click.pass_obj
 # imported when first called: `orch cp --help` and `orch shell --help` need no SSH code
 if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.remote import forward
     from orchestrator.remote.terminal import open_shell, shell_argv
     from orchestrator.remote.transfer import pull, push
     from orchestrator.targets.fleet import fan_out
@@ -27,6 +28,7 @@ else:
     pull = lazy("orchestrator.remote.transfer", "pull")
     open_shell = lazy("orchestrator.remote.terminal", "open_shell")
     shell_argv = lazy("orchestrator.remote.terminal", "shell_argv")
+    forward = LazyModule("orchestrator.remote.forward")
 
 # TARGET:PATH as scp reads it: a colon before any slash. HOST:VMID:PATH names a container by
 # its host and vmid; a local path with a colon is written ./name:x.
@@ -273,3 +275,66 @@ def _on_terminal(invocation) -> bool:
 
 def _terminated(number, frame):
     raise SystemExit(128 + number)
+
+
+# ---------------------------------------------------------------- orch forward
+@click.command("forward")
+@click.option("--bind", default="127.0.0.1", show_default=True, metavar="ADDRESS",
+              help="The local address to listen on (0.0.0.0: every interface, reachable "
+                   "from other machines).")
+@click.option("--max-connections", type=click.IntRange(1, 1000), default=64, show_default=True,
+              help="Connections at once; more are closed at once, each said on stderr.")
+@click.argument("target")
+@click.argument("specs", nargs=-1, required=True, metavar="[LOCALPORT:]PORT...")
+@pass_app
+def forward_command(app, target, specs, bind, max_connections):
+    """Forward local TCP ports to ports inside a container, until Ctrl-C.
+
+    Each [LOCALPORT:]PORT listens on LOCALPORT here (the same number as PORT when left out,
+    0 for any free port) and reaches 127.0.0.1:PORT inside TARGET (a container or
+    HOST:VMID; a host: its own port): TensorBoard, a Jupyter, a debugpy listener. Each connection is relayed
+    through the host's SSH connection by a small python3 program in the container, so a
+    container without any network route from its host works too; many connections at
+    once, each on an SSH channel of its own (a host gives 10 per SSH connection and orch
+    opens up to the inventory's `connections`; beyond that a connection waits for a free
+    one). The local URL is printed; a port where nothing listens yet is said, and the
+    forward stays (start the server later). Exit codes: 0 stopped (Ctrl-C or SIGTERM),
+    2 a bad command line or a local port already taken, 3 the host unreachable or the
+    link lost (the forward stops), 4 no such container or not running.
+
+    \b
+    Examples:
+      orch forward drafters 6006                 # TensorBoard: http://127.0.0.1:6006
+      orch forward drafters 16006:6006 8888      # two ports at once
+      orch forward drafters 5678                 # a debugpy listener, for VS Code
+      orch forward --bind 0.0.0.0 pve:200 8888   # reachable from other machines too
+    """
+    specs = [forward.parse_spec(spec, bind) for spec in specs]
+    chosen = _forward_target(app, target)
+    forwarder = forward.Forwarder(chosen, specs, max_connections=max_connections,
+                                  say=lambda text: console.warn(f"{chosen.name}: {text}"))
+    listening = forwarder.open()
+    try:
+        for address, local, remote in listening:
+            if not forward.probe(chosen, remote):
+                console.warn(f"{chosen.name}: nothing listens on port {remote} there yet: "
+                             "connections fail until something does")
+            console.info(f"{forward.url(address, local)} -> {chosen.name}:{remote}")
+        console.info("forwarding; Ctrl-C stops")
+        with app.invocation.signal_handler(signal.SIGTERM, _terminated):
+            forwarder.serve()
+    except (KeyboardInterrupt, SystemExit):
+        pass   # the way a forward ends
+    finally:
+        forwarder.close()
+    stats = forwarder.stats
+    console.info(f"{chosen.name}: forward stopped: {stats.accepted} connection(s), "
+                 f"{_size(stats.bytes_in)} in, {_size(stats.bytes_out)} out")
+    return ExitCode.OK
+
+
+def _forward_target(app, name: str):
+    targets = app.fleet.targets([name])
+    if len(targets) != 1:
+        raise click.UsageError(f"{name!r} names {len(targets)} targets: a forward goes to one")
+    return targets[0]

@@ -1,5 +1,10 @@
 """collect: the run's log, pip freeze, nvidia-smi and the JSON summary into a local run folder
-(the data directory's runs/RUN_ID/TARGET/), recorded as the run's artifacts."""
+(the data directory's runs/RUN_ID/TARGET/), recorded as the run's artifacts.
+
+Files of the target (the log, the launch's JSON files, `files:`) come the way `orch cp`
+pulls one (remote/transfer.py): one stream each, sha256-checked on both sides, written
+under a temporary name and renamed once checked; the log's last max_log_mb only (a byte
+range, as `tail -c`)."""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ import os
 import posixpath
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import OrchError
+from orchestrator.ground.errors import (CommandTimeout, ConnectionProblem, ContainerProblem,
+                                        OrchError)
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepOutcome
+from orchestrator.remote import transfer
 
 _HAS_SMI = "command -v nvidia-smi >/dev/null 2>&1"
 
@@ -49,18 +56,22 @@ class CollectStep(Step):
                 handle.write(data)
             saved.append(name)
 
+        def fetch(path: str, name: str, seconds: float, last_bytes=None) -> None:
+            transfer.pull(target, path, os.path.join(dest, name), last_bytes=last_bytes,
+                          timeout=ctx.remaining(seconds))
+            saved.append(name)
+
         if params["log"] and run_dir:
             limit = int(float(params["max_log_mb"]) * 1024 * 1024)
-            result = target.run(["tail", "-c", str(limit), posixpath.join(run_dir, "output.log")],
-                                timeout=ctx.remaining(300))
-            if result.ok:
-                save("output.log", result.stdout)
-            else:
-                problems.append(f"log: {' '.join(result.stderr_tail(1))}")
+            try:
+                fetch(posixpath.join(run_dir, "output.log"), "output.log", 300, last_bytes=limit)
+            except OrchError as error:
+                problems.append(f"log: {_said(error, target)}")
             for name in ("cmd.json", "pid.json", "exit.json"):
-                extra = target.run(["cat", posixpath.join(run_dir, name)], timeout=ctx.remaining(60))
-                if extra.ok:
-                    save(name, extra.stdout)
+                try:
+                    fetch(posixpath.join(run_dir, name), name, 60)
+                except OrchError as error:
+                    _unless_the_target_is_gone(error)   # written at some stages of a launch only
         if params["freeze"]:
             try:
                 python = target.python()
@@ -81,11 +92,10 @@ class CollectStep(Step):
                 result = target.run(["nvidia-smi"], timeout=ctx.remaining(60))
                 save("nvidia-smi.txt", result.stdout + result.stderr)
         for path in params["files"]:
-            result = target.run(["cat", "--", path], timeout=ctx.remaining(300))
-            if result.ok:
-                save(posixpath.basename(path) or "file", result.stdout)
-            else:
-                problems.append(f"{path}: {' '.join(result.stderr_tail(1))}")
+            try:
+                fetch(path, posixpath.basename(path) or "file", 300)
+            except OrchError as error:
+                problems.append(f"{path}: {_said(error, target)}")
         if params["summary"]:
             summary = {"run_id": ctx.run_id, "target": target.name,
                        "monitor": ctx.recorder.monitor_result(target.name), "launch": launch,
@@ -96,3 +106,18 @@ class CollectStep(Step):
         message = f"{len(saved)} file(s) in {dest}" + (f"; missing: {'; '.join(problems)}" if problems else "")
         return StepOutcome(status="changed" if saved else "ok", message=message,
                            data={"dir": dest, "files": saved, "problems": problems})
+
+
+def _unless_the_target_is_gone(error: OrchError) -> None:
+    """A file that could not be copied is the step's problem to report; a host lost, a
+    container stopped or a timeout ends the step, as any command of it would."""
+    if isinstance(error, (ConnectionProblem, ContainerProblem, CommandTimeout)):
+        raise error
+
+
+def _said(error: OrchError, target) -> str:
+    """The error's first line without the target's name in front (the step names it);
+    raises the errors that end the step instead (_unless_the_target_is_gone)."""
+    _unless_the_target_is_gone(error)
+    text = str(error).splitlines()[0]
+    return text[len(target.name) + 2:] if text.startswith(f"{target.name}: ") else text

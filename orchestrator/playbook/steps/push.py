@@ -1,4 +1,9 @@
-"""push: files and rendered templates (jinja2) into the target, skipped when unchanged."""
+"""push: files and rendered templates (jinja2) into the target, skipped when unchanged.
+
+A changed file goes the way `orch cp` sends one (remote/transfer.py): staged here under its
+final name with its mode, then one stream into the target, its sha256 computed on both
+sides and compared before the file gets its final name there, so a transfer that changed
+a byte fails the step and leaves the old file in place."""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import hashlib
 import os
 import posixpath
 import re
+import tempfile
 from typing import Optional
 
 import jinja2
@@ -15,6 +21,7 @@ from orchestrator.config.schema import is_template
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
+from orchestrator.remote import transfer
 
 FILE_KEYS = ("src", "dest", "mode", "template")
 # The file's sha256 and mode: a file with the right content but the wrong mode (0644 for
@@ -79,7 +86,7 @@ class PushStep(Step):
             parent = posixpath.dirname(dest)
             if parent:
                 target.run(["mkdir", "-p", parent], timeout=ctx.remaining(30)).check(f"creating {parent}")
-            target.put(dest, data, mode=mode, timeout=ctx.remaining(120))
+            _send(ctx, data, dest, mode)
             changed.append(dest)
         message = (f"{len(changed)} file(s) written" + (f", {len(same)} unchanged" if same else "")
                    if changed else f"{len(same)} file(s) already up to date")
@@ -113,6 +120,16 @@ class PushStep(Step):
         digest = lines[0].split(" ", 1)[0].strip() if lines else ""
         mode = lines[1].strip() if len(lines) > 1 else ""
         return digest, int(mode, 8) if re.fullmatch(r"[0-7]{1,4}", mode) else None
+
+
+def _send(ctx: StepContext, data: bytes, dest: str, mode: int) -> None:
+    """data as the file dest of the target with mode, through transfer.push (verified)."""
+    with tempfile.TemporaryDirectory(prefix="orch-push-") as folder:
+        staged = os.path.join(folder, posixpath.basename(dest) or "file")
+        with open(staged, "wb") as handle:
+            handle.write(data)
+        os.chmod(staged, mode)
+        transfer.push(ctx.target, staged, dest, timeout=ctx.remaining(120))
 
 
 def find_source(playbook_dir: str, src: str) -> tuple[Optional[str], list[str]]:

@@ -1,0 +1,171 @@
+"""orch forward against `ssh -L`, side by side in one run: the throughput of one download
+of -s MB and the latency of a new connection (a small HTTP/1.0 request, connect to last
+byte, -n times, median and p90), through a local port.
+
+    python benchmarks/forward.py [-s 100] [-n 30] [--json]
+
+  orch forward         `orch forward sb1-200 0:PORT` to python3 -m http.server on the
+                       container's 127.0.0.1 (the sandbox's containers have no network:
+                       the relay over `pct exec` is the only way in)
+  ssh -L to the host   `ssh -N -L 0:127.0.0.1:PORT sb1` to the same server run on the host
+                       itself: what one SSH channel gives here, with no pct and no relay
+                       (the ceiling; ssh -L cannot reach a container without an address)
+
+Against the sandbox (`orch sandbox up` first); the client, sshd and the servers share this
+machine's CPUs, so the figures compare the ways, not a link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import orch_sandbox as sandboxes  # noqa: E402
+
+HOST, VMID, TARGET = "sb1", 200, "sb1-200"
+FOLDER = "/tmp/orch-bench-forward"
+ORCH = [sys.executable, "-m", "orchestrator"]
+SERVE = ('mkdir -p {f} && cd {f} && head -c {size} /dev/urandom > big.bin && printf small > '
+         'small.txt && sha256sum big.bin | cut -d" " -f1 && {{ setsid python3 -m http.server '
+         '{port} --bind 127.0.0.1 >/dev/null 2>&1 </dev/null & echo $! > pid; }}')
+
+
+def serve(run_shell, size: int, port: int) -> str:
+    """Start the server through run_shell(script) -> stdout; the sha256 of big.bin."""
+    return run_shell(SERVE.format(f=FOLDER, size=size, port=port)).strip()
+
+
+def stop(run_shell) -> None:
+    run_shell(f'kill "$(cat {FOLDER}/pid)"; rm -rf {FOLDER}')
+
+
+def wait_listening(port: int, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if b"200" in request(port, "/small.txt")[:20]:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"nothing answers on 127.0.0.1:{port}")
+        time.sleep(0.2)
+
+
+def request(port: int, path: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        return b"".join(iter(lambda: sock.recv(1 << 16), b""))
+
+
+def download(port: int) -> tuple[float, str]:
+    started = time.monotonic()
+    digest = hashlib.sha256()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"GET /big.bin HTTP/1.0\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1 << 16)
+        digest.update(head.split(b"\r\n\r\n", 1)[1])
+        for piece in iter(lambda: sock.recv(1 << 16), b""):
+            digest.update(piece)
+    return time.monotonic() - started, digest.hexdigest()
+
+
+def measure(port: int, size_mb: int, runs: int, digest: str) -> dict:
+    seconds, shown = download(port)
+    assert shown == digest, "the download differs"
+    latencies = []
+    for _ in range(runs):
+        started = time.monotonic()
+        assert request(port, "/small.txt").endswith(b"small")
+        latencies.append((time.monotonic() - started) * 1000)
+    latencies.sort()
+    return {"MB_per_s": round(size_mb / seconds, 1),
+            "connect_ms_median": round(statistics.median(latencies), 1),
+            "connect_ms_p90": round(latencies[int(0.9 * (len(latencies) - 1))], 1)}
+
+
+def local_port(process: subprocess.Popen) -> int:
+    line = process.stderr.readline().decode()
+    if not line.startswith("http://"):
+        raise SystemExit(f"orch forward said: {line.strip()}")
+    return int(line.split()[0].rsplit(":", 1)[1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-s", "--size-mb", type=int, default=100)
+    parser.add_argument("-n", "--runs", type=int, default=30)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    bed = sandboxes.up()
+    ssh = bed.ssh_argv(HOST)
+    port = 20000 + secrets.randbelow(20000)
+    size = args.size_mb << 20
+
+    def in_container(script):
+        return bed.pct(HOST, "exec", str(VMID), "--", "sh", "-c", script)
+
+    def on_host(script):
+        return subprocess.run([*ssh, shlex.join(["sh", "-c", script])], check=True,
+                              capture_output=True, text=True).stdout
+
+    rows = {}
+    digest = serve(lambda s: _text(in_container(s)), size, port)
+    forwarder = subprocess.Popen([*ORCH, "-i", str(bed.inventory_path), "forward", TARGET,
+                                  f"0:{port}"], stderr=subprocess.PIPE,
+                                 env={**os.environ, "ORCH_AGENT": "off"})
+    try:
+        local = local_port(forwarder)
+        wait_listening(local)
+        rows["orch forward"] = measure(local, args.size_mb, args.runs, digest)
+    finally:
+        forwarder.terminate()
+        forwarder.wait(30)
+        stop(lambda s: in_container(s))
+    digest = serve(on_host, size, port)
+    local = free_port()
+    tunnel = subprocess.Popen([*ssh, "-N", "-o", "ExitOnForwardFailure=yes",
+                               "-L", f"{local}:127.0.0.1:{port}"])
+    try:
+        wait_listening(local)
+        rows["ssh -L to the host"] = measure(local, args.size_mb, args.runs, digest)
+    finally:
+        tunnel.terminate()
+        tunnel.wait(30)
+        stop(on_host)
+    if args.json:
+        print(json.dumps({"size_mb": args.size_mb, "runs": args.runs, "rows": rows}, indent=2))
+        return
+    print(f"{args.size_mb} MB download; new connection: median/p90 of {args.runs}")
+    print("| way | MB/s | new connection, median ms | p90 ms |\n| --- | ---: | ---: | ---: |")
+    for label, row in rows.items():
+        print(f"| {label} | {row['MB_per_s']:.1f} | {row['connect_ms_median']:.1f} | "
+              f"{row['connect_ms_p90']:.1f} |")
+
+
+def _text(result) -> str:
+    out = result if isinstance(result, (str, bytes)) else getattr(result, "stdout", "") or ""
+    return out.decode() if isinstance(out, bytes) else out
+
+
+if __name__ == "__main__":
+    main()

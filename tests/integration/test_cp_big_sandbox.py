@@ -1,0 +1,78 @@
+"""orch cp at the sizes of issue 30 against the sandbox: a 200 MB file and a tree of 10,000
+small files (with a symlink, an empty folder, a name with a space and a newline, modes),
+each pushed into a container and pulled back by a real `orch` process, sha256 equal,
+orch's peak RSS bounded. Marked slow: each runs once (no direct/agent legs; module-scoped
+inputs), and `-m "not slow"` leaves them out of a quick run."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+
+from tests.integration.test_cp_sandbox import RSS_LIMIT_MB, remote_sha, run_measured, sha
+from tests.unit.test_tarstream import make_tree, snapshot
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+BIG_MB = 200
+TREE_FILES = 10_000
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    path = tmp_path_factory.mktemp("big200") / "big.bin"
+    with open(path, "wb") as handle:
+        for _ in range(BIG_MB):
+            handle.write(os.urandom(1 << 20))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wide_tree(tmp_path_factory):
+    """make_tree's odd entries plus TREE_FILES small files in 100 folders."""
+    tree = make_tree(tmp_path_factory.mktemp("wide"))
+    for index in range(TREE_FILES - 3):
+        folder = tree / "many" / f"d{index % 100:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{index:05d}.txt").write_bytes(f"file {index}\n".encode() * (1 + index % 7))
+    (tree / "many").chmod(0o750)
+    return tree
+
+
+@pytest.fixture
+def remote_dir(ct):
+    folder = f"/tmp/cp-big-{secrets.token_hex(4)}"
+    ct.run(["mkdir", "-p", folder], timeout=30).check()
+    yield folder
+    ct.run(["rm", "-rf", folder], timeout=120)
+
+
+def test_a_200_mb_file_round_trips_intact_with_bounded_memory(sandbox, ct, remote_dir, big,
+                                                             tmp_path):
+    code, err, pushed_rss = run_measured(sandbox, "cp", str(big), f"sb1-200:{remote_dir}/big.bin")
+    assert code == 0, err
+    assert remote_sha(ct, f"{remote_dir}/big.bin") == sha(big)
+    code, err, pulled_rss = run_measured(sandbox, "cp", f"sb1-200:{remote_dir}/big.bin",
+                                         str(tmp_path / "back.bin"))
+    assert code == 0, err
+    assert sha(tmp_path / "back.bin") == sha(big)
+    print(f"peak RSS of orch for {BIG_MB} MB: push {pushed_rss:.0f} MB, pull {pulled_rss:.0f} MB")
+    assert pushed_rss < RSS_LIMIT_MB and pulled_rss < RSS_LIMIT_MB
+
+
+def test_a_tree_of_ten_thousand_files_round_trips_intact(sandbox, ct, remote_dir, wide_tree,
+                                                         tmp_path):
+    code, err, _ = run_measured(sandbox, "cp", "-r", str(wide_tree), f"sb1-200:{remote_dir}/")
+    assert code == 0, err
+    assert f"{TREE_FILES} file(s)" in err, err
+    counted = ct.run(["sh", "-c", 'find "$1" -type f -printf x | wc -c', "sh", f"{remote_dir}/tree"],
+                     timeout=120).check().text.strip()
+    assert counted == str(TREE_FILES)
+    code, err, rss = run_measured(sandbox, "cp", "-r", f"sb1-200:{remote_dir}/tree",
+                                  str(tmp_path / "back"))
+    assert code == 0, err
+    assert snapshot(tmp_path / "back") == snapshot(wide_tree)
+    print(f"peak RSS of orch pulling {TREE_FILES} files: {rss:.0f} MB")
+    assert rss < RSS_LIMIT_MB
