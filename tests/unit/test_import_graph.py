@@ -140,7 +140,7 @@ LAYERS = [
 SUBLAYERS = {
     "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
     "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "stacks",
-              "classify", "monitor", "suspects", "explain"],
+              "classify", "monitor", "nodes", "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["rerun", "schedule"],
 }
