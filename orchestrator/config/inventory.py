@@ -5,6 +5,7 @@
       here:  {transport: local}
     containers:
       drafters: {host: pve, vmid: 200, venv: /root/venv, gpus: [5, 6, 7]}
+    trainer2: {host: pve2, vmid: 200, address: 10.1.3.20}   # where other nodes reach it
     groups:
       all-drafters: [drafters]
     clusters:
@@ -18,6 +19,7 @@ before it runs anything there, so a migrated container is still found.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -31,12 +33,15 @@ from orchestrator.ground.errors import ConfigError
 HOST_KEYS = ("transport", "address", "user", "port", "identity", "jump", "known_hosts", "node",
              "connect_timeout", "timeout", "iface", "api", "description", "max_sessions",
              "connections", "alive_interval", "alive_count_max")
-CONTAINER_KEYS = ("host", "cluster", "vmid", "venv", "gpus", "env", "description")
+CONTAINER_KEYS = ("host", "cluster", "vmid", "venv", "gpus", "env", "description", "address")
 API_KEYS = ("url", "token_id", "token_secret_env", "verify_ssl", "backend", "ca_file",
             "fingerprint")
 TOP_KEYS = ("hosts", "containers", "groups", "clusters", "default_target", "defaults")
 VMID_PATTERN = re.compile(r"^[1-9][0-9]{2,8}$")  # the ids pct accepts
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# a DNS name (RFC 1123 labels); a container's address may be one instead of an IP literal
+DNS_NAME_PATTERN = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                              r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
 @dataclass
@@ -71,6 +76,9 @@ class ContainerSpec:
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
     cluster: Optional[str] = None   # found on whichever node of this cluster runs it
+    # where the other containers of a multi-node run reach this one (targets/addresses.py);
+    # None: asked of the Proxmox API
+    address: Optional[str] = None
 
 
 @dataclass
@@ -235,7 +243,21 @@ def _container_details(source: Source, path: tuple, spec: dict,
             expect(source, path + ("env", key), value, (str, int, float))
         container.env = {str(k): str(v) for k, v in env.items()}
     container.description = str(spec.get("description", ""))
+    if "address" in spec:
+        container.address = _container_address(source, path + ("address",), spec["address"])
     return container
+
+
+def _container_address(source: Source, path: tuple, value) -> str:
+    text = str(expect(source, path, value, str, "address"))
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    if not DNS_NAME_PATTERN.match(text) or text.replace(".", "").isdigit():
+        raise source.error(path, f"address {text!r} is not an IP address or a host name")
+    return text
 
 
 def _cluster_container(source: Source, name: str, spec: dict) -> ContainerSpec:

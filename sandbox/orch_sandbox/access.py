@@ -82,8 +82,10 @@ def inventory_text(layout: Layout, paths: StatePaths) -> str:
             (running if ct.running else stopped).append(name)
             note = "" if ct.running else "   # stopped"
             if ct.real_root:
-                note += f"   # own {ct.root} root: python3 only, no network"
-            lines.append(f"  {name}: {{host: {host.name}, vmid: {ct.vmid}, venv: {VENV}}}{note}")
+                note += f"   # own {ct.root} root: python3 only"
+            # eth0 on the hosts' shared bridge: how the other containers reach this one
+            lines.append(f"  {name}: {{host: {host.name}, vmid: {ct.vmid}, venv: {VENV}, "
+                         f"address: {ct.address}}}{note}")
     lines.append("groups:")
     lines.append(f"  running: [{', '.join(running)}]")
     lines.append(f"  stopped: [{', '.join(stopped)}]")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from . import roots
 from .hosts import remove_tree
-from .layout import ContainerSpec, HostSpec
+from .layout import CONTAINER_PREFIX_LENGTH, ContainerSpec, HostSpec
+from .network import HOST_BRIDGE
 from .paths import StatePaths
 from .system import SandboxError, in_host, run
 
@@ -34,22 +35,24 @@ def pve_config_file(paths: StatePaths, host: HostSpec, vmid: int) -> Path:
     return paths.host_dir(host.name) / "pve" / "nodes" / host.name / "lxc" / f"{vmid}.conf"
 
 
-def write_container(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> None:
+def write_container(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> bool:
     """Create the container's rootfs skeleton if it has none, and bring its LXC and PVE
-    configs up to date (a running container only reads them at its next start)."""
+    configs up to date. True when the LXC config changed: a running container only reads
+    it at its next start (core.py restarts it)."""
     directory = container_dir(paths, host, ct.vmid)
     if ct.real_root:
-        _write_real_root(paths, host, ct, directory)
+        changed = _write_real_root(paths, host, ct, directory)
     else:
         if not (directory / "rootfs" / "usr").is_dir():
             _make_rootfs(directory / "rootfs")
         write_if_changed(directory / "hostname", ct.hostname + "\n")
         write_if_changed(directory / "hosts", hosts_text(ct))
         write_if_changed(directory / "rootfs" / CT_INIT, CT_INIT_SCRIPT)
-        write_if_changed(directory / "config", lxc_config(paths, host, ct))
+        changed = write_if_changed(directory / "config", lxc_config(paths, host, ct))
     pve_file = pve_config_file(paths, host, ct.vmid)
     pve_file.parent.mkdir(parents=True, exist_ok=True)
     write_if_changed(pve_file, pve_config(ct))
+    return changed
 
 
 # What a Proxmox CT's init does before anything else: bring the loopback up (an LXC netns
@@ -81,7 +84,7 @@ def root_kind(paths: StatePaths, host: HostSpec, vmid: int) -> str | None:
 
 
 def _write_real_root(paths: StatePaths, host: HostSpec, ct: ContainerSpec,
-                     directory: Path) -> None:
+                     directory: Path) -> bool:
     """A container on its own distribution root: the unpacked root (shared, read-only) as
     the lower layer of an overlay, the container's changes in its own delta/."""
     base = roots.unpacked_root(paths, ct.root)
@@ -95,7 +98,27 @@ def _write_real_root(paths: StatePaths, host: HostSpec, ct: ContainerSpec,
         if not (etc / name).exists():
             (etc / name).write_text(text)
     write_if_changed(root_kind_file(directory), ct.root + "\n")
-    write_if_changed(directory / "config", real_root_lxc_config(paths, host, ct, base, delta))
+    return write_if_changed(directory / "config",
+                            real_root_lxc_config(paths, host, ct, base, delta))
+
+
+def network_lines(ct: ContainerSpec) -> list[str]:
+    """eth0 on the host's vmbr0 with the layout's fixed address, up before init runs.
+
+    Proxmox writes type, veth.pair, hwaddr and name the same way; it plugs the veth into
+    the bridge with a hook script and sets the address from inside the CT's own network
+    configuration. LXC does both itself here (link, ipv4.address): the same result
+    without a hook or a network service in the CT. No gateway: nothing is routed out.
+    """
+    return [
+        "lxc.net.0.type = veth",
+        f"lxc.net.0.veth.pair = {ct.veth_pair}",
+        f"lxc.net.0.hwaddr = {ct.hwaddr}",
+        "lxc.net.0.name = eth0",
+        f"lxc.net.0.link = {HOST_BRIDGE}",
+        "lxc.net.0.flags = up",
+        f"lxc.net.0.ipv4.address = {ct.address}/{CONTAINER_PREFIX_LENGTH}",
+    ]
 
 
 def _common_tail(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> list[str]:
@@ -114,7 +137,7 @@ def _common_tail(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> list[s
 def real_root_lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec, base: Path,
                          delta: Path) -> str:
     """LXC config of a real-root container: its own /usr and /etc, the distribution's init
-    (systemd) as PID 1, loopback only. The state directory is visible in the host as it is
+    (systemd) as PID 1, eth0 on the bridge as every container. The state directory is visible in the host as it is
     here, so base and delta need no translation."""
     return "\n".join([
         f"# written by `orch sandbox up`: CT {ct.vmid} of sandbox host {host.name}, "
@@ -126,16 +149,17 @@ def real_root_lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec, b
         "lxc.autodev = 1",
         "lxc.pty.max = 64",
         "lxc.tty.max = 2",
-        # no network device but loopback: no route out of the sandbox
-        "lxc.net.0.type = empty",
+        *network_lines(ct),
         "lxc.init.cmd = /sbin/init",
         *_common_tail(paths, host, ct),
     ])
 
 
-def write_if_changed(path: Path, text: str) -> None:
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+def write_if_changed(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
 
 
 def _make_rootfs(rootfs: Path) -> None:
@@ -168,7 +192,7 @@ def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
         "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
         "lxc.autodev = 1",
         "lxc.pty.max = 64",
-        "lxc.net.0.type = empty",
+        *network_lines(ct),
         # without -n, init.lxc exits 1 silently (docs/design/sandbox.md)
         f"lxc.init.cmd = /usr/sbin/init.lxc.static -n {ct.vmid} -- /bin/sh /{CT_INIT} /bin/sleep infinity",
         *_common_tail(paths, host, ct),
@@ -178,7 +202,7 @@ def lxc_config(paths: StatePaths, host: HostSpec, ct: ContainerSpec) -> str:
 def pve_config(ct: ContainerSpec) -> str:
     """A Proxmox CT config (/etc/pve/nodes/NODE/lxc/VMID.conf) as `pct create` writes it."""
     cores = min(os.cpu_count() or 1, 4)
-    note = (f"#orch sandbox container on a real {ct.root} root (no network)" if ct.real_root
+    note = (f"#orch sandbox container on a real {ct.root} root" if ct.real_root
             else "#orch sandbox container (rootfs shares the machine's /usr and /etc read-only)")
     return "\n".join([
         note,
@@ -187,6 +211,9 @@ def pve_config(ct: ContainerSpec) -> str:
         "features: nesting=1",
         f"hostname: {ct.hostname}",
         "memory: 2048",
+        # as `pct create --net0 name=eth0,bridge=vmbr0,ip=...` writes it (the MAC upper-case)
+        f"net0: name=eth0,bridge={HOST_BRIDGE},hwaddr={ct.hwaddr.upper()},"
+        f"ip={ct.address}/{CONTAINER_PREFIX_LENGTH},type=veth",
         "ostype: debian",
         f"rootfs: local:{ct.vmid}/vm-{ct.vmid}-disk-0.raw,size=8G",
         "swap: 512",

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import access, api, containers, faults, hosts, roots
+from . import access, api, containers, faults, hosts, network, roots
 from .handle import Sandbox
 from .layout import CGROUP_ROOT, HostSpec, Layout, build_layout
 from .paths import StatePaths
@@ -62,10 +62,13 @@ def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix
         wanted = {host.name for host in layout.hosts}
         unwanted = _known_host_names(paths, previous, prefix) - wanted
         _in_parallel(lambda name: hosts.teardown(paths, name), sorted(unwanted))
+        for stale in _known_prefixes(previous, prefix) - {prefix}:
+            network.remove_switch(stale)
         _prepare_machine(paths)
+        network.ensure_switch(prefix)
         paths.layout_file.write_text(layout.to_json())
         client_key = access.public_key(paths.client_key)
-        _in_parallel(lambda spec: _ensure_host(paths, spec, client_key, layout.cluster),
+        _in_parallel(lambda spec: _ensure_host(paths, spec, client_key, layout),
                      layout.hosts)
         if layout.cluster:
             _announce_cluster_status(paths, layout)
@@ -121,16 +124,15 @@ def _in_parallel(action, items) -> None:
         raise errors[0]
 
 
-def _ensure_host(paths: StatePaths, spec: HostSpec, client_key: str,
-                 cluster: str | None = None) -> None:
+def _ensure_host(paths: StatePaths, spec: HostSpec, client_key: str, layout: Layout) -> None:
     access.ensure_key(paths.host_key(spec.name), f"orch-sandbox-{spec.name}")
     health = hosts.health(paths, spec)
     ready = (paths.host_dir(spec.name) / READY_MARK).exists()
     if health.netns and health.holder and ready:
-        _converge_host(paths, spec, client_key, health, cluster)
+        _converge_host(paths, spec, client_key, health, layout)
     else:
         hosts.teardown(paths, spec.name)
-        _create_host(paths, spec, client_key, cluster)
+        _create_host(paths, spec, client_key, layout)
 
 
 def _announce_cluster_status(paths: StatePaths, layout: Layout) -> None:
@@ -143,15 +145,15 @@ def _announce_cluster_status(paths: StatePaths, layout: Layout) -> None:
                                  "--output-format", "json"]))
 
 
-def _create_host(paths: StatePaths, spec: HostSpec, client_key: str,
-                 cluster: str | None = None) -> None:
+def _create_host(paths: StatePaths, spec: HostSpec, client_key: str, layout: Layout) -> None:
     for log in (paths.sshd_log(spec.name), *(paths.lxc_log(spec.name, ct.vmid)
                                              for ct in spec.containers)):
         log.unlink(missing_ok=True)
-    hosts.prepare_host_dir(paths, spec, client_key, cluster)
+    hosts.prepare_host_dir(paths, spec, client_key, layout.cluster)
     for ct in spec.containers:
         containers.write_container(paths, spec, ct)
     hosts.create_network(spec)
+    network.connect_host(layout.prefix, spec)
     holder = hosts.start_holder(paths, spec)
     hosts.run_host_setup(paths, spec, holder)
     hosts.write_sshd_config(paths, spec)
@@ -164,12 +166,13 @@ def _create_host(paths: StatePaths, spec: HostSpec, client_key: str,
 
 
 def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
-                   health: hosts.HostHealth, cluster: str | None = None) -> None:
+                   health: hosts.HostHealth, layout: Layout) -> None:
     """Reuse a live host, undoing what tests may have changed: link, firewall, sshd and its
-    host key, container states."""
+    host key, its port on the switch, container states and configs."""
     holder = health.holder_pid
-    hosts.prepare_host_dir(paths, spec, client_key, cluster)
+    hosts.prepare_host_dir(paths, spec, client_key, layout.cluster)
     hosts.repair_link(spec)
+    network.connect_host(layout.prefix, spec)
     faults.clear_firewall(holder)
     if hosts.write_sshd_config(paths, spec) or not health.sshd:
         hosts.stop_sshd(paths, spec)
@@ -184,7 +187,9 @@ def _converge_host(paths: StatePaths, spec: HostSpec, client_key: str,
             containers.remove(paths, spec, holder, ct.vmid, running=ct.vmid in running)
             running.discard(ct.vmid)
     for ct in spec.containers:
-        containers.write_container(paths, spec, ct)
+        if containers.write_container(paths, spec, ct) and ct.vmid in running:
+            containers.stop(holder, ct.vmid)     # started with an older config (no eth0)
+            running.discard(ct.vmid)
         if ct.running and ct.vmid not in running:
             containers.start(holder, ct.vmid)
         elif not ct.running and ct.vmid in running:
@@ -206,6 +211,8 @@ def down(purge: bool = False, state_dir: Path | str | None = None,
         previous = Layout.load(paths.layout_file)
         names = sorted(_known_host_names(paths, previous, prefix))
         _in_parallel(lambda name: hosts.teardown(paths, name), names)
+        for known in _known_prefixes(previous, prefix):
+            network.remove_switch(known)
         access.remove_client_files(paths)
         for leftover in (paths.layout_file,):
             leftover.unlink(missing_ok=True)
@@ -218,12 +225,17 @@ def down(purge: bool = False, state_dir: Path | str | None = None,
     return names
 
 
+def _known_prefixes(layout: Layout | None, prefix: str | None) -> set[str]:
+    """The host-name prefixes this sandbox uses or used: the one asked for, the records'."""
+    return {p for p in (prefix, layout.prefix if layout else None) if p} or {"sb"}
+
+
 def _known_host_names(paths: StatePaths, layout: Layout | None, prefix: str | None) -> set[str]:
     """Hosts of this sandbox, from its records and from what the machine shows by name."""
     names = {host.name for host in layout.hosts} if layout else set()
     if paths.hosts_dir.is_dir():
         names |= {entry.name for entry in paths.hosts_dir.iterdir() if entry.is_dir()}
-    prefixes = {p for p in (prefix, layout.prefix if layout else None) if p} or {"sb"}
+    prefixes = _known_prefixes(layout, prefix)
     pattern = re.compile("^(" + "|".join(map(re.escape, prefixes)) + r")\d+$")
     candidates = set()
     if hosts.NETNS_DIR.is_dir():
@@ -270,6 +282,7 @@ def _host_status(paths: StatePaths, spec: HostSpec) -> dict:
         "link_up": hosts.link_is_up(spec),
         "ssh_port_open": health.sshd and _port_open(spec.address, 22),
         "containers": [{"vmid": ct.vmid, "name": f"{spec.name}-{ct.vmid}", "root": ct.root,
+                        "address": ct.address,
                         "state": "running" if ct.vmid in running else "stopped",
                         "expected": "running" if ct.running else "stopped"}
                        for ct in spec.containers],

@@ -2,7 +2,8 @@
 
 Every name a host leaves on the machine is derived from its name here, so that `down`
 (and `up`, cleaning after a killed run) can find all of it again:
-network namespace and root-side veth `orch-HOST`, cgroups `orch-sandbox/HOST/...` (`$ORCH_SANDBOX_CGROUP/HOST/...`).
+network namespace and root-side veth `orch-HOST`, cgroups `orch-sandbox/HOST/...` (`$ORCH_SANDBOX_CGROUP/HOST/...`),
+and the sandbox's one switch namespace `orch-PREFIX-sw` (network.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,19 @@ CGROUP_ROOT = os.environ.get("ORCH_SANDBOX_CGROUP") or "orch-sandbox"
 NAME_PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # orch-PREFIX99 fits IFNAMSIZ
 MAX_HOSTS = 99
 MAX_CONTAINERS = 50
+# The containers' one private IPv4 network, shared by every host's vmbr0 through the
+# switch (network.py). It exists only inside the sandbox's own namespaces: the machine's
+# root namespace has no interface or route into it (docs/design/sandbox.md).
+CONTAINER_NETWORK_PREFIX = "10.88"
+CONTAINER_PREFIX_LENGTH = 16
+# Proxmox's own OUI: `pct create` generates MACs BC:24:11:xx:xx:xx since PVE 8.1
+PROXMOX_OUI = "bc:24:11"
+
+
+def container_address(host_index: int, vmid: int) -> str:
+    """10.88.HOST.(VMID mod 256): a host's vmids are one run of at most 50, so they stay
+    distinct; CT 200 of sb1 is 10.88.1.200."""
+    return f"{CONTAINER_NETWORK_PREFIX}.{host_index}.{vmid % 256}"
 
 
 class LayoutError(OrchError):
@@ -36,10 +50,24 @@ class ContainerSpec:
     # "host": the machine's /usr and /etc bind-mounted (fast); else the name of a real
     # distribution root (roots.py), e.g. "debian-12"
     root: str = "host"
+    # eth0's IPv4 address on the hosts' shared bridge (container_address); "" in a
+    # layout.json written before containers had a network
+    address: str = ""
 
     @property
     def real_root(self) -> bool:
         return self.root != "host"
+
+    @property
+    def hwaddr(self) -> str:
+        """eth0's MAC, derived from the address so that it is as fixed as the address."""
+        third, fourth = (int(part) for part in self.address.split(".")[2:])
+        return f"{PROXMOX_OUI}:58:{third:02x}:{fourth:02x}"
+
+    @property
+    def veth_pair(self) -> str:
+        """The host-side end of eth0, named as Proxmox names it (veth{VMID}i{N})."""
+        return f"veth{self.vmid}i0"
 
     @property
     def hostname(self) -> str:
@@ -99,7 +127,7 @@ class Layout:
         data = json.loads(text)
         hosts = tuple(
             HostSpec(h["name"], tuple(ContainerSpec(c["vmid"], c["running"],
-                                                    c.get("root", "host"))
+                                                    c.get("root", "host"), c.get("address", ""))
                                       for c in h["containers"]))
             for h in data["hosts"])
         return cls(data["prefix"], hosts, data.get("cluster"))
@@ -116,6 +144,12 @@ class Layout:
 
 def host_name(prefix: str, index: int) -> str:
     return f"{prefix}{index}"
+
+
+def switch_netns(prefix: str) -> str:
+    """The namespace holding the bridge all hosts' vmbr0 are plugged into; named after
+    the prefix (not a host: `-` cannot be in one) so down finds it without records."""
+    return f"orch-{prefix}-sw"
 
 
 def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
@@ -152,9 +186,10 @@ def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
         raise LayoutError(f"--real-root {','.join(map(str, unknown))}: the layout's containers "
                           f"are {', '.join(map(str, every_vmid))}")
 
-    def cts(index: int) -> tuple[ContainerSpec, ...]:
+    def cts(position: int, index: int) -> tuple[ContainerSpec, ...]:
         return tuple(ContainerSpec(vmid, i < running_count,
-                                   distribution if vmid in real_root else "host")
+                                   distribution if vmid in real_root else "host",
+                                   container_address(position, vmid))
                      for i, vmid in enumerate(vmids(index)))
-    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts(index))
+    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts(i, index))
                                 for i, index in zip(range(1, hosts + 1), host_indexes)), cluster)

@@ -1,5 +1,5 @@
-"""Containers on a real Debian 12 root (their own /usr and /etc, systemd as PID 1, no
-network), and orch bootstrapping one that has python3 and nothing else.
+"""Containers on a real Debian 12 root (their own /usr and /etc, systemd as PID 1, eth0 on
+the bridge but no route out), and orch bootstrapping one that has python3 and nothing else.
 
 A sandbox of its own (host sbr1, its own state directory), so the shared one keeps its
 fast bind-mounted containers: CT 200 goes from bare to the DFlash demo's verdict ok, CT 201
@@ -65,13 +65,15 @@ def systemd_state(fleet, name, timeout=120.0):
         time.sleep(0.5)
 
 
-def test_a_real_root_is_debian_12_with_systemd_as_pid_1_and_no_network(real_root):
+def test_a_real_root_is_debian_12_with_systemd_as_pid_1_and_no_route_out(real_root):
     handle, fleet = real_root
     assert in_container(fleet, BARE, "cat", "/etc/os-release").text.count('VERSION_ID="12"') == 1
     assert in_container(fleet, BARE, "cat", "/proc/1/comm").text == "systemd\n"
     state = systemd_state(fleet, BARE)
     assert state.text.strip() == "running", state.text + state.error_text
-    assert in_container(fleet, BARE, "ls", "/sys/class/net").text.split() == ["lo"]
+    # eth0 on the bridge, as every sandbox container; systemd keeps the address LXC set
+    assert in_container(fleet, BARE, "ls", "/sys/class/net").text.split() == ["eth0", "lo"]
+    assert "10.88.1.200" in in_container(fleet, BARE, "cat", "/proc/net/fib_trie").text
     # its own /usr: what the machine has (rg, ensurepip) is not there
     probe = ("import importlib.util, shutil, socket\n"
              "print(shutil.which('rg'), importlib.util.find_spec('ensurepip'))\n"
@@ -154,5 +156,6 @@ def test_up_remakes_a_container_whose_kind_of_root_changed(real_root):
     has_rg = "import shutil; print(shutil.which('rg') is not None)"
     assert in_container(fleet, NO_PYTHON, "python3", "-c", has_rg).text == "True\n"
     assert in_container(fleet, BARE, "python3", "-c", has_rg).text == "False\n"
-    assert "sbr1-200: {host: sbr1, vmid: 200, venv: /root/venv}   # own debian-12 root" in \
+    assert ("sbr1-200: {host: sbr1, vmid: 200, venv: /root/venv, address: 10.88.1.200}"
+            "   # own debian-12 root") in \
         again.inventory_path.read_text()

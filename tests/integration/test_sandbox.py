@@ -76,7 +76,8 @@ def test_inventory_has_the_shape_the_loader_reads(sandbox):
     assert sb1 == {"address": "fe80::2%orch-sb1", "port": 22, "user": "root",
                    "identity": str(sandbox.identity), "known_hosts": str(sandbox.known_hosts),
                    "node": "sb1", "iface": "orch-sb1"}
-    assert data["containers"]["sb2-202"] == {"host": "sb2", "vmid": 202, "venv": "/root/venv"}
+    assert data["containers"]["sb2-202"] == {"host": "sb2", "vmid": 202, "venv": "/root/venv",
+                                             "address": "10.88.2.202"}
     assert data["groups"]["running"] == ["sb1-200", "sb1-201", "sb2-200", "sb2-201"]
     assert data["groups"]["sb1"] == ["sb1-200", "sb1-201", "sb1-202"]
     assert data["default_target"] == "sb1-200"
@@ -409,7 +410,9 @@ def machine_traces(state_dir: Path, host: str = "sbt1") -> list[str]:
     """Everything of host `host` and state_dir that the machine still shows."""
     traces = []
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    traces += [f"netns {line}" for line in netns.splitlines() if f"orch-{host}" in line]
+    switch = layout.switch_netns(host.rstrip("0123456789"))   # the one switch of its prefix
+    traces += [f"netns {line}" for line in netns.splitlines()
+               if f"orch-{host}" in line or line.split()[0] == switch]
     if Path(f"/sys/class/net/orch-{host}").exists():
         traces.append(f"link orch-{host}")
     for pid in system.all_pids():

@@ -64,6 +64,12 @@ def test_resolve_host_vmid_and_dedupe(tmp_path):
     ("hosts:\n  pve: {address: a, transport: telnet}\n", ":2:32", "transport must be"),
     ("hosts:\n  here: {transport: local}\ncontainers:\n  c: {host: here, vmid: 200}\n", ":4:25", "is local"),
     ("hosts:\n  pve: {address: a}\ndefault_target: x\n", ":3:17", "names no container"),
+    ("hosts:\n  pve: {address: a}\ncontainers:\n  c: {host: pve, address: 10.1.2.300}\n",
+     ":4:27", "address '10.1.2.300' is not an IP address or a host name"),
+    ("hosts:\n  pve: {address: a}\ncontainers:\n  c: {host: pve, address: 'a b'}\n",
+     ":4:27", "is not an IP address or a host name"),
+    ("hosts:\n  pve: {address: a}\ncontainers:\n  c: {host: pve, address: [1]}\n",
+     ":4:27", "address must be a string"),
 ])
 def test_mistakes_name_file_line_col(tmp_path, text, where, words):
     path = write(tmp_path, text)
@@ -73,6 +79,17 @@ def test_mistakes_name_file_line_col(tmp_path, text, where, words):
     assert message.startswith(path + where), message
     assert words in message
     assert caught.value.exit_code == ExitCode.USAGE
+
+
+def test_a_container_address_is_an_ip_literal_or_a_host_name(tmp_path):
+    text = ("hosts:\n  pve: {address: a}\ncontainers:\n"
+            "  a: {host: pve, vmid: 200, address: 10.88.1.200}\n"
+            "  b: {host: pve, vmid: 201, address: 'fd00::5'}\n"
+            "  c: {host: pve, vmid: 202, address: node-3.lab.example}\n"
+            "  d: {host: pve, vmid: 203}\n")
+    containers = load_inventory(write(tmp_path, text)).containers
+    assert [containers[n].address for n in "abcd"] == [
+        "10.88.1.200", "fd00::5", "node-3.lab.example", None]
 
 
 def test_missing_file_is_a_config_error(tmp_path):

@@ -67,3 +67,33 @@ def test_a_bind_mounted_container_starts_with_its_loopback_up(tmp_path):
                            capture_output=True, text=True, timeout=30)
     assert after.returncode == 0, after.stderr
     assert "LOOPBACK,UP" in after.stdout
+
+
+def test_every_container_gets_a_fixed_address_of_its_own_on_the_shared_network():
+    """10.88.HOST.(VMID mod 256): distinct across hosts and vmids, the same at every up."""
+    for layout in (build_layout(3, 50, 0), build_layout(8, 50, 0, cluster="lab")):
+        addresses = [ct.address for host in layout.hosts for ct in host.containers]
+        macs = [ct.hwaddr for host in layout.hosts for ct in host.containers]
+        assert len(set(addresses)) == len(addresses) and len(set(macs)) == len(macs)
+        assert all(a.startswith("10.88.") for a in addresses)
+        assert Layout.from_json(layout.to_json()) == layout
+    ct = build_layout(2, 3, 1).host("sb2").container(201)
+    assert (ct.address, ct.hwaddr, ct.veth_pair) == ("10.88.2.201", "bc:24:11:58:02:c9",
+                                                     "veth201i0")
+
+
+def test_container_configs_put_eth0_on_vmbr0_with_the_layout_address(tmp_path):
+    from orch_sandbox.containers import container_dir, pve_config, write_container
+    from orch_sandbox.paths import StatePaths
+
+    host = build_layout(1, 1, 0).hosts[0]
+    ct = host.containers[0]
+    assert write_container(StatePaths(tmp_path), host, ct) is True
+    assert write_container(StatePaths(tmp_path), host, ct) is False   # unchanged: no restart
+    config = (container_dir(StatePaths(tmp_path), host, ct.vmid) / "config").read_text()
+    for line in ("lxc.net.0.type = veth", "lxc.net.0.link = vmbr0", "lxc.net.0.name = eth0",
+                 "lxc.net.0.flags = up", "lxc.net.0.ipv4.address = 10.88.1.200/16",
+                 "lxc.net.0.veth.pair = veth200i0"):
+        assert line + "\n" in config
+    assert "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:58:01:C8,ip=10.88.1.200/16,type=veth" \
+        in pve_config(ct)

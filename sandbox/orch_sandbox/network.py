@@ -1,0 +1,84 @@
+"""The containers' network: every host's vmbr0 plugged into one switch, as the hosts of a
+Proxmox cluster share a physical network (docs/design/sandbox.md, "The containers' network").
+
+    switch namespace orch-PREFIX-sw:  bridge br0, one port per host (named after the host)
+    host namespace orch-HOST:         bridge vmbr0 with the port `uplink` (the other end of
+                                      the host's switch port) and each running CT's
+                                      veth{VMID}i0 (LXC plugs it in at start)
+    container:                        eth0 10.88.H.V/16 (layout.container_address), lo
+
+Only the bridges and the containers' eth0 exist; no address is on a bridge and there is no
+route anywhere, so the containers' private range never leaves the sandbox's namespaces.
+Everything is made with `ip -n NETNS` from the machine: no process has to run in the
+switch namespace.
+"""
+
+from __future__ import annotations
+
+from .hosts import NETNS_DIR
+from .layout import HostSpec, switch_netns
+from .system import SandboxError, run
+
+SWITCH_BRIDGE = "br0"
+HOST_BRIDGE = "vmbr0"     # Proxmox's default bridge, which CT configs name
+UPLINK = "uplink"         # the host's end of its port on the switch
+
+
+def ensure_switch(prefix: str) -> None:
+    """The switch namespace with its bridge up (made if missing)."""
+    netns = switch_netns(prefix)
+    if not (NETNS_DIR / netns).exists():
+        run(["ip", "netns", "add", netns])
+    if SWITCH_BRIDGE not in link_names(netns):
+        _batch(netns, [f"link add {SWITCH_BRIDGE} type bridge",
+                       f"link set dev {SWITCH_BRIDGE} up"])
+
+
+def connect_host(prefix: str, spec: HostSpec) -> None:
+    """The host's vmbr0 and its port on the switch, each made only if missing: a host
+    whose switch was removed (a killed run cleaned up) gets a new port."""
+    present = link_names(spec.netns)
+    if HOST_BRIDGE not in present:
+        _batch(spec.netns, [f"link add {HOST_BRIDGE} type bridge",
+                            f"link set dev {HOST_BRIDGE} up"])
+    if UPLINK not in present:
+        switch = switch_netns(prefix)
+        # a port left from an earlier host of this name (its peer died with that host)
+        # is gone already: a veth pair is removed with either end's namespace
+        _batch(switch, [f"link add {spec.name} type veth peer name {UPLINK} netns {spec.netns}",
+                        f"link set dev {spec.name} master {SWITCH_BRIDGE} up"])
+        _batch(spec.netns, [f"link set dev {UPLINK} master {HOST_BRIDGE} up"])
+
+
+def remove_switch(prefix: str) -> None:
+    """The switch and every port on it (the ports' host ends go with them)."""
+    netns = switch_netns(prefix)
+    if (NETNS_DIR / netns).exists():
+        run(["ip", "netns", "del", netns])
+
+
+def switch_prefixes() -> set[str]:
+    """Prefixes of the switches the machine shows (down cleans those of its prefixes)."""
+    if not NETNS_DIR.is_dir():
+        return set()
+    return {entry.name[len("orch-"):-len("-sw")] for entry in NETNS_DIR.iterdir()
+            if entry.name.startswith("orch-") and entry.name.endswith("-sw")}
+
+
+def link_names(netns: str) -> set[str]:
+    """The interfaces of a namespace, from `ip -o link` ("N: NAME[@PEER]: <FLAGS> ...")."""
+    result = run(["ip", "-n", netns, "-o", "link", "show"])
+    names = set()
+    for line in result.stdout.decode(errors="replace").splitlines():
+        parts = line.split(": ", 2)
+        if len(parts) >= 2:
+            names.add(parts[1].partition("@")[0])
+    return names
+
+
+def _batch(netns: str, commands: list[str]) -> None:
+    result = run(["ip", "-n", netns, "-batch", "-"], input="\n".join(commands).encode() + b"\n",
+                 check=False)
+    if result.returncode != 0:
+        raise SandboxError(f"network namespace {netns}: `{'; '.join(commands)}` failed: "
+                           f"{result.stderr.decode(errors='replace').strip()}")

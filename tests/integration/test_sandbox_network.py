@@ -1,0 +1,157 @@
+"""The containers' network: every container on its host's vmbr0, the hosts' bridges on one
+switch, as the containers of a Proxmox cluster share a bridge (docs/design/sandbox.md).
+
+Reached the way a user's multi-node run would: `orch exec` into one container opens a
+port, `orch exec` into a container on the other host connects to it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orch_sandbox import layout, network
+
+pytestmark = pytest.mark.sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+LISTEN = ("import socket\n"
+          "server = socket.create_server(('0.0.0.0', 0))\n"
+          "print(server.getsockname()[1], flush=True)\n"
+          "server.settimeout(20)\n"
+          "peer, (address, _) = server.accept()\n"
+          "peer.sendall(b'hello from ' + socket.gethostname().encode())\n"
+          "print(address, flush=True)\n")
+CONNECT = ("import socket, sys\n"
+           "with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as s:\n"
+           "    print(s.recv(100).decode())\n")
+# flags and addresses of lo and eth0, from /sys and `ip -j` (IFF_UP is bit 0)
+LINKS = ("import json, subprocess\n"
+         "def up(name):\n"
+         "    return bool(int(open(f'/sys/class/net/{name}/flags').read(), 16) & 1)\n"
+         "ip = json.loads(subprocess.run(['ip', '-j', '-4', 'addr'], capture_output=True,"
+         " text=True).stdout)\n"
+         "print(json.dumps({'lo': up('lo'), 'eth0': up('eth0'),"
+         " 'inet': {i['ifname']: [a['local'] for a in i['addr_info']] for i in ip}}))\n")
+
+
+def orch(inventory: Path, *args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "ORCH_AGENT": "off"}
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(inventory), *args],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def orch_exec(inventory: Path, target: str, *argv: str) -> str:
+    process = orch(inventory, "exec", target, "--", *argv)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    return out
+
+
+def address_of(sandbox, target: str) -> str:
+    host, _, vmid = target.partition("-")
+    return sandbox.host(host).container(int(vmid)).address
+
+
+def test_a_container_on_sb1_reaches_a_port_opened_in_a_container_on_sb2(sandbox):
+    listener = orch(sandbox.inventory_path, "exec", "sb2-201", "--", "python3", "-c", LISTEN)
+    try:
+        port = listener.stdout.readline().strip()
+        assert port.isdigit(), listener.stderr.read()
+        answer = orch_exec(sandbox.inventory_path, "sb1-200", "python3", "-c", CONNECT,
+                           address_of(sandbox, "sb2-201"), port)
+        out, err = listener.communicate(timeout=30)
+    finally:
+        listener.kill()
+    assert answer == "hello from CT201\n"
+    assert out.strip() == address_of(sandbox, "sb1-200") == "10.88.1.200", err
+
+
+def test_every_running_container_has_lo_and_eth0_up_with_its_layout_address(sandbox):
+    for target in sandbox.targets(running=True):
+        links = json.loads(orch_exec(sandbox.inventory_path, target, "python3", "-c", LINKS))
+        assert links["lo"] and links["eth0"], target
+        assert links["inet"] == {"lo": ["127.0.0.1"], "eth0": [address_of(sandbox, target)]}
+
+
+def test_the_address_is_in_the_inventory_and_the_status(sandbox):
+    import orch_sandbox as sb
+    from orchestrator.config.inventory import load_inventory
+
+    inventory = load_inventory(str(sandbox.inventory_path))
+    assert inventory.containers["sb2-202"].address == "10.88.2.202"
+    status = {ct["name"]: ct["address"] for host in sb.status()["hosts"]
+              for ct in host["containers"]}
+    assert status["sb1-201"] == "10.88.1.201"
+
+
+def test_the_private_range_lives_only_in_the_sandbox_namespaces(sandbox):
+    """The machine's (this test's) namespace has no address or route into 10.88/16."""
+    for what in (["ip", "-4", "addr"], ["ip", "-4", "route"]):
+        shown = subprocess.run(what, capture_output=True, text=True, check=True).stdout
+        assert layout.CONTAINER_NETWORK_PREFIX + "." not in shown
+    bridge_ports = network.link_names(layout.switch_netns(sandbox.layout.prefix))
+    assert set(sandbox.host_names) <= bridge_ports
+
+
+# --- the Proxmox API's view: GET /nodes/{node}/lxc/{vmid}/interfaces --------------------------
+
+def pvesh_interfaces(sandbox, host: str, vmid: int):
+    done = sandbox.run_on_host(host, ["pvesh", "get", f"/nodes/{host}/lxc/{vmid}/interfaces",
+                                      "--output-format", "json"], timeout=30)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_pvesh_interfaces_has_the_shape_proxmox_returns(sandbox):
+    ct = sandbox.host("sb2").container(201)
+    lo, eth0 = pvesh_interfaces(sandbox, "sb2", 201)
+    assert lo == {"name": "lo", "hwaddr": "00:00:00:00:00:00",
+                  "hardware-address": "00:00:00:00:00:00",
+                  "inet": "127.0.0.1/8", "inet6": "::1/128",
+                  "ip-addresses": [
+                      {"ip-address": "127.0.0.1", "ip-address-type": "inet", "prefix": 8},
+                      {"ip-address": "::1", "ip-address-type": "inet6", "prefix": 128}]}
+    assert (eth0["name"], eth0["hwaddr"], eth0["hardware-address"], eth0["inet"]) == (
+        "eth0", ct.hwaddr, ct.hwaddr, f"{ct.address}/16")
+    assert eth0["ip-addresses"][0] == {"ip-address": ct.address, "ip-address-type": "inet",
+                                       "prefix": 16}
+    assert eth0["inet6"].startswith("fe80::")     # the kernel's link-local, as on a real CT
+
+
+def test_pvesh_interfaces_of_a_stopped_or_unknown_container_is_null(sandbox):
+    assert pvesh_interfaces(sandbox, "sb2", 202) is None        # stopped in the layout
+    assert pvesh_interfaces(sandbox, "sb2", 999) is None        # upstream loads no config
+    listed = sandbox.run_on_host("sb1", ["pvesh", "get", "/nodes/sb1/lxc/200",
+                                         "--output-format", "json"], timeout=30)
+    assert {"subdir": "interfaces"} in json.loads(listed.stdout)
+
+
+def api_get(sandbox, host: str, path: str, headers: dict):
+    """One GET to the host's HTTPS API, its CA pinned: the status and the decoded body."""
+    context = ssl.create_default_context(cafile=str(sandbox.api_ca_file(host)))
+    with socket.create_connection((sandbox.address(host), 8006), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="fe80::2") as tls:
+            connection = http.client.HTTPSConnection(sandbox.address(host), 8006)
+            connection.sock = tls
+            connection.request("GET", path, headers=headers)
+            answer = connection.getresponse()
+            return answer.status, json.loads(answer.read())
+
+
+def test_the_https_api_answers_interfaces_in_data(sandbox):
+    token = {"Authorization": f"PVEAPIToken={sandbox.api_token_id}={sandbox.api_token_secret()}"}
+    status, body = api_get(sandbox, "sb1", "/api2/json/nodes/sb1/lxc/200/interfaces", token)
+    names = [(i["name"], i["ip-addresses"][0]["ip-address"]) for i in body["data"]]
+    assert status == 200 and names == [("lo", "127.0.0.1"), ("eth0", "10.88.1.200")]
+    assert api_get(sandbox, "sb1", "/api2/json/nodes/sb1/lxc/202/interfaces", token) == (
+        200, {"data": None})
