@@ -30,6 +30,8 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "rdzv_backend": (str, "--rdzv-backend"),
     "rdzv_endpoint": (str, "--rdzv-endpoint"),
     "rdzv_id": (str, "--rdzv-id"),
+    "rdzv_conf": (str, "--rdzv-conf"),        # key=value,...: is_host=1, join_timeout=600
+    "local_addr": (str, "--local-addr"),      # the address the other nodes reach this one at
     "max_restarts": (int, "--max-restarts"),
     "monitor_interval": (float, "--monitor-interval"),
 }
@@ -111,7 +113,7 @@ def ranks(spec: dict) -> int:
 # targets: each target is a node (in the run's order), orch gives each its node rank, the
 # same c10d rendezvous (endpoint and id) and SkyPilot's names for the nodes
 # (docs/guide/multi-node.md). What orch sets, the user may not set by hand.
-GROUP_SET_BY_ORCH = ("node_rank", "master_addr", "master_port")
+GROUP_SET_BY_ORCH = ("node_rank", "master_addr", "master_port", "local_addr")
 RDZV_BACKEND = "c10d"
 
 
@@ -169,12 +171,23 @@ def check_fits(spec: dict, nodes: list[str]) -> None:
                                       f"{wanted} targets")
 
 
-def node_spec(spec: dict, node_rank: int, endpoint: str, run_id: str) -> dict:
-    """One node's torchrun options: the user's, plus its node rank and the shared rendezvous."""
+def node_spec(spec: dict, node_rank: int, endpoint: str, run_id: str, hosts_store=None,
+              address: Optional[str] = None) -> dict:
+    """One node's torchrun options: the user's, plus its node rank, the shared rendezvous and
+    its address. Both of the last two stand in for host names: torchrun tells the workers
+    the first node's host name as MASTER_ADDR unless --local-addr says otherwise, and guesses
+    which node hosts the c10d store from its host name (hosts_store, True/False where orch
+    chose the endpoint on the first node, decides it). A container's name need not resolve on
+    the other nodes, and often resolves to 127.0.1.1 on its own (Debian's /etc/hosts)."""
     out = {k: v for k, v in spec.items() if k not in GROUP_SET_BY_ORCH}
     out.update(node_rank=node_rank, rdzv_backend=RDZV_BACKEND, rdzv_endpoint=endpoint)
+    if address:
+        out["local_addr"] = address
     out.setdefault("rdzv_id", run_id)
     out.setdefault("max_restarts", 0)
+    if hosts_store is not None and "is_host" not in str(out.get("rdzv_conf", "")):
+        conf = [part for part in str(out.get("rdzv_conf") or "").split(",") if part]
+        out["rdzv_conf"] = ",".join([*conf, f"is_host={'1' if hosts_store else '0'}"])
     return out
 
 

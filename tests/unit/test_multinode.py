@@ -35,7 +35,7 @@ ADDRESSES = {"dev": "10.0.3.11", "other": "10.0.3.12"}
 def nodes_reachable(monkeypatch):
     """The seams a launch over many nodes stands on: every node has an address and passes."""
     checked = []
-    monkeypatch.setattr(launch_step, "node_address", lambda target: ADDRESSES[target.name])
+    monkeypatch.setattr(launch_step, "node_address", lambda inventory, target: ADDRESSES[target.name])
     monkeypatch.setattr(launch_step, "preflight",
                         lambda nodes, endpoint: checked.append(([n.name for n in nodes], endpoint)))
     return checked
@@ -45,6 +45,7 @@ def nodes_reachable(monkeypatch):
 @pytest.mark.parametrize("extra, key, words", [
     (", node_rank: 1", "node_rank", "node_rank is set by orch"),
     (", master_addr: 10.0.0.1", "master_addr", "master_addr is set by orch"),
+    (", local_addr: 10.0.0.1", "local_addr", "local_addr is set by orch"),
     (", rdzv_backend: static", "rdzv_backend", "uses the c10d rendezvous"),
 ])
 def test_what_orch_sets_for_a_group_is_an_error_at_its_line(tmp_path, extra, key, words):
@@ -106,6 +107,10 @@ def test_every_node_gets_its_rank_the_same_rendezvous_and_skypilots_names(tmp_pa
         assert options["--rdzv-backend"] == "c10d"
         assert options["--rdzv-endpoint"] == "10.0.3.11:29411"
         assert options["--rdzv-id"] == RUN_ID and options["--max-restarts"] == "0"
+        # the first node hosts the c10d store at its own address (not torchrun's hostname guess)
+        assert options["--rdzv-conf"] == f"is_host={1 if rank == 0 else 0}"
+        # the workers meet at the nodes' addresses, not at host names
+        assert options["--local-addr"] == ADDRESSES[("dev", "other")[rank]]
         env = args["env"]
         assert env["SKYPILOT_NODE_IPS"] == "10.0.3.11\n10.0.3.12"
         assert env["SKYPILOT_NODE_RANK"] == str(rank) and env["SKYPILOT_NUM_NODES"] == "2"
@@ -125,10 +130,11 @@ def test_the_users_rendezvous_endpoint_is_kept(tmp_path, nodes_reachable):
     h.record()
     assert h.host.payload_calls("free_port") == []
     assert all("head:29400" in a["argv"] for a in _starts(h).values())
+    assert not any("--rdzv-conf" in a["argv"] for a in _starts(h).values())   # torchrun decides
 
 
 def test_a_failed_preflight_launches_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch_step, "node_address", lambda target: ADDRESSES[target.name])
+    monkeypatch.setattr(launch_step, "node_address", lambda inventory, target: ADDRESSES[target.name])
 
     def refuse(nodes, endpoint):
         raise OrchError("other cannot reach the rendezvous 10.0.3.11:29411")

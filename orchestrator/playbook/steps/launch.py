@@ -86,7 +86,9 @@ class LaunchStep(Step):
             # SkyPilot's names first: the inventory's and the step's env may still set them
             gpus_per_node = len(gpus) if gpus else torchrun.ranks(spec)
             env = {**torchrun.skypilot_env(node.addresses, node.rank, gpus_per_node), **env}
-            spec = torchrun.node_spec(spec, node.rank, node.endpoint, ctx.run_id)
+            hosts_store = (node.rank == 0) if node.orch_endpoint else None
+            spec = torchrun.node_spec(spec, node.rank, node.endpoint, ctx.run_id, hosts_store,
+                                      node.addresses[node.rank])
         env.update({str(k): str(v) for k, v in (params["env"] or {}).items()})
         venv = params["venv"]
         if venv is None or venv is True:
@@ -116,7 +118,7 @@ class LaunchStep(Step):
         lines = [f"pre-flight on {len(ctx.nodes)} nodes ({', '.join(n.name for n in ctx.nodes)}); "
                  f"then torchrun on each, c10d rendezvous at {endpoint}, id {ctx.run_id}"]
         for rank, node in enumerate(ctx.nodes):
-            place = NodePlace(rank, addresses, endpoint)
+            place = NodePlace(rank, addresses, endpoint, not params["torchrun"].get("rdzv_endpoint"))
             lines += [f"node {rank}: {node.name}"] + self._plan_one(ctx, params, node, place)
         return lines
 
@@ -146,14 +148,15 @@ class LaunchStep(Step):
         launched unless every node passed, and a node that fails to start stops the others."""
         nodes = ctx.nodes
         try:
-            addresses = [node_address(node) for node in nodes]
+            addresses = [node_address(ctx.run.inventory, node) for node in nodes]
             endpoint = params["torchrun"].get("rdzv_endpoint") or \
                 f"{_host_part(addresses[0])}:{free_port(nodes[0])}"
             preflight(nodes, endpoint)
         except OrchError as error:
             raise StepFailed(f"launch: pre-flight failed, nothing was launched: {error}"
                              + (f" ({error.hint})" if getattr(error, "hint", "") else "")) from None
-        places = [NodePlace(rank, addresses, endpoint) for rank in range(len(nodes))]
+        chosen = not params["torchrun"].get("rdzv_endpoint")
+        places = [NodePlace(rank, addresses, endpoint, chosen) for rank in range(len(nodes))]
         started = each_concurrently(list(zip(nodes, places)),
                                     lambda pair: self._start(ctx, params, *pair))
         failed = {node.name: error for node, error in zip(nodes, started) if isinstance(error, OrchError)}
@@ -207,6 +210,7 @@ class NodePlace:
     rank: int
     addresses: list
     endpoint: str
+    orch_endpoint: bool = True      # orch chose it (the first node's): the first node hosts the store
 
 
 def spans_nodes(spec: StepSpec) -> bool:
@@ -231,8 +235,9 @@ def _stop_quietly(target, run_dir: str) -> None:
 
 # The seams a launch over many nodes stands on (the sandbox network's branch gives them):
 # a node's address as the other nodes reach it, and the pre-flight of every node.
-def node_address(target) -> str:
-    address = getattr(target, "address", None)
+def node_address(inventory, target) -> str:
+    spec = inventory.containers.get(target.name) if inventory is not None else None
+    address = getattr(spec, "address", None)
     if not address:
         raise OrchError(f"{target.name}: no address known for it",
                         hint="give the container an address: in the inventory")

@@ -1,0 +1,134 @@
+"""One torchrun job over two sandbox hosts, watched as one run (playbooks/ddp-two-nodes.yaml).
+
+CT 200 of sb1 and CT 200 of sb2 are the two nodes: real torch 2.13 (the shared test venv,
+hard-linked as tests/integration/torch_seed.py does), a real DDP loop over gloo
+(tests/trainer/real/ddp_nodes_loop.py), the c10d rendezvous at sb1-200's bridge address,
+the gradients' all-reduce between the two containers over the sandbox's shared bridge.
+
+- healthy: the job trains to its end, verdict ok, both nodes' ranks in one record, each
+  node given SkyPilot's variables, `orch report` showing both nodes;
+- sb2-200's worker killed from outside (SIGKILL, by its pid): the verdict names sb2-200 and
+  its rank, and no rank is left on either node afterwards (pgrep in each container).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runs.store import RunStore
+from tests.integration.torch_seed import container_root, remove_venv, seed_torch_venv
+
+NODES = [("sb1", 200, "sb1-200"), ("sb2", 200, "sb2-200")]
+VENV_DIR = "orch-mn-venv"
+SCRIPT = "/root/ddp_nodes_loop.py"
+PIDS = "/root/mn-pids"
+REPO = Path(__file__).resolve().parents[2]
+ORCH = [sys.executable, "-c", "from orchestrator.cli.app import main; main()"]
+
+
+def orch(sandbox, *args, **options):
+    return subprocess.run([*ORCH, "-i", str(sandbox.inventory_path), *args], cwd=REPO,
+                          capture_output=True, text=True, **options)
+
+
+@pytest.fixture(scope="module")
+def nodes(sandbox):
+    """torch and the trainer in both nodes' containers."""
+    for host, vmid, _name in NODES:
+        seed_torch_venv(sandbox, host, vmid, dest=VENV_DIR)
+        shutil.copy(REPO / "tests" / "trainer" / "real" / "ddp_nodes_loop.py",
+                    Path(container_root(sandbox, host, vmid)) / "ddp_nodes_loop.py")
+    yield f"/root/{VENV_DIR}"
+    for host, vmid, _name in NODES:
+        remove_venv(sandbox, host, vmid, dest=VENV_DIR)
+        root = Path(container_root(sandbox, host, vmid))
+        for leftover in ("ddp_nodes_loop.py", "mn-nodes.json"):
+            (root / leftover).unlink(missing_ok=True)
+        shutil.rmtree(root / "mn-pids", ignore_errors=True)
+
+
+def run_argv(sandbox, venv: str, trainer_args: str, *extra: str) -> list[str]:
+    return [*ORCH, "-i", str(sandbox.inventory_path), "run", "playbooks/ddp-two-nodes.yaml",
+            "-t", NODES[0][2], "-t", NODES[1][2], "-e", f"venv={venv}", "-e", f"script={SCRIPT}",
+            "-e", f"trainer_args={trainer_args}", *extra]
+
+
+def last_record():
+    with RunStore() as store:
+        return store.get("last")
+
+
+def test_two_nodes_train_to_the_end_as_one_run(sandbox, nodes):
+    done = subprocess.run(run_argv(sandbox, nodes, "[--steps, 20, --nodes-file, /root/mn-nodes.json]"),
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    record = last_record()
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert record.verdict == "ok"
+    names = [name for _h, _v, name in NODES]
+    launches = record.launch["targets"]
+    assert [launches[name]["node_rank"] for name in names] == [0, 1]
+    assert launches["sb2-200"]["rdzv_endpoint"].startswith("10.88.1.200:")
+    # one record: both nodes' ranks, every step
+    steps = {name: sorted({p.step for p in record.metrics if p.target == name}) for name in names}
+    assert steps == {name: list(range(1, 21)) for name in names}
+    assert set(record.summary["monitor"]) == set(names)
+    assert all(record.summary["monitor"][name]["verdict"] == "ok" for name in names)
+    # what the job saw of itself: two ranks, SkyPilot's names set on the nodes
+    seen = json.loads((Path(container_root(sandbox, "sb1", 200)) / "mn-nodes.json").read_text())
+    assert seen["world_size"] == 2
+    assert seen["SKYPILOT_NODE_IPS"] == "10.88.1.200\n10.88.2.200"
+    assert seen["SKYPILOT_NUM_NODES"] == "2"
+    report = orch(sandbox, "report", record.run_id, timeout=120)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "sb1-200" in report.stdout and "sb2-200" in report.stdout
+
+
+def _worker_pid(sandbox, host: str, vmid: int, deadline: float) -> tuple[int, int]:
+    """(global rank, pid) of the worker on a node, once it wrote its pid file."""
+    folder = Path(container_root(sandbox, host, vmid)) / "mn-pids"
+    while time.monotonic() < deadline:
+        found = sorted(folder.glob("rank*.pid")) if folder.exists() else []
+        if found and found[0].read_text().strip():
+            return int(found[0].stem[4:]), int(found[0].read_text())
+        time.sleep(0.5)
+    raise AssertionError(f"no worker wrote its pid in {folder}")
+
+
+def test_a_worker_killed_on_one_node_stops_the_other_and_is_named(sandbox, nodes):
+    for host, vmid, _name in NODES:
+        shutil.rmtree(Path(container_root(sandbox, host, vmid)) / "mn-pids", ignore_errors=True)
+    running = subprocess.Popen(
+        run_argv(sandbox, nodes, f"[--steps, 4000, --step-seconds, 0.05, --pid-dir, {PIDS}]"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "200"})
+    try:
+        rank, pid = _worker_pid(sandbox, "sb2", 200, time.monotonic() + 180)
+        time.sleep(3)                          # a few steps in
+        killed = orch(sandbox, "exec", "sb2-200", "--", "kill", "-9", str(pid), timeout=60)
+        assert killed.returncode == 0, killed.stdout + killed.stderr
+        output, _ = running.communicate(timeout=240)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.communicate()
+    record = last_record()
+    assert running.returncode == 10, output[-6000:]
+    assert record.verdict == "killed", output[-6000:]
+    monitor = next(s for s in record.steps if s.kind == "monitor" and s.target == "sb1-200")
+    assert monitor.data["first_failure"]["node"] == "sb2-200"
+    assert monitor.data["first_failure"]["rank"] == rank
+    assert f"node sb2-200 (node rank 1) failed first: torchrun: rank {rank} " in output
+    assert "killed by SIGKILL" in output
+    # no rank is left on either node
+    for _host, _vmid, name in NODES:
+        left = orch(sandbox, "exec", name, "--", "pgrep", "-f", "ddp_nodes_loop", timeout=60)
+        assert left.returncode == 1 and left.stdout.strip() == "", f"{name}: {left.stdout}"
