@@ -89,7 +89,11 @@ def test_two_nodes_train_to_the_end_as_one_run(sandbox, nodes):
     assert seen["SKYPILOT_NUM_NODES"] == "2"
     report = orch(sandbox, "report", record.run_id, timeout=120)
     assert report.returncode == 0, report.stdout + report.stderr
-    assert "sb1-200" in report.stdout and "sb2-200" in report.stdout
+    markdown = Path(next(line for line in report.stdout.splitlines() if line.endswith(".md"))).read_text()
+    assert "### Nodes (one torchrun job, rendezvous 10.88.1.200:" in markdown
+    assert "| 0 | `sb1-200` | 10.88.1.200 | 1 | ok |" in markdown
+    assert "| 1 | `sb2-200` | 10.88.2.200 | 1 | ok |" in markdown
+    assert "| sb1-200/d0 | 20 |" in markdown and "| sb2-200/d0 | 20 |" in markdown   # both nodes' ranks
 
 
 def _worker_pid(sandbox, host: str, vmid: int, deadline: float) -> tuple[int, int]:
@@ -128,7 +132,8 @@ def test_a_worker_killed_on_one_node_stops_the_other_and_is_named(sandbox, nodes
     assert monitor.data["first_failure"]["rank"] == rank
     assert f"node sb2-200 (node rank 1) failed first: torchrun: rank {rank} " in output
     assert "killed by SIGKILL" in output
-    # no rank is left on either node
+    # no rank is left on either node ([d]: the pattern does not match the exec's own argv)
     for _host, _vmid, name in NODES:
-        left = orch(sandbox, "exec", name, "--", "pgrep", "-f", "ddp_nodes_loop", timeout=60)
-        assert left.returncode == 1 and left.stdout.strip() == "", f"{name}: {left.stdout}"
+        left = orch(sandbox, "exec", name, "--", "pgrep", "-f", "[d]dp_nodes_loop", timeout=60)
+        shown = orch(sandbox, "exec", name, "--", "ps", "-eo", "pid,ppid,pgid,stat,args", timeout=60).stdout
+        assert left.returncode == 1 and left.stdout.strip() == "", f"{name}: {left.stdout}\n{shown[:3000]}"
