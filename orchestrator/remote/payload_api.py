@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from orchestrator import __version__
 from orchestrator.ground.errors import PatchBusy, PayloadError, PayloadNoResult, PythonUnavailable
-from orchestrator.payloads import payload_source, with_args
+from orchestrator.payloads import compact_source, payload_source, with_args
 from orchestrator.payloads._statedir import STATE_DIR
 from orchestrator.remote.base import LineSplitter, Result
 from orchestrator.remote.container import Target
@@ -223,6 +223,34 @@ def bootstrap(target: Target, action: str, *, python: str = SYSTEM_PYTHON, timeo
     # On stdin: an index URL may hold credentials, and argv is visible in `ps`.
     return run_payload(target, "bootstrap", {"action": action, **args}, python=python,
                        timeout=timeout, on_event=on_event, args_on_stdin=True)
+
+
+# ------------------------------------------------------------------ multi-node pre-flight
+PREFLIGHT_TIMEOUT = 30.0
+
+
+def preflight_listener(target: Target, port: int, token: str, expect: int,
+                       seconds: float):
+    """The pre-flight's listener on `port` (the rendezvous node), on a channel of its own:
+    returns the process, whose stdout lines are events ("listening", then the result or
+    error). A line written to its stdin, or closing it, makes it let go of the port."""
+    args = {"action": "listen", "port": port, "token": token, "expect": expect,
+            "seconds": seconds, "stop_on_stdin": True}
+    # -c SOURCE: the payload must start without waiting for stdin's end
+    return target.spawn([SYSTEM_PYTHON, "-u", "-c", compact_source("preflight"),
+                         json.dumps(args)])
+
+
+def preflight_check(target: Target, host: str, port: int, token: str, *,
+                    connect_timeout: float = 3.0, gpus: Sequence[int] = (),
+                    connect: bool = True) -> dict:
+    """The pre-flight's measurements on one node: the endpoint reached (and answering with
+    token) unless not `connect`, /dev/shm's size, the interfaces, the GPUs (the preflight
+    payload's docstring)."""
+    args = {"action": "check", "host": host, "port": port, "token": token,
+            "timeout": connect_timeout, "gpus": list(gpus), "connect": connect}
+    return run_payload(target, "preflight", args, python=SYSTEM_PYTHON,
+                       timeout=PREFLIGHT_TIMEOUT + connect_timeout)
 
 
 # ------------------------------------------------------------------ detached runs

@@ -252,6 +252,12 @@ class ProxmoxClient:
         return typed(self._call(lambda: self.api.nodes(self.node()).lxc(vmid).status.current.get(),
                                 vmid))
 
+    def interfaces(self, vmid: int):
+        """GET /nodes/NODE/lxc/VMID/interfaces (needs VM.Audit): the CT's interfaces as
+        PVE::LXC::get_interfaces reports them, or None for a stopped (or unknown) CT.
+        Unchecked data from the host: targets/addresses.py reads it defensively."""
+        return self._call(lambda: self.api.nodes(self.node()).lxc(vmid).interfaces.get(), vmid)
+
     def ensure_running(self, vmid: int, wait_s: float = 60.0, label: Optional[str] = None) -> bool:
         """Start CT vmid unless it runs: follow its start task to the end (its error is raised
         as soon as it fails), then wait until the container runs, all within wait_s.

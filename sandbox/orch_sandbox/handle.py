@@ -4,6 +4,7 @@
     sb.inventory_path                         # STATE/inventory.yaml
     sb.run_on_host("sb1", ["pct", "list"])    # a command on the host itself, no SSH
     sb.link_down("sb1"); ...; sb.link_up("sb1")
+    sb.block_container_port("sb2", 200, 29500)  # other hosts' CTs cannot reach it
     sb.stop_container("sb1", 201); sb.start_container("sb1", 201)
     sb.set_knob("sb1", "perl-warning", "perl: warning: ...\n")   # the emulation's switches
     sb.set_hookscript("sb1", 202, "#!/bin/sh\nexit 1\n")       # a pre-start that fails
@@ -128,6 +129,16 @@ class Sandbox:
         faults.block_ssh(self.holder(host), mode, percent)
 
     def unblock_ssh(self, host: str) -> None:
+        faults.clear_firewall(self.holder(host))
+
+    def block_container_port(self, host: str, vmid: int, port: int) -> None:
+        """Containers on other hosts can no longer reach TCP `port` of CT vmid (dropped on
+        its host's bridge); `clear_firewall` or `up` clears it."""
+        faults.block_container_port(self.holder(host), self.host(host).container(vmid).address,
+                                    port)
+
+    def clear_firewall(self, host: str) -> None:
+        """Every fault rule of the host's firewall gone (block_ssh's, block_container_port's)."""
         faults.clear_firewall(self.holder(host))
 
     # --- sshd and its host key --------------------------------------------------------------

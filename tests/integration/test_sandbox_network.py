@@ -155,3 +155,45 @@ def test_the_https_api_answers_interfaces_in_data(sandbox):
     assert status == 200 and names == [("lo", "127.0.0.1"), ("eth0", "10.88.1.200")]
     assert api_get(sandbox, "sb1", "/api2/json/nodes/sb1/lxc/202/interfaces", token) == (
         200, {"data": None})
+
+
+# --- orch's side: targets/addresses.py against the emulated API ---------------------------------
+
+def inventory_without_addresses(sandbox, tmp_path, api: bool = False) -> Path:
+    """The sandbox's inventory with no `address:`, so orch must ask the Proxmox API; with
+    api, through the HTTPS API (CA pinned) instead of pvesh over SSH."""
+    import yaml
+
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    for spec in data["containers"].values():
+        spec.pop("address")
+    if api:
+        for name in sandbox.host_names:
+            data["hosts"][name]["api"] = {"url": sandbox.api_url(name),
+                                          "token_id": sandbox.api_token_id,
+                                          "token_secret_env": "ORCH_TEST_PVE_SECRET",
+                                          "ca_file": str(sandbox.api_ca_file(name))}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("backend", ["ssh", "https"])
+def test_container_address_asks_the_proxmox_api_when_the_inventory_has_none(
+        sandbox, tmp_path, monkeypatch, backend):
+    from orchestrator.targets.addresses import NoAddress, container_address
+    from orchestrator.targets.fleet import Fleet
+
+    monkeypatch.setenv("ORCH_TEST_PVE_SECRET", sandbox.api_token_secret())
+    path = inventory_without_addresses(sandbox, tmp_path, api=backend == "https")
+    with Fleet.from_path(str(path)) as fleet:
+        running, stopped = fleet.targets(["sb2-201", "sb2-202"])
+        assert container_address(fleet, running) == "10.88.2.201"
+        with pytest.raises(NoAddress, match="has no interface 'ib0' .*lists: eth0, lo"):
+            container_address(fleet, running, interface="ib0")
+        with pytest.raises(NoAddress, match="lists no interfaces .the container is not running") \
+                as caught:
+            container_address(fleet, stopped)
+        assert "add `address: IP`" in caught.value.hint and str(path) in caught.value.hint
+    with Fleet.from_path(str(sandbox.inventory_path)) as fleet:    # the inventory's own
+        assert container_address(fleet, fleet.targets(["sb2-202"])[0]) == "10.88.2.202"
