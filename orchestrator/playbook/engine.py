@@ -426,7 +426,8 @@ def run_playbook(playbook: str, *, reporter: Reporter, inventory: Optional[str] 
         recorder = RunRecorder(run_id, None if dry_run else store)
         run = RunInfo(run_id=run_id, playbook=book, recorder=recorder, playbook_arg=playbook,
                       dry_run=dry_run, cli=cli or cli_prefix(inventory),
-                      rerun_args=rerun_options(targets, extra_vars), inventory=fleet.inventory)
+                      rerun_args=rerun_options(targets, extra_vars), inventory=fleet.inventory,
+                      fleet=fleet)
         return Engine(run, fleet, reporter, extra_vars=extra, target_names=list(targets)).run()
     finally:
         if own_fleet and fleet is not None:

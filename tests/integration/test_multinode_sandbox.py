@@ -7,6 +7,7 @@ the gradients' all-reduce between the two containers over the sandbox's shared b
 
 - healthy: the job trains to its end, verdict ok, both nodes' ranks in one record, each
   node given SkyPilot's variables, `orch report` showing both nodes;
+- sb2-200 without torch in its venv: pre-flight fails naming it, and nothing is launched;
 - sb2-200's worker killed from outside (SIGKILL, by its pid): the verdict names sb2-200 and
   its rank, and no rank is left on either node afterwards (pgrep in each container).
 """
@@ -73,6 +74,7 @@ def test_two_nodes_train_to_the_end_as_one_run(sandbox, nodes):
     record = last_record()
     assert done.returncode == 0, done.stdout[-6000:]
     assert record.verdict == "ok"
+    assert "pre-flight: 2 node(s) ready" in done.stdout
     names = [name for _h, _v, name in NODES]
     launches = record.launch["targets"]
     assert [launches[name]["node_rank"] for name in names] == [0, 1]
@@ -137,3 +139,22 @@ def test_a_worker_killed_on_one_node_stops_the_other_and_is_named(sandbox, nodes
         left = orch(sandbox, "exec", name, "--", "pgrep", "-f", "[d]dp_nodes_loop", timeout=60)
         shown = orch(sandbox, "exec", name, "--", "ps", "-eo", "pid,ppid,pgid,stat,args", timeout=60).stdout
         assert left.returncode == 1 and left.stdout.strip() == "", f"{name}: {left.stdout}\n{shown[:3000]}"
+
+
+def test_a_node_without_torch_fails_preflight_and_nothing_is_launched(sandbox, nodes):
+    site = next((Path(container_root(sandbox, "sb2", 200)) / VENV_DIR).glob("lib/python3*/site-packages"))
+    # renamed in the container's copy only: its folders are its own, its files links
+    (site / "torch").rename(site / "torch-hidden")
+    try:
+        done = subprocess.run(run_argv(sandbox, nodes, "[--steps, 5]"), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=300,
+                              env={**os.environ, "COLUMNS": "200"})
+    finally:
+        (site / "torch-hidden").rename(site / "torch")
+    record = last_record()
+    assert done.returncode == 10, done.stdout[-6000:]
+    assert "pre-flight failed, nothing was launched: sb2-200: torch" in done.stdout, done.stdout[-6000:]
+    assert not (record.launch.get("targets") or {}), record.launch    # no node was started
+    for host, vmid, _name in NODES:     # the containers' /var/lib/orch/runs: no folder of this run
+        runs = Path(container_root(sandbox, host, vmid)).parent / "var" / "lib" / "orch" / "runs"
+        assert not (runs / record.run_id).exists(), f"{runs / record.run_id}: something was launched"

@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.ground.errors import ConfigError, OrchError
 from orchestrator.playbook.steps import launch as launch_step
+from orchestrator.targets.preflight import PreflightRow
 from orchestrator.watch import torchrun
 from orchestrator.watch.classify import EndState, Verdict
 from orchestrator.watch.distributed import ChildFailedReader
@@ -35,9 +36,12 @@ ADDRESSES = {"dev": "10.0.3.11", "other": "10.0.3.12"}
 def nodes_reachable(monkeypatch):
     """The seams a launch over many nodes stands on: every node has an address and passes."""
     checked = []
-    monkeypatch.setattr(launch_step, "node_address", lambda inventory, target: ADDRESSES[target.name])
-    monkeypatch.setattr(launch_step, "preflight",
-                        lambda nodes, endpoint: checked.append(([n.name for n in nodes], endpoint)))
+
+    def ready(nodes, endpoint, **options):
+        checked.append(([n.name for n in nodes], endpoint, options))
+        return [PreflightRow(n.name, "endpoint", "ok", "reached") for n in nodes]
+    monkeypatch.setattr(launch_step, "node_address", lambda run, target, interface=None: ADDRESSES[target.name])
+    monkeypatch.setattr(launch_step, "preflight", ready)
     return checked
 
 
@@ -96,7 +100,10 @@ def test_every_node_gets_its_rank_the_same_rendezvous_and_skypilots_names(tmp_pa
     h.host.on_payload("free_port", {"port": 29411})
     h.host.on_payload("launcher", {"pid": 4242, "run_dir": "/rd", "log": "/rd/output.log"})
     record = h.record()
-    assert nodes_reachable == [(["dev", "other"], "10.0.3.11:29411")]   # pre-flight, once, first
+    # pre-flight, once, before any start: the endpoint, the interface the step's env names
+    assert nodes_reachable == [(["dev", "other"], ("10.0.3.11", 29411),
+                                {"gpus_per_node": 2, "socket_ifnames": {"GLOO_SOCKET_IFNAME": "eth0"}})]
+    assert ("dev", "pre-flight: 2 node(s) ready") in [(t, line) for _k, t, _s, line, _st in h.reporter.of("step_output")]
     starts = _starts(h)
     assert sorted(starts) == [0, 1]
     for rank, args in starts.items():
@@ -134,10 +141,12 @@ def test_the_users_rendezvous_endpoint_is_kept(tmp_path, nodes_reachable):
 
 
 def test_a_failed_preflight_launches_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch_step, "node_address", lambda inventory, target: ADDRESSES[target.name])
+    monkeypatch.setattr(launch_step, "node_address", lambda run, target, interface=None: ADDRESSES[target.name])
 
-    def refuse(nodes, endpoint):
-        raise OrchError("other cannot reach the rendezvous 10.0.3.11:29411")
+    def refuse(nodes, endpoint, **options):
+        return [PreflightRow("dev", "endpoint", "ok", "reached"),
+                PreflightRow("other", "endpoint", "fail", "cannot reach 10.0.3.11:29411",
+                             fix="open the port")]
     monkeypatch.setattr(launch_step, "preflight", refuse)
     h = harness(tmp_path, TWO_NODES % "")
     h.host.on_payload("free_port", {"port": 29411})
@@ -145,7 +154,8 @@ def test_a_failed_preflight_launches_nothing(tmp_path, monkeypatch):
     record = h.record()
     assert _starts(h) == {}
     assert record.verdict == "failed"
-    assert "pre-flight failed, nothing was launched: other cannot reach" in record.steps[0].message
+    assert ("pre-flight failed, nothing was launched: other: endpoint: cannot reach 10.0.3.11:29411 "
+            "(fix: open the port)") in record.steps[0].message
     assert [s.target for s in record.steps] == ["dev", "other"]
 
 

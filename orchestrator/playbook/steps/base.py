@@ -23,6 +23,7 @@ from orchestrator.runs.recorder import RunRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.config.inventory import Inventory
+    from orchestrator.targets.fleet import Fleet
     from orchestrator.remote.container import Target
 
 
@@ -64,6 +65,7 @@ class RunInfo:
     cli: str = "orch"                    # `orch -i sandbox`: the prefix of commands in hints
     rerun_args: str = ""                 # the -t/-e options as typed, for "rerun with" hints
     inventory: Optional["Inventory"] = None
+    fleet: Optional["Fleet"] = None      # the open hosts (a container's address from the Proxmox API)
 
     def monitor_result(self, target: str) -> Optional[dict]:
         return self.recorder.monitor_result(target)

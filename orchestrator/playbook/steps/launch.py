@@ -23,7 +23,9 @@ from orchestrator.config.yamlsrc import Loc
 from orchestrator.ground.errors import OrchError
 from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.remote.payload_api import REMOTE_ROOT, free_port, launcher, stop_run
+from orchestrator.targets.addresses import container_address
 from orchestrator.targets.fleet import each_concurrently
+from orchestrator.targets.preflight import failures, preflight, render_preflight
 from orchestrator.runs.recorder import SECRET_NAME
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
 from orchestrator.playbook.steps.shell import flatten
@@ -147,13 +149,15 @@ class LaunchStep(Step):
         """torchrun on every node, detached, after a pre-flight of all of them: nothing is
         launched unless every node passed, and a node that fails to start stops the others."""
         nodes = ctx.nodes
+        env = {**nodes[0].env, **{str(k): str(v) for k, v in (params["env"] or {}).items()}}
+        interface = _interface(env)
         try:
-            addresses = [node_address(ctx.run.inventory, node) for node in nodes]
+            addresses = [node_address(ctx.run, node, interface) for node in nodes]
             endpoint = params["torchrun"].get("rdzv_endpoint") or \
                 f"{_host_part(addresses[0])}:{free_port(nodes[0])}"
-            preflight(nodes, endpoint)
+            self._preflight(ctx, nodes, endpoint, env)
         except OrchError as error:
-            raise StepFailed(f"launch: pre-flight failed, nothing was launched: {error}"
+            raise StepFailed(f"launch: nothing was launched: {error}"
                              + (f" ({error.hint})" if getattr(error, "hint", "") else "")) from None
         chosen = not params["torchrun"].get("rdzv_endpoint")
         places = [NodePlace(rank, addresses, endpoint, chosen) for rank in range(len(nodes))]
@@ -173,6 +177,26 @@ class LaunchStep(Step):
                                    f"(id {head['rdzv_id']}): "
                                    + ", ".join(f"{name} pid {launch['pid']}"
                                                for name, launch in launches.items()))
+
+    @staticmethod
+    def _preflight(ctx: StepContext, nodes: list, endpoint: str, env: dict) -> None:
+        """Every node checked before anything starts (targets/preflight.py): the rendezvous
+        reachable from each, one torch and patch state, free GPUs, /dev/shm, the interface."""
+        host, _, port = endpoint.rpartition(":")
+        try:
+            where = (host.strip("[]"), int(port))
+        except ValueError:
+            raise StepFailed(f"launch: the rendezvous endpoint {endpoint!r} is not HOST:PORT") from None
+        rows = preflight(nodes, where, gpus_per_node=max(len(node.gpus) for node in nodes),
+                         socket_ifnames={k: env[k] for k in SOCKET_IFNAMES if k in env})
+        for line in render_preflight(rows).splitlines():
+            ctx.output(line)
+        failed = failures(rows)
+        if failed:
+            raise StepFailed("launch: pre-flight failed, nothing was launched: "
+                             + "; ".join(f"{row.node}: {row.check}: {row.detail}"
+                                         + (f" (fix: {row.fix})" if row.fix else "") for row in failed),
+                             data={"preflight": [row.__dict__ for row in rows]})
 
     def _start(self, ctx: StepContext, params: dict, target=None,
                node: Optional["NodePlace"] = None) -> dict:
@@ -233,16 +257,26 @@ def _stop_quietly(target, run_dir: str) -> None:
         pass     # the launch failure is what the user reads; this node's stop is best effort
 
 
-# The seams a launch over many nodes stands on (the sandbox network's branch gives them):
-# a node's address as the other nodes reach it, and the pre-flight of every node.
-def node_address(inventory, target) -> str:
-    spec = inventory.containers.get(target.name) if inventory is not None else None
-    address = getattr(spec, "address", None)
-    if not address:
-        raise OrchError(f"{target.name}: no address known for it",
-                        hint="give the container an address: in the inventory")
-    return str(address)
+SOCKET_IFNAMES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
-def preflight(nodes: list, endpoint: str) -> None:
-    """Raises OrchError naming each node that is not ready (the rendezvous unreachable, ...)."""
+def _interface(env: dict) -> Optional[str]:
+    """The interface the nodes meet on, where the environment names exactly one (eth1;
+    not NCCL's prefixes and exclusions like ^docker or eth0,eth1)."""
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        value = env.get(key, "")
+        if value and re.fullmatch(r"[A-Za-z0-9_.@-]+", value):
+            return value
+    return None
+
+
+def node_address(run, target, interface: Optional[str] = None) -> str:
+    """Where the other nodes reach a node: the inventory's address:, else the Proxmox API's
+    interfaces of the container (targets/addresses.py)."""
+    if run.fleet is None:              # a step run on its own (tests): the inventory only
+        spec = run.inventory.containers.get(target.name) if run.inventory is not None else None
+        if spec is None or not spec.address:
+            raise OrchError(f"{target.name}: no address known for it",
+                            hint="give the container an address: in the inventory")
+        return spec.address
+    return container_address(run.fleet, target, interface)
