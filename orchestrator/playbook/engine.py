@@ -262,15 +262,23 @@ class Engine:
             for run in runs:
                 self._usage_failure(run, spec, error)
             return
-        outcome = self.perform(head, spec, step, params, nodes=nodes)
+        self.perform_nodes(runs, spec, step, params)
+
+    def perform_nodes(self, runs: list[TargetRun], spec: StepSpec, step: Step, params: dict, *,
+                      name: Optional[str] = None) -> StepOutcome:
+        """A step whose settings are rendered, once for the nodes of one job (runs, in node-rank
+        order): performed on the first, its outcome every node's (`orch attach` too)."""
+        outcome = self.perform(runs[0], spec, step, params, name=name,
+                               nodes=[r.target for r in runs])
         for run in runs[1:]:
             # the other nodes' record of the same step (the console showed it once)
             node = dict((outcome.data.get("nodes") or {}).get(run.target.name) or {})
             result = step_result(spec, run.target.name, StepOutcome(
                 status=outcome.status, message=outcome.message, data=node, verdict=outcome.verdict),
-                stamp())
+                stamp(), name=name)
             self.recorder.save_step(result)
             self._settle(run, spec, step, outcome)
+        return outcome
 
     def run_step(self, run: TargetRun, spec: StepSpec) -> None:
         """One step on one target: its `when`, its settings rendered and checked, perform()."""

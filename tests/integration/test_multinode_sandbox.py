@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -158,3 +159,49 @@ def test_a_node_without_torch_fails_preflight_and_nothing_is_launched(sandbox, n
     for host, vmid, _name in NODES:     # the containers' /var/lib/orch/runs: no folder of this run
         runs = Path(container_root(sandbox, host, vmid)).parent / "var" / "lib" / "orch" / "runs"
         assert not (runs / record.run_id).exists(), f"{runs / record.run_id}: something was launched"
+
+
+def _started_then_controller_killed(sandbox, venv: str, trainer_args: str):
+    """`orch run` of the two nodes, SIGKILLed once both nodes train: the record of a run
+    whose nodes go on without their controller."""
+    controller = subprocess.Popen(run_argv(sandbox, venv, trainer_args), cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = set()
+    try:
+        for line in controller.stdout:
+            for _host, _vmid, name in NODES:
+                if line.startswith(f"{name} | [rank 0] Train - Step"):
+                    seen.add(name)
+            if len(seen) == 2:
+                break
+        controller.send_signal(signal.SIGKILL)
+        controller.wait(timeout=30)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    record = last_record()
+    assert record.verdict == "running" and seen == {name for _h, _v, name in NODES}
+    return record
+
+
+def test_attach_follows_both_nodes_again_as_one_run(sandbox, nodes):
+    record = _started_then_controller_killed(sandbox, nodes, "[--steps, 120, --step-seconds, 0.1]")
+    attached = orch(sandbox, "attach", record.run_id, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert attached.returncode == 0, attached.stdout[-6000:] + attached.stderr[-3000:]
+    assert "ok: 2 nodes; sb1-200: 1 rank trained to step 120; sb2-200: 1 rank trained to step 120" \
+        in attached.stdout
+    final = last_record()
+    assert final.run_id == record.run_id and final.verdict == "ok"
+    steps = {name: max(p.step for p in final.metrics if p.target == name) for _h, _v, name in NODES}
+    assert steps == {"sb1-200": 120, "sb2-200": 120}
+
+
+def test_orch_stop_stops_every_node(sandbox, nodes):
+    record = _started_then_controller_killed(sandbox, nodes, "[--steps, 4000, --step-seconds, 0.05]")
+    stopped = orch(sandbox, "stop", record.run_id, "--grace", "5", timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "sb1-200" in stopped.stdout and "sb2-200" in stopped.stdout
+    for _host, _vmid, name in NODES:
+        left = orch(sandbox, "exec", name, "--", "pgrep", "-f", "[d]dp_nodes_loop", timeout=60)
+        assert left.returncode == 1, f"{name}: {left.stdout}"
+    assert last_record().verdict == "killed"

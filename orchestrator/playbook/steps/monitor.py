@@ -176,9 +176,21 @@ class FollowAgain(MonitorStep):
         self.launch = launch
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
-        settings = MonitorSettings.from_params(self.launch.get("monitor") or {})
+        if ctx.nodes:          # one job over many nodes: every node's launch, followed as one
+            nodes = []
+            for node in ctx.nodes:
+                launch = ctx.recorder.launch_info(node.name) or {}
+                nodes.append((node, launch["run_dir"], self._again(launch)))
+            return follow_nodes(ctx.run, ctx.reporter, nodes)
+        return follow_run(ctx.run, ctx.reporter, ctx.target, self.launch["run_dir"],
+                          self._again(self.launch))
+
+    @staticmethod
+    def _again(launch: dict) -> MonitorSettings:
+        settings = MonitorSettings.from_params(launch.get("monitor") or {})
         settings.offset = 0
-        return follow_run(ctx.run, ctx.reporter, ctx.target, self.launch["run_dir"], settings)
+        settings.offsets = {}
+        return settings
 
 
 def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
