@@ -179,6 +179,8 @@ def attach_command(app, run, as_json, echo):
 def stop_command(app, run, targets, grace, as_json):
     """Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period.
 
+    The run's processes outside its group (torchrun's workers, each in a session of its
+    own) are SIGKILLed once it ended. A run over many nodes is stopped on every node.
     A run whose orch was killed before it launched anything is recorded as abandoned.
 
     \b
