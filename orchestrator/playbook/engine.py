@@ -252,6 +252,17 @@ class Engine:
         head = runs[0]
         step = STEP_KINDS[spec.kind]()
         nodes = [r.target for r in runs]
+        if spec.when is not None and not self.run_info.dry_run:
+            try:
+                wanted = evaluate_condition(spec.when, head.variables, spec.loc.child("when"))
+            except ConfigError as error:
+                for run in runs:
+                    self._usage_failure(run, spec, error)
+                return
+            if not wanted:
+                for run in runs:
+                    self._skip(run, spec, f"when: {spec.when} is false (on {head.target.name})")
+                return
         if self.run_info.dry_run:
             self.reporter.step_plan(head.target.name, spec,
                                     self._plan_lines(step, head, spec, nodes=nodes))

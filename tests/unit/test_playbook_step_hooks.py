@@ -249,3 +249,10 @@ def test_targets_that_do_not_fit_a_kind_over_the_nodes_fail_before_anything_runs
         h.record()
     assert "2 targets do not fit" in str(raised.value) and "playbook.yaml:5:12:" in str(raised.value)
     assert NoteStep.order == []
+
+
+def test_a_kind_over_the_nodes_is_skipped_on_every_node_when_its_condition_is_false(tmp_path):
+    record = harness(tmp_path, GROUPED.replace("  - group: {}", "  - group: {}\n    when: false")).record()
+    assert [o for o in NoteStep.order if o[0] == "group"] == []
+    assert [(s.target, s.status) for s in record.steps if s.kind == "group"] == [
+        ("dev", "skipped"), ("other", "skipped")]
