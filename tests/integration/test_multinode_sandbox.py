@@ -205,3 +205,15 @@ def test_orch_stop_stops_every_node(sandbox, nodes):
         left = orch(sandbox, "exec", name, "--", "pgrep", "-f", "[d]dp_nodes_loop", timeout=60)
         assert left.returncode == 1, f"{name}: {left.stdout}"
     assert last_record().verdict == "killed"
+
+
+def test_nightly_reruns_the_two_node_job_into_one_record(sandbox, nodes):
+    done = subprocess.run([*ORCH, "-i", str(sandbox.inventory_path), "nightly", "playbooks/ddp-two-nodes.yaml",
+                           "-t", NODES[0][2], "-t", NODES[1][2], "-e", f"venv={nodes}", "-e", f"script={SCRIPT}",
+                           "-e", "trainer_args=[--steps, 10]"], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert "verdict ok" in done.stdout
+    record = last_record()
+    markdown = (Path(record.artifacts_dir) / "report.md").read_text()
+    assert "| 0 | `sb1-200` |" in markdown and "| 1 | `sb2-200` |" in markdown
