@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.ground.errors import ConfigError, OrchError
+from orchestrator.ground.errors import ConfigError
 from orchestrator.playbook.steps import launch as launch_step
 from orchestrator.targets.preflight import PreflightRow
 from orchestrator.watch import torchrun
@@ -178,6 +178,9 @@ def launch_step_error(message: str):
 
 
 def test_a_dry_run_names_every_node_and_asks_none(tmp_path):
+    book = (TWO_NODES % "") + "      - monitor: {}\n"
+    assert planned(tmp_path, book, index=1)[0].startswith(
+        "on every node (dev, other), as one job (the first node that fails or hangs stops the others): ")
     plan = planned(tmp_path, TWO_NODES % "")
     assert plan[0].startswith("pre-flight on 2 nodes (dev, other)")
     assert plan[1] == "node 0: dev" and "node 1: other" in plan

@@ -98,7 +98,9 @@ class MonitorStep(Step):
         ranks = " and every rank's log" if launch.get("logs") or self._torchrun_before(ctx) else ""
         reading = ("lines recognised by shape (format auto)" if params["format"] == "auto"
                    else f"read as {params['format']} lines")
-        return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), {reading}; "
+        where = (f"on every node ({', '.join(n.name for n in ctx.nodes)}), as one job (the first "
+                 f"node that fails or hangs stops the others): " if ctx.nodes else "")
+        return [f"{where}follow {run_dir}/output.log{ranks} by byte offset (tail payload), {reading}; "
                 + ", ".join(parts)]
 
     def spans_nodes(self, playbook: Playbook, spec: StepSpec) -> bool:
