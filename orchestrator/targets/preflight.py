@@ -20,14 +20,13 @@ judging is here, in pure functions the unit tests call with the payloads' shapes
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from orchestrator.ground.errors import OrchError, PayloadError
+from orchestrator.ground.errors import BadArgument, OrchError, PayloadError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.targets.fleet import each_concurrently
@@ -68,6 +67,8 @@ def preflight(nodes: Sequence[Target], endpoint: tuple[str, int], *,
               require_patch: bool = False, connect_timeout: float = 3.0) -> list[PreflightRow]:
     """Check every node (the first one hosts the endpoint); rows in node order, then the
     cross-node comparisons. Nothing is left listening when it returns."""
+    if not nodes:
+        raise BadArgument("a multi-node pre-flight needs at least one node")
     host, port = endpoint
     token = secrets.token_hex(8)
     listener = _Listener(nodes[0], port, token, expect=len(nodes),
@@ -199,7 +200,7 @@ def node_rows(node: Target, check, endpoint: tuple[str, int], listener: str, *,
 
 def endpoint_row(node: str, reached, endpoint: tuple[str, int], listener: str) -> PreflightRow:
     host, port = endpoint
-    where = f"{_host_port(host, port)}"
+    where = _host_port(host, port)
     if isinstance(reached, dict) and reached.get("ok") is True:
         return PreflightRow(node, "endpoint", OK, f"reaches {where} ({reached.get('seconds')} s)")
     why = reached.get("error") if isinstance(reached, dict) else "no answer"
@@ -353,10 +354,6 @@ def render_preflight(rows: Sequence[PreflightRow]) -> str:
                f"{nodes} node(s); nothing was launched" if failed else
                f"pre-flight: {nodes} node(s) ready")
     return "\n".join([verdict, *lines])
-
-
-def rows_as_json(rows: Sequence[PreflightRow]) -> str:
-    return json.dumps([row.__dict__ for row in rows])
 
 
 _CHECK_ORDER = {name: i for i, name in enumerate(

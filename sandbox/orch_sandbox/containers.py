@@ -66,8 +66,15 @@ exec "$@"
 
 
 def hosts_text(ct: ContainerSpec) -> str:
-    return (f"127.0.0.1\tlocalhost\n127.0.1.1\t{ct.hostname}\n"
-            "::1\tlocalhost ip6-localhost\n")
+    """/etc/hosts as Proxmox writes it for a CT with a static IPv4 address (pve-container's
+    PVE::LXC::Setup::Base update_etc_hosts): the CT's own name resolves to that address, not
+    127.0.1.1. torchrun's c10d rendezvous depends on it: a node recognises itself as the
+    endpoint's host by resolving its own hostname (docs/design/sandbox.md)."""
+    return ("# --- BEGIN PVE ---\n"
+            "127.0.0.1 localhost.localnet localhost\n"
+            "::1 localhost.localnet localhost\n"
+            f"{ct.address} {ct.hostname}\n"
+            "# --- END PVE ---\n")
 
 
 def root_kind_file(directory: Path) -> Path:

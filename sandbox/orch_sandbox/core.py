@@ -70,6 +70,7 @@ def up(hosts_count: int = 2, containers_count: int = 3, stopped: int = 1, prefix
         client_key = access.public_key(paths.client_key)
         _in_parallel(lambda spec: _ensure_host(paths, spec, client_key, layout),
                      layout.hosts)
+        network.wait_until_carrying(prefix, layout.hosts)
         if layout.cluster:
             _announce_cluster_status(paths, layout)
         access.write_client_files(layout, paths)

@@ -15,6 +15,9 @@ switch namespace.
 
 from __future__ import annotations
 
+import json
+import time
+
 from .hosts import NETNS_DIR
 from .layout import HostSpec, switch_netns
 from .system import SandboxError, run
@@ -48,6 +51,28 @@ def connect_host(prefix: str, spec: HostSpec) -> None:
         _batch(switch, [f"link add {spec.name} type veth peer name {UPLINK} netns {spec.netns}",
                         f"link set dev {spec.name} master {SWITCH_BRIDGE} up"])
         _batch(spec.netns, [f"link set dev {UPLINK} master {HOST_BRIDGE} up"])
+
+
+def wait_until_carrying(prefix: str, specs, timeout: float = 5.0) -> None:
+    """Until every port of the switch and of each host's vmbr0 has its carrier: the kernel
+    reports a new veth's carrier a little later (tens of ms), and a packet sent before is
+    dropped: a connect right after `up` would lose its SYN and wait a second."""
+    namespaces = [switch_netns(prefix), *(spec.netns for spec in specs)]
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = [f"{netns}/{name}" for netns in namespaces for name in _ports_down(netns)]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise SandboxError(f"bridge ports without carrier after {timeout:g} s: "
+                               + ", ".join(waiting))
+        time.sleep(0.01)
+
+
+def _ports_down(netns: str) -> list[str]:
+    result = run(["ip", "-n", netns, "-j", "link", "show"])
+    return [link.get("ifname", "?") for link in json.loads(result.stdout or b"[]")
+            if link.get("master") and link.get("operstate") != "UP"]
 
 
 def remove_switch(prefix: str) -> None:

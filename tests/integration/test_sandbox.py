@@ -372,7 +372,7 @@ def test_status_cli(sandbox):
     report = json.loads(result.stdout)
     assert report["healthy"] and [h["name"] for h in report["hosts"]] == ["sb1", "sb2"]
     text = orch_sandbox_cli("status")
-    assert text.returncode == 0 and "CT 202  stopped" in text.stdout
+    assert text.returncode == 0 and "CT 202  stopped  10.88.1.202" in text.stdout
 
 
 def test_status_cli_says_what_is_missing_when_not_root(sandbox):

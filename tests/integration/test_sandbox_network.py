@@ -83,6 +83,13 @@ def test_every_running_container_has_lo_and_eth0_up_with_its_layout_address(sand
         assert links["inet"] == {"lo": ["127.0.0.1"], "eth0": [address_of(sandbox, target)]}
 
 
+def test_a_containers_own_name_resolves_to_its_address_as_proxmox_writes_etc_hosts(sandbox):
+    """torchrun's c10d rendezvous finds the endpoint's node by resolving its own hostname."""
+    resolved = orch_exec(sandbox.inventory_path, "sb2-201", "python3", "-c",
+                         "import socket; print(socket.gethostbyname(socket.gethostname()))")
+    assert resolved == "10.88.2.201\n"
+
+
 def test_the_address_is_in_the_inventory_and_the_status(sandbox):
     import orch_sandbox as sb
     from orchestrator.config.inventory import load_inventory
@@ -197,3 +204,40 @@ def test_container_address_asks_the_proxmox_api_when_the_inventory_has_none(
         assert "add `address: IP`" in caught.value.hint and str(path) in caught.value.hint
     with Fleet.from_path(str(sandbox.inventory_path)) as fleet:    # the inventory's own
         assert container_address(fleet, fleet.targets(["sb2-202"])[0]) == "10.88.2.202"
+
+
+# --- up and down of the network, in a sandbox of its own (prefix sbn) --------------------------
+
+PING_PEER = ("import socket, sys\n"
+             "try:\n"
+             "    socket.create_connection((sys.argv[1], 22), timeout=1)\n"
+             "except ConnectionRefusedError:\n"
+             "    print('reached')      # the peer answered: nothing listens on 22 there\n"
+             "except OSError as error:\n"
+             "    print(type(error).__name__)\n")
+
+
+def peer_answers(handle) -> str:
+    peer = handle.host("sbn2").container(200).address
+    done = handle.pct("sbn1", "exec", "200", "--", "python3", "-c", PING_PEER, peer)
+    return done.stdout.decode().strip()
+
+
+@pytest.fixture
+def network_sandbox(sandbox, tmp_path):
+    import orch_sandbox as sb
+
+    state = tmp_path / "state"
+    yield lambda: sb.up(2, 1, 0, prefix="sbn", state_dir=state)
+    sb.down(purge=True, state_dir=state, prefix="sbn")
+    assert "sbn" not in network.switch_prefixes(), "down removes the switch"
+
+
+def test_up_rebuilds_a_removed_switch_and_down_removes_it(network_sandbox):
+    handle = network_sandbox()
+    assert peer_answers(handle) == "reached"     # at once: up waits for the ports' carrier
+    network.remove_switch("sbn")            # as a killed run's cleanup might leave it
+    assert peer_answers(handle) == "TimeoutError"
+    again = network_sandbox()
+    assert peer_answers(again) == "reached"
+    assert "sbn" in network.switch_prefixes()

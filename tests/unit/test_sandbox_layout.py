@@ -97,3 +97,5 @@ def test_container_configs_put_eth0_on_vmbr0_with_the_layout_address(tmp_path):
         assert line + "\n" in config
     assert "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:58:01:C8,ip=10.88.1.200/16,type=veth" \
         in pve_config(ct)
+    hosts = (container_dir(StatePaths(tmp_path), host, ct.vmid) / "hosts").read_text()
+    assert "10.88.1.200 CT200\n" in hosts and "127.0.1.1" not in hosts   # Proxmox, static IP

@@ -229,5 +229,6 @@ def format_status(report: dict) -> str:
         for ct in host["containers"]:
             note = "" if ct["state"] == ct["expected"] else f" (up makes it {ct['expected']})"
             root = "" if ct.get("root", "host") == "host" else f"  ({ct['root']} root)"
-            lines.append(f"      CT {ct['vmid']}  {ct['state']}{note}{root}")
+            address = f"  {ct['address']}" if ct.get("address") else ""
+            lines.append(f"      CT {ct['vmid']}  {ct['state']:<7}{address}{note}{root}")
     return "\n".join(lines)
