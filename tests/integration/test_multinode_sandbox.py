@@ -5,7 +5,7 @@ hard-linked as tests/integration/torch_seed.py does), a real DDP loop over gloo
 (tests/trainer/real/ddp_nodes_loop.py), the c10d rendezvous at sb1-200's bridge address,
 the gradients' all-reduce between the two containers over the sandbox's shared bridge.
 
-- healthy: the job trains to its end, verdict ok, both nodes' ranks in one record, each
+- healthy (nnodes 2, and elastic 1:2): the job trains to its end, verdict ok, both nodes' ranks in one record, each
   node given SkyPilot's variables, `orch report` showing both nodes;
 - sb2-200 without torch in its venv: pre-flight fails naming it, and nothing is launched;
 - sb2-200's worker killed from outside (SIGKILL, by its pid): the verdict names sb2-200 and
@@ -69,6 +69,7 @@ def last_record():
 
 
 def test_two_nodes_train_to_the_end_as_one_run(sandbox, nodes):
+    (Path(container_root(sandbox, "sb1", 200)) / "mn-nodes.json").unlink(missing_ok=True)
     done = subprocess.run(run_argv(sandbox, nodes, "[--steps, 20, --nodes-file, /root/mn-nodes.json]"),
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=300, env={**os.environ, "COLUMNS": "200"})
@@ -217,3 +218,19 @@ def test_nightly_reruns_the_two_node_job_into_one_record(sandbox, nodes):
     record = last_record()
     markdown = (Path(record.artifacts_dir) / "report.md").read_text()
     assert "| 0 | `sb1-200` |" in markdown and "| 1 | `sb2-200` |" in markdown
+
+
+def test_an_elastic_range_of_nodes_trains_too(sandbox, nodes, tmp_path):
+    book = tmp_path / "elastic.yaml"
+    book.write_text((REPO / "playbooks" / "ddp-two-nodes.yaml").read_text()
+                    .replace("torchrun: {nnodes: 2,", 'torchrun: {nnodes: "1:2",'))
+    (Path(container_root(sandbox, "sb1", 200)) / "mn-nodes.json").unlink(missing_ok=True)
+    argv = run_argv(sandbox, nodes, "[--steps, 10, --nodes-file, /root/mn-nodes.json]")
+    argv[argv.index("playbooks/ddp-two-nodes.yaml")] = str(book)
+    done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-6000:]
+    argv_sb2 = last_record().launch["targets"]["sb2-200"]["argv"]
+    assert argv_sb2[argv_sb2.index("--nnodes") + 1] == "1:2"
+    seen = json.loads((Path(container_root(sandbox, "sb1", 200)) / "mn-nodes.json").read_text())
+    assert seen["world_size"] == 2          # both nodes joined the one rendezvous
