@@ -234,3 +234,33 @@ def test_an_elastic_range_of_nodes_trains_too(sandbox, nodes, tmp_path):
     assert argv_sb2[argv_sb2.index("--nnodes") + 1] == "1:2"
     seen = json.loads((Path(container_root(sandbox, "sb1", 200)) / "mn-nodes.json").read_text())
     assert seen["world_size"] == 2          # both nodes joined the one rendezvous
+
+
+def test_a_node_whose_worker_hangs_stops_every_node(sandbox, nodes):
+    """sb2-200's worker frozen (SIGSTOP): sb1-200's rank waits in the all-reduce, no node logs
+    a step. The hang stops every node; the frozen worker, in a session of its own that the
+    SIGTERM to torchrun's group does not reach, is SIGKILLed too."""
+    for host, vmid, _name in NODES:
+        shutil.rmtree(Path(container_root(sandbox, host, vmid)) / "mn-pids", ignore_errors=True)
+    running = subprocess.Popen(
+        run_argv(sandbox, nodes, f"[--steps, 4000, --step-seconds, 0.05, --pid-dir, {PIDS}]",
+                 "-e", "hang_after=15"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "200"})
+    try:
+        _rank, pid = _worker_pid(sandbox, "sb2", 200, time.monotonic() + 180)
+        time.sleep(3)
+        frozen = orch(sandbox, "exec", "sb2-200", "--", "kill", "-STOP", str(pid), timeout=60)
+        assert frozen.returncode == 0, frozen.stdout + frozen.stderr
+        output, _ = running.communicate(timeout=240)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.communicate()
+    record = last_record()
+    assert running.returncode == 11, output[-6000:]
+    assert record.verdict == "hang"
+    assert "failed first" in output and "orch stopped the other node" in output
+    for _host, _vmid, name in NODES:
+        left = orch(sandbox, "exec", name, "--", "pgrep", "-f", "[d]dp_nodes_loop", timeout=60)
+        assert left.returncode == 1, f"{name}: {left.stdout}"
