@@ -5,11 +5,15 @@ hard-linked as tests/integration/torch_seed.py does), a real DDP loop over gloo
 (tests/trainer/real/ddp_nodes_loop.py), the c10d rendezvous at sb1-200's bridge address,
 the gradients' all-reduce between the two containers over the sandbox's shared bridge.
 
-- healthy (nnodes 2, and elastic 1:2): the job trains to its end, verdict ok, both nodes' ranks in one record, each
-  node given SkyPilot's variables, `orch report` showing both nodes;
+- healthy (nnodes 2, and an elastic 1:2): the job trains to its end, verdict ok, both
+  nodes' ranks in one record, each node given SkyPilot's variables, `orch report` showing
+  both nodes;
 - sb2-200 without torch in its venv: pre-flight fails naming it, and nothing is launched;
 - sb2-200's worker killed from outside (SIGKILL, by its pid): the verdict names sb2-200 and
-  its rank, and no rank is left on either node afterwards (pgrep in each container).
+  its rank, and no rank is left on either node afterwards (pgrep in each container);
+- sb2-200's worker frozen (SIGSTOP): a hang that stops both nodes, the frozen worker too;
+- after a killed controller, `orch attach` follows both nodes as one, `orch stop` stops
+  both; `orch nightly` reruns the job into one record.
 """
 
 from __future__ import annotations
