@@ -21,7 +21,7 @@ from orchestrator.watch.logformats import FORMATS, make_format
 from orchestrator.watch.monitor import MonitorSettings, monitor_run
 from orchestrator.watch.nodes import monitor_nodes
 from orchestrator.playbook.model import Playbook, StepSpec
-from orchestrator.playbook.steps.launch import spans_nodes
+from orchestrator.playbook.steps.launch import spans_nodes as launch_spans_nodes
 from orchestrator.watch.classify import compile_metric_regex
 from orchestrator.remote.container import Target
 from orchestrator.playbook.steps.base import (Param, Reporter, RunInfo, Step, StepContext, StepFailed,
@@ -108,7 +108,7 @@ class MonitorStep(Step):
         if isinstance(spec.params, dict) and spec.params.get("run_dir") is not None:
             return False
         launches = [s for s in playbook.steps if s.kind == "launch" and s.index < spec.index]
-        return bool(launches) and spans_nodes(launches[-1])
+        return bool(launches) and launch_spans_nodes(launches[-1])
 
     @staticmethod
     def _torchrun_before(ctx: StepContext) -> bool:
