@@ -55,6 +55,15 @@ def resolve_specs(book: Playbook, inventory: Inventory, target_names=()) -> list
     return specs
 
 
+def check_node_steps(book: Playbook, names: list[str]) -> None:
+    """Each step that spans the run's targets (the nodes of one job) against them: a
+    ConfigError at its file:line:col when they do not fit (`orch run` and `orch validate`)."""
+    for spec in book.steps:
+        step = STEP_KINDS[spec.kind]()
+        if step.spans_nodes(book, spec):
+            step.check_nodes(spec, names)
+
+
 class TargetRun:
     """The state of one target's pass through the steps."""
 
@@ -137,10 +146,8 @@ class Engine:
     # ------------------------------------------------------------------------ run
     def run(self) -> RunRecord:
         targets = self.resolve_targets()
+        check_node_steps(self.playbook, [t.name for t in targets])
         segments = self._segments()
-        for spans, specs in segments:
-            if spans:
-                STEP_KINDS[specs[0].kind]().check_nodes(specs[0], [t.name for t in targets])
         contexts = {t.name: self.render_vars(t) for t in targets}
         for target in targets:
             # A playbook's `venv` var (or -e venv=...) is the venv every step works on, not

@@ -17,7 +17,7 @@ from orchestrator.watch import torchrun
 from orchestrator.watch.classify import EndState, Verdict
 from orchestrator.watch.distributed import ChildFailedReader
 from orchestrator.watch.nodes import NodeRun, NodesWatch, job_verdict, torchrun_time
-from tests.unit.step_fakes import RUN_ID, harness, planned
+from tests.unit.step_fakes import RUN_ID, harness, planned, write_project
 
 TWO_NODES = """\
     name: ddp
@@ -72,6 +72,17 @@ def test_nnodes_that_does_not_fit_the_targets_fails_before_anything_runs(tmp_pat
     assert "nnodes 3 does not fit the run's 2 targets (dev, other)" in caught.value.message
     assert "playbook.yaml:6:" in str(caught.value)
     assert h.host.calls == [] and nodes_reachable == []
+
+
+def test_validate_says_so_too(tmp_path):
+    from click.testing import CliRunner
+    from orchestrator.cli.app import main
+    book_path, inventory_path = write_project(tmp_path, (TWO_NODES % "").replace("nnodes: 2", "nnodes: 3"))
+    result = CliRunner().invoke(main, ["-i", inventory_path, "validate", book_path])
+    assert result.exit_code == 2
+    assert "playbook.yaml:6:" in result.output and "does not fit the run's 2 targets" in result.output
+    fits = write_project(tmp_path, TWO_NODES % "")[0]
+    assert CliRunner().invoke(main, ["-i", inventory_path, "validate", fits]).exit_code == 0
 
 
 def test_an_elastic_range_fits_any_count_inside_it(tmp_path):
