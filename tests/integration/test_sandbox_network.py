@@ -76,6 +76,22 @@ def test_a_container_on_sb1_reaches_a_port_opened_in_a_container_on_sb2(sandbox)
     assert out.strip() == address_of(sandbox, "sb1-200") == "10.88.1.200", err
 
 
+def test_the_ssh_faults_and_the_containers_network_are_independent(sandbox):
+    """block_ssh firewalls the host's own port 22 (inet input hook); bridged container
+    traffic crosses the bridge's forward hook, so containers keep reaching each other."""
+    peer = address_of(sandbox, "sb2-201")
+    probe = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 22), "
+             "timeout=2)\nexcept ConnectionRefusedError:\n    print('reached')\n"
+             "except OSError as error:\n    print(type(error).__name__)\n")
+    sandbox.block_ssh("sb2", "drop")
+    try:
+        # nothing listens on 22 in the container: the refusal is the container's answer
+        assert sandbox.pct("sb1", "exec", "200", "--", "python3", "-c", probe,
+                           peer).stdout == b"reached\n"
+    finally:
+        sandbox.unblock_ssh("sb2")
+
+
 def test_every_running_container_has_lo_and_eth0_up_with_its_layout_address(sandbox):
     for target in sandbox.targets(running=True):
         links = json.loads(orch_exec(sandbox.inventory_path, target, "python3", "-c", LINKS))

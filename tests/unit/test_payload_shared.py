@@ -63,9 +63,9 @@ def test_gpus_are_read_only_through_the_shared_query(name):
     assert reads_gpus == (GPUS_LINE in text.splitlines()), name
 
 
-def test_the_payloads_that_read_gpus_are_the_probe_and_the_launcher():
+def test_the_payloads_that_read_gpus_are_the_probe_the_launcher_and_the_preflight():
     readers = [name for name in EVENT_PAYLOADS if GPUS_LINE in (PAYLOADS / f"{name}.py").read_text()]
-    assert readers == ["launcher", "probe"]
+    assert readers == ["launcher", "preflight", "probe"]
 
 
 FAKE_SMI = """#!/bin/sh
