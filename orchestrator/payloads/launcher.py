@@ -12,7 +12,11 @@ orchestrator.payloads.with_args). `PYTHON - ARGS_JSON` works too (tests, by hand
           `pct exec` end at once, and the run survives an SSH drop or the controller's exit.
   status  {"state": "running" | "exited" | "vanished" | "missing", pid, exit_code, signal, ...}
   stop    SIGTERM to the process group, SIGKILL after `grace` seconds; RUN_DIR/stop.json
-          records that orch asked (so the monitor can tell "stopped" from "killed").
+          records that orch asked (so the monitor can tell "stopped" from "killed"). The
+          run's processes that lead groups of their own (torchrun starts each worker in a
+          session of its own) are found by their parents in /proc before the first signal
+          and again before SIGKILL; any still alive once the run ended is SIGKILLed
+          (`strays_killed`), so no worker is left holding GPUs.
   tail    follow RUN_DIR/output.log from byte `offset`: JSON "data" events carry whole
           lines and the byte offset they start at, "beat" events every second carry the
           process state and this payload's own CPU time; the last event is "result" once
@@ -336,12 +340,62 @@ def stop(args):
     write_json(os.path.join(run_dir, STOP), {"requested_at": time.time(),
                                              "reason": args.get("reason", "orch stop")})
     sent = "SIGTERM"
+    strays = descendants(pgid)        # before any signal: the parent links are still there
     _signal_group(pgid, signal.SIGTERM)
     if not _wait_ended(run_dir, grace):
         sent = "SIGKILL"
+        strays.update(descendants(pgid))
         _signal_group(pgid, signal.SIGKILL)
         _wait_ended(run_dir, 10.0)
-    emit("result", already=False, sent=sent, **describe(run_dir))
+    emit("result", already=False, sent=sent, strays_killed=kill_strays(strays, pgid),
+         **describe(run_dir))
+
+
+def descendants(root):
+    """{pid: start ticks} of every process under root, by the parent links in /proc."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            parent = parent_of(int(name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(name))
+    found, todo = {}, [root]
+    while todo and len(found) < 100000:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found[child] = start_ticks(child)
+                todo.append(child)
+    return found
+
+
+def parent_of(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def kill_strays(strays, pgid):
+    """SIGKILL each process of the run outside its process group that is still the same
+    process (pid and start time) and alive: the run has ended, it has nothing to wait for."""
+    killed = 0
+    for pid, ticks in strays.items():
+        if ticks is None or start_ticks(pid) != ticks:
+            continue                   # gone, or its pid now names another process
+        try:
+            if os.getpgid(pid) == pgid:
+                continue               # the group's own: the group's signal reached it
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except OSError:
+            pass
+    return killed
 
 
 def _signal_group(pgid, number):

@@ -94,29 +94,56 @@ class _Attachment:
                         controller_entry(attached=True) if self.live else None)
         self.run = RunInfo(run_id=record.run_id, playbook=self.book, recorder=recorder,
                            playbook_arg=os.path.relpath(record.playbook) if record.playbook else self.book.path,
-                           cli=(record.launch or {}).get("cli") or cli, inventory=fleet.inventory)
+                           cli=(record.launch or {}).get("cli") or cli, inventory=fleet.inventory,
+                           fleet=fleet)
         self.engine = Engine(self.run, fleet, reporter)
         self.targets = [fleet.target(spec) for spec in fleet.inventory.resolve(list(self.launches))]
 
-    def follow(self, target: Target) -> TargetRun:
-        """Monitor one target's run to its end, then (playbook unchanged) the steps that run
-        after it on attach (collect), each through the engine's own step path."""
-        entry = self.launches[target.name]
-        variables = (self.engine.render_vars(target) if self.same
-                     else {**self.engine.base_context(target), **self.record.vars})
-        run = TargetRun(target, variables)
+    def groups(self) -> list[list[Target]]:
+        """The targets to follow, each alone, or the nodes of one job over many together (in
+        node-rank order), as its monitor followed them."""
+        groups: list[list[Target]] = []
+        jobs: dict[tuple, list[Target]] = {}
+        for target in self.targets:
+            nodes = self.launches[target.name].get("nodes")
+            if not nodes:
+                groups.append([target])
+                continue
+            key = tuple(nodes)
+            if key not in jobs:
+                jobs[key] = []
+                groups.append(jobs[key])
+            jobs[key].append(target)
+        for group in groups:
+            group.sort(key=lambda t: self.launches[t.name].get("node_rank", 0))
+        return groups
+
+    def follow(self, group: list[Target]) -> list[TargetRun]:
+        """Monitor one target's run (or one job's nodes, as one) to its end, then (playbook
+        unchanged) the steps that run after it on attach (collect), each through the
+        engine's own step path."""
+        runs = [TargetRun(target, self.engine.render_vars(target) if self.same
+                          else {**self.engine.base_context(target), **self.record.vars})
+                for target in group]
+        entry = self.launches[group[0].name]
         spec, step = _attach_step(self.book, entry)
-        outcome = self.engine.perform(run, spec, step, {}, name="attach: " + spec.label())
+        name = "attach: " + spec.label()
+        if len(group) > 1 or entry.get("nodes"):
+            outcome = self.engine.perform_nodes(runs, spec, step, {}, name=name)
+        else:
+            outcome = self.engine.perform(runs[0], spec, step, {}, name=name)
         if outcome.findings and not self.live:
-            # A replayed record: this target's findings are the ones just found, not both.
+            # A replayed record: these targets' findings are the ones just found, not both.
+            names = {t.name for t in group}
             self.record.findings = [f for f in self.record.findings
-                                    if f.target != target.name] + outcome.findings
+                                    if f.target not in names] + outcome.findings
         if self.same and self.live:
             after = entry.get("monitor_step", entry.get("step", -1))
             for later in self.book.steps:
                 if later.index > after and STEP_KINDS[later.kind].runs_on_attach:
-                    self.engine.run_step(run, later)
-        return run
+                    for run in runs:
+                        self.engine.run_step(run, later)
+        return runs
 
 
 def attach_run(ref: str, *, reporter: Reporter, inventory: Optional[str] = None,
@@ -140,9 +167,10 @@ def attach_run(ref: str, *, reporter: Reporter, inventory: Optional[str] = None,
         if not attachment.same and attachment.book.steps:
             reporter.note("attach", f"{record.playbook} changed since the run started: only the "
                                     "monitor runs, not its later steps", "warn")
-        targets = attachment.targets
-        runs = each_concurrently(targets, attachment.follow)
-        runs = [r if isinstance(r, TargetRun) else _failed_run(t, r) for t, r in zip(targets, runs)]
+        groups = attachment.groups()
+        runs = [run for group, outcome in zip(groups, each_concurrently(groups, attachment.follow))
+                for run in (outcome if isinstance(outcome, list)
+                            else [_failed_run(t, outcome) for t in group])]
         if attachment.live:
             return attachment.engine.finish(runs)
         reporter.note("attach", f"run {record.run_id} had already ended as {record.verdict}; "

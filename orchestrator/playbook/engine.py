@@ -56,6 +56,15 @@ def resolve_specs(book: Playbook, inventory: Inventory, target_names=()) -> list
     return specs
 
 
+def check_node_steps(book: Playbook, names: list[str]) -> None:
+    """Each step that spans the run's targets (the nodes of one job) against them: a
+    ConfigError at its file:line:col when they do not fit (`orch run` and `orch validate`)."""
+    for spec in book.steps:
+        step = STEP_KINDS[spec.kind]()
+        if step.spans_nodes(book, spec):
+            step.check_nodes(spec, names)
+
+
 class TargetRun:
     """The state of one target's pass through the steps."""
 
@@ -141,6 +150,8 @@ class Engine:
     # ------------------------------------------------------------------------ run
     def run(self) -> RunRecord:
         targets = self.resolve_targets()
+        check_node_steps(self.playbook, [t.name for t in targets])
+        segments = self._segments()
         contexts = {t.name: self.render_vars(t) for t in targets}
         for target in targets:
             # A playbook's `venv` var (or -e venv=...) is the venv every step works on, not
@@ -160,7 +171,13 @@ class Engine:
         self.reporter.run_started(self.run_info, targets)
         runs = [TargetRun(t, contexts[t.name]) for t in targets]
         try:
-            group = fan_out(runs, self._run_target)
+            for spans, specs in segments:
+                if spans:
+                    self.run_node_step(runs, specs[0])
+                    continue
+                group = fan_out(runs, lambda run, specs=specs: self._run_target(run, specs))
+                for run, error in group.failed.items():
+                    run.verdict = UNREACHABLE if isinstance(error, ConnectionProblem) else FAILED
         except KeyboardInterrupt:
             launched = self._launched_when_interrupted()
             if not launched:
@@ -169,9 +186,20 @@ class Engine:
             # Else the record stays "running": a launched run goes on and `orch attach` finds it.
             self.reporter.interrupted(self.run_info, launched)
             raise
-        for run, error in group.failed.items():
-            run.verdict = UNREACHABLE if isinstance(error, ConnectionProblem) else FAILED
         return self.finish(runs)
+
+    def _segments(self) -> list[tuple[bool, list[StepSpec]]]:
+        """The steps in stretches: steps each target runs on its own (targets side by side),
+        and, alone, each step that spans the run's targets (spans_nodes: the nodes of one
+        job), which starts once every target finished the stretch before it."""
+        segments: list[tuple[bool, list[StepSpec]]] = []
+        for spec in self.playbook.steps:
+            spans = STEP_KINDS[spec.kind]().spans_nodes(self.playbook, spec)
+            if spans or not segments or segments[-1][0]:
+                segments.append((spans, [spec]))
+            else:
+                segments[-1][1].append(spec)
+        return segments
 
     def _launched_when_interrupted(self) -> dict[str, str]:
         """target -> run dir of each launch that started (or may have): a launch step that
@@ -206,8 +234,8 @@ class Engine:
         return {r.target.name: {"verdict": r.final_verdict(), "failed_step": r.failed_step}
                 for r in runs}
 
-    def _run_target(self, run: TargetRun) -> TargetRun:
-        for spec in self.playbook.steps:
+    def _run_target(self, run: TargetRun, specs: list[StepSpec]) -> TargetRun:
+        for spec in specs:
             if run.verdict is not None and not spec.always:
                 self._skip(run, spec, "an earlier step failed")
                 continue
@@ -222,6 +250,57 @@ class Engine:
         if not self.run_info.dry_run:
             self.recorder.save_step(step_result(spec, run.target.name,
                                                 StepOutcome(status="skipped", message=why), stamp()))
+
+    def run_node_step(self, runs: list[TargetRun], spec: StepSpec) -> None:
+        """A step that spans the run's targets (the nodes of one job): once, for all of them,
+        with the first target's variables; its outcome is every node's."""
+        failed = [r.target.name for r in runs if r.verdict is not None]
+        if failed and not spec.always:
+            for run in runs:
+                self._skip(run, spec, f"{', '.join(failed)} failed an earlier step; the step "
+                                      f"needs every node")
+            return
+        head = runs[0]
+        step = STEP_KINDS[spec.kind]()
+        nodes = [r.target for r in runs]
+        if spec.when is not None and not self.run_info.dry_run:
+            try:
+                wanted = evaluate_condition(spec.when, head.variables, spec.loc.child("when"))
+            except ConfigError as error:
+                for run in runs:
+                    self._usage_failure(run, spec, error)
+                return
+            if not wanted:
+                for run in runs:
+                    self._skip(run, spec, f"when: {spec.when} is false (on {head.target.name})")
+                return
+        if self.run_info.dry_run:
+            self.reporter.step_plan(head.target.name, spec,
+                                    self._plan_lines(step, head, spec, nodes=nodes))
+            return
+        try:
+            params = render_params(step.params, spec, head.variables)
+        except ConfigError as error:
+            for run in runs:
+                self._usage_failure(run, spec, error)
+            return
+        self.perform_nodes(runs, spec, step, params)
+
+    def perform_nodes(self, runs: list[TargetRun], spec: StepSpec, step: Step, params: dict, *,
+                      name: Optional[str] = None) -> StepOutcome:
+        """A step whose settings are rendered, once for the nodes of one job (runs, in node-rank
+        order): performed on the first, its outcome every node's (`orch attach` too)."""
+        outcome = self.perform(runs[0], spec, step, params, name=name,
+                               nodes=[r.target for r in runs])
+        for run in runs[1:]:
+            # the other nodes' record of the same step (the console showed it once)
+            node = dict((outcome.data.get("nodes") or {}).get(run.target.name) or {})
+            result = step_result(spec, run.target.name, StepOutcome(
+                status=outcome.status, message=outcome.message, data=node, verdict=outcome.verdict),
+                stamp(), name=name)
+            self.recorder.save_step(result)
+            self._settle(run, spec, step, outcome)
+        return outcome
 
     def run_step(self, run: TargetRun, spec: StepSpec) -> None:
         """One step on one target: its `when`, its settings rendered and checked, perform()."""
@@ -255,14 +334,14 @@ class Engine:
         self.perform(run, spec, step, params)
 
     def perform(self, run: TargetRun, spec: StepSpec, step: Step, params: dict, *,
-                name: Optional[str] = None) -> StepOutcome:
+                name: Optional[str] = None, nodes: Optional[list] = None) -> StepOutcome:
         """A step whose settings are rendered, on one target: its attempts, its record, its
         registered result and what it means for the target's verdict. Every step that runs
         goes this way, `orch attach`'s too (name: how the record names it, if not its label)."""
         target = run.target
         started_at, started = stamp(), time.monotonic()
         self.reporter.step_started(target.name, spec)
-        outcome = self._attempts(step, run, spec, params)
+        outcome = self._attempts(step, run, spec, params, nodes)
         result = step_result(spec, target.name, outcome, started_at, time.monotonic() - started,
                              name=name)
         if outcome.verdict and step.judges_run:
@@ -270,21 +349,27 @@ class Engine:
         self.recorder.save_step(result)
         if outcome.findings:
             self.recorder.add_findings(outcome.findings)
+        self._settle(run, spec, step, outcome)
+        self.reporter.step_finished(target.name, spec, result, outcome)
+        return outcome
+
+    @staticmethod
+    def _settle(run: TargetRun, spec: StepSpec, step: Step, outcome: StepOutcome) -> None:
+        """What a step's outcome means for its target: registered result, verdict."""
         if spec.register:
             run.variables[spec.register] = registered(outcome)
         if outcome.verdict and step.judges_run:
             run.monitor_verdict = outcome.verdict
-        self.reporter.step_finished(target.name, spec, result, outcome)
         if outcome.failed and not spec.continue_on_error:
             run.verdict = outcome.verdict or FAILED
             run.failed_step = spec.label()
-        return outcome
 
-    def _context(self, run: TargetRun, spec: StepSpec) -> StepContext:
+    def _context(self, run: TargetRun, spec: StepSpec, nodes: Optional[list] = None) -> StepContext:
         return StepContext(self.run_info, self.reporter, run.target, spec, run.variables,
-                           timeout=spec.timeout)
+                           timeout=spec.timeout, nodes=list(nodes or []))
 
-    def _plan_lines(self, step, run: TargetRun, spec: StepSpec) -> list[str]:
+    def _plan_lines(self, step, run: TargetRun, spec: StepSpec,
+                    nodes: Optional[list] = None) -> list[str]:
         try:
             params = render_params(step.params, spec, run.variables)
         except UnknownAtPlanTime as unknown:
@@ -292,17 +377,18 @@ class Engine:
         except ConfigError as error:
             return [f"(error: {error})"]
         try:
-            return step.plan(self._context(run, spec), params)
+            return step.plan(self._context(run, spec, nodes), params)
         except UnknownAtPlanTime as unknown:
             return [f"(its settings depend on {unknown.name}, known at run time)"]
         except (StepFailed, OrchError) as error:
             return [f"(would fail: {getattr(error, 'message', error)})"]
 
-    def _attempts(self, step, run: TargetRun, spec: StepSpec, params: dict) -> StepOutcome:
+    def _attempts(self, step, run: TargetRun, spec: StepSpec, params: dict,
+                  nodes: Optional[list] = None) -> StepOutcome:
         attempts = spec.retries + 1
         outcome = StepOutcome(status="failed", message="not run")
         for attempt in range(1, attempts + 1):
-            outcome = self._attempt(step, self._context(run, spec), params)
+            outcome = self._attempt(step, self._context(run, spec, nodes), params)
             if not outcome.failed or attempt == attempts:
                 break
             self.reporter.step_progress(run.target.name, spec,
@@ -370,7 +456,8 @@ def run_playbook(playbook: str, *, reporter: Reporter, inventory: Optional[str] 
         recorder = RunRecorder(run_id, None if dry_run else store)
         run = RunInfo(run_id=run_id, playbook=book, recorder=recorder, playbook_arg=playbook,
                       dry_run=dry_run, cli=cli or cli_prefix(inventory),
-                      rerun_args=rerun_options(targets, extra_vars), inventory=fleet.inventory)
+                      rerun_args=rerun_options(targets, extra_vars), inventory=fleet.inventory,
+                      fleet=fleet)
         return Engine(run, fleet, reporter, extra_vars=extra, target_names=list(targets)).run()
     finally:
         if own_fleet and fleet is not None:

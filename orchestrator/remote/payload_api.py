@@ -291,6 +291,11 @@ def preflight_check(target: Target, host: str, port: int, token: str, *,
 
 
 # ------------------------------------------------------------------ detached runs
+def free_port(target: Target) -> int:
+    """A TCP port free in the container now (the default port of a rendezvous it hosts)."""
+    return int(run_payload(target, "free_port", {}, python=SYSTEM_PYTHON, timeout=60)["port"])
+
+
 def launcher(target: Target, action: str, run_dir: str, timeout: float = 60.0, **args) -> dict:
     """The launcher payload: start, status or stop a detached command (see its docstring)."""
     # The arguments travel on stdin: a start's env holds secrets (HF_TOKEN, ...), and the

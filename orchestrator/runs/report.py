@@ -138,6 +138,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "elapsed_s": _elapsed(record),
         "throughput": tp,
         "drafters": drafters,
+        "nodes": nodes_context(record),
         "word": word,
         "charts": charts,
         "findings": findings,
@@ -154,6 +155,22 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "generated_at": now_iso(),
         "orch_version": __version__,
     }
+
+
+def nodes_context(record: RunRecord) -> list[dict]:
+    """One torchrun job over many nodes: each node (in node-rank order) with its address, the
+    rendezvous, its own monitor's verdict and whether it failed first. Empty for other runs."""
+    launches = (record.launch or {}).get("targets") or {}
+    monitors = (record.summary or {}).get("monitor") or {}
+    first = next((s.data.get("first_failure") for s in record.steps
+                  if s.kind == "monitor" and (s.data or {}).get("first_failure")), None) or {}
+    rows = [{"name": name, "node_rank": entry["node_rank"], "address": entry.get("address"),
+             "rdzv_endpoint": entry.get("rdzv_endpoint"), "ranks": entry.get("ranks"),
+             "verdict": (monitors.get(name) or {}).get("verdict"),
+             "first": first.get("node") == name, "failed_rank": first.get("rank")
+             if first.get("node") == name else None}
+            for name, entry in launches.items() if isinstance(entry, dict) and "node_rank" in entry]
+    return sorted(rows, key=lambda row: row["node_rank"])
 
 
 def gpu_context(record: RunRecord) -> dict:

@@ -40,6 +40,7 @@ class RankFailure:
     error_file: str = ""
     traceback: str = ""
     root_cause: bool = False
+    time: str = ""              # when torchrun saw it fail: 2026-12-02_03:40:07 (its host's clock)
 
     @property
     def signal(self) -> Optional[int]:
@@ -129,6 +130,8 @@ class ChildFailedReader:
                 failure.pid = int(match.group(2)) if match.group(2) else None
         elif name == "host":
             failure.host = value
+        elif name == "time":
+            failure.time = value[:40]
         elif name == "error_file":
             failure.error_file = "" if value == "<N/A>" else value
         elif name == "traceback":

@@ -595,6 +595,12 @@ class Monitor(FollowHandler):
     def should_stop(self) -> bool:
         return self._watch_ended
 
+    def stop(self, reason: str, why: str) -> None:
+        """Stop the run from outside (another node of the job failed): SIGTERM to its
+        process group, SIGKILL after the grace; the follower reads it to its end."""
+        if self._stopper is None:
+            self._stop(reason, why)
+
     def _stop(self, reason: str, why: str) -> None:
         self.stopped_for = reason
         self.sink.note(self.target.name, f"{why}; stopping it (SIGTERM, SIGKILL after "
@@ -664,14 +670,33 @@ def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
     fresh_facts(target) asks the target again (torch version, fx-tls state) once an FX race
     is seen; cli and rerun make the remediation commands. Returns the verdict and the data
     a step records."""
-    local = os.path.join(paths.run_dir(recorder.run_id), target.name)
-    monitor = Monitor(target, run_dir, settings, ReportingSink(reporter, recorder),
-                      stream_copy=stream_copy_path(local), follower_id=follower_id)
+    monitor = make_monitor(target, run_dir, settings, recorder=recorder, reporter=reporter,
+                           follower_id=follower_id)
     reporter.monitor_started(target.name, run_dir, settings)
     try:
         end, _final = monitor.run()
     finally:
         reporter.monitor_ended(target.name)
+    return judge(monitor, end, recorder=recorder, cli=cli, rerun=rerun, fresh_facts=fresh_facts)
+
+
+def make_monitor(target: Target, run_dir: str, settings: MonitorSettings, *,
+                 recorder: "RunRecorder", reporter: MonitorReporter,
+                 follower_id: Optional[str] = None) -> Monitor:
+    """A run's monitor reporting to the console and the record, its stream kept in the
+    run's folder (one folder per target)."""
+    local = os.path.join(paths.run_dir(recorder.run_id), target.name)
+    return Monitor(target, run_dir, settings, ReportingSink(reporter, recorder),
+                   stream_copy=stream_copy_path(local), follower_id=follower_id)
+
+
+def judge(monitor: Monitor, end: EndState, *, recorder: "RunRecorder", cli: str = "orch",
+          rerun: str = "", fresh_facts: Optional[Callable[[Target], dict]] = None
+          ) -> tuple[Verdict, dict]:
+    """The verdict on a followed run's end; the summary goes to the recorder. Returns the
+    verdict and the data a step records."""
+    target, run_dir, settings = monitor.target, monitor.run_dir, monitor.settings
+    local = os.path.join(paths.run_dir(recorder.run_id), target.name)
     facts = {}
     info = recorder.target_info(target.name)
     if info is not None:

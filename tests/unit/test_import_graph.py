@@ -140,7 +140,7 @@ LAYERS = [
 SUBLAYERS = {
     "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
     "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "stacks",
-              "stacktool", "classify", "monitor", "suspects", "explain"],
+              "stacktool", "classify", "monitor", "nodes", "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["rerun", "schedule"],
 }

@@ -112,6 +112,40 @@ def test_the_process_group_is_stopped_with_its_children(target, tmp_path):
     assert gone_or_zombie(child)
 
 
+# torchrun's way: each worker in a session of its own (start_new_session), which a signal to
+# the run's process group does not reach; the launcher that holds it SIGKILLed before it
+# could stop its workers leaves them running, holding their GPUs.
+WORKER_OF_ITS_OWN = """\
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen([sys.executable, "-c", "import signal, time\\n"
+                           "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\ntime.sleep(60)"],
+                          start_new_session=True)
+print("worker", worker.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_worker_in_a_session_of_its_own_is_stopped_with_the_run(target, tmp_path):
+    run_dir = tmp_path / "run"
+    start(target, run_dir, [sys.executable, "-c", WORKER_OF_ITS_OWN])
+    deadline = time.monotonic() + 10
+    while "worker" not in (run_dir / "output.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = int((run_dir / "output.log").read_text().split()[1])
+    try:
+        stopped = stop_run(target, str(run_dir), grace=1)
+        assert stopped["sent"] == "SIGKILL"
+        deadline = time.monotonic() + 5
+        while gone_or_zombie(worker) is False and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone_or_zombie(worker), "the worker outlived the stop"
+        assert stopped["strays_killed"] == 1
+    finally:
+        if not gone_or_zombie(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
 def gone_or_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as handle:

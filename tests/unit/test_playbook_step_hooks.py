@@ -94,16 +94,38 @@ class GatherStep(Step):
 
 class NoteStep(Step):
     kind = "note"
+    order: list = []
 
     def run(self, ctx, params):
+        NoteStep.order.append(("note", ctx.target.name))
         return StepOutcome(message="noted")
+
+
+class GroupStep(Step):
+    """Spans the run's targets, as a launch over many nodes does: once, for all of them."""
+
+    kind = "group"
+    params = {"fits": Param((int,), default=2)}
+
+    def spans_nodes(self, playbook, spec):
+        return True
+
+    def check_nodes(self, spec, nodes):
+        if len(nodes) != spec.params.get("fits", 2):
+            raise spec.params_loc.error(f"{len(nodes)} targets do not fit")
+
+    def run(self, ctx, params):
+        NoteStep.order.append(("group", ctx.target.name, tuple(n.name for n in ctx.nodes)))
+        return StepOutcome(status="changed", message="grouped",
+                           data={"nodes": {n.name: {"mine": n.name} for n in ctx.nodes}})
 
 
 @pytest.fixture(autouse=True)
 def test_kinds(monkeypatch):
-    for cls in (JudgeStep, NeedsFileStep, GatherStep, NoteStep):
+    for cls in (JudgeStep, NeedsFileStep, GatherStep, NoteStep, GroupStep):
         monkeypatch.setitem(STEP_KINDS, cls.kind, cls)
     JudgeStep.seen = []
+    NoteStep.order = []
 
 
 JUDGED = """\
@@ -197,3 +219,40 @@ def test_attach_replays_an_ended_run_without_rewriting_or_doubling_its_findings(
     assert [s.name for s in returned.steps] == ["attach: judge it"]    # no later steps on replay
     assert stored.verdict == "hang" and [f.message for f in stored.findings] == ["judged"]
     assert stored.steps == []
+
+
+GROUPED = """\
+name: grouped
+targets: [dev, other]
+steps:
+  - note: {}
+  - group: {}
+  - note: {}
+"""
+
+
+def test_a_kind_that_spans_the_nodes_runs_once_after_every_target_is_ready(tmp_path):
+    record = harness(tmp_path, GROUPED).record()
+    order = NoteStep.order
+    grouped = order.index(("group", "dev", ("dev", "other")))
+    assert sorted(order[:grouped]) == [("note", "dev"), ("note", "other")]   # both first
+    assert [o for o in order if o[0] == "group"] == [("group", "dev", ("dev", "other"))]   # once
+    assert sorted(order[grouped + 1:]) == [("note", "dev"), ("note", "other")]
+    group_steps = [(s.target, s.status, s.data) for s in record.steps if s.kind == "group"]
+    assert group_steps == [("dev", "changed", {"nodes": {"dev": {"mine": "dev"}, "other": {"mine": "other"}}}),
+                           ("other", "changed", {"mine": "other"})]       # each node's own part
+
+
+def test_targets_that_do_not_fit_a_kind_over_the_nodes_fail_before_anything_runs(tmp_path):
+    h = harness(tmp_path, GROUPED.replace("group: {}", "group: {fits: 3}"))
+    with pytest.raises(ConfigError) as raised:
+        h.record()
+    assert "2 targets do not fit" in str(raised.value) and "playbook.yaml:5:12:" in str(raised.value)
+    assert NoteStep.order == []
+
+
+def test_a_kind_over_the_nodes_is_skipped_on_every_node_when_its_condition_is_false(tmp_path):
+    record = harness(tmp_path, GROUPED.replace("  - group: {}", "  - group: {}\n    when: false")).record()
+    assert [o for o in NoteStep.order if o[0] == "group"] == []
+    assert [(s.target, s.status) for s in record.steps if s.kind == "group"] == [
+        ("dev", "skipped"), ("other", "skipped")]

@@ -164,3 +164,28 @@ def test_a_torchrun_run_is_reported_in_ranks_with_its_killed_finding():
     assert '<span class="muted">ranks</span>' in html and 'muted">drafters<' not in html
     assert "Throughput per rank" in html
     assert "| rank | last step" in render_markdown(record)
+
+
+def _two_node_record():
+    from orchestrator.runs.model import StepResult
+    record = synthetic_run("n", tok_s=4000)
+    record.verdict = "killed"
+    record.launch = {"targets": {
+        "sb2-200": {"run_dir": "/r", "node_rank": 1, "address": "10.88.2.200", "ranks": 1,
+                    "rdzv_endpoint": "10.88.1.200:41000"},
+        "sb1-200": {"run_dir": "/r", "node_rank": 0, "address": "10.88.1.200", "ranks": 1,
+                    "rdzv_endpoint": "10.88.1.200:41000"}}}
+    record.summary["monitor"] = {"sb1-200": {"verdict": "nonzero-exit"}, "sb2-200": {"verdict": "killed"}}
+    record.steps.append(StepResult(name="monitor", kind="monitor", target="sb1-200", status="failed",
+                                   data={"first_failure": {"node": "sb2-200", "node_rank": 1, "rank": 1}}))
+    return record
+
+
+def test_a_multi_node_run_lists_its_nodes_and_the_one_that_failed_first():
+    markdown = render_markdown(_two_node_record())
+    assert "### Nodes (one torchrun job, rendezvous 10.88.1.200:41000)" in markdown
+    rows = [line for line in markdown.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    assert rows == ["| 0 | `sb1-200` | 10.88.1.200 | 1 | nonzero-exit |  |",
+                    "| 1 | `sb2-200` | 10.88.2.200 | 1 | killed | **failed first** (rank 1) |"]
+    assert '<h2 id="nodes">Nodes</h2>' in render_html(_two_node_record())
+    assert "### Nodes" not in render_markdown(synthetic_run("b", tok_s=4000))

@@ -17,7 +17,7 @@ pass_app = click.pass_obj
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.config.inventory import inventory_path, load_inventory
     from orchestrator.playbook.attach import attach_run, stop_recorded_run
-    from orchestrator.playbook.engine import resolve_specs, run_playbook
+    from orchestrator.playbook.engine import check_node_steps, resolve_specs, run_playbook
     from orchestrator.playbook.loader import load_playbook, normalize_extra_vars
 else:
     inventory_path = lazy("orchestrator.config.inventory", "inventory_path")
@@ -25,6 +25,7 @@ else:
     attach_run = lazy("orchestrator.playbook.attach", "attach_run")
     stop_recorded_run = lazy("orchestrator.playbook.attach", "stop_recorded_run")
     resolve_specs = lazy("orchestrator.playbook.engine", "resolve_specs")
+    check_node_steps = lazy("orchestrator.playbook.engine", "check_node_steps")
     run_playbook = lazy("orchestrator.playbook.engine", "run_playbook")
     load_playbook = lazy("orchestrator.playbook.loader", "load_playbook")
     normalize_extra_vars = lazy("orchestrator.playbook.loader", "normalize_extra_vars")
@@ -137,7 +138,7 @@ def _check_targets(app, book) -> list[str]:
         return ["the playbook names no targets: `orch run` will need -t TARGET"]
     path = inventory_path(app.inventory_option)
     if os.path.exists(path):
-        resolve_specs(book, load_inventory(path))
+        check_node_steps(book, [spec.name for spec in resolve_specs(book, load_inventory(path))])
     return []
 
 
@@ -179,6 +180,8 @@ def attach_command(app, run, as_json, echo):
 def stop_command(app, run, targets, grace, as_json):
     """Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period.
 
+    The run's processes outside its group (torchrun's workers, each in a session of its
+    own) are SIGKILLed once it ended. A run over many nodes is stopped on every node.
     A run whose orch was killed before it launched anything is recorded as abandoned.
 
     \b

@@ -23,6 +23,7 @@ from orchestrator.runs.recorder import RunRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.config.inventory import Inventory
+    from orchestrator.targets.fleet import Fleet
     from orchestrator.remote.container import Target
 
 
@@ -64,6 +65,7 @@ class RunInfo:
     cli: str = "orch"                    # `orch -i sandbox`: the prefix of commands in hints
     rerun_args: str = ""                 # the -t/-e options as typed, for "rerun with" hints
     inventory: Optional["Inventory"] = None
+    fleet: Optional["Fleet"] = None      # the open hosts (a container's address from the Proxmox API)
 
     def monitor_result(self, target: str) -> Optional[dict]:
         return self.recorder.monitor_result(target)
@@ -117,6 +119,9 @@ class StepContext:
     variables: dict                      # the template context for this target
     timeout: Optional[float] = None      # the step's own `timeout:`, if any
     started: float = field(default_factory=time.monotonic)
+    # A step that spans the run's targets (spans_nodes): every target, in node-rank order;
+    # `target` is the first of them. Empty for a step on one target.
+    nodes: list = field(default_factory=list)
 
     @property
     def recorder(self) -> RunRecorder:
@@ -176,6 +181,17 @@ class Step:
     def check_loaded(self, playbook: Playbook, spec: StepSpec) -> None:
         """Load-time checks that need the whole playbook (push: its files, found from the
         playbook's directory, which `extends` makes the extending file's)."""
+
+    def spans_nodes(self, playbook: Playbook, spec: StepSpec) -> bool:
+        """Whether the step runs once for all of the run's targets, as the nodes of one job
+        (a launch over many nodes, its monitor), after each target finished the steps before
+        it; the engine gives it ctx.nodes. The common answer: once per target."""
+        return False
+
+    def check_nodes(self, spec: StepSpec, nodes: list[str]) -> None:
+        """For a step that spans the run's targets: raise ConfigError (at its file:line) when
+        the targets do not fit it (a fixed nnodes and another number of targets). The
+        engine asks before anything runs."""
 
     def reattach(self, launch: dict) -> Optional["Step"]:
         """For `orch attach`: the step that follows this recorded launch again, from what the

@@ -19,6 +19,9 @@ from orchestrator.ground.fx_states import patch_state
 from orchestrator.ground.verdicts import OK
 from orchestrator.watch.logformats import FORMATS, make_format
 from orchestrator.watch.monitor import MonitorSettings, monitor_run
+from orchestrator.watch.nodes import monitor_nodes
+from orchestrator.playbook.model import Playbook, StepSpec
+from orchestrator.playbook.steps.launch import spans_nodes as launch_spans_nodes
 from orchestrator.watch.classify import compile_metric_regex
 from orchestrator.remote.container import Target
 from orchestrator.playbook.steps.base import (Param, Reporter, RunInfo, Step, StepContext, StepFailed,
@@ -95,8 +98,17 @@ class MonitorStep(Step):
         ranks = " and every rank's log" if launch.get("logs") or self._torchrun_before(ctx) else ""
         reading = ("lines recognised by shape (format auto)" if params["format"] == "auto"
                    else f"read as {params['format']} lines")
-        return [f"follow {run_dir}/output.log{ranks} by byte offset (tail payload), {reading}; "
+        where = (f"on every node ({', '.join(n.name for n in ctx.nodes)}), as one job (the first "
+                 f"node that fails or hangs stops the others): " if ctx.nodes else "")
+        return [f"{where}follow {run_dir}/output.log{ranks} by byte offset (tail payload), {reading}; "
                 + ", ".join(parts)]
+
+    def spans_nodes(self, playbook: Playbook, spec: StepSpec) -> bool:
+        """It follows a launch over many nodes (the last launch before it), as one job."""
+        if isinstance(spec.params, dict) and spec.params.get("run_dir") is not None:
+            return False
+        launches = [s for s in playbook.steps if s.kind == "launch" and s.index < spec.index]
+        return bool(launches) and launch_spans_nodes(launches[-1])
 
     @staticmethod
     def _torchrun_before(ctx: StepContext) -> bool:
@@ -105,6 +117,8 @@ class MonitorStep(Step):
                    for s in ctx.run.playbook.steps if s.index < ctx.spec.index)
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
+        if ctx.nodes:
+            return self._run_nodes(ctx, params)
         target = ctx.target
         launch = ctx.recorder.launch_info(target.name)
         run_dir = params["run_dir"] or (launch or {}).get("run_dir")
@@ -124,6 +138,31 @@ class MonitorStep(Step):
         ctx.recorder.note_monitor(target.name, ctx.spec.index, settings.to_dict())
         return follow_run(ctx.run, ctx.reporter, target, run_dir, settings)
 
+    def _run_nodes(self, ctx: StepContext, params: dict) -> StepOutcome:
+        """Every node of a launch over many, followed as one job (watch/nodes.py)."""
+        nodes = []
+        for node in ctx.nodes:
+            launch = ctx.recorder.launch_info(node.name)
+            if not launch:
+                raise StepFailed(f"monitor: nothing to follow on node {node.name}: its launch "
+                                 f"did not run")
+            settings = self._settings(ctx, params, node, launch)
+            ctx.recorder.note_monitor(node.name, ctx.spec.index, settings.to_dict())
+            nodes.append((node, launch["run_dir"], settings))
+        return follow_nodes(ctx.run, ctx.reporter, nodes)
+
+    @staticmethod
+    def _settings(ctx: StepContext, params: dict, target: Target, launch: dict) -> MonitorSettings:
+        settings = MonitorSettings.from_params({**params, "timeout": ctx.timeout})
+        settings.gpus = list(target.gpus)
+        settings.follow = list(launch.get("logs") or [])
+        settings.worker_word = params.get("workers") or launch.get("workers") or "rank"
+        try:
+            make_format(settings.format, settings.metric_regex)
+        except (ValueError, re.error) as error:
+            raise StepFailed(f"monitor: {error}") from None
+        return settings
+
 
     def reattach(self, launch: dict) -> "FollowAgain":
         return FollowAgain(launch)
@@ -139,9 +178,21 @@ class FollowAgain(MonitorStep):
         self.launch = launch
 
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
-        settings = MonitorSettings.from_params(self.launch.get("monitor") or {})
+        if ctx.nodes:          # one job over many nodes: every node's launch, followed as one
+            nodes = []
+            for node in ctx.nodes:
+                launch = ctx.recorder.launch_info(node.name) or {}
+                nodes.append((node, launch["run_dir"], self._again(launch)))
+            return follow_nodes(ctx.run, ctx.reporter, nodes)
+        return follow_run(ctx.run, ctx.reporter, ctx.target, self.launch["run_dir"],
+                          self._again(self.launch))
+
+    @staticmethod
+    def _again(launch: dict) -> MonitorSettings:
+        settings = MonitorSettings.from_params(launch.get("monitor") or {})
         settings.offset = 0
-        return follow_run(ctx.run, ctx.reporter, ctx.target, self.launch["run_dir"], settings)
+        settings.offsets = {}
+        return settings
 
 
 def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
@@ -151,6 +202,16 @@ def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
     result, data = monitor_run(target, run_dir, settings, recorder=run.recorder,
                                reporter=reporter, cli=run.cli, rerun=run.rerun_hint(),
                                fresh_facts=_fresh_patch_facts)
+    status = "ok" if result.verdict == OK else "failed"
+    return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
+                       findings=result.findings)
+
+
+def follow_nodes(run: RunInfo, reporter: Reporter, nodes: list) -> StepOutcome:
+    """Watch one job over many nodes to its end, as a step's outcome (the monitor step and
+    `orch attach`)."""
+    result, data = monitor_nodes(nodes, recorder=run.recorder, reporter=reporter, cli=run.cli,
+                                 rerun=run.rerun_hint(), fresh_facts=_fresh_patch_facts)
     status = "ok" if result.verdict == OK else "failed"
     return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
                        findings=result.findings)
