@@ -114,7 +114,16 @@ def locate(package):
                 name = read_metadata(candidate).get("Name", "")
                 if normalize_dist_name(name) != normalize_dist_name(package):
                     continue
-                for top in top_level_names(candidate):
+                tops = top_level_names(candidate)
+                if package in tops:
+                    # the distribution's own package is gone (deleted by hand, a
+                    # half-finished uninstall): its other top-level names (torch's
+                    # functorch, torchgen) are not it
+                    raise PayloadError(
+                        "package %r is not installed for %s: %s is there, but the package's "
+                        "folder is gone (a broken install); reinstall it"
+                        % (package, sys.executable, os.path.basename(candidate)), "not-installed")
+                for top in tops:
                     spec = find_import_spec(top, [directory])
                     if spec is not None:
                         import_name, dist_info = top, candidate

@@ -73,3 +73,17 @@ def test_a_same_named_folder_in_the_working_directory_is_ignored(tmp_path):
 def test_names_that_are_not_package_names_are_refused(tmp_path):
     for name in ("$(id)", "../etc", "a b", ""):
         locate(tmp_path, name).expect_error("bad-args")
+
+
+def test_a_distribution_whose_own_package_is_gone_is_not_installed(tmp_path):
+    """torch's wheel installs functorch and torchgen beside torch: with torch's folder gone
+    (deleted by hand, a half-finished uninstall) the dist-info must not lead to functorch."""
+    site = tmp_path / "site"
+    make_package(site, "functorch", "2.13.0")
+    make_package(site, "torch", "2.13.0+cpu")
+    (site / "torch-2.13.0+cpu.dist-info" / "top_level.txt").write_text("functorch\ntorch\ntorchgen\n")
+    for path in (site / "torch").iterdir():
+        path.unlink()
+    (site / "torch").rmdir()
+    error = locate(site, "torch").expect_error("not-installed")
+    assert "torch-2.13.0+cpu.dist-info" in error["message"] and "folder is gone" in error["message"]
