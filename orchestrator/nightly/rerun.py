@@ -1,7 +1,8 @@
 """`orch nightly`: one unattended rerun of a playbook, for schedulers and scripts.
 
     lock (one nightly per playbook at a time)
-      -> run the playbook (the step engine, orchestrator/playbook/engine.py), recorded in the run store
+      -> run the playbook (the step engine, orchestrator/playbook/engine.py), recorded in the
+         run store; with --repeat N (or nightly.yaml's repeat) N times, one night of N runs
       -> baseline = the pinned run, else the last ok run, of the same shape as tonight's
          (targets, workers, devices, throughput variables: runs/baseline.py)
       -> compare with the baseline, write report.html + report.md into the run's folder
@@ -34,7 +35,7 @@ from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
 from orchestrator.runs import noise
-from orchestrator.runs.baseline import choose_baseline, same_shape_history
+from orchestrator.runs.baseline import choose_baseline, same_shape_nights
 from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
                                       environment_diff, throughput)
 from orchestrator.runs.model import RunRecord, now_iso
@@ -44,6 +45,7 @@ from orchestrator.playbook.steps.base import Reporter
 
 NOTIFY_TIMEOUT_S = 15.0
 NOTIFY_WHEN = ("always", "problems", "never")
+MAX_REPEAT = 20        # runs in one night: more is a benchmark campaign, not a nightly
 
 class NightlyLocked(OrchError):
     exit_code = ExitCode.LOCKED
@@ -123,6 +125,7 @@ class NotifyConfig:
 @dataclass
 class NightlyConfig:
     threshold: float = DEFAULT_THRESHOLD
+    repeat: int = 1                  # runs of the playbook per night, judged together
     notify: NotifyConfig = field(default_factory=NotifyConfig)
 
 
@@ -134,6 +137,7 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
     """data_dir/nightly.yaml (optional). Example:
 
         threshold: 0.10            # flag throughput drops of more than 10 %
+        repeat: 3                  # run the playbook 3 times a night, judge on all 3
         notify:
           when: always             # always | problems | never
           webhook: https://hooks.example.com/services/T000/B000/XXXX
@@ -152,13 +156,15 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with threshold and notify")
-    unknown = set(data) - {"threshold", "notify"}
+    unknown = set(data) - {"threshold", "repeat", "notify"}
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}",
-                          hint="known keys: threshold, notify")
+                          hint="known keys: threshold, repeat, notify")
     config = NightlyConfig()
     if "threshold" in data:
         config.threshold = parse_threshold(data["threshold"], where=path)
+    if "repeat" in data:
+        config.repeat = parse_repeat(data["repeat"], where=f"{path}: repeat")
     notify = data.get("notify") or {}
     if not isinstance(notify, dict):
         raise ConfigError(f"{path}: notify must be a mapping (webhook, command, when)")
@@ -203,6 +209,15 @@ def parse_threshold(value, where: str = "--threshold") -> float:
     return number
 
 
+def parse_repeat(value, where: str = "--repeat") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ConfigError(f"{where}: {value!r} is not a whole number of runs")
+    number = int(value)
+    if not 1 <= number <= MAX_REPEAT:
+        raise ConfigError(f"{where}: {number} runs a night; between 1 and {MAX_REPEAT}")
+    return number
+
+
 def check_webhook(url: str, where: str = "--notify-webhook") -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -237,6 +252,7 @@ class NightlyOutcome:
     baseline_reason: str = ""
     notified: list[dict] = field(default_factory=list)
     judgement: Optional[noise.NoiseJudgement] = None
+    night: list[RunRecord] = field(default_factory=list)    # the night's runs; record is the last
 
     @property
     def status(self) -> str:
@@ -258,6 +274,7 @@ class NightlyOutcome:
             "status": self.status,
             "exit_code": self.exit_code,
             "run_id": self.record.run_id,
+            "runs": [run.run_id for run in self.night or [self.record]],
             "playbook": self.record.playbook,
             "verdict": self.record.verdict,
             "started_at": self.record.started_at,
@@ -284,6 +301,13 @@ class NightlyOutcome:
         tp = throughput(self.record)["total"]
         head = f"orch nightly {os.path.basename(self.record.playbook)}: {self.status.upper()}"
         parts = [f"run {self.record.run_id}", f"verdict {self.record.verdict}"]
+        if len(self.night) > 1:
+            parts[0] = f"{len(self.night)} runs (last {self.record.run_id})"
+            total = next((m for m in (self.judgement.metrics if self.judgement else [])
+                          if m.metric == "total"), None)
+            if total and total.tonight is not None:
+                parts.append(f"{total.tonight:,.0f} tok/s, the mean of {total.repeats} runs")
+                tp = None
         if tp:
             change = self.comparison.throughput.get("total", {}).get("change")
             parts.append(f"{tp:,.0f} tok/s" + (f" ({change * 100:+.1f} % vs baseline)"
@@ -319,8 +343,9 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
             reporter: Optional[Reporter] = None, inventory: Optional[str] = None,
             trust_on_first_use: bool = False, config: Optional[NightlyConfig] = None,
             store: Optional[RunStore] = None, run: Optional[RunFunction] = None) -> NightlyOutcome:
-    """Run PLAYBOOK once under the lock; compare, report, notify. Raises NightlyLocked.
-    run(playbook, targets=, extra_vars=) runs it (default: the engine, reporting to reporter)."""
+    """Run PLAYBOOK config.repeat times under the lock; compare, report, notify. Raises
+    NightlyLocked. run(playbook, targets=, extra_vars=) runs it (default: the engine,
+    reporting to reporter)."""
     config = config or NightlyConfig()
     if run is None:
         run = functools.partial(run_playbook, reporter=reporter, inventory=inventory,
@@ -329,30 +354,21 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
         own_store = store is None
         store = store or RunStore()
         try:
-            try:
-                record = run(playbook, targets=targets, extra_vars=extra_vars)
-            except OrchError as error:
-                # No run at all (bad playbook, unknown target, ...): the scheduler's user
-                # still hears about it, then the error exits with its own code.
-                notify_error(playbook, error, config.notify)
-                raise
-            # Reload: the store has everything the engine saved (its record may be partial).
-            try:
-                record = store.get(record.run_id)
-            except OrchError:
-                store.begin(record)   # a run function that did not record it: keep it anyway
+            night = run_night(playbook, run, store, config, targets=targets, extra_vars=extra_vars)
+            record = night[-1]
             # Chosen once the run is known: the baseline must have its shape (runs/baseline.py).
             choice = choose_baseline(store, record)
             baseline = choice.record
             comparison = compare(baseline, record, config.threshold)
-            judgement = judge_noise(store, record)
+            judgement = judge_noise(store, night)
             noise.apply_to(comparison, judgement)
             directory = record.artifacts_dir or paths.run_dir(record.run_id)
             reports = write_reports(record, baseline, directory, comparison=comparison,
                                     baseline_reason=choice.reason, noise=judgement)
             outcome = NightlyOutcome(record, baseline, comparison,
                                      outcome_code(record, comparison), reports,
-                                     baseline_reason=choice.reason, judgement=judgement)
+                                     baseline_reason=choice.reason, judgement=judgement,
+                                     night=night)
             _write_json(os.path.join(directory, "nightly.json"), outcome.summary())
             outcome.notified = notify(outcome, config.notify)
             return outcome
@@ -361,11 +377,46 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
                 store.close()
 
 
-def judge_noise(store: RunStore, record: RunRecord) -> noise.NoiseJudgement:
-    """Tonight's throughput against the noise of the runs of its shape before it (one more
-    than the window: the previous night is judged again for the persistence rule)."""
-    history = same_shape_history(store, record, noise.WINDOW + 1)
-    return noise.judge(noise.profile(record), [noise.profile(run) for run in history])
+def run_night(playbook: str, run: RunFunction, store: RunStore, config: NightlyConfig, *,
+              targets: list[str], extra_vars: dict[str, str]) -> list[RunRecord]:
+    """The night's runs, as the store has them, each marked with its night in its summary
+    (runs/baseline.py night_of). A run that is not ok ends the night: its verdict is the
+    night's, and more runs would say no more."""
+    night: list[RunRecord] = []
+    for repeat in range(1, config.repeat + 1):
+        if config.repeat > 1:
+            console.info(f"nightly run {repeat} of {config.repeat}")
+        try:
+            record = run(playbook, targets=targets, extra_vars=extra_vars)
+        except OrchError as error:
+            # No run at all (bad playbook, unknown target, ...): the scheduler's user
+            # still hears about it, then the error exits with its own code.
+            notify_error(playbook, error, config.notify)
+            raise
+        # Reload: the store has everything the engine saved (its record may be partial).
+        try:
+            record = store.get(record.run_id)
+        except OrchError:
+            store.begin(record)   # a run function that did not record it: keep it anyway
+        if config.repeat > 1:
+            record.summary = {**(record.summary or {}), "nightly": {
+                "night": night[0].run_id if night else record.run_id, "repeat": repeat,
+                "repeats": config.repeat}}
+            store.update(record)
+        night.append(record)
+        if record.verdict != OK or record.exit_code == ExitCode.USAGE:
+            break
+    return night
+
+
+def judge_noise(store: RunStore, night: list[RunRecord]) -> noise.NoiseJudgement:
+    """Tonight's throughput (the mean of its ok runs) against the noise of the nights of its
+    shape before it (one more than the window: the previous night is judged again for the
+    persistence rule)."""
+    tonight = [record for record in night if record.verdict == OK] or night[-1:]
+    history = same_shape_nights(store, night, noise.WINDOW + 1)
+    return noise.judge(noise.profile_night(tonight),
+                       [noise.profile_night(runs) for runs in history])
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -409,13 +409,14 @@ class RunStore:
         return self._load(rows[0]["run_id"], metrics=True) if rows else None
 
     def ok_runs(self, playbook: str, *, exclude: Optional[str] = None,
-                last: int = 200) -> list[RunRecord]:
-        """The newest ok runs of PLAYBOOK (without their metric series): the baseline candidates."""
+                last: int = 200) -> Iterator[RunRecord]:
+        """The newest ok runs of PLAYBOOK (without their metric series): the baseline
+        candidates, newest first, each read only when the caller gets to it."""
         keys = self._playbook_keys(playbook)
         rows = self._read(f"SELECT run_id FROM runs WHERE playbook IN ({_marks(keys)})"
                           " AND verdict='ok' AND run_id IS NOT ?"
                           " ORDER BY started_at DESC, rowid DESC LIMIT ?", [*keys, exclude, last])
-        return [self._load(row["run_id"], metrics=False) for row in rows]
+        return (self._load(row["run_id"], metrics=False) for row in rows)
 
     def pinned(self, playbook: str) -> Optional[str]:
         keys = self._playbook_keys(playbook)

@@ -399,6 +399,9 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
 @click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
               help="Set a playbook variable (repeatable).")
 @THRESHOLD_OPTION
+@click.option("--repeat", metavar="N", default=None,
+              help="Run the playbook N times tonight and judge throughput on all N runs "
+                   "(default 1, or nightly.yaml's repeat; at most 20).")
 @click.option("--config", "config_file", metavar="FILE",
               help="Nightly config (default: $ORCH_DATA_DIR/nightly.yaml when it exists).")
 @click.option("--notify-webhook", "webhooks", multiple=True, metavar="URL",
@@ -410,7 +413,7 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
               help="When to notify (default always, or the config's).")
 @JSON_OPTION
 @pass_app
-def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, webhooks,
+def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, config_file, webhooks,
                     notify_command, notify_on, as_json):
     """Run PLAYBOOK once, unattended (for schedulers and scripts): lock, run, compare with
     the baseline (the pinned run, else the last ok run, of the same shape: targets, workers,
@@ -420,7 +423,9 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
     Throughput is judged against the measured noise of the last 20 ok runs of the same
     shape: one slow night is "suspected" (exit 0, said on one line), two slow nights in a
     row, or one far outside the noise, a regression (20). With fewer than 4 such runs
-    the --threshold against the baseline judges.
+    the --threshold against the baseline judges. --repeat N runs the playbook N times in
+    one night: the night's level is the mean of its runs, its samples all of theirs (a
+    run that is not ok ends the night with its verdict).
 
     Only one nightly of a playbook runs at a time: a second exits at once with code 21.
 
@@ -437,11 +442,14 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
     Examples:
       orch nightly playbooks/dflash.yaml
       orch nightly playbooks/dflash.yaml -t drafters -e slow_ms=0 --threshold 5%
+      orch nightly playbooks/dflash.yaml --repeat 3
       orch nightly playbooks/dflash.yaml --notify-command 'notify-send orch'
     """
     config = nightly_mod.load_config(config_file)
     if threshold is not None:
         config.threshold = nightly_mod.parse_threshold(threshold)
+    if repeat is not None:
+        config.repeat = nightly_mod.parse_repeat(repeat)
     for url in webhooks:
         config.notify.webhooks.append(nightly_mod.check_webhook(url))
     if notify_command:
