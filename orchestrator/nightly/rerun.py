@@ -34,8 +34,8 @@ from orchestrator.ground import console, paths
 from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
-from orchestrator.runs import noise
-from orchestrator.runs.baseline import choose_baseline, same_shape_nights
+from orchestrator.runs import acks, noise
+from orchestrator.runs.baseline import choose_baseline, night_of, same_shape_nights
 from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
                                       environment_diff, throughput)
 from orchestrator.runs.model import RunRecord, now_iso
@@ -266,6 +266,10 @@ class NightlyOutcome:
     def suspected(self) -> list[Change]:
         return [c for c in self.comparison.changes if c.severity == noise.SUSPECTED]
 
+    @property
+    def acknowledged(self) -> list[Change]:
+        return [c for c in self.comparison.changes if c.severity == noise.ACKNOWLEDGED]
+
     def summary(self) -> dict:
         """The short summary sent to notifiers and printed with --json."""
         tp = throughput(self.record)
@@ -286,6 +290,7 @@ class NightlyOutcome:
             "throughput_change": total.get("change"),
             "regressions": [c.message for c in self.comparison.regressions],
             "suspected": [c.message for c in self.suspected],
+            "acknowledged": [c.message for c in self.acknowledged],
             "environment": environment_diff(self.comparison),
             "noise": self.judgement.to_dict() if self.judgement else None,
             "findings": [f"{f.signature}: {f.message}" for f in self.record.findings],
@@ -315,6 +320,9 @@ class NightlyOutcome:
         flagged = self.comparison.regressions or self.suspected
         if flagged:
             parts.append("; ".join(c.message for c in flagged[:3]) + (" …" if len(flagged) > 3 else ""))
+        known = [c.detail.get("metric") for c in self.acknowledged]
+        if known:
+            parts.append(f"{len(known)} acknowledged slow-down(s): {', '.join(known)}")
         return head + " - " + ", ".join(parts)
 
 
@@ -361,6 +369,7 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
             baseline = choice.record
             comparison = compare(baseline, record, config.threshold)
             judgement = judge_noise(store, night)
+            acks.apply(store, record.playbook, judgement)
             noise.apply_to(comparison, judgement)
             directory = record.artifacts_dir or paths.run_dir(record.run_id)
             reports = write_reports(record, baseline, directory, comparison=comparison,
@@ -417,6 +426,19 @@ def judge_noise(store: RunStore, night: list[RunRecord]) -> noise.NoiseJudgement
     history = same_shape_nights(store, night, noise.WINDOW + 1)
     return noise.judge(noise.profile_night(tonight),
                        [noise.profile_night(runs) for runs in history])
+
+
+def last_night(store: RunStore, playbook: str) -> tuple[list[RunRecord], noise.NoiseJudgement]:
+    """The newest night of PLAYBOOK (its runs, with their series) and the noise model's
+    judgement of it, before any acknowledgement: what `orch runs ack` acknowledges."""
+    newest = store.list(playbook, last=1)
+    if not newest:
+        raise OrchError(f"no run of {playbook} in the run store",
+                        hint="`orch runs list` shows the recorded runs")
+    key = night_of(newest[0])
+    night = [store.get(run.run_id) for run in store.list(playbook, last=MAX_REPEAT)
+             if night_of(run) == key][::-1]
+    return night, judge_noise(store, night)
 
 
 def _write_json(path: str, data: dict) -> None:

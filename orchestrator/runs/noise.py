@@ -55,7 +55,8 @@ MAD_SCALE = 1.4826     # MAD -> standard deviation for normal noise
 MEAN_AD_SCALE = 1.2533 # mean absolute deviation -> standard deviation (sqrt(pi / 2))
 
 REGRESSION, SUSPECTED, OK, INSUFFICIENT = "regression", "suspected", "ok", "insufficient data"
-ORDER = (REGRESSION, SUSPECTED, OK, INSUFFICIENT)      # the worst first
+ACKNOWLEDGED = "acknowledged"    # flagged, but a known slow-down (runs/acks.py): no alert
+ORDER = (REGRESSION, SUSPECTED, ACKNOWLEDGED, OK, INSUFFICIENT)      # the worst first
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class MetricJudgement:
     window_runs: int = 0
     samples: int = 0
     repeats: int = 1                     # tonight's runs, whose mean "tonight" is
+    ack: Optional[dict] = None           # the acknowledgement that covers it (runs/acks.py)
     previous_z: Optional[float] = None   # the night before, against its own window (None: unknown)
 
 
@@ -228,7 +230,8 @@ def _numbers(m: MetricJudgement) -> str:
 def apply_to(comparison: Comparison, judgement: NoiseJudgement) -> None:
     """Let JUDGEMENT, where it decides, replace the fixed threshold's throughput verdicts in
     COMPARISON: a drop against the one baseline run becomes information, and each metric the
-    noise model finds slow becomes a "regression" or "suspected" change with its numbers.
+    noise model finds slow becomes a "regression" or "suspected" change with its numbers
+    ("acknowledged": a known one, shown but no regression).
     A worker that reported nothing stays a regression: that is no matter of noise."""
     if not judgement.decides:
         return
@@ -238,7 +241,7 @@ def apply_to(comparison: Comparison, judgement: NoiseJudgement) -> None:
                 change.severity = "info"
                 change.message += " (against one run; the noise model judges throughput)"
     for metric in judgement.metrics:
-        if metric.status in (REGRESSION, SUSPECTED):
+        if metric.status in (REGRESSION, SUSPECTED, ACKNOWLEDGED):
             comparison.changes.append(Change("throughput", metric.status,
                                              f"{metric.metric} throughput: {metric.reason}",
                                              detail=asdict(metric)))

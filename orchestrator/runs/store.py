@@ -27,7 +27,7 @@ from orchestrator.ground import paths
 from orchestrator.ground.errors import OrchError
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo, now_iso
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 15_000
 
 # Each entry takes the store from version i to i+1; append, never edit, once released.
@@ -103,6 +103,25 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE metrics ADD COLUMN extra TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE metrics ADD COLUMN derived INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 3: acknowledged regressions (runs/acks.py), kept after they clear: who, why, when
+    """
+    CREATE TABLE acks (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        playbook    TEXT NOT NULL,
+        metric      TEXT NOT NULL,
+        run_id      TEXT NOT NULL,
+        level       REAL NOT NULL,
+        centre      REAL NOT NULL,
+        noise       REAL NOT NULL,
+        reason      TEXT NOT NULL,
+        by          TEXT NOT NULL,
+        at          TEXT NOT NULL,
+        expires     TEXT NOT NULL,
+        cleared_at  TEXT,
+        cleared     TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX acks_by_playbook ON acks(playbook, metric);
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -426,6 +445,38 @@ class RunStore:
     def pins(self) -> dict[str, str]:
         """playbook -> pinned run id."""
         return {row["playbook"]: row["run_id"] for row in self._read("SELECT * FROM pins")}
+
+    # ------------------------------------------------------------------ acknowledgements
+    def add_ack(self, ack: dict) -> int:
+        """Record an acknowledgement (runs/acks.py Ack fields); an active one of the same
+        playbook and metric is cleared as replaced, in the same transaction."""
+        with self.transaction() as db:
+            db.execute("UPDATE acks SET cleared_at=?, cleared=? WHERE playbook=? AND metric=?"
+                       " AND cleared_at IS NULL",
+                       (ack["at"], f"replaced by {ack['by']}'s acknowledgement", ack["playbook"],
+                        ack["metric"]))
+            fields = [k for k in ack if k != "id"]
+            cursor = db.execute(f"INSERT INTO acks ({', '.join(fields)}) VALUES ({_marks(fields)})",
+                                [ack[k] for k in fields])
+            return cursor.lastrowid
+
+    def acks(self, playbook: Optional[str] = None, *, cleared: bool = False) -> list[dict]:
+        """Acknowledgements, newest first: the active ones, or with CLEARED all of them."""
+        sql, params = "SELECT * FROM acks WHERE 1=1", []
+        if playbook:
+            keys = self._playbook_keys(playbook)
+            sql += f" AND playbook IN ({_marks(keys)})"
+            params += keys
+        if not cleared:
+            sql += " AND cleared_at IS NULL"
+        return [dict(row) for row in self._read(sql + " ORDER BY at DESC, id DESC", params)]
+
+    def clear_ack(self, ack_id: int, why: str, at: str) -> bool:
+        """Mark an active acknowledgement cleared (kept, with WHY); False if it was not active."""
+        with self.transaction() as db:
+            cursor = db.execute("UPDATE acks SET cleared_at=?, cleared=? WHERE id=?"
+                                " AND cleared_at IS NULL", (at, why, ack_id))
+            return cursor.rowcount > 0
 
     def metric_count(self, run_id: str) -> int:
         return self._read("SELECT count(*) AS n FROM metrics WHERE run_id=?", (run_id,))[0]["n"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import shlex
 from typing import TYPE_CHECKING
@@ -14,9 +15,11 @@ from orchestrator.ground.console.run import ConsoleReporter
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.lazy import LazyModule, lazy
 from orchestrator.ground.verdicts import RUNNING
+from orchestrator.runs import acks as acks_mod
 from orchestrator.runs import controller
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
+from orchestrator.runs.model import now_iso
 from orchestrator.runs.store import RunStore
 
 # imported when first used: `orch runs --help` needs no engine, SSH or jinja2
@@ -344,6 +347,91 @@ def runs_unpin(playbook):
     console.info(f"unpinned the baseline of {playbook}" if had else f"{playbook} had no pinned run")
 
 
+@runs.command("ack")
+@click.argument("playbook")
+@click.argument("metrics", nargs=-1, metavar="[METRIC]...")
+@click.option("--reason", required=True, metavar="TEXT", help="Why the slow-down is accepted (recorded).")
+@click.option("--expires", default=None, metavar="SPAN|DATE",
+              help="When the acknowledgement ends: 14d, 2w, 12h or YYYY-MM-DD (default 30d).")
+@click.option("--by", "by", default=None, metavar="NAME",
+              help="Who acknowledges it (default: your user name).")
+def runs_ack(playbook, metrics, reason, expires, by):
+    """Acknowledge a known throughput slow-down of PLAYBOOK's last night: METRIC (total,
+    d0, TARGET/d1, ...; none: every flagged one) stops alerting - `orch nightly` exits 0 for
+    it and says "acknowledged" with who, why and until when in its reports and
+    nightly.json - until it expires, the metric recovers, or the window's median has come
+    down to it (the new level is the baseline). A night slower still alerts again.
+
+    
+    Examples:
+      orch runs ack playbooks/dflash.yaml --reason "torch 2.14: slower compile, accepted"
+      orch runs ack playbooks/dflash.yaml total d1 --reason "GPU shared with CI" --expires 2w
+    """
+    until = acks_mod.parse_expiry(expires or acks_mod.DEFAULT_EXPIRY)
+    with _store() as store:
+        night, judgement = nightly_mod.last_night(store, playbook)
+        made = acks_mod.acknowledge(store, night[-1].playbook, judgement, night[-1].run_id,
+                                    list(metrics), reason=reason, by=by or _user(), expires=until)
+    for ack in made:
+        console.info(f"{ack.metric}: {ack.level:,.0f} tok/s (usually {ack.centre:,.0f}) "
+                     f"{ack.describe()}")
+
+
+@runs.command("unack")
+@click.argument("playbook")
+@click.argument("metrics", nargs=-1, metavar="[METRIC]...")
+def runs_unack(playbook, metrics):
+    """Clear the acknowledgements of PLAYBOOK (of METRIC only, when given): the slow-down
+    alerts again. They stay listed by `orch runs acks --all`.
+
+    
+    Example:
+      orch runs unack playbooks/dflash.yaml total
+    """
+    with _store() as store:
+        active = [a for a in store.acks(playbook) if not metrics or a["metric"] in metrics]
+        for ack in active:
+            store.clear_ack(ack["id"], f"removed by {_user()}", now_iso())
+    if not active:
+        console.info(f"{playbook} has no active acknowledgement"
+                     + (f" of {', '.join(metrics)}" if metrics else ""))
+    for ack in active:
+        console.info(f"cleared the acknowledgement of {ack['metric']} ({ack['reason']})")
+
+
+@runs.command("acks")
+@click.argument("playbook", required=False)
+@click.option("--all", "show_all", is_flag=True, help="Also the cleared ones, with why they cleared.")
+@JSON_OPTION
+def runs_acks(playbook, show_all, as_json):
+    """The acknowledged slow-downs (of PLAYBOOK, or all): metric, level, who, why, until.
+
+    
+    Examples:
+      orch runs acks
+      orch runs acks playbooks/dflash.yaml --all --json
+    """
+    with _store() as store:
+        rows = store.acks(playbook, cleared=show_all)
+    if as_json:
+        console.print_json(rows)
+        return
+    if not rows:
+        console.info("no acknowledged slow-down" + (f" of {playbook}" if playbook else ""))
+        return
+    console.table(["PLAYBOOK", "METRIC", "TOK/S (USUAL)", "BY", "AT", "UNTIL", "REASON", "CLEARED"],
+                  [(row["playbook"], row["metric"], f"{row['level']:,.0f} ({row['centre']:,.0f})",
+                    row["by"], row["at"][:10], row["expires"][:10], row["reason"],
+                    row["cleared"] or "-") for row in rows], out=_wide())
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):      # no passwd entry and no $USER (a bare container)
+        return f"uid {os.getuid()}"
+
+
 # ---------------------------------------------------------------- orch report
 @click.command("report")
 @click.argument("run", default="last")
@@ -478,6 +566,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, confi
             console.out.print(f"  [red]regression[/]: {console.escape(message)}")
         for message in summary["suspected"]:
             console.out.print(f"  [yellow]suspected[/]: {console.escape(message)}")
+        for message in summary["acknowledged"]:
+            console.out.print(f"  [cyan]acknowledged[/]: {console.escape(message)}")
         for line in summary["environment"]:
             console.out.print(f"  changed: {console.escape(line)}")
         console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
