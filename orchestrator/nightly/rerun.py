@@ -34,6 +34,7 @@ from orchestrator.ground import console, paths
 from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
+from orchestrator.nightly import notify_apprise
 from orchestrator.runs import acks, noise
 from orchestrator.runs.baseline import choose_baseline, night_of, same_shape_nights
 from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
@@ -119,6 +120,7 @@ def _read_holder(fd: int) -> dict:
 class NotifyConfig:
     webhooks: list[str] = field(default_factory=list)
     commands: list[list[str]] = field(default_factory=list)   # argv lists, never shell text
+    apprise: list[notify_apprise.AppriseSource] = field(default_factory=list)  # where its URLs are
     when: str = "always"                                      # always | problems | never
 
 
@@ -142,6 +144,8 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
           when: always             # always | problems | never
           webhook: https://hooks.example.com/services/T000/B000/XXXX
           command: [notify-send, "orch nightly"]     # argv; the summary JSON arrives on stdin
+          apprise_config: apprise.txt                # apprise URLs, one a line (orch[notify])
+          apprise_env: ORCH_APPRISE_URLS             # or: a variable holding them
     """
     explicit = path is not None
     path = path or config_path()
@@ -168,10 +172,19 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
     notify = data.get("notify") or {}
     if not isinstance(notify, dict):
         raise ConfigError(f"{path}: notify must be a mapping (webhook, command, when)")
-    unknown = set(notify) - {"webhook", "webhooks", "command", "commands", "when"}
+    unknown = set(notify) - {"webhook", "webhooks", "command", "commands", "when",
+                             "apprise_config", "apprise_env"}
     if unknown:
         raise ConfigError(f"{path}: unknown notify key(s) {', '.join(sorted(unknown))}",
-                          hint="known: webhook, command, when")
+                          hint="known: webhook, command, apprise_config, apprise_env, when")
+    for key in ("apprise_config", "apprise_env"):
+        if key in notify:
+            source = notify_apprise.source_from_config(key, notify[key],
+                                                       os.path.dirname(os.path.abspath(path)), path)
+            if source.path and notify_apprise.readable_by_others(source.path):
+                console.warn(f"{source.path} holds apprise URLs (secrets) and other users can "
+                             f"read it: chmod 600 {source.path}")
+            config.notify.apprise.append(source)
     for key in ("webhook", "webhooks"):
         value = notify.get(key)
         for url in ([value] if isinstance(value, str) else value or []):
@@ -450,16 +463,19 @@ def _write_json(path: str, data: dict) -> None:
 
 # ------------------------------------------------------------------ notifying
 def notify(outcome: NightlyOutcome, config: NotifyConfig) -> list[dict]:
-    """Send the summary to every webhook and command; a failed notification is reported
+    """Send the summary to every webhook, command and apprise target; a failed one is reported
     (warning + the returned list) but never changes the nightly's exit code."""
     if config.when == "never" or (config.when == "problems" and outcome.exit_code == ExitCode.OK):
         return []
     summary = outcome.summary()
-    results = []
-    for url in config.webhooks:
-        results.append(post_webhook(url, summary))
-    for argv in config.commands:
-        results.append(run_notify_command(argv, summary))
+    return _send_all(summary, config)
+
+
+def _send_all(summary: dict, config: NotifyConfig) -> list[dict]:
+    results = [post_webhook(url, summary) for url in config.webhooks]
+    results += [run_notify_command(argv, summary) for argv in config.commands]
+    for source in config.apprise:
+        results += notify_apprise.send(source, summary)
     for result in results:
         if not result["ok"]:
             console.warn(f"notification to {result['to']} failed: {result['error']}")
@@ -474,12 +490,7 @@ def notify_error(playbook: str, error: OrchError, config: NotifyConfig) -> list[
                "playbook": playbook, "verdict": None, "regressions": [], "findings": [],
                "error": message, "report_html": None,
                "text": f"orch nightly {os.path.basename(playbook)}: ERROR - {message}"}
-    results = [post_webhook(url, summary) for url in config.webhooks]
-    results += [run_notify_command(argv, summary) for argv in config.commands]
-    for result in results:
-        if not result["ok"]:
-            console.warn(f"notification to {result['to']} failed: {result['error']}")
-    return results
+    return _send_all(summary, config)
 
 
 def post_webhook(url: str, summary: dict, timeout: float = NOTIFY_TIMEOUT_S) -> dict:
