@@ -26,6 +26,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Callable, Optional
 
 import yaml
@@ -34,7 +35,7 @@ from orchestrator.ground import console, paths
 from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
-from orchestrator.nightly import notify_apprise
+from orchestrator.nightly import notify_apprise, textfile
 from orchestrator.runs import acks, noise
 from orchestrator.runs.baseline import choose_baseline, night_of, same_shape_nights
 from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
@@ -128,6 +129,7 @@ class NotifyConfig:
 class NightlyConfig:
     threshold: float = DEFAULT_THRESHOLD
     repeat: int = 1                  # runs of the playbook per night, judged together
+    prometheus_dir: Optional[str] = None   # node_exporter's textfile directory (nightly/textfile.py)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
 
 
@@ -140,6 +142,7 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
 
         threshold: 0.10            # flag throughput drops of more than 10 %
         repeat: 3                  # run the playbook 3 times a night, judge on all 3
+        prometheus_dir: /var/lib/node_exporter/textfile   # write orch_nightly_KEY.prom there
         notify:
           when: always             # always | problems | never
           webhook: https://hooks.example.com/services/T000/B000/XXXX
@@ -160,11 +163,15 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with threshold and notify")
-    unknown = set(data) - {"threshold", "repeat", "notify"}
+    config = NightlyConfig()
+    unknown = set(data) - {"threshold", "repeat", "prometheus_dir", "notify"}
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}",
-                          hint="known keys: threshold, repeat, notify")
-    config = NightlyConfig()
+                          hint="known keys: threshold, repeat, prometheus_dir, notify")
+    if "prometheus_dir" in data:
+        config.prometheus_dir = check_prometheus_dir(data["prometheus_dir"],
+                                                     where=f"{path}: prometheus_dir",
+                                                     base=os.path.dirname(os.path.abspath(path)))
     if "threshold" in data:
         config.threshold = parse_threshold(data["threshold"], where=path)
     if "repeat" in data:
@@ -231,6 +238,19 @@ def parse_repeat(value, where: str = "--repeat") -> int:
     return number
 
 
+def check_prometheus_dir(value, where: str = "--prometheus-dir", base: str = "") -> str:
+    """An existing directory (node_exporter's textfile collector reads every *.prom in it);
+    a relative one is taken from BASE (nightly.yaml's folder), else the working directory."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: expected a directory")
+    directory = os.path.abspath(os.path.join(base, os.path.expanduser(value)))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{where}: {directory} is not a directory",
+                          hint="create it, or point it at node_exporter's "
+                               "--collector.textfile.directory")
+    return directory
+
+
 def check_webhook(url: str, where: str = "--notify-webhook") -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -266,6 +286,7 @@ class NightlyOutcome:
     notified: list[dict] = field(default_factory=list)
     judgement: Optional[noise.NoiseJudgement] = None
     night: list[RunRecord] = field(default_factory=list)    # the night's runs; record is the last
+    textfile: Optional[str] = None                          # the Prometheus file written, if any
 
     @property
     def status(self) -> str:
@@ -296,6 +317,7 @@ class NightlyOutcome:
             "verdict": self.record.verdict,
             "started_at": self.record.started_at,
             "ended_at": self.record.ended_at,
+            "duration_s": night_duration(self.night or [self.record]),
             "total_tok_s": tp["total"],
             "per_drafter_tok_s": tp["per_drafter"],
             "baseline": self.baseline.run_id if self.baseline else None,
@@ -337,6 +359,18 @@ class NightlyOutcome:
         if known:
             parts.append(f"{len(known)} acknowledged slow-down(s): {', '.join(known)}")
         return head + " - " + ", ".join(parts)
+
+
+def night_duration(night: list[RunRecord]) -> Optional[float]:
+    """Seconds the night's runs took, end to end, summed (None: a run without an end)."""
+    total = 0.0
+    for record in night:
+        try:
+            total += (datetime.fromisoformat(record.ended_at)
+                      - datetime.fromisoformat(record.started_at)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    return total
 
 
 def outcome_code(record: RunRecord, comparison: Comparison) -> int:
@@ -392,6 +426,8 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
                                      baseline_reason=choice.reason, judgement=judgement,
                                      night=night)
             _write_json(os.path.join(directory, "nightly.json"), outcome.summary())
+            if config.prometheus_dir:
+                outcome.textfile = write_textfile(config.prometheus_dir, playbook, outcome)
             outcome.notified = notify(outcome, config.notify)
             return outcome
         finally:
@@ -439,6 +475,17 @@ def judge_noise(store: RunStore, night: list[RunRecord]) -> noise.NoiseJudgement
     history = same_shape_nights(store, night, noise.WINDOW + 1)
     return noise.judge(noise.profile_night(tonight),
                        [noise.profile_night(runs) for runs in history])
+
+
+def write_textfile(directory: str, playbook: str, outcome: "NightlyOutcome") -> Optional[str]:
+    """The night's Prometheus textfile; a failure to write it is a warning (the night's
+    verdict does not depend on a dashboard)."""
+    try:
+        return textfile.write(directory, playbook_key(playbook), outcome.summary())
+    except OSError as error:
+        console.warn(f"could not write the Prometheus textfile into {directory}: "
+                     f"{error.strerror or error}")
+        return None
 
 
 def last_night(store: RunStore, playbook: str) -> tuple[list[RunRecord], noise.NoiseJudgement]:

@@ -142,7 +142,7 @@ SUBLAYERS = {
     "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "stacks",
               "classify", "monitor", "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
-    "nightly": ["notify_apprise", "rerun", "schedule"],
+    "nightly": ["notify_apprise", "textfile", "rerun", "schedule"],
 }
 
 

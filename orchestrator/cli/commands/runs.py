@@ -492,6 +492,9 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
                    "(default 1, or nightly.yaml's repeat; at most 20).")
 @click.option("--config", "config_file", metavar="FILE",
               help="Nightly config (default: $ORCH_DATA_DIR/nightly.yaml when it exists).")
+@click.option("--prometheus-dir", metavar="DIR", default=None,
+              help="Write the night's metrics to DIR/orch_nightly_KEY.prom for node_exporter's "
+                   "textfile collector (default: nightly.yaml's prometheus_dir).")
 @click.option("--notify-webhook", "webhooks", multiple=True, metavar="URL",
               help="POST a JSON summary here (repeatable; adds to the config's). Never printed.")
 @click.option("--notify-command", "notify_command", metavar="ARGV", default=None,
@@ -501,8 +504,8 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
               help="When to notify (default always, or the config's).")
 @JSON_OPTION
 @pass_app
-def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, config_file, webhooks,
-                    notify_command, notify_on, as_json):
+def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, config_file,
+                    prometheus_dir, webhooks, notify_command, notify_on, as_json):
     """Run PLAYBOOK once, unattended (for schedulers and scripts): lock, run, compare with
     the baseline (the pinned run, else the last ok run, of the same shape: targets, workers,
     devices, throughput variables), write report.html and report.md
@@ -531,6 +534,7 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, confi
       orch nightly playbooks/dflash.yaml
       orch nightly playbooks/dflash.yaml -t drafters -e slow_ms=0 --threshold 5%
       orch nightly playbooks/dflash.yaml --repeat 3
+      orch nightly playbooks/dflash.yaml --prometheus-dir /var/lib/node_exporter/textfile
       orch nightly playbooks/dflash.yaml --notify-command 'notify-send orch'
     """
     config = nightly_mod.load_config(config_file)
@@ -538,6 +542,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, confi
         config.threshold = nightly_mod.parse_threshold(threshold)
     if repeat is not None:
         config.repeat = nightly_mod.parse_repeat(repeat)
+    if prometheus_dir is not None:
+        config.prometheus_dir = nightly_mod.check_prometheus_dir(prometheus_dir)
     for url in webhooks:
         config.notify.webhooks.append(nightly_mod.check_webhook(url))
     if notify_command:
@@ -558,7 +564,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, confi
                                   reporter=ConsoleReporter(json_mode=as_json))
     summary = outcome.summary()
     if as_json:
-        console.print_json({**summary, "notified": outcome.notified})
+        console.print_json({**summary, "notified": outcome.notified,
+                            "prometheus_textfile": outcome.textfile})
     else:
         style = "green" if outcome.exit_code == 0 else "bold red"
         console.out.print(f"[{style}]{console.escape(summary['text'])}[/]")
@@ -573,6 +580,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, confi
         console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
                            else "no baseline: ") + console.escape(summary["baseline_reason"] or ""))
         console.out.print(f"report: {summary['report_html']}")
+        if outcome.textfile:
+            console.out.print(f"metrics: {outcome.textfile}")
     return outcome.exit_code
 
 
