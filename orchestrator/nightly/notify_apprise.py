@@ -30,14 +30,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 from orchestrator.ground.errors import ConfigError
+from orchestrator.ground.verdicts import DEGRADED, FAILED, HANG, UNREACHABLE
 
 EXTRA_HINT = "pip install 'orch[notify]'"
 MAX_BODY_LINES = 20
 MAX_LINE = 300
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The summary statuses that make a chat message red or yellow rather than green.
-NOTIFY_TYPES = {"regression": "failure", "error": "failure", "failed": "failure", "hang": "failure",
-                "unreachable": "failure", "degraded": "warning", "suspected": "warning"}
+NOTIFY_TYPES = {"regression": "failure", "error": "failure", FAILED: "failure", HANG: "failure",
+                UNREACHABLE: "failure", DEGRADED: "warning", "suspected": "warning"}
 
 
 @dataclass

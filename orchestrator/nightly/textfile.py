@@ -36,10 +36,11 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
+from orchestrator.ground.verdicts import DEGRADED, FAILED, HANG, OK, UNREACHABLE
 from orchestrator.runs import noise
 
 PREFIX = "orch_nightly"
-NIGHT_STATUSES = ("ok", "suspected", "regression", "failed", "hang", "degraded", "unreachable")
+NIGHT_STATUSES = (OK, noise.SUSPECTED, noise.REGRESSION, FAILED, HANG, DEGRADED, UNREACHABLE)
 FILE_MODE_UMASK = 0o022        # the file is for node_exporter, another user: 0644
 
 

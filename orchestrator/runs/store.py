@@ -104,8 +104,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE metrics ADD COLUMN extra TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE metrics ADD COLUMN derived INTEGER NOT NULL DEFAULT 0;
     """,
-    # 3: acknowledged regressions (runs/acks.py), kept after they clear: who, why, when
+    # 3: acknowledged regressions (runs/acks.py), kept after they clear: who, why, when;
+    #    and what each target ran on (GPUs, driver, CUDA, cgroup limits: payloads/machine.py)
     """
+    ALTER TABLE targets ADD COLUMN machine TEXT NOT NULL DEFAULT '{}';
     CREATE TABLE acks (
         id          INTEGER PRIMARY KEY AUTOINCREMENT,
         playbook    TEXT NOT NULL,
@@ -327,9 +329,10 @@ class RunStore:
         db.execute("DELETE FROM targets WHERE run_id=?", (run_id,))
         db.executemany(
             "INSERT INTO targets (run_id, seq, name, host, vmid, torch_version, fx_tls_state,"
-            " pip_freeze) VALUES (?,?,?,?,?,?,?,?)",
+            " pip_freeze, machine) VALUES (?,?,?,?,?,?,?,?,?)",
             [(run_id, seq, t.name, t.host or "", t.vmid, t.torch_version, t.fx_tls_state,
-              _dumps(list(t.pip_freeze or []))) for seq, t in enumerate(targets)])
+              _dumps(list(t.pip_freeze or [])), _dumps(t.machine or {}))
+             for seq, t in enumerate(targets)])
 
     @staticmethod
     def _put_step(db: sqlite3.Connection, run_id: str, step: StepResult) -> None:
@@ -521,7 +524,8 @@ class RunStore:
             launch=json.loads(row["launch"]),
             targets=[TargetInfo(name=t["name"], host=t["host"], vmid=t["vmid"],
                                 torch_version=t["torch_version"], fx_tls_state=t["fx_tls_state"],
-                                pip_freeze=json.loads(t["pip_freeze"])) for t in targets],
+                                pip_freeze=json.loads(t["pip_freeze"]),
+                                machine=json.loads(t["machine"])) for t in targets],
             steps=[StepResult(name=s["name"], kind=s["kind"], target=s["target"],
                               status=s["status"], started_at=s["started_at"],
                               duration_s=s["duration_s"], message=s["message"],

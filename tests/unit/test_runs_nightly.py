@@ -434,3 +434,39 @@ def test_repeat_from_the_cli_and_the_config_file_and_bad_values(playbook, tmp_pa
     config.write_text("repeat: true\n")
     with pytest.raises(ConfigError, match="repeat: True is not a whole number"):
         load_config(str(config))
+
+
+def gpu_machine(driver="570.124.06", cuda="12.8", quota=8.0, memory_gib=64, gpus=2):
+    """The machine payload's result for an H200 container (payloads/machine.py's keys)."""
+    row = {"name": "NVIDIA H200", "driver": driver, "memory_total_mib": 143771.0,
+           "clock_max_sm_mhz": 1980.0, "clock_max_memory_mhz": 3201.0, "power_limit_w": 700.0}
+    return {"gpus": [{"index": i, **row} for i in range(gpus)], "driver": driver, "cuda": cuda,
+            "cpu_count": 64, "cgroup": {"version": 2, "cpu_quota_cores": quota, "cpuset": None,
+                                        "cpuset_cpus": None, "memory_limit_bytes": memory_gib << 30}}
+
+
+def test_the_environment_diff_names_a_new_driver_cuda_and_smaller_container_limits(playbook):
+    seed_baseline(playbook, machine=gpu_machine())
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(
+        machine=gpu_machine(driver="575.51.03", cuda="12.9", quota=4.0, memory_gib=32, gpus=1)))
+    assert outcome.summary()["environment"] == [
+        "sb1-200: GPUs 2x NVIDIA H200 -> 1x NVIDIA H200",
+        "sb1-200: driver 570.124.06 -> 575.51.03", "sb1-200: CUDA 12.8 -> 12.9",
+        "sb1-200: CPU quota 8 cores -> 4 cores", "sb1-200: memory limit 64.0 GiB -> 32.0 GiB"]
+    with RunStore() as store:                     # kept in the record, as the payload said it
+        assert store.get(outcome.record.run_id).targets[0].machine["cuda"] == "12.9"
+    assert "driver 570.124.06 -> 575.51.03" in open(outcome.reports["md"]).read()
+
+
+def test_a_cpu_container_has_no_gpus_recorded_as_absent_and_no_change_without_facts(playbook):
+    cpu = {"gpus": None, "driver": None, "cuda": None, "cpu_count": 2,
+           "cgroup": {"version": 1, "cpu_quota_cores": None, "cpuset": "0-1", "cpuset_cpus": 2,
+                      "memory_limit_bytes": None}}
+    seed_baseline(playbook, machine=cpu)
+    same = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(machine=cpu))
+    assert same.summary()["environment"] == []
+    moved = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(machine=gpu_machine(gpus=1)))
+    lines = moved.summary()["environment"]
+    assert "sb1-200: GPUs none -> 1x NVIDIA H200" in lines and "sb1-200: CUDA none -> 12.8" in lines
+    unread = nightly(playbook, targets=[], extra_vars={}, run=fake_runner())   # no collect: {}
+    assert not any("GPUs" in line or "CUDA" in line for line in unread.summary()["environment"])
