@@ -10,8 +10,8 @@ with an active acknowledgement:
         -> "acknowledged": exit 0, no alert, the line and its who/why/until in the reports
     flagged and slower than the acknowledged level by more than the noise explains
         -> stays flagged: a second drop on top of the known one is news
-    judged ok, and back within the noise of the usual level -> cleared: recovered
-    judged ok, and the window's median has come down to the acknowledged level
+    judged ok, and nearer the usual level than the acknowledged one -> cleared: recovered
+    judged ok, and the window's median nearer the acknowledged level than the usual one
         -> cleared: the new level is the baseline now (after about half a window of nights)
     past its expiry -> cleared: expired (the metric alerts again if it is still slow)
 
@@ -154,22 +154,26 @@ def apply(store: RunStore, playbook: str, judgement: noise.NoiseJudgement,
 def covers(ack: Ack, metric: noise.MetricJudgement) -> bool:
     """Tonight no slower than the acknowledged level than its noise explains. The noise is
     the one measured the night of the acknowledgement: the window's since then mixes the two
-    levels and overstates it."""
+    levels and overstates it more each night."""
     return metric.tonight is not None and metric.tonight >= ack.level - noise.Z_BAD * ack.noise
 
 
 def clears(ack: Ack, metric: Optional[noise.MetricJudgement], now: str) -> str:
-    """Why ACK ends tonight ("" while it holds)."""
+    """Why ACK ends tonight ("" while it holds).
+
+    Both "no longer needed" tests are against the midpoint of the usual and the acknowledged
+    level, not against a noise width: a drop is acknowledged after it was confirmed, often
+    on its second slow night, when the window's noise already counts the first one and is
+    overstated (on a busy machine enough to make a -90 % drop look like the new normal)."""
     if now >= ack.expires:
         return f"expired on {ack.expires[:10]}"
     if metric is None or metric.status != noise.OK or metric.tonight is None:
         return ""
-    width = ack.noise       # as in covers(): the noise before the window mixed the levels
-    if metric.tonight >= ack.centre - noise.Z_CONFIRM * width:
-        return (f"recovered: {metric.tonight:,.0f} tok/s, back within the noise of the usual "
-                f"{ack.centre:,.0f}")
-    if metric.centre is not None and metric.centre <= ack.level + noise.Z_CONFIRM * width:
+    midpoint = (ack.level + ack.centre) / 2
+    if metric.tonight >= midpoint:
+        return (f"recovered: {metric.tonight:,.0f} tok/s, nearer the usual {ack.centre:,.0f} "
+                f"than the acknowledged {ack.level:,.0f}")
+    if metric.centre is not None and metric.centre <= midpoint:
         return (f"the new level is the baseline: the window's median is {metric.centre:,.0f} "
-                f"tok/s, the acknowledged level {ack.level:,.0f}")
+                f"tok/s, nearer the acknowledged {ack.level:,.0f} than the usual {ack.centre:,.0f}")
     return ""
-

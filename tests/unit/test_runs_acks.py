@@ -143,6 +143,8 @@ def test_unack_clears_and_a_second_ack_replaces_the_first(playbook):
     history = acks_json(playbook, "--all")
     assert [a["cleared"] for a in history][1] == "replaced by carol's acknowledgement"
     assert history[0]["cleared"].startswith("removed by ")
+    table = CliRunner().invoke(main, ["runs", "acks", "--all"])
+    assert table.exit_code == 0 and "carol" in table.stdout and "replaced by carol" in table.stdout
     assert night(playbook, 0.94).exit_code == ExitCode.REGRESSION
 
 
@@ -153,3 +155,22 @@ def test_parse_expiry():
     assert acks.parse_expiry("2026-12-24", now) == "2026-12-24T23:59:59+00:00"
     with pytest.raises(ConfigError, match="expected a span"):
         acks.parse_expiry("soon", now)
+
+
+
+def test_an_acknowledgement_made_on_the_confirming_night_holds_on_a_busy_machine():
+    """The sandbox's numbers: a -94 % drop on a machine whose nights spread 13 %, confirmed
+    on its second night and acknowledged then, when the window's noise already counted the
+    first slow night (5,000 tok/s). A later night judged ok, at the slow level, with the
+    window's median still near the usual level: neither recovered nor the new baseline."""
+    held = acks.Ack(playbook="p", metric="total", run_id="r", level=590.0, centre=10268.0,
+                    noise=5000.0, reason="slowed", by="me", at="2026-12-02T04:00:00+00:00",
+                    expires="2027-01-01T00:00:00+00:00")
+    tonight = noise.MetricJudgement("total", noise.OK, "within the noise", tonight=594.0,
+                                    centre=9504.0, noise=5200.0)
+    assert acks.clears(held, tonight, "2026-12-03T04:00:00+00:00") == ""
+    tonight.tonight = 9800.0
+    assert acks.clears(held, tonight, "2026-12-03T04:00:00+00:00").startswith("recovered: ")
+    tonight.tonight, tonight.centre = 600.0, 4000.0
+    assert acks.clears(held, tonight, "2026-12-03T04:00:00+00:00").startswith("the new level is")
+    assert acks.clears(held, tonight, "2027-01-02T00:00:00+00:00").startswith("expired on 2027-01-01")
