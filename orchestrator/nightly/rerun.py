@@ -1,7 +1,8 @@
 """`orch nightly`: one unattended rerun of a playbook, for schedulers and scripts.
 
     lock (one nightly per playbook at a time)
-      -> run the playbook (the step engine, orchestrator/playbook/engine.py), recorded in the run store
+      -> run the playbook (the step engine, orchestrator/playbook/engine.py), recorded in the
+         run store; with --repeat N (or nightly.yaml's repeat) N times, one night of N runs
       -> baseline = the pinned run, else the last ok run, of the same shape as tonight's
          (targets, workers, devices, throughput variables: runs/baseline.py)
       -> compare with the baseline, write report.html + report.md into the run's folder
@@ -25,6 +26,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Callable, Optional
 
 import yaml
@@ -33,8 +35,9 @@ from orchestrator.ground import console, paths
 from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
-from orchestrator.runs import noise
-from orchestrator.runs.baseline import choose_baseline, same_shape_history
+from orchestrator.nightly import notify_apprise, textfile
+from orchestrator.runs import acks, noise
+from orchestrator.runs.baseline import choose_baseline, night_of, same_shape_nights
 from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
                                       environment_diff, throughput)
 from orchestrator.runs.model import RunRecord, now_iso
@@ -44,6 +47,7 @@ from orchestrator.playbook.steps.base import Reporter
 
 NOTIFY_TIMEOUT_S = 15.0
 NOTIFY_WHEN = ("always", "problems", "never")
+MAX_REPEAT = 20        # runs in one night: more is a benchmark campaign, not a nightly
 
 class NightlyLocked(OrchError):
     exit_code = ExitCode.LOCKED
@@ -117,12 +121,15 @@ def _read_holder(fd: int) -> dict:
 class NotifyConfig:
     webhooks: list[str] = field(default_factory=list)
     commands: list[list[str]] = field(default_factory=list)   # argv lists, never shell text
+    apprise: list[notify_apprise.AppriseSource] = field(default_factory=list)  # where its URLs are
     when: str = "always"                                      # always | problems | never
 
 
 @dataclass
 class NightlyConfig:
     threshold: float = DEFAULT_THRESHOLD
+    repeat: int = 1                  # runs of the playbook per night, judged together
+    prometheus_dir: Optional[str] = None   # node_exporter's textfile directory (nightly/textfile.py)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
 
 
@@ -134,10 +141,14 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
     """data_dir/nightly.yaml (optional). Example:
 
         threshold: 0.10            # flag throughput drops of more than 10 %
+        repeat: 3                  # run the playbook 3 times a night, judge on all 3
+        prometheus_dir: /var/lib/node_exporter/textfile   # write orch_nightly_KEY.prom there
         notify:
           when: always             # always | problems | never
           webhook: https://hooks.example.com/services/T000/B000/XXXX
           command: [notify-send, "orch nightly"]     # argv; the summary JSON arrives on stdin
+          apprise_config: apprise.txt                # apprise URLs, one a line (orch[notify])
+          apprise_env: ORCH_APPRISE_URLS             # or: a variable holding them
     """
     explicit = path is not None
     path = path or config_path()
@@ -152,20 +163,35 @@ def load_config(path: Optional[str] = None) -> NightlyConfig:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with threshold and notify")
-    unknown = set(data) - {"threshold", "notify"}
+    config = NightlyConfig()
+    unknown = set(data) - {"threshold", "repeat", "prometheus_dir", "notify"}
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}",
-                          hint="known keys: threshold, notify")
-    config = NightlyConfig()
+                          hint="known keys: threshold, repeat, prometheus_dir, notify")
+    if "prometheus_dir" in data:
+        config.prometheus_dir = check_prometheus_dir(data["prometheus_dir"],
+                                                     where=f"{path}: prometheus_dir",
+                                                     base=os.path.dirname(os.path.abspath(path)))
     if "threshold" in data:
         config.threshold = parse_threshold(data["threshold"], where=path)
+    if "repeat" in data:
+        config.repeat = parse_repeat(data["repeat"], where=f"{path}: repeat")
     notify = data.get("notify") or {}
     if not isinstance(notify, dict):
         raise ConfigError(f"{path}: notify must be a mapping (webhook, command, when)")
-    unknown = set(notify) - {"webhook", "webhooks", "command", "commands", "when"}
+    unknown = set(notify) - {"webhook", "webhooks", "command", "commands", "when",
+                             "apprise_config", "apprise_env"}
     if unknown:
         raise ConfigError(f"{path}: unknown notify key(s) {', '.join(sorted(unknown))}",
-                          hint="known: webhook, command, when")
+                          hint="known: webhook, command, apprise_config, apprise_env, when")
+    for key in ("apprise_config", "apprise_env"):
+        if key in notify:
+            source = notify_apprise.source_from_config(key, notify[key],
+                                                       os.path.dirname(os.path.abspath(path)), path)
+            if source.path and notify_apprise.readable_by_others(source.path):
+                console.warn(f"{source.path} holds apprise URLs (secrets) and other users can "
+                             f"read it: chmod 600 {source.path}")
+            config.notify.apprise.append(source)
     for key in ("webhook", "webhooks"):
         value = notify.get(key)
         for url in ([value] if isinstance(value, str) else value or []):
@@ -203,6 +229,28 @@ def parse_threshold(value, where: str = "--threshold") -> float:
     return number
 
 
+def parse_repeat(value, where: str = "--repeat") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ConfigError(f"{where}: {value!r} is not a whole number of runs")
+    number = int(value)
+    if not 1 <= number <= MAX_REPEAT:
+        raise ConfigError(f"{where}: {number} runs a night; between 1 and {MAX_REPEAT}")
+    return number
+
+
+def check_prometheus_dir(value, where: str = "--prometheus-dir", base: str = "") -> str:
+    """An existing directory (node_exporter's textfile collector reads every *.prom in it);
+    a relative one is taken from BASE (nightly.yaml's folder), else the working directory."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: expected a directory")
+    directory = os.path.abspath(os.path.join(base, os.path.expanduser(value)))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{where}: {directory} is not a directory",
+                          hint="create it, or point it at node_exporter's "
+                               "--collector.textfile.directory")
+    return directory
+
+
 def check_webhook(url: str, where: str = "--notify-webhook") -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -237,6 +285,8 @@ class NightlyOutcome:
     baseline_reason: str = ""
     notified: list[dict] = field(default_factory=list)
     judgement: Optional[noise.NoiseJudgement] = None
+    night: list[RunRecord] = field(default_factory=list)    # the night's runs; record is the last
+    textfile: Optional[str] = None                          # the Prometheus file written, if any
 
     @property
     def status(self) -> str:
@@ -250,6 +300,10 @@ class NightlyOutcome:
     def suspected(self) -> list[Change]:
         return [c for c in self.comparison.changes if c.severity == noise.SUSPECTED]
 
+    @property
+    def acknowledged(self) -> list[Change]:
+        return [c for c in self.comparison.changes if c.severity == noise.ACKNOWLEDGED]
+
     def summary(self) -> dict:
         """The short summary sent to notifiers and printed with --json."""
         tp = throughput(self.record)
@@ -258,10 +312,12 @@ class NightlyOutcome:
             "status": self.status,
             "exit_code": self.exit_code,
             "run_id": self.record.run_id,
+            "runs": [run.run_id for run in self.night or [self.record]],
             "playbook": self.record.playbook,
             "verdict": self.record.verdict,
             "started_at": self.record.started_at,
             "ended_at": self.record.ended_at,
+            "duration_s": night_duration(self.night or [self.record]),
             "total_tok_s": tp["total"],
             "per_drafter_tok_s": tp["per_drafter"],
             "baseline": self.baseline.run_id if self.baseline else None,
@@ -269,6 +325,7 @@ class NightlyOutcome:
             "throughput_change": total.get("change"),
             "regressions": [c.message for c in self.comparison.regressions],
             "suspected": [c.message for c in self.suspected],
+            "acknowledged": [c.message for c in self.acknowledged],
             "environment": environment_diff(self.comparison),
             "noise": self.judgement.to_dict() if self.judgement else None,
             "findings": [f"{f.signature}: {f.message}" for f in self.record.findings],
@@ -284,6 +341,13 @@ class NightlyOutcome:
         tp = throughput(self.record)["total"]
         head = f"orch nightly {os.path.basename(self.record.playbook)}: {self.status.upper()}"
         parts = [f"run {self.record.run_id}", f"verdict {self.record.verdict}"]
+        if len(self.night) > 1:
+            parts[0] = f"{len(self.night)} runs (last {self.record.run_id})"
+            total = next((m for m in (self.judgement.metrics if self.judgement else [])
+                          if m.metric == "total"), None)
+            if total and total.tonight is not None:
+                parts.append(f"{total.tonight:,.0f} tok/s, the mean of {total.repeats} runs")
+                tp = None
         if tp:
             change = self.comparison.throughput.get("total", {}).get("change")
             parts.append(f"{tp:,.0f} tok/s" + (f" ({change * 100:+.1f} % vs baseline)"
@@ -291,7 +355,22 @@ class NightlyOutcome:
         flagged = self.comparison.regressions or self.suspected
         if flagged:
             parts.append("; ".join(c.message for c in flagged[:3]) + (" …" if len(flagged) > 3 else ""))
+        known = [c.detail.get("metric") for c in self.acknowledged]
+        if known:
+            parts.append(f"{len(known)} acknowledged slow-down(s): {', '.join(known)}")
         return head + " - " + ", ".join(parts)
+
+
+def night_duration(night: list[RunRecord]) -> Optional[float]:
+    """Seconds the night's runs took, end to end, summed (None: a run without an end)."""
+    total = 0.0
+    for record in night:
+        try:
+            total += (datetime.fromisoformat(record.ended_at)
+                      - datetime.fromisoformat(record.started_at)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    return total
 
 
 def outcome_code(record: RunRecord, comparison: Comparison) -> int:
@@ -319,8 +398,9 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
             reporter: Optional[Reporter] = None, inventory: Optional[str] = None,
             trust_on_first_use: bool = False, config: Optional[NightlyConfig] = None,
             store: Optional[RunStore] = None, run: Optional[RunFunction] = None) -> NightlyOutcome:
-    """Run PLAYBOOK once under the lock; compare, report, notify. Raises NightlyLocked.
-    run(playbook, targets=, extra_vars=) runs it (default: the engine, reporting to reporter)."""
+    """Run PLAYBOOK config.repeat times under the lock; compare, report, notify. Raises
+    NightlyLocked. run(playbook, targets=, extra_vars=) runs it (default: the engine,
+    reporting to reporter)."""
     config = config or NightlyConfig()
     if run is None:
         run = functools.partial(run_playbook, reporter=reporter, inventory=inventory,
@@ -329,31 +409,25 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
         own_store = store is None
         store = store or RunStore()
         try:
-            try:
-                record = run(playbook, targets=targets, extra_vars=extra_vars)
-            except OrchError as error:
-                # No run at all (bad playbook, unknown target, ...): the scheduler's user
-                # still hears about it, then the error exits with its own code.
-                notify_error(playbook, error, config.notify)
-                raise
-            # Reload: the store has everything the engine saved (its record may be partial).
-            try:
-                record = store.get(record.run_id)
-            except OrchError:
-                store.begin(record)   # a run function that did not record it: keep it anyway
+            night = run_night(playbook, run, store, config, targets=targets, extra_vars=extra_vars)
+            record = night[-1]
             # Chosen once the run is known: the baseline must have its shape (runs/baseline.py).
             choice = choose_baseline(store, record)
             baseline = choice.record
             comparison = compare(baseline, record, config.threshold)
-            judgement = judge_noise(store, record)
+            judgement = judge_noise(store, night)
+            acks.apply(store, record.playbook, judgement)
             noise.apply_to(comparison, judgement)
             directory = record.artifacts_dir or paths.run_dir(record.run_id)
             reports = write_reports(record, baseline, directory, comparison=comparison,
                                     baseline_reason=choice.reason, noise=judgement)
             outcome = NightlyOutcome(record, baseline, comparison,
                                      outcome_code(record, comparison), reports,
-                                     baseline_reason=choice.reason, judgement=judgement)
+                                     baseline_reason=choice.reason, judgement=judgement,
+                                     night=night)
             _write_json(os.path.join(directory, "nightly.json"), outcome.summary())
+            if config.prometheus_dir:
+                outcome.textfile = write_textfile(config.prometheus_dir, playbook, outcome)
             outcome.notified = notify(outcome, config.notify)
             return outcome
         finally:
@@ -361,11 +435,70 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
                 store.close()
 
 
-def judge_noise(store: RunStore, record: RunRecord) -> noise.NoiseJudgement:
-    """Tonight's throughput against the noise of the runs of its shape before it (one more
-    than the window: the previous night is judged again for the persistence rule)."""
-    history = same_shape_history(store, record, noise.WINDOW + 1)
-    return noise.judge(noise.profile(record), [noise.profile(run) for run in history])
+def run_night(playbook: str, run: RunFunction, store: RunStore, config: NightlyConfig, *,
+              targets: list[str], extra_vars: dict[str, str]) -> list[RunRecord]:
+    """The night's runs, as the store has them, each marked with its night in its summary
+    (runs/baseline.py night_of). A run that is not ok ends the night: its verdict is the
+    night's, and more runs would say no more."""
+    night: list[RunRecord] = []
+    for repeat in range(1, config.repeat + 1):
+        if config.repeat > 1:
+            console.info(f"nightly run {repeat} of {config.repeat}")
+        try:
+            record = run(playbook, targets=targets, extra_vars=extra_vars)
+        except OrchError as error:
+            # No run at all (bad playbook, unknown target, ...): the scheduler's user
+            # still hears about it, then the error exits with its own code.
+            notify_error(playbook, error, config.notify)
+            raise
+        # Reload: the store has everything the engine saved (its record may be partial).
+        try:
+            record = store.get(record.run_id)
+        except OrchError:
+            store.begin(record)   # a run function that did not record it: keep it anyway
+        if config.repeat > 1:
+            record.summary = {**(record.summary or {}), "nightly": {
+                "night": night[0].run_id if night else record.run_id, "repeat": repeat,
+                "repeats": config.repeat}}
+            store.update(record)
+        night.append(record)
+        if record.verdict != OK or record.exit_code == ExitCode.USAGE:
+            break
+    return night
+
+
+def judge_noise(store: RunStore, night: list[RunRecord]) -> noise.NoiseJudgement:
+    """Tonight's throughput (the mean of its ok runs) against the noise of the nights of its
+    shape before it (one more than the window: the previous night is judged again for the
+    persistence rule)."""
+    tonight = [record for record in night if record.verdict == OK] or night[-1:]
+    history = same_shape_nights(store, night, noise.WINDOW + 1)
+    return noise.judge(noise.profile_night(tonight),
+                       [noise.profile_night(runs) for runs in history])
+
+
+def write_textfile(directory: str, playbook: str, outcome: "NightlyOutcome") -> Optional[str]:
+    """The night's Prometheus textfile; a failure to write it is a warning (the night's
+    verdict does not depend on a dashboard)."""
+    try:
+        return textfile.write(directory, playbook_key(playbook), outcome.summary())
+    except OSError as error:
+        console.warn(f"could not write the Prometheus textfile into {directory}: "
+                     f"{error.strerror or error}")
+        return None
+
+
+def last_night(store: RunStore, playbook: str) -> tuple[list[RunRecord], noise.NoiseJudgement]:
+    """The newest night of PLAYBOOK (its runs, with their series) and the noise model's
+    judgement of it, before any acknowledgement: what `orch runs ack` acknowledges."""
+    newest = store.list(playbook, last=1)
+    if not newest:
+        raise OrchError(f"no run of {playbook} in the run store",
+                        hint="`orch runs list` shows the recorded runs")
+    key = night_of(newest[0])
+    night = [store.get(run.run_id) for run in store.list(playbook, last=MAX_REPEAT)
+             if night_of(run) == key][::-1]
+    return night, judge_noise(store, night)
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -377,16 +510,19 @@ def _write_json(path: str, data: dict) -> None:
 
 # ------------------------------------------------------------------ notifying
 def notify(outcome: NightlyOutcome, config: NotifyConfig) -> list[dict]:
-    """Send the summary to every webhook and command; a failed notification is reported
+    """Send the summary to every webhook, command and apprise target; a failed one is reported
     (warning + the returned list) but never changes the nightly's exit code."""
     if config.when == "never" or (config.when == "problems" and outcome.exit_code == ExitCode.OK):
         return []
     summary = outcome.summary()
-    results = []
-    for url in config.webhooks:
-        results.append(post_webhook(url, summary))
-    for argv in config.commands:
-        results.append(run_notify_command(argv, summary))
+    return _send_all(summary, config)
+
+
+def _send_all(summary: dict, config: NotifyConfig) -> list[dict]:
+    results = [post_webhook(url, summary) for url in config.webhooks]
+    results += [run_notify_command(argv, summary) for argv in config.commands]
+    for source in config.apprise:
+        results += notify_apprise.send(source, summary)
     for result in results:
         if not result["ok"]:
             console.warn(f"notification to {result['to']} failed: {result['error']}")
@@ -401,12 +537,7 @@ def notify_error(playbook: str, error: OrchError, config: NotifyConfig) -> list[
                "playbook": playbook, "verdict": None, "regressions": [], "findings": [],
                "error": message, "report_html": None,
                "text": f"orch nightly {os.path.basename(playbook)}: ERROR - {message}"}
-    results = [post_webhook(url, summary) for url in config.webhooks]
-    results += [run_notify_command(argv, summary) for argv in config.commands]
-    for result in results:
-        if not result["ok"]:
-            console.warn(f"notification to {result['to']} failed: {result['error']}")
-    return results
+    return _send_all(summary, config)
 
 
 def post_webhook(url: str, summary: dict, timeout: float = NOTIFY_TIMEOUT_S) -> dict:

@@ -254,6 +254,11 @@ def probe(target: Target) -> dict:
                        timeout=PROBE_TIMEOUT)
 
 
+def machine(target: Target) -> dict:
+    """What a run runs on: GPU models, driver, CUDA, clocks; the container's cgroup limits."""
+    return run_payload(target, "machine", {}, python=SYSTEM_PYTHON, timeout=PROBE_TIMEOUT)
+
+
 def bootstrap(target: Target, action: str, *, python: str = SYSTEM_PYTHON, timeout: float = 300.0,
               on_event: Optional[EventCallback] = None, **args) -> dict:
     """The bootstrap payload: check or install a venv, or list a wheelhouse folder."""

@@ -24,6 +24,7 @@ from typing import Optional
 from orchestrator.runs.model import RunRecord
 from orchestrator.runs.store import RunStore
 
+OK_RUNS_READ = 1000     # enough for 21 nights of up to 40 repeats each
 SHAPE_VARS = ("drafters", "devices", "gpus", "batch", "seq", "d_model", "layers", "heads", "dtype")
 
 
@@ -119,15 +120,27 @@ def _show(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def same_shape_history(store: RunStore, record: RunRecord, last: int) -> list[RunRecord]:
-    """The newest LAST ok runs of RECORD's playbook and shape, before it, newest first, with
-    their metric series: the window runs/noise.py measures a metric's noise in. The pin is
-    not consulted: noise is measured over what the runs did, not over one chosen run."""
-    shape = run_shape(record)
-    found = []
-    for candidate in store.ok_runs(record.playbook, exclude=record.run_id):
-        if len(found) >= last:
+def night_of(record: RunRecord) -> str:
+    """The night a run belongs to: the first run of its `orch nightly --repeat N` (recorded in
+    its summary by orch nightly), else the run itself."""
+    night = (record.summary or {}).get("nightly")
+    return str(night.get("night") or record.run_id) if isinstance(night, dict) else record.run_id
+
+
+def same_shape_nights(store: RunStore, records: list[RunRecord], last: int) -> list[list[RunRecord]]:
+    """The newest LAST nights of the same playbook and shape before tonight's RECORDS (one
+    run, or a night's repeats), newest first, each its ok runs oldest first, with their
+    metric series: the window runs/noise.py measures a metric's noise in. The pin is not
+    consulted: noise is measured over what the runs did, not over one chosen run."""
+    tonight = records[0]
+    shape = run_shape(tonight)
+    own = {record.run_id for record in records}
+    nights: dict[str, list[RunRecord]] = {}
+    for candidate in store.ok_runs(tonight.playbook, exclude=tonight.run_id, last=OK_RUNS_READ):
+        key = night_of(candidate)
+        if key not in nights and len(nights) >= last:
             break
-        if candidate.started_at <= record.started_at and not differences(run_shape(candidate), shape):
-            found.append(store.get(candidate.run_id))
-    return found
+        if (candidate.run_id not in own and candidate.started_at <= tonight.started_at
+                and not differences(run_shape(candidate), shape)):
+            nights.setdefault(key, []).insert(0, store.get(candidate.run_id))
+    return list(nights.values())

@@ -184,7 +184,7 @@ def fx_states_seen(record: RunRecord) -> dict[str, list[str]]:
 # ------------------------------------------------------------------ the comparison
 @dataclass
 class Change:
-    kind: str            # throughput | verdict | failure-signature | patch-drift | torch-version | packages
+    kind: str            # throughput | verdict | failure-signature | patch-drift | torch-version | packages | machine
     severity: str        # regression | info | improvement
     message: str
     target: Optional[str] = None
@@ -304,7 +304,8 @@ def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecor
         info = {"torch": {"base": old.torch_version if old else None, "new": target.torch_version},
                 "fx_tls_state": {"base": was, "new": target.fx_tls_state, "seen": seen},
                 "packages": package_diff(old.pip_freeze, target.pip_freeze)
-                if old and (old.pip_freeze or target.pip_freeze) else None}
+                if old and (old.pip_freeze or target.pip_freeze) else None,
+                "machine": machine_diff(old.machine, target.machine) if old else []}
         result.targets[target.name] = info
         drift = _patch_drift(was, seen)
         if drift:
@@ -317,6 +318,10 @@ def _target_changes(result: Comparison, base: Optional[RunRecord], new: RunRecor
                 "torch-version", "regression",
                 f"{target.name}: torch changed {old.torch_version} -> {target.torch_version}",
                 target=target.name, detail=info["torch"]))
+        if info["machine"]:
+            result.changes.append(Change("machine", "info", f"{target.name}: " + "; ".join(
+                f"{what} {was} -> {now}" for what, was, now in info["machine"]),
+                target=target.name, detail={"base": old.machine, "new": target.machine}))
         diff = info["packages"]
         if diff and any(diff.values()):
             parts = [f"{len(diff[k])} {k}" for k in ("added", "removed", "changed") if diff[k]]
@@ -337,13 +342,60 @@ def _patch_drift(was: Optional[str], seen: list[str]) -> Optional[str]:
     return None
 
 
+# ------------------------------------------------------------------ the machine
+def machine_facts(machine: dict) -> dict:
+    """The machine payload's result (payloads/machine.py) as short comparable texts: what a
+    run ran on. {} when nothing was read (an older record, a playbook without collect)."""
+    if not machine:
+        return {}
+    gpus = machine.get("gpus")
+    if gpus is None:
+        models = "none"                      # no nvidia-smi: a CPU container, recorded as absent
+    elif isinstance(gpus, dict):
+        models = "unreadable (nvidia-smi failed)"
+    else:
+        counts: dict[str, int] = {}
+        for row in gpus:
+            counts[row.get("name") or "?"] = counts.get(row.get("name") or "?", 0) + 1
+        models = ", ".join(f"{n}x {name}" for name, n in counts.items()) or "none"
+    rows = gpus if isinstance(gpus, list) else []
+    cgroup = machine.get("cgroup") or {}
+    memory = cgroup.get("memory_limit_bytes")
+    return {
+        "GPUs": models,
+        "driver": machine.get("driver") or "none",
+        "CUDA": machine.get("cuda") or "none",
+        "GPU max SM clock": _each(rows, "clock_max_sm_mhz", "MHz"),
+        "GPU power limit": _each(rows, "power_limit_w", "W"),
+        "CPU quota": f"{cgroup['cpu_quota_cores']:g} cores" if cgroup.get("cpu_quota_cores") else "none",
+        "CPU set": (f"{cgroup['cpuset']} ({cgroup['cpuset_cpus']} CPUs)" if cgroup.get("cpuset")
+                    else "none"),
+        "memory limit": f"{memory / 2 ** 30:.1f} GiB" if memory else "none",
+    }
+
+
+def _each(rows: list, key: str, unit: str) -> str:
+    values = sorted({row.get(key) for row in rows if row.get(key) is not None})
+    return ", ".join(f"{v:g} {unit}" for v in values) or "none"
+
+
+def machine_diff(base: dict, new: dict) -> list[tuple[str, str, str]]:
+    """(what, baseline's, this run's) for each fact that changed; nothing when either run
+    has no facts (not read is not "changed")."""
+    before, after = machine_facts(base), machine_facts(new)
+    if not before or not after:
+        return []
+    return [(what, before[what], after[what]) for what in after if before[what] != after[what]]
+
+
 # ------------------------------------------------------------------ what changed, in short
 ENVIRONMENT_LINES = 8      # a chat message's worth; the reports have the whole tables
 
 
 def environment_diff(comparison: Comparison, limit: int = ENVIRONMENT_LINES) -> list[str]:
     """What changed on each target since the baseline, most telling first: torch, the
-    fx-tls patch state, then packages (changed, added, removed) from pip freeze. The
+    fx-tls patch state, the machine (GPUs, driver, CUDA, clocks, cgroup CPU and memory
+    limits), then packages (changed, added, removed) from pip freeze. The
     suspects of a regression, for a notification or the top of a report."""
     lines: list[str] = []
     for name, info in comparison.targets.items():
@@ -355,6 +407,7 @@ def environment_diff(comparison: Comparison, limit: int = ENVIRONMENT_LINES) -> 
             # Every state this run saw: "patched -> vulnerable -> patched" is a patch a
             # reinstall undid and the playbook re-applied.
             lines.append(f"{name}: fx-tls patch {state['base']} -> {' -> '.join(state['seen'])}")
+        lines += [f"{name}: {what} {was} -> {now}" for what, was, now in info.get("machine") or []]
         packages = info["packages"] or {}
         for package, (old, new) in (packages.get("changed") or {}).items():
             if package != "torch":

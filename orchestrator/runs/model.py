@@ -67,6 +67,9 @@ class TargetInfo:
     torch_version: Optional[str] = None
     fx_tls_state: Optional[str] = None   # vulnerable | fixed-upstream | patched | drifted | unknown
     pip_freeze: list[str] = field(default_factory=list)
+    # GPUs (model, driver, CUDA, clocks) and cgroup limits: the machine payload's result,
+    # {} when no step read it (payloads/machine.py names the keys)
+    machine: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 A fixed threshold against one baseline run cries wolf where runs vary more than it (a loaded
 CPU, drafters sharing a GPU) and misses smaller real drops where they vary less. Here each
-metric (the total tok/s and each worker's) is judged against a window of earlier ok runs of
-the same shape (runs/baseline.py, `same_shape_history`):
+metric (the total tok/s and each worker's) is judged against a window of earlier nights of
+the same shape (runs/baseline.py, `same_shape_nights`). A night is one run, or the N runs of
+`orch nightly --repeat N`: its level the mean of theirs, its samples all of theirs.
 
     level     a run's tok/s for the metric, as runs/compare.py's `throughput` gives it
     centre    the median of the window's levels
@@ -54,15 +55,18 @@ MAD_SCALE = 1.4826     # MAD -> standard deviation for normal noise
 MEAN_AD_SCALE = 1.2533 # mean absolute deviation -> standard deviation (sqrt(pi / 2))
 
 REGRESSION, SUSPECTED, OK, INSUFFICIENT = "regression", "suspected", "ok", "insufficient data"
-ORDER = (REGRESSION, SUSPECTED, OK, INSUFFICIENT)      # the worst first
+ACKNOWLEDGED = "acknowledged"    # flagged, but a known slow-down (runs/acks.py): no alert
+ORDER = (REGRESSION, SUSPECTED, ACKNOWLEDGED, OK, INSUFFICIENT)      # the worst first
 
 
 @dataclass(frozen=True)
 class RunProfile:
-    """One run's throughput as the noise model needs it: a level and samples per metric."""
-    run_id: str
+    """One night's throughput as the noise model needs it: a level and samples per metric.
+    A night is one run, or the repeats of one `orch nightly --repeat N` (profile_night)."""
+    run_id: str             # "A+B+C" for a night of three repeats
     levels: dict            # metric ("total", "d0", "sb1-200/d1") -> tok/s
-    samples: dict           # metric -> that run's steady per-step tok/s
+    samples: dict           # metric -> the night's steady per-step tok/s
+    runs: int = 1           # the repeats the levels are the mean of
 
 
 @dataclass
@@ -79,6 +83,8 @@ class MetricJudgement:
     p: Optional[float] = None
     window_runs: int = 0
     samples: int = 0
+    repeats: int = 1                     # tonight's runs, whose mean "tonight" is
+    ack: Optional[dict] = None           # the acknowledgement that covers it (runs/acks.py)
     previous_z: Optional[float] = None   # the night before, against its own window (None: unknown)
 
 
@@ -113,6 +119,22 @@ def profile(record: RunRecord) -> RunProfile:
     if tp["total"]:
         levels["total"] = tp["total"]
     return RunProfile(record.run_id, levels, samples(record))
+
+
+def profile_night(records: list[RunRecord]) -> RunProfile:
+    """The repeats of one night as one profile: per metric the mean of the runs' levels (the
+    noise of a mean of N independent runs is 1/sqrt(N) of one run's) and all their samples."""
+    if len(records) == 1:
+        return profile(records[0])
+    runs = [profile(record) for record in records]
+    levels, pooled = {}, {}
+    for metric in sorted({m for run in runs for m in run.levels}):
+        values = [run.levels[metric] for run in runs if run.levels.get(metric)]
+        if values:
+            levels[metric] = statistics.fmean(values)
+        pooled[metric] = [v for run in runs for v in run.samples.get(metric, [])]
+    return RunProfile("+".join(run.run_id for run in runs), levels,
+                      {metric: values for metric, values in pooled.items() if values}, len(runs))
 
 
 def samples(record: RunRecord) -> dict[str, list[float]]:
@@ -188,7 +210,7 @@ def measure(metric: str, tonight: RunProfile, window: list[RunProfile]) -> Metri
     return MetricJudgement(metric, OK, "", tonight=level, centre=centre, noise=noise,
                            noise_pct=noise / centre, effect=(level - centre) / centre,
                            z=(level - centre) / spread, p=p, window_runs=len(levels),
-                           samples=len(mine))
+                           samples=len(mine), repeats=tonight.runs)
 
 
 def _slow(result: MetricJudgement, z: float) -> bool:
@@ -198,7 +220,8 @@ def _slow(result: MetricJudgement, z: float) -> bool:
 
 
 def _numbers(m: MetricJudgement) -> str:
-    text = (f"{m.tonight:,.0f} tok/s vs median {m.centre:,.0f} of {m.window_runs} runs "
+    runs = f" (mean of {m.repeats} runs)" if m.repeats > 1 else ""
+    text = (f"{m.tonight:,.0f} tok/s{runs} vs median {m.centre:,.0f} of {m.window_runs} nights "
             f"({m.effect * 100:+.1f} %, noise {m.noise_pct * 100:.1f} %, z {m.z:+.1f}")
     return text + (f", rank test p {m.p:.2g})" if m.p is not None else ")")
 
@@ -207,7 +230,8 @@ def _numbers(m: MetricJudgement) -> str:
 def apply_to(comparison: Comparison, judgement: NoiseJudgement) -> None:
     """Let JUDGEMENT, where it decides, replace the fixed threshold's throughput verdicts in
     COMPARISON: a drop against the one baseline run becomes information, and each metric the
-    noise model finds slow becomes a "regression" or "suspected" change with its numbers.
+    noise model finds slow becomes a "regression" or "suspected" change with its numbers
+    ("acknowledged": a known one, shown but no regression).
     A worker that reported nothing stays a regression: that is no matter of noise."""
     if not judgement.decides:
         return
@@ -217,7 +241,7 @@ def apply_to(comparison: Comparison, judgement: NoiseJudgement) -> None:
                 change.severity = "info"
                 change.message += " (against one run; the noise model judges throughput)"
     for metric in judgement.metrics:
-        if metric.status in (REGRESSION, SUSPECTED):
+        if metric.status in (REGRESSION, SUSPECTED, ACKNOWLEDGED):
             comparison.changes.append(Change("throughput", metric.status,
                                              f"{metric.metric} throughput: {metric.reason}",
                                              detail=asdict(metric)))

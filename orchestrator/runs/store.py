@@ -27,7 +27,7 @@ from orchestrator.ground import paths
 from orchestrator.ground.errors import OrchError
 from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo, now_iso
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 15_000
 
 # Each entry takes the store from version i to i+1; append, never edit, once released.
@@ -103,6 +103,27 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE metrics ADD COLUMN extra TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE metrics ADD COLUMN derived INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 3: acknowledged regressions (runs/acks.py), kept after they clear: who, why, when;
+    #    and what each target ran on (GPUs, driver, CUDA, cgroup limits: payloads/machine.py)
+    """
+    ALTER TABLE targets ADD COLUMN machine TEXT NOT NULL DEFAULT '{}';
+    CREATE TABLE acks (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        playbook    TEXT NOT NULL,
+        metric      TEXT NOT NULL,
+        run_id      TEXT NOT NULL,
+        level       REAL NOT NULL,
+        centre      REAL NOT NULL,
+        noise       REAL NOT NULL,
+        reason      TEXT NOT NULL,
+        by          TEXT NOT NULL,
+        at          TEXT NOT NULL,
+        expires     TEXT NOT NULL,
+        cleared_at  TEXT,
+        cleared     TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX acks_by_playbook ON acks(playbook, metric);
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -308,9 +329,10 @@ class RunStore:
         db.execute("DELETE FROM targets WHERE run_id=?", (run_id,))
         db.executemany(
             "INSERT INTO targets (run_id, seq, name, host, vmid, torch_version, fx_tls_state,"
-            " pip_freeze) VALUES (?,?,?,?,?,?,?,?)",
+            " pip_freeze, machine) VALUES (?,?,?,?,?,?,?,?,?)",
             [(run_id, seq, t.name, t.host or "", t.vmid, t.torch_version, t.fx_tls_state,
-              _dumps(list(t.pip_freeze or []))) for seq, t in enumerate(targets)])
+              _dumps(list(t.pip_freeze or [])), _dumps(t.machine or {}))
+             for seq, t in enumerate(targets)])
 
     @staticmethod
     def _put_step(db: sqlite3.Connection, run_id: str, step: StepResult) -> None:
@@ -409,13 +431,14 @@ class RunStore:
         return self._load(rows[0]["run_id"], metrics=True) if rows else None
 
     def ok_runs(self, playbook: str, *, exclude: Optional[str] = None,
-                last: int = 200) -> list[RunRecord]:
-        """The newest ok runs of PLAYBOOK (without their metric series): the baseline candidates."""
+                last: int = 200) -> Iterator[RunRecord]:
+        """The newest ok runs of PLAYBOOK (without their metric series): the baseline
+        candidates, newest first, each read only when the caller gets to it."""
         keys = self._playbook_keys(playbook)
         rows = self._read(f"SELECT run_id FROM runs WHERE playbook IN ({_marks(keys)})"
                           " AND verdict='ok' AND run_id IS NOT ?"
                           " ORDER BY started_at DESC, rowid DESC LIMIT ?", [*keys, exclude, last])
-        return [self._load(row["run_id"], metrics=False) for row in rows]
+        return (self._load(row["run_id"], metrics=False) for row in rows)
 
     def pinned(self, playbook: str) -> Optional[str]:
         keys = self._playbook_keys(playbook)
@@ -425,6 +448,38 @@ class RunStore:
     def pins(self) -> dict[str, str]:
         """playbook -> pinned run id."""
         return {row["playbook"]: row["run_id"] for row in self._read("SELECT * FROM pins")}
+
+    # ------------------------------------------------------------------ acknowledgements
+    def add_ack(self, ack: dict) -> int:
+        """Record an acknowledgement (runs/acks.py Ack fields); an active one of the same
+        playbook and metric is cleared as replaced, in the same transaction."""
+        with self.transaction() as db:
+            db.execute("UPDATE acks SET cleared_at=?, cleared=? WHERE playbook=? AND metric=?"
+                       " AND cleared_at IS NULL",
+                       (ack["at"], f"replaced by {ack['by']}'s acknowledgement", ack["playbook"],
+                        ack["metric"]))
+            fields = [k for k in ack if k != "id"]
+            cursor = db.execute(f"INSERT INTO acks ({', '.join(fields)}) VALUES ({_marks(fields)})",
+                                [ack[k] for k in fields])
+            return cursor.lastrowid
+
+    def acks(self, playbook: Optional[str] = None, *, cleared: bool = False) -> list[dict]:
+        """Acknowledgements, newest first: the active ones, or with CLEARED all of them."""
+        sql, params = "SELECT * FROM acks WHERE 1=1", []
+        if playbook:
+            keys = self._playbook_keys(playbook)
+            sql += f" AND playbook IN ({_marks(keys)})"
+            params += keys
+        if not cleared:
+            sql += " AND cleared_at IS NULL"
+        return [dict(row) for row in self._read(sql + " ORDER BY at DESC, id DESC", params)]
+
+    def clear_ack(self, ack_id: int, why: str, at: str) -> bool:
+        """Mark an active acknowledgement cleared (kept, with WHY); False if it was not active."""
+        with self.transaction() as db:
+            cursor = db.execute("UPDATE acks SET cleared_at=?, cleared=? WHERE id=?"
+                                " AND cleared_at IS NULL", (at, why, ack_id))
+            return cursor.rowcount > 0
 
     def metric_count(self, run_id: str) -> int:
         return self._read("SELECT count(*) AS n FROM metrics WHERE run_id=?", (run_id,))[0]["n"]
@@ -469,7 +524,8 @@ class RunStore:
             launch=json.loads(row["launch"]),
             targets=[TargetInfo(name=t["name"], host=t["host"], vmid=t["vmid"],
                                 torch_version=t["torch_version"], fx_tls_state=t["fx_tls_state"],
-                                pip_freeze=json.loads(t["pip_freeze"])) for t in targets],
+                                pip_freeze=json.loads(t["pip_freeze"]),
+                                machine=json.loads(t["machine"])) for t in targets],
             steps=[StepResult(name=s["name"], kind=s["kind"], target=s["target"],
                               status=s["status"], started_at=s["started_at"],
                               duration_s=s["duration_s"], message=s["message"],

@@ -142,7 +142,7 @@ SUBLAYERS = {
     "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "stacks",
               "stacktool", "classify", "monitor", "nodes", "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
-    "nightly": ["rerun", "schedule"],
+    "nightly": ["notify_apprise", "textfile", "rerun", "schedule"],
 }
 
 

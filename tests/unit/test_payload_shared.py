@@ -59,14 +59,15 @@ def test_gpus_are_read_only_through_the_shared_query(name):
     tree = ast.parse(text)
     assert not [s for s in code_strings(tree) if "nvidia-smi" in s or "query-gpu" in s], \
         f"{name} runs nvidia-smi itself"
-    reads_gpus = any(isinstance(node, ast.Name) and node.id in ("query_gpus", "nvidia_smi_present")
+    reads_gpus = any(isinstance(node, ast.Name) and node.id in ("query_gpus", "query_gpu_models",
+                                                                "cuda_version", "nvidia_smi_present")
                      for node in ast.walk(tree))
     assert reads_gpus == (GPUS_LINE in text.splitlines()), name
 
 
-def test_the_payloads_that_read_gpus_are_the_probe_the_launcher_and_the_preflight():
+def test_the_payloads_that_read_gpus_are_the_probe_the_launcher_the_preflight_and_the_machine():
     readers = [name for name in EVENT_PAYLOADS if GPUS_LINE in (PAYLOADS / f"{name}.py").read_text()]
-    assert readers == ["launcher", "preflight", "probe"]
+    assert readers == ["launcher", "machine", "preflight", "probe"]
 
 
 FAKE_SMI = """#!/bin/sh

@@ -9,7 +9,7 @@ import json
 from click.testing import CliRunner
 
 from orchestrator.cli.app import main
-from orchestrator.runs.baseline import choose_baseline, run_shape, same_shape_history
+from orchestrator.runs.baseline import choose_baseline, run_shape, same_shape_nights
 from orchestrator.nightly.rerun import nightly
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import synthetic_run
@@ -119,7 +119,7 @@ def test_report_and_nightly_say_which_baseline_and_why(tmp_path):
     assert json.dumps(summary)
 
 
-def test_same_shape_history_is_the_newest_ok_runs_of_the_shape_before_the_run(tmp_path):
+def test_same_shape_nights_are_the_newest_ok_runs_of_the_shape_before_the_run(tmp_path):
     with RunStore(str(tmp_path / "h.sqlite")) as store:
         for day in range(10, 16):
             store.begin(synthetic_run(f"202611{day}-020000-h00000", seed=day,
@@ -130,7 +130,25 @@ def test_same_shape_history_is_the_newest_ok_runs_of_the_shape_before_the_run(tm
                                   started_at="2026-11-14T03:00:00+00:00"))
         tonight = synthetic_run("20261115-020000-h00000", seed=15,
                                 started_at="2026-11-15T02:00:00+00:00")
-        found = same_shape_history(store, tonight, 3)
-    assert [r.run_id for r in found] == ["20261114-020000-h00000", "20261113-020000-h00000",
-                                         "20261112-020000-h00000"]
-    assert all(r.metrics for r in found)           # with their series: the samples
+        found = same_shape_nights(store, [tonight], 3)
+    assert [[r.run_id for r in night] for night in found] == [
+        ["20261114-020000-h00000"], ["20261113-020000-h00000"], ["20261112-020000-h00000"]]
+    assert all(r.metrics for night in found for r in night)     # with their series: the samples
+
+
+def test_the_repeats_of_a_night_are_one_night_and_tonights_own_are_left_out(tmp_path):
+    def repeat(run_id, night, n, hour):
+        record = synthetic_run(run_id, seed=hour, started_at=f"2026-11-{run_id[6:8]}T{hour}:00:00+00:00")
+        record.summary["nightly"] = {"night": night, "repeat": n, "repeats": 2}
+        return record
+    with RunStore(str(tmp_path / "h.sqlite")) as store:
+        store.begin(synthetic_run("20261112-020000-single", started_at="2026-11-12T02:00:00+00:00"))
+        for day in ("13", "14", "15"):
+            first, second = f"202611{day}-020000-rep001", f"202611{day}-030000-rep002"
+            store.begin(repeat(first, first, 1, "02"))
+            store.begin(repeat(second, first, 2, "03"))
+        tonight = [store.get("20261115-020000-rep001"), store.get("20261115-030000-rep002")]
+        found = same_shape_nights(store, tonight, 2)
+    assert [[r.run_id for r in night] for night in found] == [
+        ["20261114-020000-rep001", "20261114-030000-rep002"],
+        ["20261113-020000-rep001", "20261113-030000-rep002"]]           # with their series: the samples

@@ -370,3 +370,103 @@ def test_cli_nightly_says_a_suspected_drop_and_what_changed_and_exits_0(playbook
     assert result.exit_code == 0, result.output
     assert "SUSPECTED" in result.output and "suspected: total throughput: slower" in result.output
     assert "changed: sb1-200: numpy 2.1.3 -> 2.2.0" in result.output
+
+
+def test_repeat_runs_the_playbook_n_times_and_judges_the_night_on_all_of_them(playbook):
+    seed_history(playbook, [1.01, 0.99, 1.008, 0.992, 1.0, 1.012])
+    run = fake_runner(tok_s=6000 * 0.95)
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=run,
+                      config=NightlyConfig(repeat=3))
+    assert len(run.calls) == 3 and len(outcome.night) == 3
+    summary = outcome.summary()
+    assert summary["runs"] == [r.run_id for r in outcome.night]
+    assert summary["run_id"] == outcome.night[-1].run_id
+    with RunStore() as store:
+        marks = [store.get(r.run_id).summary["nightly"] for r in outcome.night]
+    first = outcome.night[0].run_id
+    assert marks == [{"night": first, "repeat": n, "repeats": 3} for n in (1, 2, 3)]
+    total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
+    assert total["repeats"] == 3 and total["window_runs"] == 6
+    assert total["samples"] == 3 * len(noise_samples(outcome.night[0]))
+    assert "3 runs (last " in summary["text"] and "the mean of 3 runs" in summary["text"]
+    # The next night sees tonight's three runs as one night of its window, not three.
+    again = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(), config=NightlyConfig())
+    total = next(m for m in again.summary()["noise"]["metrics"] if m["metric"] == "total")
+    assert total["window_runs"] == 7 and total["repeats"] == 1
+
+
+def noise_samples(record):
+    from orchestrator.runs.noise import samples
+    return samples(record)["total"]
+
+
+def test_a_repeat_that_is_not_ok_ends_the_night_with_its_verdict(playbook):
+    verdicts = iter(["ok", "hang", "ok"])
+    calls = []
+
+    def run(playbook, **kw):
+        n = next(RUNS)
+        calls.append(n)
+        record = synthetic_run(f"20261129-{n:06d}-rept00", playbook=playbook, seed=n,
+                               verdict=next(verdicts),
+                               started_at=f"2026-11-29T{n // 60 % 24:02d}:{n % 60:02d}:00+00:00")
+        with RunStore() as store:
+            store.begin(record)
+        return record
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=run, config=NightlyConfig(repeat=3))
+    assert len(calls) == 2 and outcome.status == "hang" and outcome.exit_code == ExitCode.RUN_HANG
+
+
+def test_repeat_from_the_cli_and_the_config_file_and_bad_values(playbook, tmp_path, monkeypatch):
+    run = fake_runner()
+    monkeypatch.setattr(nightly_mod, "run_playbook", run)
+    result = CliRunner().invoke(main, ["nightly", playbook, "--repeat", "2", "--json",
+                                       "--notify-on", "never"])
+    assert result.exit_code == 0, result.output
+    assert len(run.calls) == 2 and len(json.loads(result.stdout)["runs"]) == 2
+    assert "nightly run 2 of 2" in result.stderr      # progress on stderr: stdout is the JSON
+    config = tmp_path / "nightly.yaml"
+    config.write_text("repeat: 4\n")
+    assert load_config(str(config)).repeat == 4
+    for bad in ("0", "21", "two", "2.5"):
+        result = CliRunner().invoke(main, ["nightly", playbook, "--repeat", bad])
+        assert result.exit_code == ExitCode.USAGE and "--repeat" in result.output, result.output
+    config.write_text("repeat: true\n")
+    with pytest.raises(ConfigError, match="repeat: True is not a whole number"):
+        load_config(str(config))
+
+
+def gpu_machine(driver="570.124.06", cuda="12.8", quota=8.0, memory_gib=64, gpus=2):
+    """The machine payload's result for an H200 container (payloads/machine.py's keys)."""
+    row = {"name": "NVIDIA H200", "driver": driver, "memory_total_mib": 143771.0,
+           "clock_max_sm_mhz": 1980.0, "clock_max_memory_mhz": 3201.0, "power_limit_w": 700.0}
+    return {"gpus": [{"index": i, **row} for i in range(gpus)], "driver": driver, "cuda": cuda,
+            "cpu_count": 64, "cgroup": {"version": 2, "cpu_quota_cores": quota, "cpuset": None,
+                                        "cpuset_cpus": None, "memory_limit_bytes": memory_gib << 30}}
+
+
+def test_the_environment_diff_names_a_new_driver_cuda_and_smaller_container_limits(playbook):
+    seed_baseline(playbook, machine=gpu_machine())
+    outcome = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(
+        machine=gpu_machine(driver="575.51.03", cuda="12.9", quota=4.0, memory_gib=32, gpus=1)))
+    assert outcome.summary()["environment"] == [
+        "sb1-200: GPUs 2x NVIDIA H200 -> 1x NVIDIA H200",
+        "sb1-200: driver 570.124.06 -> 575.51.03", "sb1-200: CUDA 12.8 -> 12.9",
+        "sb1-200: CPU quota 8 cores -> 4 cores", "sb1-200: memory limit 64.0 GiB -> 32.0 GiB"]
+    with RunStore() as store:                     # kept in the record, as the payload said it
+        assert store.get(outcome.record.run_id).targets[0].machine["cuda"] == "12.9"
+    assert "driver 570.124.06 -> 575.51.03" in open(outcome.reports["md"]).read()
+
+
+def test_a_cpu_container_has_no_gpus_recorded_as_absent_and_no_change_without_facts(playbook):
+    cpu = {"gpus": None, "driver": None, "cuda": None, "cpu_count": 2,
+           "cgroup": {"version": 1, "cpu_quota_cores": None, "cpuset": "0-1", "cpuset_cpus": 2,
+                      "memory_limit_bytes": None}}
+    seed_baseline(playbook, machine=cpu)
+    same = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(machine=cpu))
+    assert same.summary()["environment"] == []
+    moved = nightly(playbook, targets=[], extra_vars={}, run=fake_runner(machine=gpu_machine(gpus=1)))
+    lines = moved.summary()["environment"]
+    assert "sb1-200: GPUs none -> 1x NVIDIA H200" in lines and "sb1-200: CUDA none -> 12.8" in lines
+    unread = nightly(playbook, targets=[], extra_vars={}, run=fake_runner())   # no collect: {}
+    assert not any("GPUs" in line or "CUDA" in line for line in unread.summary()["environment"])

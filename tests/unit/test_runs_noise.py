@@ -104,3 +104,42 @@ def test_the_comparison_keeps_the_threshold_view_as_information_when_the_noise_d
     assert not comparison.regressed
     assert any("the noise model judges throughput" in c.message and c.severity == "info"
                for c in comparison.changes)
+
+
+def repeats(n: int, levels: list[float]) -> list:
+    """One night of repeats at LEVELS (x 5400 tok/s), marked as orch nightly marks them."""
+    records = [synthetic_run(f"20261120-{n:04d}{k:02d}-rep000", tok_s=5400.0 * level,
+                             seed=100 * n + k, started_at=f"2026-11-{n:02d}T0{k}:00:00+00:00")
+               for k, level in enumerate(levels)]
+    for k, record in enumerate(records, start=1):
+        record.summary["nightly"] = {"night": records[0].run_id, "repeat": k, "repeats": len(levels)}
+    return records
+
+
+def test_a_night_of_repeats_is_the_mean_of_its_levels_with_all_their_samples():
+    night = repeats(1, [1.0, 0.9, 1.1])
+    one = [noise.profile(r) for r in night]
+    got = noise.profile_night(night)
+    assert got.runs == 3 and got.run_id == "+".join(r.run_id for r in night)
+    assert got.levels["total"] == pytest.approx(sum(p.levels["total"] for p in one) / 3)
+    assert got.samples["d1"] == [v for p in one for v in p.samples["d1"]]
+
+
+# Each run of a night +-6 % from the night's level; the nights' means within 1 %.
+SPREAD = [(1.06, 0.94, 1.0), (0.95, 1.05, 1.01), (1.0, 1.06, 0.93), (0.94, 1.0, 1.05),
+          (1.05, 0.99, 0.95), (0.93, 1.01, 1.07), (1.0, 0.95, 1.04), (1.06, 0.96, 0.99)]
+
+
+def test_repeats_catch_a_drop_that_one_run_a_night_cannot_tell_from_its_noise():
+    """A 6 % drop on a machine whose runs spread +-6 %: judged one run a night, it is
+    inside the noise; judged on the mean of three runs a night (whose nights agree within
+    1 %), it is far outside it."""
+    nights = [repeats(n, levels) for n, levels in enumerate(SPREAD, start=1)][::-1]
+    tonight = repeats(20, [0.94 * 1.06, 0.94 * 0.95, 0.94 * 0.99])
+    single = noise.judge(noise.profile(tonight[0]), [noise.profile(n[0]) for n in nights])
+    assert single.status == noise.OK
+    judged = noise.judge(noise.profile_night(tonight), [noise.profile_night(n) for n in nights])
+    total = next(m for m in judged.metrics if m.metric == "total")
+    assert judged.status == noise.REGRESSION and total.repeats == 3
+    assert "far outside the noise" in total.reason and total.window_runs == len(SPREAD)
+    assert total.effect == pytest.approx(-0.06, abs=0.01) and "mean of 3 runs" in total.reason

@@ -82,7 +82,8 @@ def test_collect_plan(tmp_path):
     plan = planned(tmp_path, COLLECT)
     dest = os.path.join(paths.run_dir(RUN_ID), "dev")
     assert plan == [
-        f"into {dest}: output.log, pip-freeze.txt, nvidia-smi.txt, summary.json, os-release"]
+        f"into {dest}: output.log, pip-freeze.txt, nvidia-smi.txt, machine.json, summary.json, "
+        "os-release"]
 
 
 def test_collect_saves_the_launched_run_files(tmp_path):
@@ -102,7 +103,7 @@ def test_collect_saves_the_launched_run_files(tmp_path):
     h.recorder.calls.clear()
     step = h.step()
     params = {"log": True, "freeze": True, "nvidia_smi": True, "summary": True,
-              "files": ["/etc/os-release-missing"], "max_log_mb": 1}
+              "files": ["/etc/os-release-missing"], "max_log_mb": 1, "machine": False}
     outcome = step.run(h.context(), params)
     dest = os.path.join(paths.run_dir(RUN_ID), "dev")
     assert outcome.data["files"] == ["output.log", "exit.json", "pip-freeze.txt", "summary.json"]
@@ -131,7 +132,7 @@ def test_a_collected_file_whose_bytes_changed_on_the_way_is_a_problem_not_a_file
     h.recorder.note_launch("dev", {"run_dir": "/runs/r1", "pid": 7})
     h.host.on_cp(root, corrupt=lambda stream: stream.replace(b"loss=1.25", b"loss=0.25", 1))
     params = {"log": True, "freeze": False, "nvidia_smi": False, "summary": False,
-              "files": [], "max_log_mb": 64}
+              "files": [], "max_log_mb": 64, "machine": False}
     outcome = h.step().run(h.context(), params)
     dest = os.path.join(paths.run_dir(RUN_ID), "dev")
     [problem] = outcome.data["problems"]
@@ -152,9 +153,45 @@ def test_a_link_lost_under_collect_ends_the_step_as_before(tmp_path):
     h.host.on(lambda argv, stdin: compact_source("cp") in argv,
               Reply(error=ConnectionLost("the connection to host fakehost broke")))
     params = {"log": True, "freeze": False, "nvidia_smi": False, "summary": False,
-              "files": [], "max_log_mb": 64}
+              "files": [], "max_log_mb": 64, "machine": False}
     with pytest.raises(ConnectionLost):
         h.step().run(h.context(), params)
+
+
+MACHINE = {"gpus": [{"index": 0, "name": "NVIDIA H200", "driver": "570.124.06",
+                     "memory_total_mib": 143771.0, "clock_max_sm_mhz": 1980.0,
+                     "clock_max_memory_mhz": 3201.0, "power_limit_w": 700.0}],
+           "driver": "570.124.06", "cuda": "12.8", "cpu_count": 64,
+           "cgroup": {"version": 2, "cpu_quota_cores": 8.0, "cpuset": "0-15", "cpuset_cpus": 16,
+                      "memory_limit_bytes": 68719476736}}
+
+
+def collect_only_the_machine(h):
+    params = {"log": False, "freeze": False, "nvidia_smi": False, "summary": False,
+              "files": [], "max_log_mb": 64, "machine": True}
+    return h.step().run(h.context(), params)
+
+
+def test_collect_records_what_the_run_ran_on(tmp_path):
+    h = harness(tmp_path, COLLECT)
+    h.begin("dev")
+    h.host.on_payload("machine", MACHINE)
+    outcome = collect_only_the_machine(h)
+    assert outcome.data["files"] == ["machine.json"] and outcome.data["problems"] == []
+    assert h.recorder.target_info("dev").machine == MACHINE
+    (call,) = h.host.payload_calls("machine")
+    assert call.argv[0] == "python3"          # the container's own python: stdlib only
+    with open(os.path.join(paths.run_dir(RUN_ID), "dev", "machine.json")) as handle:
+        assert json.load(handle) == MACHINE
+
+
+def test_collect_without_the_machine_facts_says_so_and_goes_on(tmp_path):
+    h = harness(tmp_path, COLLECT)
+    h.begin("dev")
+    h.host.on_payload("machine", error="boom")
+    outcome = collect_only_the_machine(h)
+    assert outcome.data["problems"] and outcome.data["problems"][0].startswith("machine: ")
+    assert h.recorder.target_info("dev").machine == {}
 
 
 WHEELHOUSE = """\

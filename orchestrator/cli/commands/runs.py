@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import shlex
 from typing import TYPE_CHECKING
@@ -14,9 +15,11 @@ from orchestrator.ground.console.run import ConsoleReporter
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.lazy import LazyModule, lazy
 from orchestrator.ground.verdicts import RUNNING
+from orchestrator.runs import acks as acks_mod
 from orchestrator.runs import controller
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
+from orchestrator.runs.model import now_iso
 from orchestrator.runs.store import RunStore
 
 # imported when first used: `orch runs --help` needs no engine, SSH or jinja2
@@ -344,6 +347,91 @@ def runs_unpin(playbook):
     console.info(f"unpinned the baseline of {playbook}" if had else f"{playbook} had no pinned run")
 
 
+@runs.command("ack")
+@click.argument("playbook")
+@click.argument("metrics", nargs=-1, metavar="[METRIC]...")
+@click.option("--reason", required=True, metavar="TEXT", help="Why the slow-down is accepted (recorded).")
+@click.option("--expires", default=None, metavar="SPAN|DATE",
+              help="When the acknowledgement ends: 14d, 2w, 12h or YYYY-MM-DD (default 30d).")
+@click.option("--by", "by", default=None, metavar="NAME",
+              help="Who acknowledges it (default: your user name).")
+def runs_ack(playbook, metrics, reason, expires, by):
+    """Acknowledge a known throughput slow-down of PLAYBOOK's last night: METRIC (total,
+    d0, TARGET/d1, ...; none: every flagged one) stops alerting - `orch nightly` exits 0 for
+    it and says "acknowledged" with who, why and until when in its reports and
+    nightly.json - until it expires, the metric recovers, or the window's median has come
+    down to it (the new level is the baseline). A night slower still alerts again.
+
+    
+    Examples:
+      orch runs ack playbooks/dflash.yaml --reason "torch 2.14: slower compile, accepted"
+      orch runs ack playbooks/dflash.yaml total d1 --reason "GPU shared with CI" --expires 2w
+    """
+    until = acks_mod.parse_expiry(expires or acks_mod.DEFAULT_EXPIRY)
+    with _store() as store:
+        night, judgement = nightly_mod.last_night(store, playbook)
+        made = acks_mod.acknowledge(store, night[-1].playbook, judgement, night[-1].run_id,
+                                    list(metrics), reason=reason, by=by or _user(), expires=until)
+    for ack in made:
+        console.info(f"{ack.metric}: {ack.level:,.0f} tok/s (usually {ack.centre:,.0f}) "
+                     f"{ack.describe()}")
+
+
+@runs.command("unack")
+@click.argument("playbook")
+@click.argument("metrics", nargs=-1, metavar="[METRIC]...")
+def runs_unack(playbook, metrics):
+    """Clear the acknowledgements of PLAYBOOK (of METRIC only, when given): the slow-down
+    alerts again. They stay listed by `orch runs acks --all`.
+
+    
+    Example:
+      orch runs unack playbooks/dflash.yaml total
+    """
+    with _store() as store:
+        active = [a for a in store.acks(playbook) if not metrics or a["metric"] in metrics]
+        for ack in active:
+            store.clear_ack(ack["id"], f"removed by {_user()}", now_iso())
+    if not active:
+        console.info(f"{playbook} has no active acknowledgement"
+                     + (f" of {', '.join(metrics)}" if metrics else ""))
+    for ack in active:
+        console.info(f"cleared the acknowledgement of {ack['metric']} ({ack['reason']})")
+
+
+@runs.command("acks")
+@click.argument("playbook", required=False)
+@click.option("--all", "show_all", is_flag=True, help="Also the cleared ones, with why they cleared.")
+@JSON_OPTION
+def runs_acks(playbook, show_all, as_json):
+    """The acknowledged slow-downs (of PLAYBOOK, or all): metric, level, who, why, until.
+
+    
+    Examples:
+      orch runs acks
+      orch runs acks playbooks/dflash.yaml --all --json
+    """
+    with _store() as store:
+        rows = store.acks(playbook, cleared=show_all)
+    if as_json:
+        console.print_json(rows)
+        return
+    if not rows:
+        console.info("no acknowledged slow-down" + (f" of {playbook}" if playbook else ""))
+        return
+    console.table(["PLAYBOOK", "METRIC", "TOK/S (USUAL)", "BY", "AT", "UNTIL", "REASON", "CLEARED"],
+                  [(row["playbook"], row["metric"], f"{row['level']:,.0f} ({row['centre']:,.0f})",
+                    row["by"], row["at"][:10], row["expires"][:10], row["reason"],
+                    row["cleared"] or "-") for row in rows], out=_wide())
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):      # no passwd entry and no $USER (a bare container)
+        return f"uid {os.getuid()}"
+
+
 # ---------------------------------------------------------------- orch report
 @click.command("report")
 @click.argument("run", default="last")
@@ -399,8 +487,14 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
 @click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
               help="Set a playbook variable (repeatable).")
 @THRESHOLD_OPTION
+@click.option("--repeat", metavar="N", default=None,
+              help="Run the playbook N times tonight and judge throughput on all N runs "
+                   "(default 1, or nightly.yaml's repeat; at most 20).")
 @click.option("--config", "config_file", metavar="FILE",
               help="Nightly config (default: $ORCH_DATA_DIR/nightly.yaml when it exists).")
+@click.option("--prometheus-dir", metavar="DIR", default=None,
+              help="Write the night's metrics to DIR/orch_nightly_KEY.prom for node_exporter's "
+                   "textfile collector (default: nightly.yaml's prometheus_dir).")
 @click.option("--notify-webhook", "webhooks", multiple=True, metavar="URL",
               help="POST a JSON summary here (repeatable; adds to the config's). Never printed.")
 @click.option("--notify-command", "notify_command", metavar="ARGV", default=None,
@@ -410,8 +504,8 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
               help="When to notify (default always, or the config's).")
 @JSON_OPTION
 @pass_app
-def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, webhooks,
-                    notify_command, notify_on, as_json):
+def nightly_command(app, playbook, targets, extra_vars, threshold, repeat, config_file,
+                    prometheus_dir, webhooks, notify_command, notify_on, as_json):
     """Run PLAYBOOK once, unattended (for schedulers and scripts): lock, run, compare with
     the baseline (the pinned run, else the last ok run, of the same shape: targets, workers,
     devices, throughput variables), write report.html and report.md
@@ -420,7 +514,9 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
     Throughput is judged against the measured noise of the last 20 ok runs of the same
     shape: one slow night is "suspected" (exit 0, said on one line), two slow nights in a
     row, or one far outside the noise, a regression (20). With fewer than 4 such runs
-    the --threshold against the baseline judges.
+    the --threshold against the baseline judges. --repeat N runs the playbook N times in
+    one night: the night's level is the mean of its runs, its samples all of theirs (a
+    run that is not ok ends the night with its verdict).
 
     Only one nightly of a playbook runs at a time: a second exits at once with code 21.
 
@@ -437,11 +533,17 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
     Examples:
       orch nightly playbooks/dflash.yaml
       orch nightly playbooks/dflash.yaml -t drafters -e slow_ms=0 --threshold 5%
+      orch nightly playbooks/dflash.yaml --repeat 3
+      orch nightly playbooks/dflash.yaml --prometheus-dir /var/lib/node_exporter/textfile
       orch nightly playbooks/dflash.yaml --notify-command 'notify-send orch'
     """
     config = nightly_mod.load_config(config_file)
     if threshold is not None:
         config.threshold = nightly_mod.parse_threshold(threshold)
+    if repeat is not None:
+        config.repeat = nightly_mod.parse_repeat(repeat)
+    if prometheus_dir is not None:
+        config.prometheus_dir = nightly_mod.check_prometheus_dir(prometheus_dir)
     for url in webhooks:
         config.notify.webhooks.append(nightly_mod.check_webhook(url))
     if notify_command:
@@ -462,7 +564,8 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
                                   reporter=ConsoleReporter(json_mode=as_json))
     summary = outcome.summary()
     if as_json:
-        console.print_json({**summary, "notified": outcome.notified})
+        console.print_json({**summary, "notified": outcome.notified,
+                            "prometheus_textfile": outcome.textfile})
     else:
         style = "green" if outcome.exit_code == 0 else "bold red"
         console.out.print(f"[{style}]{console.escape(summary['text'])}[/]")
@@ -470,11 +573,15 @@ def nightly_command(app, playbook, targets, extra_vars, threshold, config_file, 
             console.out.print(f"  [red]regression[/]: {console.escape(message)}")
         for message in summary["suspected"]:
             console.out.print(f"  [yellow]suspected[/]: {console.escape(message)}")
+        for message in summary["acknowledged"]:
+            console.out.print(f"  [cyan]acknowledged[/]: {console.escape(message)}")
         for line in summary["environment"]:
             console.out.print(f"  changed: {console.escape(line)}")
         console.out.print(("baseline: " + summary["baseline"] + ", " if summary["baseline"]
                            else "no baseline: ") + console.escape(summary["baseline_reason"] or ""))
         console.out.print(f"report: {summary['report_html']}")
+        if outcome.textfile:
+            console.out.print(f"metrics: {outcome.textfile}")
     return outcome.exit_code
 
 

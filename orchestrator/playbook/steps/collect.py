@@ -1,5 +1,7 @@
 """collect: the run's log, pip freeze, nvidia-smi and the JSON summary into a local run folder
-(the data directory's runs/RUN_ID/TARGET/), recorded as the run's artifacts.
+(the data directory's runs/RUN_ID/TARGET/), recorded as the run's artifacts; and what the run
+ran on (GPU models, driver, CUDA, clocks, cgroup limits: payloads/machine.py) into the record,
+where orch nightly's environment diff compares it with the baseline's.
 
 Files of the target (the log, the launch's JSON files, `files:`) come the way `orch cp`
 pulls one (remote/transfer.py): one stream each, sha256-checked on both sides, written
@@ -16,7 +18,7 @@ from orchestrator.ground import paths
 from orchestrator.ground.errors import (CommandTimeout, ConnectionProblem, ContainerProblem,
                                         OrchError)
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepOutcome
-from orchestrator.remote import transfer
+from orchestrator.remote import payload_api, transfer
 
 _HAS_SMI = "command -v nvidia-smi >/dev/null 2>&1"
 
@@ -30,6 +32,9 @@ class CollectStep(Step):
         "freeze": Param((bool,), default=True, doc="the venv's pip freeze, as pip-freeze.txt"),
         "nvidia_smi": Param((bool,), default=True, doc="nvidia-smi's output, as nvidia-smi.txt"),
         "summary": Param((bool,), default=True, doc="the run's summary, as summary.json"),
+        "machine": Param((bool,), default=True,
+                         doc="GPU models, driver, CUDA, clocks and cgroup limits, into the "
+                             "record and machine.json"),
         "files": Param((list,), default=[], items=(str,), doc="more files from the target"),
         "max_log_mb": Param((int, float), default=64, doc="keep the last this-many MB of the log"),
     }
@@ -40,6 +45,7 @@ class CollectStep(Step):
     def plan(self, ctx: StepContext, params: dict) -> list[str]:
         items = [name for name, on in (("output.log", params["log"]), ("pip-freeze.txt", params["freeze"]),
                                        ("nvidia-smi.txt", params["nvidia_smi"]),
+                                       ("machine.json", params["machine"]),
                                        ("summary.json", params["summary"])) if on]
         return [f"into {self._dest(ctx)}: {', '.join(items + [posixpath.basename(f) for f in params['files']])}"]
 
@@ -91,6 +97,8 @@ class CollectStep(Step):
             if probe.ok:
                 result = target.run(["nvidia-smi"], timeout=ctx.remaining(60))
                 save("nvidia-smi.txt", result.stdout + result.stderr)
+        if params["machine"]:
+            self._machine(ctx, save, problems)
         for path in params["files"]:
             try:
                 fetch(path, posixpath.basename(path) or "file", 300)
@@ -106,6 +114,21 @@ class CollectStep(Step):
         message = f"{len(saved)} file(s) in {dest}" + (f"; missing: {'; '.join(problems)}" if problems else "")
         return StepOutcome(status="changed" if saved else "ok", message=message,
                            data={"dir": dest, "files": saved, "problems": problems})
+
+    @staticmethod
+    def _machine(ctx: StepContext, save, problems: list) -> None:
+        """The machine payload's facts into the record (a CPU container: gpus null, which is
+        a fact, not a problem)."""
+        try:
+            facts = payload_api.machine(ctx.target)
+        except OrchError as error:
+            problems.append(f"machine: {error}")
+            return
+        facts = {key: value for key, value in facts.items() if key != "event"}
+        save("machine.json", json.dumps(facts, indent=2, sort_keys=True).encode())
+        if ctx.info is not None:
+            ctx.info.machine = facts
+            ctx.recorder.save_targets()
 
 
 def _unless_the_target_is_gone(error: OrchError) -> None:
