@@ -17,7 +17,15 @@ import ast
 import functools
 import json
 import re
+import threading
 from importlib import resources
+
+# CPython keeps the ast module's recursion counter per interpreter, not per thread: two
+# threads turning source into ast objects at once can fail with "SystemError: AST
+# constructor recursion depth mismatch" (python/cpython#106905; seen when two nodes'
+# collect steps compacted a payload at the same moment). Every ast parse the controller
+# makes holds this lock (the payloads themselves run single-threaded in the containers).
+AST_LOCK = threading.Lock()
 
 INLINE_MARK = re.compile(r"^from (_\w+) import \*  # orch: inlined when shipped$", re.MULTILINE)
 
@@ -32,13 +40,16 @@ def payload_source(name: str) -> bytes:
 def compact_source(name: str) -> str:
     """The payload without docstrings and comments, for `python3 -c SOURCE`: what runs as
     an argv shows in the container's `ps`, the shorter the better."""
-    tree = ast.parse(payload_source(name).decode())
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
+    source = payload_source(name).decode()
+    with AST_LOCK:
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        return ast.unparse(tree)
 
 
 def _read(name: str) -> str:

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Optional
 
+from orchestrator.payloads import AST_LOCK
+
 # The stand-in trainer's step lines (the `orch` format; watch/classify.py reads them too).
 DEFAULT_METRIC_REGEX = (r"drafter=(?P<drafter>\d+)\s+step=(?P<step>\d+)"
                         r"(?:\s+loss=(?P<loss>\S+))?(?:\s+tok_s=(?P<tok_s>[0-9.eE+-]+))?")
@@ -516,7 +518,8 @@ def literal_dict(text: str) -> Optional[dict]:
     if not text.startswith("{") or not text.endswith("}") or len(text) > MAX_LITERAL:
         return None
     try:
-        fields = ast.literal_eval(text)
+        with AST_LOCK:   # one node's monitor per thread: ast is not thread-safe (payloads/)
+            fields = ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
     return fields if isinstance(fields, dict) else None

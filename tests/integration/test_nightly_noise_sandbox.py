@@ -78,15 +78,16 @@ def test_quiet_nights_stay_quiet_a_slowed_one_is_a_regression_and_an_acknowledge
     code, summary = nightly(env, *SLOW)
     total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
     assert total["effect"] < -0.5 and total["p"] < 0.01
-    if total["status"] == "suspected":
+    if summary["status"] != "regression":
         # This machine's nights spread 10-20 % when it is busy: -90 % can land just short of
-        # "far outside the noise" (z -6). Then the next slowed night confirms it.
-        assert code == 0 and "confirmed if the next night is slow too" in total["reason"]
+        # "far outside the noise" (z -6) for every metric. Then the next slowed night
+        # confirms it. (One metric far out, the total or a drafter's, is a regression now.)
+        assert code == 0 and total["status"] == "suspected", summary["noise"]
+        assert "confirmed if the next night is slow too" in total["reason"]
         code, summary = nightly(env, *SLOW)
-        total = next(m for m in summary["noise"]["metrics"] if m["metric"] == "total")
     assert code == ExitCode.REGRESSION and summary["status"] == "regression", summary["noise"]
-    assert total["status"] == "regression"
-    assert any(m.startswith("total throughput: ") for m in summary["regressions"])
+    assert any(m["status"] == "regression" for m in summary["noise"]["metrics"])
+    assert any(m.startswith(("total throughput: ", "d")) for m in summary["regressions"])
     assert "measured noise: regression" in open(summary["report_md"]).read()
 
     flagged = [m["metric"] for m in summary["noise"]["metrics"]

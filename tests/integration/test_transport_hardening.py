@@ -389,4 +389,6 @@ def test_group_errors_name_the_container(cli_path, sandbox, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 255
     assert "[sb1-200] hi" in out.stdout
-    assert re.search(r"error: lost-ct: cannot reach host nowhere", out.stderr), out.stderr
+    # the failed targets are listed at the end, one line each, after a count
+    assert "error: 1 of 2 targets failed:" in out.stderr, out.stderr
+    assert re.search(r"(?m)^  lost-ct: cannot reach host nowhere", out.stderr), out.stderr

@@ -120,3 +120,22 @@ def test_shared_modules_are_inlined_once_each():
     shipped = payload_source("launcher").decode()
     assert shipped.count("# --- _protocol.py, inlined by orch ---") == 1
     assert shipped.count("# --- _gpus.py, inlined by orch ---") == 1
+
+
+def test_the_controllers_ast_parses_hold_one_lock(monkeypatch):
+    """ast is not thread-safe before CPython fixes #106905: two nodes' steps compacting a
+    payload at once failed with "AST constructor recursion depth mismatch"."""
+    import ast
+    from orchestrator import payloads
+    from orchestrator.watch.logformats import literal_dict
+    held = []
+    real_parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: held.append(payloads.AST_LOCK.locked())
+                        or real_parse(*a, **k))
+    payloads.compact_source.cache_clear()
+    try:
+        payloads.compact_source("probe")
+    finally:
+        payloads.compact_source.cache_clear()
+    assert literal_dict("{'loss': 2.5}") == {"loss": 2.5}
+    assert held and all(held), held
