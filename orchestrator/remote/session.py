@@ -30,7 +30,7 @@ from orchestrator.payloads import compact_source
 from orchestrator.remote.base import (OutputKeeper, Process, Result, RunOptions, Transport,
                                       command_timeout, connection_lost, display_argv,
                                       stdin_pieces)
-from orchestrator.remote.container import Target
+from orchestrator.remote.container import Target, runs_here
 
 START_TIMEOUT = 30.0
 _HEADER = struct.Struct(">cII")   # kind, command id, body length (see payloads/exec_server.py)
@@ -112,7 +112,10 @@ class ExecSession(Transport):
         self._next_id += 1
         ident = self._current = self._next_id
         started = time.monotonic()
-        body = json.dumps({"argv": argv, "env": options.env}).encode()
+        request = {"argv": argv, "env": options.env}
+        if options.in_python and runs_here(argv) and argv[0] == self.python:
+            request["in_python"] = True   # a fork of the server's own interpreter runs it
+        body = json.dumps(request).encode()
         try:
             self._send(b"r", ident, body)
             stream = self._feed_input(ident, options.stdin)
