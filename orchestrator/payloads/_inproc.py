@@ -19,10 +19,11 @@ def runs_here(argv):
     return len(argv) >= 2 and os.path.basename(argv[0]) == "python3" and argv[1] == "-"
 
 
-def run_here(argv, env):
-    """In a forked child whose fds 0-2 are the command's: run the script on stdin as the
-    __main__ of a fresh namespace, then exit with its code (never returns)."""
-    code = 1
+def run_here(argv, env, script=None, code=None):
+    """In a forked child whose fds 0-2 are the command's: run the script (given, or on
+    stdin; code: it compiled already) as the __main__ of a fresh namespace, then exit with
+    its code (never returns)."""
+    status = 1
     try:
         os.environb.clear()
         os.environb.update(env)
@@ -31,24 +32,25 @@ def run_here(argv, env):
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")
-        source = sys.stdin.read()
-        code = 0
+        # bytes, as python3 reads them: a coding declaration is honoured
+        source = sys.stdin.buffer.read() if script is None else script
+        status = 0
         try:
-            exec(compile(source, "<stdin>", "exec"), {"__name__": "__main__"})
+            exec(code or compile(source, "<stdin>", "exec"), {"__name__": "__main__"})
         except SystemExit as stop:
-            code = exit_code(stop.code)
+            status = exit_code(stop.code)
         except BaseException as error:   # told as python3 tells it: from the script down
             import traceback   # only for a script that failed: a start costs none
             traceback.print_exception(type(error), error, error.__traceback__.tb_next)
-            code = 1
+            status = 1
     except BaseException:
-        code = 1
+        status = 1
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
-            code = code or 120   # as Python says of an unflushable stdout at exit
-    os._exit(code)
+            status = status or 120   # as Python says of an unflushable stdout at exit
+    os._exit(status)
 
 
 def exit_code(value):

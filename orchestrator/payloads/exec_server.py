@@ -6,7 +6,7 @@ as it is typed, and a kill message stops it. Per command it saves a new SSH chan
 `pct exec` and a new interpreter: about 2 ms instead of 25 ms.
 
 Frames, both ways: kind (1 byte), command id (4 bytes), length (4 bytes), then the body.
-  to the server    r run {"argv": [...], "env": {...}, "in_python": bool}   i input bytes   c end of input
+  to the server    r run {"argv": [...], "env": {...}, "in_python": bool, "script": "..."}   i input bytes   c end of input
                    k kill (SIGTERM to the group, SIGKILL 2 s later)
   from the server  s started   o stdout bytes   e stderr bytes   x exit {"code": N}
                    n not started {"errno": N, "error": "..."}: nothing ran; the caller
@@ -21,6 +21,8 @@ as orch's reaper does for a command on a channel of its own. Exit code: the comm
 in_python (argv `python3 - ARGS`, a stdlib payload): the script runs in a fork of this
 server's interpreter instead of a new one (_inproc), a process and group of its own all
 the same: the same streams, kill and exit code, and nothing it does reaches the server.
+Its script may come in the request instead of on stdin: compiled here once and kept, it
+costs a fork 1.6 instead of 5 ms of CPU (compiling in the child copies the pages it touches).
 """
 
 import contextlib
@@ -90,7 +92,8 @@ class Command:
         env.update((os.fsencode(k), os.fsencode(v)) for k, v in (request.get("env") or {}).items())
         argv = request["argv"]
         if request.get("in_python") and runs_here(argv):
-            self.process = ForkedPython(argv, env)
+            script = request.get("script")
+            self.process = ForkedPython(argv, env, script, compiled(script))
         else:
             self.process = subprocess.Popen(
                 [os.fsencode(arg) for arg in argv], env=env, stdin=subprocess.PIPE,
@@ -143,15 +146,36 @@ class Command:
         return self.process.poll() is None
 
 
+COMPILED = {}   # script text -> code: the same payload, container after container
+COMPILED_KEPT = 8
+
+
+def compiled(script):
+    """The script's code, None when there is none or it does not compile (the child then
+    compiles it again and says why, as python3 would)."""
+    if not isinstance(script, str):
+        return None
+    code = COMPILED.get(script)
+    if code is None:
+        try:
+            code = compile(script, "<stdin>", "exec")
+        except (SyntaxError, ValueError):
+            return None
+        if len(COMPILED) >= COMPILED_KEPT:
+            COMPILED.clear()
+        COMPILED[script] = code
+    return code
+
+
 class ForkedPython:
     """`python3 - ARGS` in a fork of this interpreter, with the parts of Popen that Command
     uses: pid, stdin/stdout/stderr pipes, poll, wait (a signal's death: -N)."""
 
-    def __init__(self, argv, env):
+    def __init__(self, argv, env, script=None, code=None):
         pipes = [os.pipe() for _ in range(3)]
         pid = os.fork()
         if pid == 0:
-            self.child(argv, env, pipes)
+            self.child(argv, env, pipes, script, code)
         try:
             os.setpgid(pid, pid)   # also here, as reaper.start: a kill may come at once
         except OSError:
@@ -164,7 +188,7 @@ class ForkedPython:
         self.stderr = os.fdopen(pipes[2][0], "rb", buffering=0)
 
     @staticmethod
-    def child(argv, env, pipes):
+    def child(argv, env, pipes, script, code):
         try:
             os.setpgid(0, 0)
             for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
@@ -180,7 +204,7 @@ class ForkedPython:
                         pass
         except BaseException:
             os._exit(126)
-        run_here(argv, env)
+        run_here(argv, env, script, code)
 
     def wait(self):
         # polled, never a blocking waitpid under the lock: the main thread's poll (a

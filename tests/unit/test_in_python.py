@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.ground.errors import CommandTimeout
 from orchestrator.payloads import payload_source
+from orchestrator.remote.base import RunOptions
 from orchestrator.remote.container import Target, reaped
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.session import ExecSession
@@ -92,3 +93,21 @@ def test_a_script_cannot_break_the_session(session):
                     in_python=True)
     done = session.run(["python3", "-", "again"], stdin=WHERE, in_python=True)
     assert done.exit_code == 0 and json.loads(done.stdout)[0] == ["-", "again"]
+
+
+def test_the_script_travels_in_the_request_compiled_once_by_the_server(session):
+    request, rest = session._request(["python3", "-", "{}"],
+                                     RunOptions(stdin=b"print(1)", in_python=True))
+    assert (request["in_python"], request["script"], rest) == (True, "print(1)", None)
+    request, rest = session._request(["python3", "-"], RunOptions(stdin=b"print(1)"))
+    assert "in_python" not in request and "script" not in request and rest == b"print(1)"
+    latin = b"# -*- coding: latin-1 -*-\nprint(repr('\xe9'))\n"   # not UTF-8: stays on stdin
+    request, rest = session._request(["python3", "-"], RunOptions(stdin=latin, in_python=True))
+    assert "script" not in request and rest == latin
+    assert session.run(["python3", "-"], stdin=latin, in_python=True).stdout == \
+        "'\u00e9'\n".encode()
+    # as after `python3 -` read its script: nothing left on stdin
+    for _ in range(2):
+        done = session.run(["python3", "-"], stdin=b"import sys; print(repr(sys.stdin.read()))",
+                           in_python=True)
+        assert done.stdout == b"''\n"
