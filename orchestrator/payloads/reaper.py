@@ -2,7 +2,7 @@
 stops listening: the SSH channel closed (orch's --timeout, Ctrl-C, a lost connection), or
 when the command outlives its own wall-clock limit.
 
-    python3 -c SOURCE [--limit=SECONDS] [--in-python] ARGV...   (stdin, stdout, stderr: the command's own)
+    python3 -c SOURCE [--in-python] [--limit=SECONDS] ARGV...   (stdin, stdout, stderr: the command's own)
 
 --limit: the group is killed after SECONDS (0: no limit) even while the channel stays open
 (a link that died without closing, a controller that hangs), and the exit status is 124, as
@@ -109,10 +109,12 @@ def split_limit(argv):
 
 
 def main(argv):
-    limit, argv = split_limit(argv)
-    in_python = bool(argv) and argv[0] == IN_PYTHON and runs_here(argv[1:])
-    if argv and argv[0] == IN_PYTHON:
+    # before --limit, which orch always sends: a command named --in-python stays one
+    in_python = bool(argv) and argv[0] == IN_PYTHON
+    if in_python:
         argv = argv[1:]
+    limit, argv = split_limit(argv)
+    in_python = in_python and runs_here(argv)
     if not argv:
         sys.stderr.write("reaper: no command\n")
         return 2

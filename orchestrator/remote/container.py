@@ -281,7 +281,7 @@ def reaped(argv: Sequence[str], timeout: Optional[float] = None,
     reaper's forked child, no second interpreter (RunOptions.in_python)."""
     limit = f"--limit={timeout + REAP_LIMIT_SLACK_S:g}" if timeout else "--limit=0"
     here = ["--in-python"] if in_python and runs_here(argv) else []
-    return ["python3", "-I", "-S", "-c", compact_source("reaper"), limit, *here, *argv]
+    return ["python3", "-I", "-S", "-c", compact_source("reaper"), *here, limit, *argv]
 
 
 def runs_here(argv: Sequence[str]) -> bool:

@@ -39,6 +39,12 @@ def test_reaped_argv_asks_for_it_only_for_python3_dash():
     assert "--in-python" not in reaped(["/root/venv/bin/python", "-", "{}"], 10, True)
 
 
+def test_a_command_named_like_the_flag_is_still_the_command():
+    done = subprocess.run(reaped(["--in-python", "python3", "-c", "print(1)"], 10), env=ENV,
+                          capture_output=True, timeout=30)
+    assert done.returncode == 127 and b"--in-python" in done.stderr and not done.stdout
+
+
 @pytest.mark.parametrize("in_python", [False, True])
 def test_the_reaper_runs_the_script_as_python3_dash_would(in_python):
     done = reaper_run(["python3", "-", "a b", "'c'"], WHERE, in_python)

@@ -98,8 +98,8 @@ def test_the_probe_in_a_fork_of_the_reaper_and_of_the_exec_server(python):
     in_python request with its script; the same answer as the probe's own interpreter."""
     args = json.dumps({"venv": None})
     own = run_payload(python, "probe", {"venv": None}, via_stdin=True).expect_result()
-    reaped = subprocess.run([python, "-I", "-S", "-c", compact_source("reaper"), "--limit=0",
-                             "--in-python", "python3", "-", args], input=payload_source("probe"),
+    reaped = subprocess.run([python, "-I", "-S", "-c", compact_source("reaper"), "--in-python",
+                             "--limit=0", "python3", "-", args], input=payload_source("probe"),
                             capture_output=True, timeout=60)
     assert reaped.returncode == 0, reaped.stderr.decode()
     assert json.loads(reaped.stdout) == own
