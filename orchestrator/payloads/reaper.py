@@ -2,11 +2,12 @@
 stops listening: the SSH channel closed (orch's --timeout, Ctrl-C, a lost connection), or
 when the command outlives its own wall-clock limit.
 
-    python3 -c SOURCE [--limit=SECONDS] ARGV...   (stdin, stdout, stderr: the command's own)
+    python3 -c SOURCE [--in-python] [--limit=SECONDS] ARGV...   (stdin, stdout, stderr: the command's own)
 
 --limit: the group is killed after SECONDS (0: no limit) even while the channel stays open
 (a link that died without closing, a controller that hangs), and the exit status is 124, as
 timeout(1) gives. orch sets it a little past its own timeout, which normally comes first.
+--in-python: ARGV is `python3 - ARGS`, run in the forked child by this interpreter (_inproc).
 
 How it notices: closing a channel makes sshd close its end of the command's stdout and
 stderr pipes; poll() then reports POLLERR/POLLHUP on our end without anything written.
@@ -29,11 +30,12 @@ except ImportError:  # a Python without it
     import signal
 
 from _environ import *  # orch: inlined when shipped
+from _inproc import *  # orch: inlined when shipped
 
 HANG_UP = select.POLLERR | select.POLLHUP
 
 
-def start(argv):
+def start(argv, in_python=False):
     env = start_environment()
     pid = os.fork()
     if pid == 0:
@@ -44,6 +46,11 @@ def start(argv):
                        signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(number, signal.SIG_DFL)
         os.setpgid(0, 0)
+        if in_python:
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)   # as a new python3 has them
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            run_here(argv, env)
         try:
             os.execvpe(argv[0], argv, env)
         except OSError as error:
@@ -102,7 +109,12 @@ def split_limit(argv):
 
 
 def main(argv):
+    # before --limit, which orch always sends: a command named --in-python stays one
+    in_python = bool(argv) and argv[0] == IN_PYTHON
+    if in_python:
+        argv = argv[1:]
     limit, argv = split_limit(argv)
+    in_python = in_python and runs_here(argv)
     if not argv:
         sys.stderr.write("reaper: no command\n")
         return 2
@@ -114,7 +126,7 @@ def main(argv):
     signal.signal(signal.SIGCHLD, lambda *_: None)
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(number, lambda number, _frame: stop.append(number))
-    pid = start(argv)
+    pid = start(argv, in_python)
     poller = select.poll()
     poller.register(wake_read, select.POLLIN)
     for fd in watched_pipes():

@@ -80,6 +80,10 @@ class RunOptions:
     # True: the command's process group is killed when orch stops waiting for it (timeout,
     # Ctrl-C, a lost connection). Container targets reap every command (see Target._run).
     kill_on_close: bool = False
+    # True: argv is `python3 - ARGS` of a stdlib payload, which a container may run in a
+    # fork of a python3 already running there (the reaper's, a warm session's) instead of
+    # a new interpreter (payloads/_inproc.py); other transports run it as it is.
+    in_python: bool = False
 
 
 class Transport:
@@ -91,10 +95,11 @@ class Transport:
             timeout: Optional[float] = DEFAULT_TIMEOUT, env: Optional[dict] = None,
             on_stdout: Optional[OutputCallback] = None,
             on_stderr: Optional[OutputCallback] = None, check: bool = False,
-            capture: bool = True, kill_on_close: bool = False) -> Result:
+            capture: bool = True, kill_on_close: bool = False,
+            in_python: bool = False) -> Result:
         options = RunOptions(stdin=stdin, timeout=timeout, env=validate_env(env or {}),
                              on_stdout=on_stdout, on_stderr=on_stderr, capture=capture,
-                             kill_on_close=kill_on_close)
+                             kill_on_close=kill_on_close, in_python=in_python)
         # The command's interrupt closes its channel or kills its process (the transports
         # file them under it): what comes back then is that interrupt, not a broken channel
         interrupt = invocation.current().interrupt

@@ -111,7 +111,7 @@ class Target(Transport):
         path = env.pop("PATH", None)  # pct would reset it
         # Every container command is reaped: pct exec gives no signal to a command whose
         # caller went away, and a payload or step past its timeout must not run on
-        inner = reaped(argv, options.timeout) if self.vmid else argv
+        inner = reaped(argv, options.timeout, options.in_python) if self.vmid else argv
         try:
             result = self.host._run(self.wrap(inner, path, env), options)
             if self.vmid and self._keep_env_refused(result):   # refused before anything ran
@@ -273,12 +273,21 @@ def pct_error_text(result: Result, vmid: Optional[int]) -> Optional[str]:
     return None
 
 
-def reaped(argv: Sequence[str], timeout: Optional[float] = None) -> list[str]:
+def reaped(argv: Sequence[str], timeout: Optional[float] = None,
+           in_python: bool = False) -> list[str]:
     """argv run under the reaper payload: its own process group, killed when the channel
     closes (pct exec gives no signal to a command whose caller went away), or a little
-    after `timeout` seconds in any case."""
+    after `timeout` seconds in any case. in_python: a `python3 - ARGS` payload runs in the
+    reaper's forked child, no second interpreter (RunOptions.in_python)."""
     limit = f"--limit={timeout + REAP_LIMIT_SLACK_S:g}" if timeout else "--limit=0"
-    return ["python3", "-I", "-S", "-c", compact_source("reaper"), limit, *argv]
+    here = ["--in-python"] if in_python and runs_here(argv) else []
+    return ["python3", "-I", "-S", "-c", compact_source("reaper"), *here, limit, *argv]
+
+
+def runs_here(argv: Sequence[str]) -> bool:
+    """argv is `python3 - ...`, which the reaper and the exec server can run in-process
+    (payloads/_inproc.py says the same of the argv it gets)."""
+    return len(argv) >= 2 and argv[0] == "python3" and argv[1] == "-"
 
 
 def no_python3(result: Result) -> bool:

@@ -42,10 +42,12 @@ REMOTE_ROOT = f"{STATE_DIR}/runs"  # where the launcher keeps a run's pid, exit 
 # ------------------------------------------------------------------ running a payload
 def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] = None,
                 timeout: float = 300.0, on_event: Optional[EventCallback] = None,
-                args_on_stdin: bool = False) -> dict:
+                args_on_stdin: bool = False, in_python: bool = False) -> dict:
     """Run payload `name` on target and return its result event.
     on_event gets every event before the last; args_on_stdin ships the arguments inside the
-    script on stdin instead of in argv (for secrets; see payloads.with_args)."""
+    script on stdin instead of in argv (for secrets; see payloads.with_args); in_python lets
+    a container run it in a fork of a python3 already running there (RunOptions.in_python),
+    for a short stdlib payload whose answers are the same without site (-I -S)."""
     python = python or target.python()
     events: list[dict] = []
 
@@ -62,7 +64,8 @@ def run_payload(target: Target, name: str, args: dict, *, python: Optional[str] 
         argv, script = [python, "-"], with_args(payload_source(name), args)
     else:
         argv, script = [python, "-", json.dumps(args)], payload_source(name)
-    result = target.run(argv, stdin=script, timeout=timeout, on_stdout=splitter.feed)
+    result = target.run(argv, stdin=script, timeout=timeout, on_stdout=splitter.feed,
+                        in_python=in_python)
     splitter.flush()
     return payload_outcome(target, name, python, events[-1] if events else None, result)
 
@@ -249,9 +252,12 @@ def fx_race(target: Target, trials: int = 5, on_event: Optional[EventCallback] =
 
 # ------------------------------------------------------------------ containers and venvs
 def probe(target: Target) -> dict:
-    """What the container offers: python, the inventory's venv, GPUs, ripgrep."""
+    """What the container offers: python, the inventory's venv, GPUs, ripgrep. In a fork of
+    the reaper's or the warm session's python3: its answers are that python3's (executable,
+    version), the command environment's (PATH, CUDA_VISIBLE_DEVICES) and what it runs (the
+    venv's python, nvidia-smi), none of which -I -S changes."""
     return run_payload(target, "probe", {"venv": target.venv}, python=SYSTEM_PYTHON,
-                       timeout=PROBE_TIMEOUT)
+                       timeout=PROBE_TIMEOUT, in_python=True)
 
 
 def machine(target: Target) -> dict:

@@ -30,13 +30,14 @@ from orchestrator.payloads import compact_source
 from orchestrator.remote.base import (OutputKeeper, Process, Result, RunOptions, Transport,
                                       command_timeout, connection_lost, display_argv,
                                       stdin_pieces)
-from orchestrator.remote.container import Target
+from orchestrator.remote.container import Target, runs_here
 
 START_TIMEOUT = 30.0
 _HEADER = struct.Struct(">cII")   # kind, command id, body length (see payloads/exec_server.py)
 _POLL_S = 0.25                    # reads wake this often, so an interrupt is never stuck
 _KILL_WAIT_S = 5.0                # after a kill: the server's grace (2 s) and some slack
 SESSIONS_PER_TARGET = 2
+_SCRIPT_IN_REQUEST_MAX = 1 << 20
 
 
 class SessionUnavailable(OrchError):
@@ -112,10 +113,11 @@ class ExecSession(Transport):
         self._next_id += 1
         ident = self._current = self._next_id
         started = time.monotonic()
-        body = json.dumps({"argv": argv, "env": options.env}).encode()
+        request, stdin = self._request(argv, options)
+        body = json.dumps(request).encode()
         try:
             self._send(b"r", ident, body)
-            stream = self._feed_input(ident, options.stdin)
+            stream = self._feed_input(ident, stdin)
         except BrokenPipeError:
             self.close()
             raise _Gone(f"{self.name}: the command session is gone") from None
@@ -180,6 +182,21 @@ class ExecSession(Transport):
             elif kind == b"n":
                 reason = json.loads(body).get("error", "not started")
                 raise SessionUnavailable(f"{self.name}: {argv[0]}: {reason}")
+
+    def _request(self, argv: list[str], options: RunOptions) -> tuple[dict, object]:
+        """The run request and the input left to send. A `python3 -` payload asked to run
+        in-process (RunOptions.in_python) runs in a fork of the server's interpreter, its
+        script in the request: the server compiles it once for every container's fork."""
+        request: dict = {"argv": argv, "env": options.env}
+        stdin = options.stdin
+        if options.in_python and runs_here(argv) and argv[0] == self.python:
+            request["in_python"] = True
+            if isinstance(stdin, bytes) and len(stdin) <= _SCRIPT_IN_REQUEST_MAX:
+                try:
+                    request["script"], stdin = stdin.decode("utf-8"), None
+                except UnicodeDecodeError:
+                    pass   # python3 reads it as bytes from stdin: it goes there
+        return request, stdin
 
     def _timeout(self, argv, options, out, err, started):
         result = Result(argv, 124, out.value(), err.value(), time.monotonic() - started, self.name)

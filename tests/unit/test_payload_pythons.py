@@ -8,18 +8,21 @@ suite uses; the real-root sandbox test runs them in a Debian 12 root's own 3.11.
 from __future__ import annotations
 
 import glob
+import json
 import os
+import struct
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from orchestrator.payloads import payload_source
+from orchestrator.payloads import compact_source, payload_source
 from tests.fixtures.payloads import (FAKE_TORCH_VERSION, PAYLOADS, env_with_path,
                                      install_fake_torch, run_payload)
 
 MINORS = range(8, 14)
+FRAME = struct.Struct(">cII")   # payloads/exec_server.py's frame header
 SHIPPED = sorted(p.stem for p in PAYLOADS.glob("*.py") if not p.stem.startswith("_"))
 
 
@@ -88,6 +91,36 @@ def test_probe_bootstrap_search_and_patch_run(python, tmp_path):
         done = run_payload(python, "fx_patch", {"action": action, "orch_version": "9.9.9"},
                            env=env, via_stdin=True).expect_result()
         assert done["status"] == status, done
+
+
+def test_the_probe_in_a_fork_of_the_reaper_and_of_the_exec_server(python):
+    """payloads/_inproc.py on every version: the reaper's --in-python, the exec server's
+    in_python request with its script; the same answer as the probe's own interpreter."""
+    args = json.dumps({"venv": None})
+    own = run_payload(python, "probe", {"venv": None}, via_stdin=True).expect_result()
+    reaped = subprocess.run([python, "-I", "-S", "-c", compact_source("reaper"), "--in-python",
+                             "--limit=0", "python3", "-", args], input=payload_source("probe"),
+                            capture_output=True, timeout=60)
+    assert reaped.returncode == 0, reaped.stderr.decode()
+    assert json.loads(reaped.stdout) == own
+
+    server = subprocess.Popen([python, "-I", "-S", "-c", compact_source("exec_server")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        request = {"argv": ["python3", "-", args], "env": {}, "in_python": True,
+                   "script": payload_source("probe").decode()}
+        for kind, body in ((b"r", json.dumps(request).encode()), (b"c", b"")):
+            server.stdin.write(FRAME.pack(kind, 1, len(body)) + body)
+        server.stdin.flush()
+        frames = {}
+        while b"x" not in frames:
+            kind, _, length = FRAME.unpack(server.stdout.read(FRAME.size))
+            frames[kind] = frames.get(kind, b"") + server.stdout.read(length)
+    finally:
+        server.stdin.close()
+        server.wait(30)
+    assert json.loads(frames[b"x"]) == {"code": 0} and b"n" not in frames
+    assert json.loads(frames[b"o"]) == own
 
 
 def test_bootstrap_with_no_packages_makes_just_the_venv(tmp_path):
