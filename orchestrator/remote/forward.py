@@ -1,4 +1,5 @@
-"""Local TCP ports that reach a port inside a container (`orch forward`), through a relay.
+"""Local TCP ports that reach a port inside a container (`orch forward`), directly or by a
+relay.
 
 A container may have no address its host (or this machine) can reach, so the one way that
 always works is the way every command already goes: each connection accepted on a local
