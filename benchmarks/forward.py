@@ -1,15 +1,16 @@
-"""orch forward against `ssh -L`, side by side in one run: the throughput of one download
-of -s MB and the latency of a new connection (a small HTTP/1.0 request, connect to last
-byte, -n times, median and p90), through a local port.
+"""orch forward, both ways, against `ssh -L`, side by side in one run: the throughput of one
+download of -s MB and the latency of a new connection (a small HTTP/1.0 request, connect to
+last byte, -n times, median and p90), through a local port, all to one server:
+python3 -m http.server on 0.0.0.0 in CT 200 of sb1 (10.88.1.200).
 
     python benchmarks/forward.py [-s 100] [-n 30] [--json]
 
-  orch forward         `orch forward sb1-200 0:PORT` to python3 -m http.server on the
-                       container's 127.0.0.1 (the sandbox's containers have no network:
-                       the relay over `pct exec` is the only way in)
-  ssh -L to the host   `ssh -N -L 0:127.0.0.1:PORT sb1` to the same server run on the host
-                       itself: what one SSH channel gives here, with no pct and no relay
-                       (the ceiling; ssh -L cannot reach a container without an address)
+  orch forward direct  `orch forward --via direct sb1-200 0:PORT`: a direct-tcpip channel of
+                       the host's SSH connection to 10.88.1.200:PORT
+  orch forward relay   `orch forward --via relay sb1-200 0:PORT`: a python3 relay in the
+                       container over `pct exec` per connection
+  ssh -L via the host  `ssh -N -L 0:10.88.1.200:PORT sb1`: OpenSSH's forwarding through the
+                       host to the container's address, like for like with direct
 
 Against the sandbox (`orch sandbox up` first); the client, sshd and the servers share this
 machine's CPUs, so the figures compare the ways, not a link.
@@ -22,7 +23,6 @@ import hashlib
 import json
 import os
 import secrets
-import shlex
 import socket
 import statistics
 import subprocess
@@ -33,12 +33,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import orch_sandbox as sandboxes  # noqa: E402
 
-HOST, VMID, TARGET = "sb1", 200, "sb1-200"
+HOST, VMID, TARGET, ADDRESS = "sb1", 200, "sb1-200", "10.88.1.200"
 FOLDER = "/tmp/orch-bench-forward"
 ORCH = [sys.executable, "-m", "orchestrator"]
 SERVE = ('mkdir -p {f} && cd {f} && head -c {size} /dev/urandom > big.bin && printf small > '
          'small.txt && sha256sum big.bin | cut -d" " -f1 && {{ setsid python3 -m http.server '
-         '{port} --bind 127.0.0.1 >/dev/null 2>&1 </dev/null & echo $! > pid; }}')
+         '{port} --bind 0.0.0.0 >/dev/null 2>&1 </dev/null & echo $! > pid; }}')
 
 
 def serve(run_shell, size: int, port: int) -> str:
@@ -124,34 +124,32 @@ def main() -> None:
     def in_container(script):
         return bed.pct(HOST, "exec", str(VMID), "--", "sh", "-c", script)
 
-    def on_host(script):
-        return subprocess.run([*ssh, shlex.join(["sh", "-c", script])], check=True,
-                              capture_output=True, text=True).stdout
-
     rows = {}
     digest = serve(lambda s: _text(in_container(s)), size, port)
-    forwarder = subprocess.Popen([*ORCH, "-i", str(bed.inventory_path), "forward", TARGET,
-                                  f"0:{port}"], stderr=subprocess.PIPE,
-                                 env={**os.environ, "ORCH_AGENT": "off"})
     try:
-        local = local_port(forwarder)
-        wait_listening(local)
-        rows["orch forward"] = measure(local, args.size_mb, args.runs, digest)
+        for via in ("direct", "relay"):
+            forwarder = subprocess.Popen([*ORCH, "-i", str(bed.inventory_path), "forward",
+                                          "--via", via, TARGET, f"0:{port}"],
+                                         stderr=subprocess.PIPE,
+                                         env={**os.environ, "ORCH_AGENT": "off"})
+            try:
+                local = local_port(forwarder)
+                wait_listening(local)
+                rows[f"orch forward {via}"] = measure(local, args.size_mb, args.runs, digest)
+            finally:
+                forwarder.terminate()
+                forwarder.wait(30)
+        local = free_port()
+        tunnel = subprocess.Popen([*ssh, "-N", "-o", "ExitOnForwardFailure=yes",
+                                   "-L", f"{local}:{ADDRESS}:{port}"])
+        try:
+            wait_listening(local)
+            rows["ssh -L via the host"] = measure(local, args.size_mb, args.runs, digest)
+        finally:
+            tunnel.terminate()
+            tunnel.wait(30)
     finally:
-        forwarder.terminate()
-        forwarder.wait(30)
         stop(lambda s: in_container(s))
-    digest = serve(on_host, size, port)
-    local = free_port()
-    tunnel = subprocess.Popen([*ssh, "-N", "-o", "ExitOnForwardFailure=yes",
-                               "-L", f"{local}:127.0.0.1:{port}"])
-    try:
-        wait_listening(local)
-        rows["ssh -L to the host"] = measure(local, args.size_mb, args.runs, digest)
-    finally:
-        tunnel.terminate()
-        tunnel.wait(30)
-        stop(on_host)
     if args.json:
         print(json.dumps({"size_mb": args.size_mb, "runs": args.runs, "rows": rows}, indent=2))
         return

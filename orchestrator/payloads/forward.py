@@ -9,7 +9,8 @@ that socket and the socket to stdout:
   whole first. The local client then sees the connection close.
 Exit status: 0 relayed; 3 nothing accepted the connection (the one line on stderr says
 why). With `probe` it connects to nothing: it looks for a listening socket on PORT in the
-kernel's tables (/proc/net/tcp, tcp6): 0 one listens, 3 none. A test connection would be
+kernel's tables (/proc/net/tcp, tcp6): 0 one listens (each listener's local address
+printed, one a line: orch forward goes direct only to a non-loopback one), 3 none. A test connection would be
 taken by a one-client server as its client: debugpy's adapter serves the first connection
 it gets and then no other.
 """
@@ -39,21 +40,30 @@ def connect(port):
 
 
 def listening(port):
-    """Whether a socket of this network namespace listens on TCP `port` (any address)."""
+    """The local addresses the sockets of this network namespace that listen on TCP
+    `port` are bound to (0.0.0.0 and :: for any), as text."""
     wanted = ":%04X" % port
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    found = []
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         try:
             with open(table) as lines:
                 next(lines, None)   # the header
                 for count, line in enumerate(lines):
                     fields = line.split(None, 4)
                     if len(fields) > 3 and fields[1].endswith(wanted) and fields[3] == LISTEN:
-                        return True
-                    if count > MAX_TABLE_LINES:
+                        found.append(address_text(fields[1].partition(":")[0], family))
+                    if count > MAX_TABLE_LINES or len(found) > 16:
                         break
         except OSError:
             continue
-    return False
+    return found
+
+
+def address_text(hexed, family):
+    """/proc/net/tcp's address: 32-bit words in the kernel's (little-endian) order."""
+    raw = bytes.fromhex(hexed)
+    swapped = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(family, swapped)
 
 
 def to_server(sock):
@@ -89,7 +99,9 @@ def to_client(sock):
 def main(argv):
     port = int(argv[1])
     if argv[2:] == ["probe"]:
-        return 0 if listening(port) else NOT_CONNECTED
+        found = listening(port)
+        sys.stdout.write("".join(address + "\n" for address in found))
+        return 0 if found else NOT_CONNECTED
     sock = connect(port)
     threading.Thread(target=to_server, args=(sock,), daemon=True).start()
     to_client(sock)

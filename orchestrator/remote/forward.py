@@ -1,4 +1,5 @@
-"""Local TCP ports that reach a port inside a container (`orch forward`), through a relay.
+"""Local TCP ports that reach a port inside a container (`orch forward`), directly or by a
+relay.
 
 A container may have no address its host (or this machine) can reach, so the one way that
 always works is the way every command already goes: each connection accepted on a local
@@ -9,9 +10,13 @@ the target: the host's SSH connections, their channel limit (a stock sshd's MaxS
 10 per connection: remote/ssh.py opens more connections, up to the host's `connections`,
 then waits for a free channel) and the dead-link watchdog are the same as for `orch exec`.
 
-A direct-tcpip channel from the host to the container's address (no payload, no channel
-slot) is for later: it needs the container's address, and not every container has one
-the host can reach.
+Direct mode (--via direct, or auto's choice): each connection is a `direct-tcpip` channel
+of the host's SSH connection to CONTAINER_ADDRESS:PORT: no process in the container, and
+not a session (MaxSessions does not count it), but it needs the container's address
+(inventory or Proxmox API), a listener bound to a non-loopback address there (0.0.0.0, ::
+or that address: TensorBoard's and debugpy's 127.0.0.1 default is reachable only by the
+relay), and a host sshd that allows TCP forwarding (AllowTcpForwarding; a refused channel
+makes auto fall back to the relay for that port).
 """
 
 from __future__ import annotations
@@ -71,14 +76,48 @@ def relay_argv(port: int, probe: bool = False) -> list[str]:
 
 
 def probe(target: Target, port: int) -> bool:
-    """Whether a socket listens on `port` in the target now, seen in the kernel's tables
-    without connecting (a one-client server such as debugpy's would take a test connection
-    for its client). Raises what a command there raises (host unreachable, no such
-    container, no python3)."""
+    """Whether a socket listens on `port` in the target now (see listeners)."""
+    return bool(listeners(target, port))
+
+
+def listeners(target: Target, port: int) -> list[str]:
+    """The local addresses the sockets listening on `port` in the target are bound to,
+    seen in the kernel's tables without connecting (a one-client server such as debugpy's
+    would take a test connection for its client). Raises what a command there raises
+    (host unreachable, no such container, no python3)."""
     result = target.run(relay_argv(port, probe=True), timeout=30)
-    if result.exit_code in (0, NOT_CONNECTED):
-        return result.exit_code == 0
+    if result.exit_code == NOT_CONNECTED:
+        return []
+    if result.exit_code == 0:
+        lines = result.stdout.decode(errors="replace").splitlines()[:16]
+        return [line.strip() for line in lines if 0 < len(line.strip()) <= 45]
     raise _relay_failure(target, result)
+
+
+VIAS = ("auto", "direct", "relay")
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def choose_way(via: str, port: int, address: Optional[str], bound: list[str]) -> tuple[str, str]:
+    """("direct" | "relay", why) for one port: direct needs the container's address and a
+    listener bound to it or to a wildcard. --via direct without them is a BadArgument."""
+    reachable = [b for b in bound if b in WILDCARDS or (address is not None and b == address)]
+    if via == "relay":
+        return "relay", "--via relay"
+    if address is None:
+        why = "the container's address is unknown (no `address:` and no Proxmox API answer)"
+    elif not bound:
+        why = "nothing listens there yet"
+    elif not reachable:
+        why = (f"its server listens on {', '.join(bound)} only, reachable from inside the "
+               "container alone")
+    else:
+        return "direct", f"{address}:{port} through the host's SSH connection"
+    if via == "direct":
+        raise BadArgument(f"--via direct: port {port} cannot be reached directly: {why}",
+                          hint="bind the server to 0.0.0.0 in the container, or use "
+                               "--via relay (or auto)")
+    return "relay", why
 
 
 def _relay_failure(target: Target, result) -> OrchError:
@@ -142,6 +181,9 @@ class Forwarder:
     def __init__(self, target: Target, specs: list[PortSpec], *,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, say: Say = lambda _: None):
         self.target = target
+        # remote port -> the container's address for a direct-tcpip channel; absent: relay
+        self.direct: dict[int, str] = {}
+        self._channels: set = set()   # the open direct channels, closed by close()
         self.specs = specs
         self.max_connections = max(1, max_connections)
         self.say = say
@@ -241,6 +283,40 @@ class Forwarder:
 
     # -- one connection ---------------------------------------------------------------
     def _relay(self, client: socket.socket, peer, spec: PortSpec) -> None:
+        address = self.direct.get(spec.remote_port)
+        if address is not None and self._direct(client, peer, spec, address):
+            return
+        self._by_relay(client, peer, spec)
+
+    def _direct(self, client: socket.socket, peer, spec: PortSpec, address: str) -> bool:
+        """One connection as a direct-tcpip channel; False (the relay takes it, and every
+        later one of the port) when the host refuses to open it."""
+        try:
+            channel = self.target.host.connect().open_channel(
+                "direct-tcpip", (address, spec.remote_port), _origin(peer), timeout=10)
+        except Exception as error:   # paramiko's ChannelException, SSHException, OSError
+            with self._lock:
+                first = self.direct.pop(spec.remote_port, None) is not None
+            if first:
+                self.say(f"port {spec.remote_port}: the host did not open a direct channel "
+                         f"to {address}:{spec.remote_port} ({error}; its sshd may forbid TCP "
+                         "forwarding: AllowTcpForwarding): by relay from now on")
+            return False
+        with self._lock:
+            self._channels.add(channel)
+        try:
+            _pump(client, channel, self.stats)
+        finally:
+            channel.close()
+            with self._lock:
+                self._clients.discard(client)
+                self._channels.discard(channel)
+            _shut(client)
+            _close(client)
+            self.stats.add("active", -1)
+        return True
+
+    def _by_relay(self, client: socket.socket, peer, spec: PortSpec) -> None:
         try:
             result = self.target.run(
                 relay_argv(spec.remote_port), timeout=None, capture=False, kill_on_close=True,
@@ -297,8 +373,11 @@ class Forwarder:
             _close(sock)
         with self._lock:
             clients, threads = list(self._clients), list(self._threads)
+            channels = list(self._channels)
         for client in clients:
             _shut(client)
+        for channel in channels:   # a server that keeps its side open: no relay to reap
+            _quietly_close(channel)
         deadline = time.monotonic() + wait
         for thread in threads:
             thread.join(max(0.0, min(deadline, time.monotonic() + CLOSE_GRACE_S) - time.monotonic()))
@@ -320,6 +399,44 @@ def _restated(error: OrchError, target: Target) -> OrchError:
         restated.why = error.why
         return restated
     return error
+
+
+def _quietly_close(channel) -> None:
+    try:
+        channel.close()
+    except Exception:   # paramiko's errors on an already broken transport
+        pass
+
+
+def _origin(peer) -> tuple[str, int]:
+    return (peer[0], peer[1]) if isinstance(peer, tuple) and len(peer) >= 2 else ("127.0.0.1", 0)
+
+
+def _pump(client: socket.socket, channel, stats: Stats) -> None:
+    """Bytes both ways between the local client and a direct-tcpip channel; the client's
+    end half-closes the channel (as ssh -L), the channel's end ends the connection."""
+    def upstream():
+        try:
+            while True:
+                data = client.recv(CHUNK)
+                if not data:
+                    break
+                channel.sendall(data)
+                stats.add("bytes_in", len(data))
+            channel.shutdown_write()
+        except (OSError, EOFError):
+            pass
+    thread = threading.Thread(target=upstream, name="orch-forward-up", daemon=True)
+    thread.start()
+    try:
+        while True:
+            data = channel.recv(CHUNK)
+            if not data:
+                break
+            client.sendall(data)
+            stats.add("bytes_out", len(data))
+    except (OSError, EOFError):
+        pass
 
 
 def _why_not(result) -> str:

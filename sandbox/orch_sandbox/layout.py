@@ -33,6 +33,13 @@ CONTAINER_PREFIX_LENGTH = 16
 PROXMOX_OUI = "bc:24:11"
 
 
+def bridge_address(host_index: int) -> str:
+    """The host's own address on its vmbr0, as a Proxmox node has one on its bridge:
+    10.88.0.HOST. A container's third octet is its host's index (1..MAX_HOSTS), never 0,
+    so the two never collide; sb1's bridge is 10.88.0.1."""
+    return f"{CONTAINER_NETWORK_PREFIX}.0.{host_index}"
+
+
 def container_address(host_index: int, vmid: int) -> str:
     """10.88.HOST.(VMID mod 256): a host's vmids are one run of at most 50, so they stay
     distinct; CT 200 of sb1 is 10.88.1.200."""
@@ -78,6 +85,11 @@ class ContainerSpec:
 class HostSpec:
     name: str
     containers: tuple[ContainerSpec, ...]
+    index: int = 0     # its place in the layout (1..), the third octet of its CTs' addresses
+
+    @property
+    def bridge_address(self) -> str:
+        return bridge_address(self.index)
 
     @property
     def netns(self) -> str:
@@ -128,8 +140,8 @@ class Layout:
         hosts = tuple(
             HostSpec(h["name"], tuple(ContainerSpec(c["vmid"], c["running"],
                                                     c.get("root", "host"), c.get("address", ""))
-                                      for c in h["containers"]))
-            for h in data["hosts"])
+                                      for c in h["containers"]), position)
+            for position, h in enumerate(data["hosts"], start=1))
         return cls(data["prefix"], hosts, data.get("cluster"))
 
     @classmethod
@@ -191,5 +203,5 @@ def build_layout(hosts: int = 2, containers: int = 3, stopped: int = 1,
                                    distribution if vmid in real_root else "host",
                                    container_address(position, vmid))
                      for i, vmid in enumerate(vmids(index)))
-    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts(i, index))
+    return Layout(prefix, tuple(HostSpec(host_name(prefix, i), cts(i, index), i)
                                 for i, index in zip(range(1, hosts + 1), host_indexes)), cluster)

@@ -2,13 +2,16 @@
 Proxmox cluster share a physical network (docs/design/sandbox.md, "The containers' network").
 
     switch namespace orch-PREFIX-sw:  bridge br0, one port per host (named after the host)
-    host namespace orch-HOST:         bridge vmbr0 with the port `uplink` (the other end of
-                                      the host's switch port) and each running CT's
-                                      veth{VMID}i0 (LXC plugs it in at start)
+    host namespace orch-HOST:         bridge vmbr0 10.88.0.H/16 (layout.bridge_address) with
+                                      the port `uplink` (the other end of the host's switch
+                                      port) and each running CT's veth{VMID}i0 (LXC plugs
+                                      it in at start)
     container:                        eth0 10.88.H.V/16 (layout.container_address), lo
 
-Only the bridges and the containers' eth0 exist; no address is on a bridge and there is no
-route anywhere, so the containers' private range never leaves the sandbox's namespaces.
+A host reaches its containers and the other hosts' (as a Proxmox node reaches its CTs on
+the bridge it has an address on), which `orch forward`'s direct mode needs. The switch has
+no address and there is no route anywhere, so the containers' private range never leaves
+the sandbox's namespaces: the machine's root namespace has no interface in it.
 Everything is made with `ip -n NETNS` from the machine: no process has to run in the
 switch namespace.
 """
@@ -19,7 +22,7 @@ import json
 import time
 
 from .hosts import NETNS_DIR
-from .layout import HostSpec, switch_netns
+from .layout import CONTAINER_PREFIX_LENGTH, HostSpec, switch_netns
 from .system import SandboxError, run
 
 SWITCH_BRIDGE = "br0"
@@ -38,12 +41,16 @@ def ensure_switch(prefix: str) -> None:
 
 
 def connect_host(prefix: str, spec: HostSpec) -> None:
-    """The host's vmbr0 and its port on the switch, each made only if missing: a host
-    whose switch was removed (a killed run cleaned up) gets a new port."""
+    """The host's vmbr0 with its address and its port on the switch, each made only if
+    missing: a host whose switch was removed (a killed run cleaned up) gets a new port, a
+    host made before bridges had an address gets it."""
     present = link_names(spec.netns)
     if HOST_BRIDGE not in present:
         _batch(spec.netns, [f"link add {HOST_BRIDGE} type bridge",
                             f"link set dev {HOST_BRIDGE} up"])
+    if spec.bridge_address not in bridge_addresses(spec.netns):
+        _batch(spec.netns, [f"addr add {spec.bridge_address}/{CONTAINER_PREFIX_LENGTH} "
+                            f"dev {HOST_BRIDGE}"])
     if UPLINK not in present:
         switch = switch_netns(prefix)
         # a port left from an earlier host of this name (its peer died with that host)
@@ -88,6 +95,13 @@ def switch_prefixes() -> set[str]:
         return set()
     return {entry.name[len("orch-"):-len("-sw")] for entry in NETNS_DIR.iterdir()
             if entry.name.startswith("orch-") and entry.name.endswith("-sw")}
+
+
+def bridge_addresses(netns: str) -> set[str]:
+    """The IPv4 addresses on the namespace's vmbr0."""
+    result = run(["ip", "-n", netns, "-j", "-4", "addr", "show", "dev", HOST_BRIDGE])
+    return {info.get("local", "") for link in json.loads(result.stdout or b"[]")
+            for info in link.get("addr_info", [])}
 
 
 def link_names(netns: str) -> set[str]:

@@ -3,7 +3,10 @@
 container's 127.0.0.1): a big response intact (sha256), connections at once, the server
 closing first, the client closing first, 100 fetches at once, 12 connections at once on one
 SSH connection of a stock sshd (MaxSessions 10), a link that breaks under a relay, and a
-debugpy listener answering a DAP initialize request through `orch forward`."""
+debugpy listener answering a DAP initialize request through `orch forward`; and the way
+each port goes: a server bound to 0.0.0.0 direct (a direct-tcpip channel of the host's SSH
+connection to the CT's address, no relay in the container), one on 127.0.0.1 by relay, and
+--via direct refused for the latter."""
 
 from __future__ import annotations
 
@@ -36,17 +39,18 @@ DEBUGPY_CACHE = os.path.expanduser("~/.cache/orch-test/debugpy-wheel")
 # command's reaper; its pid is kept for the teardown.
 START_SERVER = ('cd "$1" && head -c "$3" /dev/urandom > big.bin && printf small > small.txt '
                 '&& sha256sum big.bin | cut -d" " -f1 && { setsid python3 -m http.server "$2" '
-                '--bind 127.0.0.1 >/dev/null 2>&1 </dev/null & echo $! > pid; }')
+                '--bind "$4" >/dev/null 2>&1 </dev/null & echo $! > pid; }')
 
 
 @pytest.fixture(scope="module")
-def web(ct):
-    """(port, sha256 of big.bin) of an HTTP server in sb1-200 on its 127.0.0.1 only."""
+def web(ct, request):
+    """(port, sha256 of big.bin) of an HTTP server in sb1-200 on its 127.0.0.1 only (or on
+    the address given as the fixture's param)."""
     folder = f"/tmp/fwd-test-{secrets.token_hex(4)}"
     port = 20000 + secrets.randbelow(20000)
     ct.run(["mkdir", "-p", folder], timeout=30).check()
-    digest = ct.run(["sh", "-c", START_SERVER, "sh", folder, str(port), str(BIG_MB << 20)],
-                    timeout=120).check().text.strip()
+    digest = ct.run(["sh", "-c", START_SERVER, "sh", folder, str(port), str(BIG_MB << 20),
+                     getattr(request, "param", "127.0.0.1")], timeout=120).check().text.strip()
     deadline = time.monotonic() + 20
     while not forward.probe(ct, port):
         assert time.monotonic() < deadline, "the container's http.server did not start"
@@ -112,7 +116,8 @@ def test_the_command_forwards_two_big_downloads_at_once_intact(sandbox, web):
                                env={**os.environ, "ORCH_AGENT": "off"})
     try:
         line = process.stderr.readline()
-        assert line.startswith("http://127.0.0.1:") and line.strip().endswith(f"sb1-200:{port}")
+        assert line.startswith("http://127.0.0.1:") and f"sb1-200:{port} (relay: its server " \
+            "listens on 127.0.0.1 only" in line, line
         url = line.split()[0]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             shas = list(pool.map(fetch_sha, [f"{url}/big.bin"] * 2))
@@ -291,3 +296,52 @@ def test_a_container_that_cannot_run_the_relay_exits_4_with_no_url(sandbox, targ
                          timeout=120, env={**os.environ, "ORCH_AGENT": "off"})
     assert out.returncode == 4, out.stderr
     assert said in out.stderr and "Traceback" not in out.stderr and "http://" not in out.stderr
+
+
+# Relays of orch forward running in the container now: their argv is `python3 -I -S -c ...`
+RELAYS = ("import os\nn = 0\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
+          "    try:\n        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+          "    except OSError:\n        continue\n"
+          "    n += argv[1:4] == [b'-I', b'-S', b'-c'] and b'orch-forward' in argv[4]\n"
+          "print(n)\n")
+
+
+@pytest.mark.parametrize("web, way, relaying", [
+    ("0.0.0.0", "direct: 10.88.1.200:{port} through the host's SSH", "0"),
+    ("127.0.0.1", "relay: its server listens on 127.0.0.1 only", "1"),
+], indirect=["web"])
+def test_a_server_bound_to_any_address_goes_direct_with_no_relay_in_the_container(
+        sandbox, ct, web, way, relaying):
+    """auto: direct (no process in the container) to a server on 0.0.0.0; by relay (one
+    relay process during the download) to one on the container's loopback."""
+    port, digest = web
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
+                                str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "ORCH_AGENT": "off"})
+    try:
+        line = process.stderr.readline()
+        assert f"sb1-200:{port} (" + way.format(port=port) in line, line
+        url = line.split()[0]
+        relays = []
+        with urllib.request.urlopen(f"{url}/big.bin", timeout=120) as response:
+            digest_now = hashlib.sha256(response.read(1 << 20))
+            relays.append(ct.run(["python3", "-c", RELAYS], timeout=30).check().text.strip())
+            for piece in iter(lambda: response.read(1 << 20), b""):
+                digest_now.update(piece)
+        assert digest_now.hexdigest() == digest and relays == [relaying]
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 0 and "forward stopped: 1 connection(s)" in err, err
+
+
+def test_via_direct_to_a_server_on_the_containers_loopback_exits_2_saying_why(sandbox, web):
+    port, _ = web
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(sandbox.inventory_path),
+                           "forward", "--via", "direct", "sb1-200", f"0:{port}"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ORCH_AGENT": "off"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"--via direct: port {port} cannot be reached directly: its server listens on " \
+           "127.0.0.1 only" in done.stderr

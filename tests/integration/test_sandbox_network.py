@@ -254,6 +254,21 @@ def test_up_rebuilds_a_removed_switch_and_down_removes_it(network_sandbox):
     assert peer_answers(handle) == "reached"     # at once: up waits for the ports' carrier
     network.remove_switch("sbn")            # as a killed run's cleanup might leave it
     assert peer_answers(handle) == "TimeoutError"
+    # a host made before bridges had an address gains it on the next up
+    subprocess.run(["ip", "-n", "orch-sbn1", "addr", "flush", "dev", "vmbr0"], check=True)
     again = network_sandbox()
+    assert network.bridge_addresses("orch-sbn1") == {"10.88.0.1"}
     assert peer_answers(again) == "reached"
     assert "sbn" in network.switch_prefixes()
+
+
+def test_a_host_reaches_its_containers_and_the_others_on_its_bridge_address(sandbox):
+    """As a Proxmox node has its own address on vmbr0 (10.88.0.HOST/16 here), a host reaches
+    its containers' addresses, and over the switch those of the other hosts."""
+    for host, target in (("sb1", "sb1-200"), ("sb1", "sb2-201")):
+        done = sandbox.run_on_host(host, ["python3", "-c", PING_PEER, address_of(sandbox, target)],
+                                   timeout=30)
+        assert done.stdout.decode().strip() == "reached", (host, target, done.stderr)
+    shown = sandbox.run_on_host("sb2", ["ip", "-4", "-o", "addr", "show", "dev", "vmbr0"],
+                                timeout=30).stdout.decode()
+    assert " 10.88.0.2/16 " in shown

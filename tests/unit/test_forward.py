@@ -279,7 +279,7 @@ def test_the_command_prints_the_url_relays_and_stops_on_a_signal(inventory, stop
                                env={**os.environ, "ORCH_AGENT": "off"})
     try:
         line = process.stderr.readline()
-        assert line.startswith("http://127.0.0.1:") and line.strip().endswith(f"-> dev2:{server.port}")
+        assert line.startswith("http://127.0.0.1:") and f"-> dev2:{server.port} (relay: " in line
         local = int(line.split()[0].rsplit(":", 1)[1])
         with connect(local) as client:
             assert read_all(client) == b"hello from the target"
@@ -299,3 +299,85 @@ def test_the_command_prints_the_url_relays_and_stops_on_a_signal(inventory, stop
 def test_bad_command_lines_exit_2(inventory, args, said):
     out = orch("-i", inventory, "forward", *args)
     assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr
+
+
+# -- direct or relay ------------------------------------------------------------------
+@pytest.mark.parametrize("address, bound, way", [
+    ("10.0.0.5", ["0.0.0.0"], "direct"), ("10.0.0.5", ["::"], "direct"),
+    ("10.0.0.5", ["10.0.0.5"], "direct"), ("10.0.0.5", ["127.0.0.1"], "relay"),
+    ("10.0.0.5", ["::1"], "relay"), (None, ["0.0.0.0"], "relay"), ("10.0.0.5", [], "relay"),
+])
+def test_auto_goes_direct_only_to_a_known_address_with_a_listener_bound_to_it(address, bound, way):
+    assert forward.choose_way("auto", 6006, address, bound)[0] == way
+    assert forward.choose_way("relay", 6006, address, bound)[0] == "relay"
+
+
+def test_via_direct_to_a_loopback_listener_says_why_it_cannot():
+    with pytest.raises(BadArgument, match="port 6006 cannot be reached directly: its server "
+                                          "listens on 127.0.0.1 only"):
+        forward.choose_way("direct", 6006, "10.0.0.5", ["127.0.0.1"])
+
+
+class FakeChannel:
+    """A direct-tcpip channel as paramiko's: here a plain TCP connection."""
+
+    def __init__(self, destination):
+        self.sock = socket.create_connection(destination, timeout=30)
+
+    def recv(self, size):
+        return self.sock.recv(size)
+
+    def sendall(self, data):
+        self.sock.sendall(data)
+
+    def shutdown_write(self):
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self):
+        self.sock.close()
+
+
+class DirectHost(LocalTransport):
+    """A host whose SSH connection opens direct-tcpip channels (or refuses: forbid)."""
+
+    def __init__(self, forbid=False):
+        super().__init__()
+        self.opened, self.forbid = [], forbid
+
+    def connect(self):
+        return self
+
+    def open_channel(self, kind, destination, origin, timeout=None):
+        if self.forbid:
+            raise forward_error("Administratively prohibited")
+        self.opened.append((kind, destination))
+        return FakeChannel(destination)
+
+
+def forward_error(text):
+    import paramiko
+    return paramiko.ChannelException(1, text)
+
+
+def test_a_direct_port_goes_by_direct_tcpip_channels_with_the_half_close(started):
+    server = Server(digest_of_input)
+    host = DirectHost()
+    forwarder, [port] = started(Target("ct", host, vmid=200), server.port)
+    forwarder.direct[server.port] = "127.0.0.1"
+    payload = os.urandom(3 << 20)
+    with connect(port) as client:
+        client.sendall(payload)
+        client.shutdown(socket.SHUT_WR)
+        assert read_all(client) == hashlib.sha256(payload).hexdigest().encode()
+    assert host.opened == [("direct-tcpip", ("127.0.0.1", server.port))]
+
+
+def test_a_refused_direct_channel_falls_back_to_the_relay_and_says_so(started):
+    server = Server(lambda conn: conn.sendall(b"by relay"))
+    forwarder, [port] = started(Target("ct", DirectHost(forbid=True)), server.port)
+    forwarder.direct[server.port] = "127.0.0.1"
+    for _ in range(2):
+        with connect(port) as client:
+            assert read_all(client) == b"by relay"
+    assert server.port not in forwarder.direct
+    assert [s for s in forwarder.said if "AllowTcpForwarding" in s] and len(forwarder.said) == 1

@@ -99,3 +99,12 @@ def test_container_configs_put_eth0_on_vmbr0_with_the_layout_address(tmp_path):
         in pve_config(ct)
     hosts = (container_dir(StatePaths(tmp_path), host, ct.vmid) / "hosts").read_text()
     assert "10.88.1.200 CT200\n" in hosts and "127.0.1.1" not in hosts   # Proxmox, static IP
+
+
+def test_each_host_has_a_bridge_address_no_container_has():
+    """10.88.0.HOST: a CT's third octet is its host's index, never 0."""
+    for layout in (build_layout(99, 50, 0), build_layout(8, 50, 0, cluster="lab")):
+        bridges = [host.bridge_address for host in layout.hosts]
+        addresses = {ct.address for host in layout.hosts for ct in host.containers}
+        assert len(set(bridges)) == len(bridges) and not addresses & set(bridges)
+        assert Layout.from_json(layout.to_json()).hosts[1].bridge_address == "10.88.0.2"

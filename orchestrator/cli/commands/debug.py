@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.remote import forward
     from orchestrator.remote.terminal import open_shell, shell_argv
     from orchestrator.remote.transfer import pull, push
+    from orchestrator.targets import addresses
     from orchestrator.targets.fleet import fan_out
 else:
     fan_out = lazy("orchestrator.targets.fleet", "fan_out")
@@ -29,6 +30,7 @@ else:
     open_shell = lazy("orchestrator.remote.terminal", "open_shell")
     shell_argv = lazy("orchestrator.remote.terminal", "shell_argv")
     forward = LazyModule("orchestrator.remote.forward")
+    addresses = LazyModule("orchestrator.targets.addresses")
 
 # TARGET:PATH as scp reads it: a colon before any slash. HOST:VMID:PATH names a container by
 # its host and vmid; a local path with a colon is written ./name:x.
@@ -284,17 +286,26 @@ def _terminated(number, frame):
                    "from other machines).")
 @click.option("--max-connections", type=click.IntRange(1, 1000), default=64, show_default=True,
               help="Connections at once; more are closed at once, each said on stderr.")
+@click.option("--via", type=click.Choice(["auto", "direct", "relay"]), default="auto",
+              show_default=True,
+              help="direct: a direct-tcpip channel of the host's SSH connection to the "
+                   "container's address (needs its address and a server bound to 0.0.0.0 or "
+                   "it, and the host's sshd to allow TCP forwarding); relay: a python3 relay "
+                   "in the container (always works); auto: direct when it can, else relay.")
 @click.argument("target")
 @click.argument("specs", nargs=-1, required=True, metavar="[LOCALPORT:]PORT...")
 @pass_app
-def forward_command(app, target, specs, bind, max_connections):
+def forward_command(app, target, specs, bind, max_connections, via):
     """Forward local TCP ports to ports inside a container, until Ctrl-C.
 
     Each [LOCALPORT:]PORT listens on LOCALPORT here (the same number as PORT when left out,
     0 for any free port) and reaches 127.0.0.1:PORT inside TARGET (a container or
     HOST:VMID; a host: its own port): TensorBoard, a Jupyter, a debugpy listener. Each connection is relayed
-    through the host's SSH connection by a small python3 program in the container, so a
-    container without any network route from its host works too; many connections at
+    through the host's SSH connection: directly to the container's address when the host
+    reaches it and the server there listens on it or 0.0.0.0 (--via auto, the default),
+    else by a small python3 program in the container, so a server bound to 127.0.0.1 and a
+    container without any network route from its host work too; which way each port goes
+    is printed. Many connections at
     once, each on an SSH channel of its own (a host gives 10 per SSH connection and orch
     opens up to the inventory's `connections`; beyond that a connection waits for a free
     one). The local URL is printed; a port where nothing listens yet is said, and the
@@ -315,11 +326,17 @@ def forward_command(app, target, specs, bind, max_connections):
                                   say=lambda text: console.warn(f"{chosen.name}: {text}"))
     listening = forwarder.open()
     try:
+        container = _container_address(app, chosen, via)
         for address, local, remote in listening:
-            if not forward.probe(chosen, remote):
+            bound = forward.listeners(chosen, remote)
+            if not bound and via != "direct":
                 console.warn(f"{chosen.name}: nothing listens on port {remote} there yet: "
                              "connections fail until something does")
-            console.info(f"{forward.url(address, local)} -> {chosen.name}:{remote}")
+            way, why = forward.choose_way(via, remote, container, bound)
+            if way == "direct":
+                forwarder.direct[remote] = container
+            console.info(f"{forward.url(address, local)} -> {chosen.name}:{remote} "
+                         f"({way}: {why})")
         console.info("forwarding; Ctrl-C stops")
         with app.invocation.signal_handler(signal.SIGTERM, _terminated):
             forwarder.serve()
@@ -331,6 +348,17 @@ def forward_command(app, target, specs, bind, max_connections):
     console.info(f"{chosen.name}: forward stopped: {stats.accepted} connection(s), "
                  f"{_size(stats.bytes_in)} in, {_size(stats.bytes_out)} out")
     return ExitCode.OK
+
+
+def _container_address(app, chosen, via: str):
+    """The container's address for direct mode, or None (a host target, --via relay, or
+    neither the inventory nor the Proxmox API gives one)."""
+    if via == "relay" or chosen.vmid is None:
+        return None
+    try:
+        return addresses.container_address(app.fleet, chosen)
+    except addresses.NoAddress:
+        return None
 
 
 def _forward_target(app, name: str):
