@@ -85,19 +85,29 @@ def checked_run_dir(run_dir, create):
         fail("unsafe run folder: %s" % error, kind="unsafe-path")
 
 
-def start_ticks(pid):
-    """The process start time in clock ticks (field 22 of /proc/PID/stat): with the pid it
-    names one process for good, so a recycled pid is never taken for the run."""
+def stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name (the state first: field 3 of
+    proc(5) is [0]), or None when the process is gone. The name is cut at its last ")":
+    it may hold spaces and parentheses."""
     try:
         with open("/proc/%d/stat" % pid) as handle:
             text = handle.read()
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2:].split()
+
+
+def _stat_number(pid, index):
     try:
-        return int(fields[19])
-    except (IndexError, ValueError):
+        return int(stat_fields(pid)[index])
+    except (TypeError, IndexError, ValueError):
         return None
+
+
+def start_ticks(pid):
+    """The process start time in clock ticks (field 22 of /proc/PID/stat): with the pid it
+    names one process for good, so a recycled pid is never taken for the run."""
+    return _stat_number(pid, 19)
 
 
 def alive(info):
@@ -116,12 +126,8 @@ def alive(info):
     if info.get("marker") and not has_marker(pid, info["marker"]):
         return False
     # A zombie (exited, not yet reaped by the supervisor) is not running any more.
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            text = handle.read()
-        return text[text.rfind(")") + 2:].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def has_marker(pid, marker):
@@ -369,16 +375,7 @@ def descendants(root):
 
 
 def parent_of(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
+    return _stat_number(pid, 1)   # field 4 of proc(5): the parent's pid
 
 
 def kill_strays(strays, pgid):
