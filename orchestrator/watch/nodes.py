@@ -101,15 +101,35 @@ class NodesWatch:
                                                 f"failed; stopping this node too")
 
     def first_failure(self) -> Optional[NodeRun]:
-        failed = [node for node in self.nodes if node.failed()]
-        return min(failed, key=_failure_order) if failed else None
+        failed = sorted((node for node in self.nodes if node.failed()), key=_failure_order)
+        if not failed or not lost_peer(failed[0].monitor):
+            return failed[0] if failed else None
+        # The rank that lost its peer can be stamped before the peer's own failure: torchrun
+        # notices a dead worker only at its next poll, and the nodes' clocks differ. A node
+        # whose torchrun names a failure of its own within PEER_LAG_S after it is the cause
+        # (also when orch stopped that node meanwhile: its worker had died already).
+        lost_at = _stamp(failed[0])
+        for node in failed[1:]:
+            stamp = _stamp(node)
+            if (stamp is not None and not lost_peer(node.monitor)
+                    and (lost_at is None or stamp - lost_at <= PEER_LAG_S)):
+                return node
+        return failed[0]
+
+
+PEER_LAG_S = 10.0   # torchrun's poll of its workers (5 s in older releases) and clock skew
+
+
+def _stamp(node: NodeRun) -> Optional[float]:
+    """When torchrun on the node saw its first failure (its clock), None if it did not say."""
+    root = node.monitor.classifier.child_failed.root_cause()
+    return torchrun_time(root.time) if root is not None else None
 
 
 def _failure_order(node: NodeRun) -> tuple:
     """Earliest torchrun failure first; in the same second, a cause before a rank that lost
     its peer, and a node that failed on its own before one orch stopped."""
-    root = node.monitor.classifier.child_failed.root_cause()
-    stamp = torchrun_time(root.time) if root is not None else None
+    stamp = _stamp(node)
     return (stamp if stamp is not None else float("inf"), lost_peer(node.monitor),
             node.stopped_by_orch, node.ended_at if node.ended_at is not None else float("inf"))
 

@@ -11,7 +11,8 @@ import secrets
 
 import pytest
 
-from tests.integration.test_cp_sandbox import RSS_LIMIT_MB, remote_sha, run_measured, sha
+from tests.integration.test_cp_sandbox import (RSS_LIMIT_MB, random_file, remote_sha, run_measured,
+                                               sha)
 from tests.unit.test_tarstream import make_tree, snapshot
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -22,11 +23,7 @@ TREE_FILES = 10_000
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    path = tmp_path_factory.mktemp("big200") / "big.bin"
-    with open(path, "wb") as handle:
-        for _ in range(BIG_MB):
-            handle.write(os.urandom(1 << 20))
-    return path
+    return random_file(tmp_path_factory.mktemp("big200") / "big.bin", BIG_MB)
 
 
 @pytest.fixture(scope="module")

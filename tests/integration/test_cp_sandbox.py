@@ -27,13 +27,17 @@ BIG_MB = 50
 RSS_LIMIT_MB = 64
 
 
-@pytest.fixture(scope="module")
-def big(tmp_path_factory):
-    path = tmp_path_factory.mktemp("big") / "big.bin"
+def random_file(path, megabytes: int):
+    """A file of random bytes (nothing for a compressor to shorten), written a MiB at a time."""
     with open(path, "wb") as handle:
-        for _ in range(BIG_MB):
+        for _ in range(megabytes):
             handle.write(os.urandom(1 << 20))
     return path
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    return random_file(tmp_path_factory.mktemp("big") / "big.bin", BIG_MB)
 
 
 @pytest.fixture

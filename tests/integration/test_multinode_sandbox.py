@@ -115,25 +115,33 @@ def _worker_pid(sandbox, host: str, vmid: int, deadline: float) -> tuple[int, in
     raise AssertionError(f"no worker wrote its pid in {folder}")
 
 
-def test_a_worker_killed_on_one_node_stops_the_other_and_is_named(sandbox, nodes):
+def _signal_sb2s_worker_mid_run(sandbox, nodes, signal_option: str, *run_options):
+    """`orch run` of the two nodes, with `kill SIGNAL_OPTION` sent to sb2-200's worker a few
+    steps in; (that worker's global rank, orch's exit code, its output)."""
     for host, vmid, _name in NODES:
         shutil.rmtree(Path(container_root(sandbox, host, vmid)) / "mn-pids", ignore_errors=True)
     running = subprocess.Popen(
-        run_argv(sandbox, nodes, f"[--steps, 4000, --step-seconds, 0.05, --pid-dir, {PIDS}]"),
+        run_argv(sandbox, nodes, f"[--steps, 4000, --step-seconds, 0.05, --pid-dir, {PIDS}]",
+                 *run_options),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "COLUMNS": "200"})
     try:
         rank, pid = _worker_pid(sandbox, "sb2", 200, time.monotonic() + 180)
         time.sleep(3)                          # a few steps in
-        killed = orch(sandbox, "exec", "sb2-200", "--", "kill", "-9", str(pid), timeout=60)
-        assert killed.returncode == 0, killed.stdout + killed.stderr
+        sent = orch(sandbox, "exec", "sb2-200", "--", "kill", signal_option, str(pid), timeout=60)
+        assert sent.returncode == 0, sent.stdout + sent.stderr
         output, _ = running.communicate(timeout=240)
     finally:
         if running.poll() is None:
             running.kill()
             running.communicate()
+    return rank, running.returncode, output
+
+
+def test_a_worker_killed_on_one_node_stops_the_other_and_is_named(sandbox, nodes):
+    rank, code, output = _signal_sb2s_worker_mid_run(sandbox, nodes, "-9")
     record = last_record()
-    assert running.returncode == 10, output[-6000:]
+    assert code == 10, output[-6000:]
     assert record.verdict == "killed", output[-6000:]
     monitor = next(s for s in record.steps if s.kind == "monitor" and s.target == "sb1-200")
     assert monitor.data["first_failure"]["node"] == "sb2-200"
@@ -244,25 +252,9 @@ def test_a_node_whose_worker_hangs_stops_every_node(sandbox, nodes):
     """sb2-200's worker frozen (SIGSTOP): sb1-200's rank waits in the all-reduce, no node logs
     a step. The hang stops every node; the frozen worker, in a session of its own that the
     SIGTERM to torchrun's group does not reach, is SIGKILLed too."""
-    for host, vmid, _name in NODES:
-        shutil.rmtree(Path(container_root(sandbox, host, vmid)) / "mn-pids", ignore_errors=True)
-    running = subprocess.Popen(
-        run_argv(sandbox, nodes, f"[--steps, 4000, --step-seconds, 0.05, --pid-dir, {PIDS}]",
-                 "-e", "hang_after=15"),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "COLUMNS": "200"})
-    try:
-        _rank, pid = _worker_pid(sandbox, "sb2", 200, time.monotonic() + 180)
-        time.sleep(3)
-        frozen = orch(sandbox, "exec", "sb2-200", "--", "kill", "-STOP", str(pid), timeout=60)
-        assert frozen.returncode == 0, frozen.stdout + frozen.stderr
-        output, _ = running.communicate(timeout=240)
-    finally:
-        if running.poll() is None:
-            running.kill()
-            running.communicate()
+    _rank, code, output = _signal_sb2s_worker_mid_run(sandbox, nodes, "-STOP", "-e", "hang_after=15")
     record = last_record()
-    assert running.returncode == 11, output[-6000:]
+    assert code == 11, output[-6000:]
     assert record.verdict == "hang"
     assert "failed first" in output and "orch stopped the other node" in output
     for _host, _vmid, name in NODES:

@@ -269,6 +269,26 @@ def test_in_the_same_second_the_rank_that_lost_its_peer_is_not_first():
     assert watch.first_failure() is nodes[1]
 
 
+def test_a_peer_lost_a_second_before_the_peers_own_failure_is_still_the_consequence():
+    """Seen in the sandbox: sb1's rank hit gloo's "Connection closed by peer" at :07, sb2's
+    torchrun noticed its SIGKILLed worker at its next poll, :08."""
+    consequence = FakeMonitor(EndState(state="exited", exit_code=1), "2026-12-02_03:40:07", root_rank=0,
+                              tail=["RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection "
+                                    "closed by peer [10.88.2.200]:20616"])
+    cause = FakeMonitor(EndState(state="exited", exit_code=1), "2026-12-02_03:40:08", root_rank=1)
+    nodes = [_node(0, consequence), _node(1, cause)]
+    watch = NodesWatch(nodes)
+    watch.run()
+    assert watch.first_failure() is nodes[1]
+    # a node's own failure long after the lost peer is another story: the peer loss is first
+    late = FakeMonitor(EndState(state="exited", exit_code=1), "2026-12-02_03:41:08", root_rank=1)
+    nodes = [_node(0, FakeMonitor(EndState(state="exited", exit_code=1), "2026-12-02_03:40:07",
+                                  root_rank=0, tail=["Connection reset by peer"])), _node(1, late)]
+    for node in nodes:
+        node.end, node.ended_at = node.monitor.ends_with, 1.0
+    assert NodesWatch(nodes).first_failure() is nodes[0]
+
+
 def test_an_earlier_torchrun_failure_is_first_whoever_was_seen_first():
     later = FakeMonitor(EndState(state="exited", exit_code=1), "2026-12-02_03:40:09", root_rank=0)
     earlier = FakeMonitor(EndState(state="exited", exit_code=1), "2026-12-02_03:40:07", root_rank=1)
