@@ -116,9 +116,12 @@ class EndState:
     state: str = "exited"                 # exited | vanished | running | unknown
     exit_code: Optional[int] = None
     signal: Optional[int] = None
-    stopped_for: Optional[str] = None     # hang | timeout | user (orch stop) | None
+    stopped_for: Optional[str] = None     # hang | timeout | user (orch stop) | PEER_FAILED | None
     watch_ended: bool = False             # watch_for elapsed while it ran: left running
     hang_seconds: Optional[float] = None
+
+
+PEER_FAILED = "node-failed"   # stopped_for of a node orch stopped because another node failed
 
 
 @dataclass
@@ -578,11 +581,18 @@ class LogClassifier:
         handled one and stopped (exit 128+N). A SIGABRT after a collective timeout is torch's
         watchdog ending the rank: the collective timeout is the verdict."""
         root = self.child_failed.root_cause()
-        if root is None or end.stopped_for:
+        if root is None or (end.stopped_for and not self._died_before_peer_stop(end, root)):
             return False
         if root.signal == signals.SIGABRT and COLLECTIVE_TIMEOUT in self.seen:
             return False
         return root.signal is not None or root.handled_signal is not None
+
+    @staticmethod
+    def _died_before_peer_stop(end: EndState, root) -> bool:
+        """On a node orch stopped for another node's failure, a rank that torchrun reports
+        killed by a signal other than the stop's SIGTERM died on its own first: the stop came
+        while torchrun was already ending (a SIGTERMed torchrun prints no failure table)."""
+        return end.stopped_for == PEER_FAILED and root.signal not in (None, signals.SIGTERM)
 
     def _distributed_findings(self, add, hang: bool, end: EndState, cli: str) -> Optional[str]:
         """torchrun's failed rank, collective and rendezvous timeouts, the rank a hang is

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Optional
 
 from orchestrator.ground.verdicts import OK, worst
-from orchestrator.watch.classify import EndState, Verdict
+from orchestrator.watch.classify import PEER_FAILED, EndState, Verdict
 from orchestrator.watch.monitor import (Monitor, MonitorReporter, MonitorSettings, judge,
                                         make_monitor)
 from orchestrator.remote.container import Target
@@ -32,7 +32,6 @@ from orchestrator.remote.container import Target
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.recorder import RunRecorder
 
-STOP_REASON = "node-failed"     # a node's stopped_for when another node's failure stopped it
 # A rank that failed because its peer went away (plain literals: no backtracking).
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                        r"remote process exited|NCCL communicator was aborted|"
@@ -97,7 +96,7 @@ class NodesWatch:
         for other in self.nodes:
             if other is not failed and other.end is None and other.error is None:
                 other.stopped_by_orch = True
-                other.monitor.stop(STOP_REASON, f"node {failed.name} (node rank {failed.rank}) "
+                other.monitor.stop(PEER_FAILED, f"node {failed.name} (node rank {failed.rank}) "
                                                 f"failed; stopping this node too")
 
     def first_failure(self) -> Optional[NodeRun]:

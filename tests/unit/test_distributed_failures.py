@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.watch.distributed import ChildFailedReader, RankFailure, behind, stuck_message
-from orchestrator.watch.classify import EndState, LogClassifier
+from orchestrator.watch.classify import PEER_FAILED, EndState, LogClassifier
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
@@ -43,6 +43,26 @@ def test_a_rank_killed_by_sigkill_reads_as_host_oom():
     finding = next(f for f in verdict.findings if f.signature == "rank-failed")
     assert "dmesg" in finding.remediation
     assert "rank 0 on localhost was killed by SIGTERM (signal 15)" in finding.evidence[0]
+
+
+def test_a_rank_sigkilled_before_orch_stopped_its_node_for_a_peer_is_still_killed():
+    # the other node noticed the lost peer first and orch stopped this one, but torchrun here
+    # had already printed its table: the SIGKILL is this node's own failure
+    verdict = classify_log("torchrun-sigkill.log", EndState(state="exited", exit_code=1,
+                                                           stopped_for=PEER_FAILED))
+    assert verdict.verdict == "killed"
+    assert verdict.message.startswith("killed: torchrun: rank 1 on localhost was killed by SIGKILL")
+
+
+def test_a_rank_ended_by_the_stops_sigterm_is_not_a_kill_of_its_own():
+    text = (LOGS / "torchrun-sigkill.log").read_text()
+    text = text.replace("exitcode  : -9 (pid: 6370)  (SIGKILL)", "exitcode  : -15 (pid: 6370)  (SIGTERM)")
+    classifier = LogClassifier("dev")
+    for i, line in enumerate(text.splitlines()):
+        classifier.feed(line, float(i))
+    verdict = classifier.classify(EndState(state="exited", exit_code=1, stopped_for=PEER_FAILED),
+                                  {}, cli="orch")
+    assert verdict.verdict != "killed"
 
 
 def test_gloo_collective_timeout():
