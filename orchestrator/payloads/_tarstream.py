@@ -341,10 +341,11 @@ def destination(dest, top, top_is_dir):
 class Receiver:
     """Unpacks one framed stream under dest (see the module's docstring)."""
 
-    def __init__(self, dest, on_data=None, on_size=None):
+    def __init__(self, dest, on_data=None, on_size=None, on_cleanup=None):
         self.dest = dest
         self.on_data = on_data
         self.on_size = on_size
+        self.on_cleanup = on_cleanup  # called once before what was staged is removed
         self.hashes = {}
         self.counts = {"files": 0, "dirs": 0, "links": 0, "bytes": 0}
         self._base = None         # fd of the folder the top entry goes into
@@ -367,7 +368,11 @@ class Receiver:
                 raise TransferError(_mismatch(manifest, self.hashes), "hash-mismatch")
             self._commit()
         except BaseException:
-            self._discard()
+            try:
+                if self.on_cleanup:
+                    self.on_cleanup()
+            finally:   # also when a signal's handler raised inside on_cleanup
+                self._discard()
             raise
         finally:
             self._close_fds()

@@ -8,7 +8,8 @@ the stream); ARGS_JSON: {"action": "receive" | "send", "path": PATH, "recursive"
   every file's sha256), "path" (what was written); or an error line.
 - send: writes the framed stream of PATH on stdout; its failures are the stream's X frame.
   last_bytes: only the last N bytes of PATH, one regular file (`tail -c N`).
-SIGTERM (the reaper's, when orch's channel closed) removes what was staged, as an error does.
+SIGTERM (the reaper's, when orch's channel closed) removes what was staged, as an error does;
+once that cleanup has begun, a SIGTERM is ignored.
 """
 
 import signal
@@ -22,13 +23,21 @@ ARG_SPEC = {"action": (str, REQUIRED), "path": (str, REQUIRED), "recursive": (bo
 
 
 def _terminated(number, _frame):
+    _ignore_sigterm()
     raise SystemExit(128 + number)   # unwinds: the receiver's cleanup runs
+
+
+def _ignore_sigterm():
+    # The cleanup must run to its end: a SIGTERM raised inside it (the reaper's, a moment
+    # after the stream's EOF began it when orch's link broke) left the staged file behind
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def receive(args):
     reader = sys.stdin.buffer
     try:
-        return Receiver(args["path"]).receive(lambda size: _read_exact(reader, size))
+        return Receiver(args["path"], on_cleanup=_ignore_sigterm).receive(
+            lambda size: _read_exact(reader, size))
     except TransferError as error:
         raise PayloadError(str(error), error.kind)
     except OSError as error:

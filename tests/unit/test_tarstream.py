@@ -189,6 +189,21 @@ def test_a_stream_cut_short_leaves_no_final_name_and_no_temporary_file(tmp_path,
     assert raised.value.kind == "truncated" and os.listdir(dest) == []
 
 
+def test_a_signal_raised_as_the_cleanup_begins_still_leaves_nothing(tmp_path):
+    # the payload's SIGTERM handler raising inside on_cleanup, right after the cut stream's
+    # EOF began the cleanup (seen in the sandbox: a push whose link broke, 1 run in 8)
+    (tmp_path / "big").write_bytes(os.urandom(3 << 20))
+    data = stream_of(tmp_path / "big").getvalue()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+
+    def terminated():
+        raise SystemExit(143)
+    with pytest.raises(SystemExit):
+        Receiver(str(dest), on_cleanup=terminated).receive(io.BytesIO(data[:len(data) // 2]).read)
+    assert os.listdir(dest) == []
+
+
 def test_the_senders_error_stops_the_receiver(tmp_path):
     stream = io.BytesIO(frame(b"X", b'{"message": "x changed", "kind": "changed"}'))
     with pytest.raises(TransferError, match="x changed"):
