@@ -132,7 +132,9 @@ def test_a_shell_in_the_container_follows_resizes_lives_through_ctrl_c_z_and_exi
     t.expect(r"running-4")
     t.send(b"\x1a")                                  # Ctrl-Z: the container's shell stops it
     t.expect(r"Stopped\s+sh -c")
-    t.send(b"kill -9 %1; wait; echo killed-$((6*7))\r")   # a stopped job: no exit blocked
+    # a stopped job killed, so that exit is not blocked: `fg` waits for its end (a bare `wait`
+    # returned while bash still had it stopped, then exit said "There are stopped jobs")
+    t.send(b"kill -9 %1; fg >/dev/null 2>&1; echo killed-$((6*7))\r")
     t.expect(r"killed-42")
     t.send(b"exit 3\r")
     code, after = t.finish()
