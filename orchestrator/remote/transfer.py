@@ -165,17 +165,19 @@ class _GeneratorReader:
 
     def __init__(self, pieces):
         self._pieces = iter(pieces)
-        self._held = b""
+        self._held = memoryview(b"")
+        self._at = 0
 
     def read(self, size: int = -1) -> bytes:
-        while not self._held:
-            self._held = next(self._pieces, None)
-            if self._held is None:
-                self._held = b""
+        while self._at >= len(self._held):
+            piece = next(self._pieces, None)
+            if piece is None:
                 return b""
-        if size is None or size < 0:
-            size = len(self._held)
-        piece, self._held = self._held[:size], self._held[size:]
+            # an offset into the piece, not the rest re-sliced (copied) after every read
+            self._held, self._at = memoryview(piece), 0
+        end = len(self._held) if size is None or size < 0 else self._at + size
+        piece = self._held[self._at:end].tobytes()
+        self._at += len(piece)
         return piece
 
 

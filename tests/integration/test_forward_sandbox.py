@@ -345,3 +345,10 @@ def test_via_direct_to_a_server_on_the_containers_loopback_exits_2_saying_why(sa
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"--via direct: port {port} cannot be reached directly: its server listens on " \
            "127.0.0.1 only" in done.stderr
+
+
+def test_the_hosts_openssh_gives_the_connection_aes_gcm(ct):
+    """The cipher of a bulk transfer: AES-GCM, one AEAD call per packet (CTR's per-packet HMAC
+    in Python cost a third of a download's throughput, docs/benchmarks/speed.md)."""
+    transport = ct.host.connect()
+    assert (transport.local_cipher, transport.remote_cipher) == ("aes128-gcm@openssh.com",) * 2

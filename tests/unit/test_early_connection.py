@@ -22,8 +22,9 @@ from orchestrator.targets.fleet import Fleet
 class SshServer:
     """Accepts connections, authenticates one client key, records who logged in."""
 
-    def __init__(self, client_key: paramiko.PKey):
+    def __init__(self, client_key: paramiko.PKey, ciphers: tuple[str, ...] = ()):
         self.host_key = paramiko.ECDSAKey.generate()
+        self.ciphers = ciphers        # what the server offers, when not paramiko's default
         self.client_key = client_key
         self.accepted = 0
         self.logins: list[str] = []
@@ -41,6 +42,8 @@ class SshServer:
             self.accepted += 1
             transport = paramiko.Transport(conn)
             transport.add_server_key(self.host_key)
+            if self.ciphers:
+                transport.get_security_options().ciphers = self.ciphers
             self.transports.append(transport)
             threading.Thread(target=self._negotiate, args=(transport,), daemon=True).start()
 
