@@ -22,7 +22,7 @@ the same shape (runs/baseline.py, `same_shape_nights`). A night is one run, or t
 A night is slow for a metric at z <= -Z_CONFIRM with p < ALPHA (p is skipped when a run has
 no per-step samples), bad at z <= -Z_BAD. Persistence: one bad night is "suspected" (exit 0,
 one line); two slow nights in a row are a "regression", and so is one night far outside the
-noise (z <= -Z_FAR). Two nights at the lower bar rather than two at the higher one: HUD's
+noise (z <= -Z_FAR) once the window holds FAR_MIN_RUNS nights. Two nights at the lower bar rather than two at the higher one: HUD's
 "consecutive points over the line"; in the benchmark it catches more 5 % drops on a quiet
 machine for a small rise in false regressions (docs/benchmarks/regressions.md).
 Fewer than MIN_RUNS window runs: "insufficient data" (orch nightly keeps the fixed threshold).
@@ -50,6 +50,9 @@ ALPHA = 0.01           # the rank test's one-sided level
 Z_BAD = 3.0            # a bad night: this many noise widths below the centre
 Z_CONFIRM = 2.0        # a slow night: two in a row at this lower bar are a regression
 Z_FAR = 6.0            # so far outside the noise that one night confirms it
+FAR_MIN_RUNS = 8       # ... once the window holds this many: the noise of 4-7 runs is itself
+                       # too uncertain (seen: a drafter's -25 % quiet night at z below -6
+                       # against 4 quiet sandbox nights); before, the next night confirms
 NOISE_FLOOR = 0.005    # 0.5 %: a window of identical runs would make any wobble a regression
 MAD_SCALE = 1.4826     # MAD -> standard deviation for normal noise
 MEAN_AD_SCALE = 1.2533 # mean absolute deviation -> standard deviation (sqrt(pi / 2))
@@ -172,7 +175,7 @@ def judge_metric(metric: str, tonight: RunProfile, history: list[RunProfile]) ->
         before_slow = _slow(before, Z_CONFIRM)
         result.previous_z = before.z
     numbers = _numbers(result)
-    if bad and result.z <= -Z_FAR:
+    if bad and result.z <= -Z_FAR and result.window_runs >= FAR_MIN_RUNS:
         result.status, result.reason = REGRESSION, f"far outside the noise tonight: {numbers}"
     elif slow and before_slow:
         result.status, result.reason = REGRESSION, (f"the second slow night in a row: {numbers}; "
