@@ -22,9 +22,10 @@ the same shape (runs/baseline.py, `same_shape_nights`). A night is one run, or t
 A night is slow for a metric at z <= -Z_CONFIRM with p < ALPHA (p is skipped when a run has
 no per-step samples), bad at z <= -Z_BAD. Persistence: one bad night is "suspected" (exit 0,
 one line); two slow nights in a row are a "regression", and so is one night far outside the
-noise (z <= -Z_FAR) once the window holds FAR_MIN_RUNS nights. Two nights at the lower bar rather than two at the higher one: HUD's
-"consecutive points over the line"; in the benchmark it catches more 5 % drops on a quiet
-machine for a small rise in false regressions (docs/benchmarks/regressions.md).
+noise (z <= -Z_FAR) once the window holds FAR_MIN_RUNS nights. Two nights at the lower bar
+rather than two at the higher one: HUD's "consecutive points over the line"; in the
+benchmark it catches more 5 % drops on a quiet machine for a small rise in false regressions
+(docs/benchmarks/regressions.md).
 Fewer than MIN_RUNS window runs: "insufficient data" (orch nightly keeps the fixed threshold).
 The previous night is judged again against the window behind it, so nothing extra is stored
 and a pinned or deleted run cannot leave a stale state. After a real drop the window's median
