@@ -12,8 +12,8 @@ controller compares the two tree digests once more.
 
 from __future__ import annotations
 
+import collections
 import json
-import queue
 import threading
 import time
 from typing import Callable, Optional
@@ -27,7 +27,7 @@ from orchestrator.remote.container import Target
 from orchestrator.remote.payload_api import SYSTEM_PYTHON, parse_event, payload_outcome
 
 DataCallback = Callable[[int], None]
-QUEUE_CHUNKS = 32        # a pull's output waiting for the receiver: at most 32 x 64 KiB
+QUEUE_BYTES = 4 << 20    # a pull's output waiting for the receiver (more when one read is larger)
 
 
 def cp_argv(action: str, path: str, recursive: bool = False,
@@ -188,48 +188,63 @@ class _ReceiverGone(Exception):
 
 class _ChunkQueue:
     """The channel's output (put, from the transport's thread) as read_exact(n) for the
-    receiver's thread, through a bounded queue: when the receiver is slower than the link
-    the transport waits, and SSH's window stops the sender."""
+    receiver's thread, bounded by bytes: when the receiver is slower than the link the
+    transport waits, and SSH's window stops the sender."""
 
-    def __init__(self):
-        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
-        self._held = b""
-        self._ended = False
-        self._reader_closed = threading.Event()
+    def __init__(self, limit: int = QUEUE_BYTES):
+        self._limit = limit
+        self._chunks: collections.deque = collections.deque()
+        self._queued = 0                     # bytes in _chunks
+        self._changed = threading.Condition()
+        self._held = memoryview(b"")         # the chunk being read, from _at
+        self._at = 0
+        self._ended = False                  # the writer's end() (no more chunks)
+        self._reader_closed = False
 
     def put(self, chunk: bytes) -> None:
-        while not self._reader_closed.is_set():
-            try:
-                self._queue.put(chunk, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        raise _ReceiverGone()
+        with self._changed:
+            # one chunk always fits, however large: the window bounds it
+            while self._queued and self._queued + len(chunk) > self._limit:
+                if self._reader_closed:
+                    break
+                self._changed.wait(0.2)
+            if self._reader_closed:
+                raise _ReceiverGone()
+            self._chunks.append(chunk)
+            self._queued += len(chunk)
+            self._changed.notify_all()
 
     def end(self) -> None:
-        while not self._reader_closed.is_set():
-            try:
-                self._queue.put(None, timeout=0.2)
-                return
-            except queue.Full:
-                continue
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
 
     def close_reader(self) -> None:
-        self._reader_closed.set()
+        with self._changed:
+            self._reader_closed = True
+            self._changed.notify_all()
 
     def read_exact(self, size: int) -> bytes:
+        """size bytes, fewer only at the end of the output."""
         pieces, have = [], 0
         while have < size:
-            if not self._held:
-                if self._ended:
-                    break
-                chunk = self._queue.get()
-                if chunk is None:
-                    self._ended = True
-                    break
-                self._held = chunk
-            take = self._held[:size - have]
-            self._held = self._held[len(take):]
+            if self._at >= len(self._held) and not self._next_chunk():
+                break
+            # an offset into the chunk, not its rest re-sliced (copied) after every read
+            take = self._held[self._at:self._at + size - have]
+            self._at += len(take)
             pieces.append(take)
             have += len(take)
         return b"".join(pieces)
+
+    def _next_chunk(self) -> bool:
+        with self._changed:
+            while not self._chunks and not self._ended:
+                self._changed.wait()
+            if not self._chunks:
+                return False
+            chunk = self._chunks.popleft()
+            self._queued -= len(chunk)
+            self._changed.notify_all()
+        self._held, self._at = memoryview(chunk), 0
+        return True
