@@ -98,9 +98,14 @@ def main() -> None:
         ways = cases(bed, local, back)
         seconds: dict[str, list[float]] = {label: [] for label in ways}
         try:
-            # the ways take turns, run by run: a minute of other load falls on all of them
-            for _ in range(args.runs):
-                for label, run in ways.items():
+            # the ways take turns, run by run: a minute of other load falls on all of them;
+            # each round starts one way later, so no way always follows the same one (the
+            # one before leaves its writes to the disk, which the next one pays for)
+            labels = list(ways)
+            for turn in range(args.runs):
+                shift = turn % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    run = ways[label]
                     seconds[label].append(run())
                     if label.endswith(("pull", "tar x")) and "push" not in label and os.path.exists(back):
                         assert sha(back) == sha(local), f"{label}: the copy differs"
