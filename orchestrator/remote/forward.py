@@ -34,6 +34,7 @@ from orchestrator.ground.errors import (BadArgument, ConnectionProblem, Containe
                                         OrchError, PythonUnavailable)
 from orchestrator.payloads import compact_source
 from orchestrator.remote.container import Target, no_python3
+from orchestrator.remote.paramiko_lib import READ_AT_ONCE
 from orchestrator.remote.payload_api import SYSTEM_PYTHON
 
 DEFAULT_BIND = "127.0.0.1"
@@ -263,10 +264,11 @@ class Forwarder:
         thread = threading.Thread(target=invocation.bind(self._relay), name="orch-forward",
                                   args=(client, peer, spec), daemon=True)
         with self._lock:
+            # started under the lock: close() joins only threads that have started
             self._clients.add(client)
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        self.stats.add("active", 1)
-        thread.start()
+            self.stats.add("active", 1)
+            thread.start()
 
     def _note_if_waiting(self) -> None:
         """Say once when a new connection has to wait for a free SSH channel of the host."""
@@ -430,7 +432,7 @@ def _pump(client: socket.socket, channel, stats: Stats) -> None:
     thread.start()
     try:
         while True:
-            data = channel.recv(CHUNK)
+            data = channel.recv(READ_AT_ONCE)   # a whole window at once: see READ_AT_ONCE
             if not data:
                 break
             client.sendall(data)

@@ -34,7 +34,7 @@ from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Resu
                                       Transport, command_timeout, connection_lost, encode_arg,
                                       stdin_pieces, validate_argv, with_env)
 from orchestrator.remote.known_hosts import KnownHosts, RevokedKey, UnknownKey
-from orchestrator.remote.paramiko_lib import paramiko
+from orchestrator.remote.paramiko_lib import READ_AT_ONCE, paramiko
 from orchestrator.remote.tcp import tcp_connect
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -53,11 +53,6 @@ EXEC_REPLY_TIMEOUT = 30.0
 # sshd runs a command as `$SHELL -c COMMAND`: COMMAND is one argv string, which Linux caps
 # at 128 KiB. Longer commands send their argv on stdin to a constant bash program instead.
 INLINE_COMMAND_LIMIT = 100_000
-# A channel's output is read all at once, up to its whole window (paramiko's 2 MiB): paramiko
-# keeps it in an array and a read of less deletes from the array's front, which moves the
-# rest; reading a full window 64 KiB at a time moved about 1 MiB per read (a 200 MB pull
-# 200-215 MB/s, 240-260 MB/s in whole reads).
-READ_AT_ONCE = 4 << 20
 # Reads NUL-terminated words from stdin, one byte at a time on a pipe (bash's read never
 # takes more than it needs), so the command's own input follows unread. Constant text: the
 # words arrive as data, never as code.

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from orchestrator.remote.base import RunOptions
-from orchestrator.remote.ssh import READ_AT_ONCE, _drain
+from orchestrator.remote.paramiko_lib import READ_AT_ONCE
+from orchestrator.remote.ssh import _drain
 from orchestrator.remote.transfer import _ChunkQueue, _ReceiverGone
 
 
