@@ -6,7 +6,7 @@ container (payloads/cp.py inlines it), so the sender of a push is the receiver o
 
 The stream is a sequence of frames: KIND (1 byte), LENGTH (4 bytes, big-endian), DATA.
   S  first: {"bytes": file bytes in all, "files": n} as JSON, for progress
-  T  tar bytes: one PAX tar stream (tarfile writes the headers, `tarfile 'r|'` reads them)
+  T  tar bytes: one PAX tar stream (tarfile writes and parses its headers)
   M  last: the sender's {"sha256": {member name: hex}} as JSON, after the tar's end
   X  the sender's error (a file that changed while it was read): the receiver gives up
 A stream without its M frame (a broken link) is never committed.
@@ -18,10 +18,17 @@ in its own folder and all are renamed at the end. On any failure the temporary n
 removed. Member names are data: absolute names, `..`, and names outside the stream's one
 top entry are refused; every folder is opened with O_NOFOLLOW one component at a time, so
 a symbolic link of the tree (or planted in a merged folder) is never followed.
+
+The receiver walks the tar itself, block by block: tarfile parses each header (next_member),
+and a file's data goes from the piece it was read in to sha256 and write(2) with no copy in
+between. Through `tarfile 'r|'` each byte was copied four times more (its stream's buffer,
+the member's reader), in pieces larger than the CPU's cache: a 200 MB push spent 0.8 s of
+CPU in the container's receiver, 0.3 s this way (tar -x: 0.25 s).
 """
 
 import errno
 import hashlib
+import io
 import json
 import os
 import secrets
@@ -32,12 +39,16 @@ import tarfile
 
 FRAME_HEADER = struct.Struct(">cI")
 CHUNK = 256 << 10               # file data is read and hashed in pieces of this size
+READ_PIECE = 64 << 10           # a receiver reads a T frame in pieces of this size
 MAX_TAR_FRAME = 1 << 20         # what a receiver accepts per frame (untrusted on a pull)
 MAX_JSON_FRAME = 256 << 20      # a manifest: 10,000 files are about 1 MB
 MAX_TAR_HEADER = 1 << 20        # a PAX or GNU long-name header's data
 TEMP_MARK = ".orch-cp-"
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+_FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)   # not sparse ones
+_ZERO_BLOCK = tarfile.NUL * tarfile.BLOCKSIZE
+_ENCODING, _ERRORS = "utf-8", "surrogateescape"   # names are bytes, as on the sender
 _LONG_HEADERS = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
                  tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 
@@ -69,7 +80,7 @@ def tree_digest(hashes):
 
 
 def _name_bytes(name):
-    return name.encode("utf-8", "surrogateescape")
+    return name.encode(_ENCODING, _ERRORS)
 
 
 def member_parts(name):
@@ -207,7 +218,7 @@ def _header(member, full, info, size):
         entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(full)
     else:
         entry.size = size
-    return entry.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    return entry.tobuf(tarfile.PAX_FORMAT, _ENCODING, _ERRORS)
 
 
 def _file_data(full, size, offset=0, whole=True):
@@ -236,33 +247,56 @@ def _file_data(full, size, offset=0, whole=True):
 
 # ------------------------------------------------------------------ receiving
 class FrameReader:
-    """The tar bytes of a framed stream as a file (read(n) for tarfile); the S, M and X
-    frames are kept aside. read_exact(n) reads the raw stream."""
+    """The tar bytes of a framed stream, read as they arrive; the S, M and X frames are kept
+    aside. read_exact(n) reads the raw stream."""
 
     def __init__(self, read_exact, on_size=None):
         self._read_exact = read_exact
         self._on_size = on_size
-        self._data = b""
+        self._piece = memoryview(b"")   # tar bytes read, from _offset
         self._offset = 0
+        self._frame_left = 0            # tar bytes of the current T frame not yet read
         self.size = None
         self.manifest = None
         self.ended = False        # the raw stream ended (before its manifest: a broken link)
 
-    def read(self, size=-1):
-        while self._offset >= len(self._data):
-            if self.manifest is not None or not self._next_frame():
-                return b""
-        end = len(self._data) if size is None or size < 0 else self._offset + size
-        piece = self._data[self._offset:end]
-        self._offset += len(piece)
-        return piece
+    def views(self, size):
+        """The next size tar bytes, as views of the pieces they were read in (no copy)."""
+        left = size
+        while left:
+            if self._offset >= len(self._piece) and not self._next_piece():
+                raise truncated() if self.ended else damaged("the tar ends early")
+            end = self._offset + min(left, len(self._piece) - self._offset)
+            view = self._piece[self._offset:end]
+            self._offset = end
+            left -= len(view)
+            yield view
+
+    def read(self, size):
+        """The next size tar bytes (a header)."""
+        return b"".join(self.views(size))
 
     def finish(self):
-        """The manifest, reading past what tarfile left (the end of archive blocks)."""
+        """The manifest, reading past what the tar's end left."""
         while self.manifest is None:
-            if not self._next_frame():
+            if not (self._next_piece() if self._frame_left else self._next_frame()):
                 raise truncated()
         return self.manifest
+
+    def _next_piece(self):
+        """Read on in the current T frame, or the next one. A frame is read READ_PIECE bytes
+        at a time: each piece is hashed and written while the CPU's cache holds it."""
+        while not self._frame_left:
+            if self.manifest is not None or not self._next_frame():
+                return False
+        wanted = min(self._frame_left, READ_PIECE)
+        data = self._read_exact(wanted)
+        if len(data) < wanted:
+            self.ended = True
+            return False
+        self._frame_left -= wanted
+        self._piece, self._offset = memoryview(data), 0
+        return True
 
     def _next_frame(self):
         header = self._read_exact(FRAME_HEADER.size)
@@ -272,15 +306,14 @@ class FrameReader:
         kind, length = FRAME_HEADER.unpack(header)
         limit = MAX_TAR_FRAME if kind == b"T" else MAX_JSON_FRAME
         if kind not in (b"S", b"T", b"M", b"X") or length > limit:
-            raise TransferError("the stream is damaged (frame %r of %d bytes)" % (kind, length),
-                                "bad-stream")
+            raise damaged("frame %r of %d bytes" % (kind, length))
+        if kind == b"T":
+            self._frame_left = length
+            return True
         data = self._read_exact(length)
         if len(data) < length:
             self.ended = True
             return False
-        if kind == b"T":
-            self._data, self._offset = data, 0
-            return True
         value = _json(data)
         if kind == b"X":
             raise TransferError("the sender failed: %s" % value.get("message"),
@@ -296,6 +329,56 @@ class FrameReader:
         return True
 
 
+def next_member(reader):
+    """The next member's TarInfo, its data not yet read; None at the tar's end (its first
+    zero block). Headers are parsed by tarfile: a plain one by TarInfo.frombuf, one with
+    extended headers (PAX, GNU long names) by tarfile reading those few blocks."""
+    blocks, held = [], 0
+    while True:
+        block = reader.read(tarfile.BLOCKSIZE)
+        if block == _ZERO_BLOCK and not blocks:
+            return None
+        try:
+            info = tarfile.TarInfo.frombuf(block, _ENCODING, _ERRORS)
+        except (tarfile.HeaderError, ValueError) as error:
+            raise damaged(str(error) or "a header block is not one")
+        blocks.append(block)
+        if info.type not in _LONG_HEADERS:
+            break
+        if info.type == tarfile.XGLTYPE:
+            raise TransferError("refused a global PAX header: orch cp's streams have none",
+                                "unsupported-member")
+        held += tarfile.BLOCKSIZE + info.size
+        if held > MAX_TAR_HEADER:   # bounded before it is read (on a pull it is the container's)
+            raise damaged("a %d-byte tar header" % held)
+        blocks.append(reader.read(info.size + _padding(info.size)))
+    return info if len(blocks) == 1 else _extended_member(b"".join(blocks))
+
+
+def _extended_member(blocks):
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blocks + _ZERO_BLOCK * 2), mode="r:",
+                          encoding=_ENCODING, errors=_ERRORS) as tar:
+            member = tar.next()
+    except tarfile.TarError as error:
+        raise damaged(str(error))
+    if member is None:
+        raise damaged("an extended header without its member")
+    return member
+
+
+def skip_padding(reader, size):
+    reader.read(_padding(size))
+
+
+def _padding(size):
+    return -size % tarfile.BLOCKSIZE
+
+
+def damaged(what):
+    return TransferError("the stream is damaged (%s)" % what, "bad-stream")
+
+
 def truncated():
     return TransferError("the stream ended before its manifest (the link broke, or the sender "
                          "stopped): nothing was written under its final name", "truncated")
@@ -309,17 +392,6 @@ def _json(data):
     if not isinstance(value, dict):
         raise TransferError("the stream is damaged (a frame is not a JSON object)", "bad-stream")
     return value
-
-
-class _BoundedInfo(tarfile.TarInfo):
-    """tarfile reads a PAX or GNU long-name header's data whole: bounded here, before it does
-    (on a pull the stream comes from the container)."""
-
-    def _proc_member(self, tar):
-        if self.type in _LONG_HEADERS and self.size > MAX_TAR_HEADER:
-            raise TransferError("the stream is damaged (a %d-byte tar header)" % self.size,
-                                "bad-stream")
-        return tarfile.TarInfo._proc_member(self, tar)
 
 
 def destination(dest, top, top_is_dir):
@@ -380,21 +452,14 @@ class Receiver:
                     path=os.path.join(self._folder, self._final))
 
     def _unpack(self, reader):
-        try:
-            # bufsize: tarfile's stream reads 10 KiB at a time by default, a Python call
-            # and a join per 10 KiB; one read per frame is a tenth of the receiver's CPU
-            with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK, tarinfo=_BoundedInfo,
-                              encoding="utf-8", errors="surrogateescape") as tar:
-                for member in tar:
-                    self._member(tar, member)
-        except tarfile.TarError as error:
-            if reader.ended:
-                raise truncated()
-            raise TransferError("the stream is damaged: %s" % error, "bad-stream")
-        if self._top is None:
+        member = next_member(reader)
+        if member is None:
             raise TransferError("the stream held nothing", "bad-stream")
+        while member is not None:
+            self._member(reader, member)
+            member = next_member(reader)
 
-    def _member(self, tar, member):
+    def _member(self, reader, member):
         parts = member_parts(member.name)
         if self._top is None:
             self._start(parts, member)
@@ -404,8 +469,8 @@ class Receiver:
         inner = parts[1:]
         if member.isdir():
             self._dir(inner, member)
-        elif member.isreg():
-            self._file(inner, member, tar.extractfile(member))
+        elif member.type in _FILE_TYPES and member.sparse is None:
+            self._file(inner, member, reader)
         elif member.issym():
             self._link(inner, member)
         else:
@@ -443,21 +508,19 @@ class Receiver:
                                     "not-a-folder")
         self._dirs.append((inner, member.mode & 0o7777, member.mtime))
 
-    def _file(self, inner, member, data):
+    def _file(self, inner, member, reader):
         folder, name, staged = self._placing(inner)
         fd = os.open(name, _NEW_FILE, 0o600, dir_fd=folder)
         digest = hashlib.sha256()
         try:
             if staged:
                 self._staged.append((folder, name, inner[-1]))
-            while True:
-                piece = data.read(CHUNK)
-                if not piece:
-                    break
+            for piece in reader.views(member.size):
                 digest.update(piece)
                 _write_all(fd, piece)
                 if self.on_data:
                     self.on_data(len(piece))
+            skip_padding(reader, member.size)
             os.fchmod(fd, member.mode & 0o7777)
             os.utime(fd, (member.mtime, member.mtime))
         finally:

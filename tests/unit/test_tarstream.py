@@ -20,8 +20,8 @@ from orchestrator.ground.errors import BadArgument, OrchError, PayloadError
 from orchestrator.payloads import _tarstream as tarstream
 from orchestrator.payloads import compact_source
 from orchestrator.payloads._tarstream import (MAX_TAR_FRAME, MAX_TAR_HEADER, TEMP_MARK, FrameReader, Receiver,
-                                              TransferError, frame, member_parts, send_frames,
-                                              tree_digest)
+                                              TransferError, frame, member_parts, next_member,
+                                              send_frames, tree_digest)
 from orchestrator.remote import transfer
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -115,16 +115,20 @@ def test_a_merge_replaces_a_planted_link_instead_of_writing_through_it(tmp_path)
     assert leftovers(tmp_path) == []
 
 
-def tar_stream(members, manifest=None):
-    """A framed stream of hand-made members: (TarInfo, data or None)."""
+def tar_stream(members, manifest=None, tar_format=tarfile.PAX_FORMAT, frame_size=MAX_TAR_FRAME):
+    """A framed stream of hand-made members: (TarInfo, data or None), written by tarfile."""
     raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=raw, mode="w", format=tar_format) as tar:
         for info, data in members:
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    hashes = manifest if manifest is not None else {
-        info.name: hashlib.sha256(data).hexdigest() for info, data in members if info.isreg()}
-    data = raw.getvalue()
-    tar = b"".join(frame(b"T", data[at:at + MAX_TAR_FRAME]) for at in range(0, len(data), MAX_TAR_FRAME))
+    return framed(raw.getvalue(), manifest if manifest is not None else {
+        info.name: hashlib.sha256(data).hexdigest() for info, data in members if info.isreg()},
+        frame_size)
+
+
+def framed(data, hashes, frame_size=MAX_TAR_FRAME):
+    """Tar bytes as the stream's S, T..., M frames."""
+    tar = b"".join(frame(b"T", data[at:at + frame_size]) for at in range(0, len(data), frame_size))
     return io.BytesIO(frame(b"S", b'{"bytes": 0, "files": 0}') + tar
                       + frame(b"M", json.dumps({"sha256": hashes}).encode()))
 
@@ -213,11 +217,87 @@ def test_the_senders_error_stops_the_receiver(tmp_path):
 def test_what_a_receiver_holds_is_bounded(tmp_path):
     huge = io.BytesIO(b"T" + (10 << 20).to_bytes(4, "big"))
     with pytest.raises(TransferError, match="damaged"):
-        FrameReader(huge.read).read(1)
+        next_member(FrameReader(huge.read))
     info = tarfile.TarInfo("top")
     info.pax_headers = {"comment": "x" * (MAX_TAR_HEADER + 10)}
     with pytest.raises(TransferError, match="tar header"):
         Receiver(str(tmp_path)).receive(tar_stream([(info, b"")]).read)
+
+
+LONG = "d" * 120 + "/" + "f" * 150
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_long_and_non_ascii_names_come_through_extended_headers(tmp_path, tar_format):
+    """Headers beyond ustar's fields (PAX records, GNU long names), as tarfile writes them,
+    in frames that split headers and data at odd places."""
+    target = "t" * 150
+    members = [entry("top", tarfile.DIRTYPE), entry("top/" + LONG.split("/")[0], tarfile.DIRTYPE),
+               entry("top/" + LONG, data=os.urandom(70_000)),
+               entry("top/grüße ü.txt", data=b"umlauts\n"),
+               entry("top/link", tarfile.SYMTYPE, linkname=target)]
+    Receiver(str(tmp_path)).receive(tar_stream(members, tar_format=tar_format, frame_size=700).read)
+    assert (tmp_path / "top" / LONG).read_bytes() == members[2][1]
+    assert (tmp_path / "top" / "grüße ü.txt").read_bytes() == b"umlauts\n"
+    assert os.readlink(tmp_path / "top" / "link") == target
+    assert leftovers(tmp_path) == []
+
+
+def test_the_receiver_reads_what_the_sender_writes_in_any_framing(tmp_path):
+    tree = make_tree(tmp_path / "src")
+    (tree / LONG.split("/")[0]).mkdir()
+    (tree / LONG).write_bytes(os.urandom(300_000))
+    hashes = {}
+    stream = b"".join(send_frames(str(tree), hashes=hashes))
+    Receiver(str(tmp_path / "back")).receive(framed(_tar_bytes(stream), hashes, frame_size=4099).read)
+    assert snapshot(tmp_path / "back") == snapshot(tree)
+
+
+def _tar_bytes(stream):
+    """The T frames' data of a framed stream, joined."""
+    tar, at = [], 0
+    while at < len(stream):
+        kind, length = tarstream.FRAME_HEADER.unpack(stream[at:at + 5])
+        if kind == b"T":
+            tar.append(stream[at + 5:at + 5 + length])
+        at += 5 + length
+    return b"".join(tar)
+
+
+def test_damaged_and_unsupported_headers_are_refused_and_leave_nothing(tmp_path):
+    good = tarfile.TarInfo("top").tobuf(tarfile.USTAR_FORMAT)
+    bad_checksum = good[:148] + b"0000000\0" + good[156:]
+    sparse = tarfile.TarInfo("top")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    empty_pax = tarfile.TarInfo("././@PaxHeader")
+    empty_pax.type = tarfile.XHDTYPE
+    cases = {
+        "bad-stream": bad_checksum + _END,
+        "unsupported-member": sparse.tobuf(tarfile.GNU_FORMAT) + _END,
+        "bad-stream ": empty_pax.tobuf(tarfile.USTAR_FORMAT) * (MAX_TAR_HEADER // 512 + 2),
+    }
+    for kind, raw in cases.items():
+        with pytest.raises(TransferError) as raised:
+            Receiver(str(tmp_path)).receive(framed(raw, {}).read)
+        assert raised.value.kind == kind.strip(), kind
+    pax = io.BytesIO()
+    with tarfile.open(fileobj=pax, mode="w", format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": "global"}) as tar:
+        tar.addfile(tarfile.TarInfo("top"), io.BytesIO(b""))
+    with pytest.raises(TransferError, match="global PAX header"):
+        Receiver(str(tmp_path)).receive(framed(pax.getvalue(), {"top": ""}).read)
+    assert os.listdir(tmp_path) == []
+
+
+_END = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+
+
+def test_a_manifest_inside_a_files_data_is_a_damaged_stream(tmp_path):
+    whole = tar_stream([entry("big.bin", data=os.urandom(5000))]).getvalue()
+    raw = _tar_bytes(whole)[:512 + 2048]   # the header and part of the data, then M
+    with pytest.raises(TransferError, match="the tar ends early") as raised:
+        Receiver(str(tmp_path)).receive(framed(raw, {}).read)
+    assert raised.value.kind == "bad-stream" and os.listdir(tmp_path) == []
 
 
 def test_member_parts():
