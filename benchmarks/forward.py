@@ -32,6 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import orch_sandbox as sandboxes  # noqa: E402
+from timing import bytecode_as_installed  # noqa: E402
 
 HOST, VMID, TARGET, ADDRESS = "sb1", 200, "sb1-200", "10.88.1.200"
 FOLDER = "/tmp/orch-bench-forward"
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     bed = sandboxes.up()
+    bytecode_as_installed()
     ssh = bed.ssh_argv(HOST)
     port = 20000 + secrets.randbelow(20000)
     size = args.size_mb << 20
