@@ -26,8 +26,9 @@ import time
 from orchestrator.agent import protocol  # stdlib only: no click, no paramiko, no typing
 
 # The commands the agent runs, and for groups which subcommands (None: the whole command).
-FAST_COMMANDS = {"exec": None, "grep-torch": None, "grep-pkg": None, "verify": None,
-                 "inventory": {"check"}, "ct": {"list", "status"}, "patch": {"fx-tls", "fx-threads"}}
+FAST_COMMANDS = {"exec": None, "cp": None, "grep-torch": None, "grep-pkg": None,
+                 "verify": None, "inventory": {"check"}, "ct": {"list", "status"},
+                 "patch": {"fx-tls", "fx-threads"}}
 PATCH_ACTIONS_IN_AGENT = {"status", "diff"}   # apply/revert change files: they stay here
 START_WAIT_S = 10.0
 # How long a client waits for a running agent to connect and say "accepted"; it takes a few

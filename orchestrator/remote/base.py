@@ -84,6 +84,9 @@ class RunOptions:
     # fork of a python3 already running there (the reaper's, a warm session's) instead of
     # a new interpreter (payloads/_inproc.py); other transports run it as it is.
     in_python: bool = False
+    # True: a stream of bulk data (orch cp): it gets an SSH channel of its own, never a warm
+    # session, whose server would relay every byte once more through Python in the container
+    bulk: bool = False
 
 
 class Transport:
@@ -96,10 +99,10 @@ class Transport:
             on_stdout: Optional[OutputCallback] = None,
             on_stderr: Optional[OutputCallback] = None, check: bool = False,
             capture: bool = True, kill_on_close: bool = False,
-            in_python: bool = False) -> Result:
+            in_python: bool = False, bulk: bool = False) -> Result:
         options = RunOptions(stdin=stdin, timeout=timeout, env=validate_env(env or {}),
                              on_stdout=on_stdout, on_stderr=on_stderr, capture=capture,
-                             kill_on_close=kill_on_close, in_python=in_python)
+                             kill_on_close=kill_on_close, in_python=in_python, bulk=bulk)
         # The command's interrupt closes its channel or kills its process (the transports
         # file them under it): what comes back then is that interrupt, not a broken channel
         interrupt = invocation.current().interrupt

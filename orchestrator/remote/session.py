@@ -345,7 +345,8 @@ class SessionPool:
 
 class SessionTarget(Target):
     """A container Target whose commands go through a warm session of the pool when one is
-    free; otherwise (all busy, no python3, the container stopped) exactly as Target."""
+    free; otherwise (all busy, no python3, the container stopped, bulk data) exactly as
+    Target."""
 
     def __init__(self, *args, sessions: SessionPool, **kwargs):
         super().__init__(*args, **kwargs)
@@ -353,7 +354,7 @@ class SessionTarget(Target):
         self.via = "channel"   # how the last command went: "session" or "channel"
 
     def _run(self, argv, options: RunOptions) -> Result:
-        session = self.sessions.borrow(self) if self.vmid else None
+        session = self.sessions.borrow(self) if self.vmid and not options.bulk else None
         self.via = "channel"
         if session is None:
             return super()._run(argv, options)

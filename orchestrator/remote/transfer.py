@@ -72,7 +72,7 @@ def push(target: Target, source: str, dest: str, *, recursive: bool = False,
     events: list = []
     splitter = LineSplitter(lambda line: _keep_event(events, line))
     result = target.run(cp_argv("receive", remote_path(target, dest)), stdin=stream,
-                        timeout=timeout, on_stdout=splitter.feed, kill_on_close=True)
+                        timeout=timeout, on_stdout=splitter.feed, kill_on_close=True, bulk=True)
     splitter.flush()
     final = payload_outcome(target, "cp", SYSTEM_PYTHON, events[-1] if events else None, result)
     _same_digest(target, final.get("digest"), tree_digest(hashes))
@@ -106,7 +106,7 @@ def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
     try:
         result = target.run(cp_argv("send", remote_path(target, source), recursive, last_bytes),
                             timeout=timeout, on_stdout=pipe.put, capture=False,
-                            kill_on_close=True)
+                            kill_on_close=True, bulk=True)
     except _ReceiverGone:
         pass   # the receiver failed first: its error is the one to tell
     finally:

@@ -1,6 +1,7 @@
 """orch cp against the sandbox (real sshd, real LXC, real pct): a tree's round trip, a
-50 MB file both ways with its sha256 and orch's peak RSS, and a link broken mid-transfer,
-which leaves no file under the final name on either side."""
+50 MB file both ways with its sha256 and orch's peak RSS (on the direct path and through the
+warm agent), and a link broken mid-transfer, which leaves no file under the final name on
+either side."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import pytest
 from orchestrator.ground.errors import ConnectionLost, OrchError
 from orchestrator.payloads._tarstream import TEMP_MARK
 from orchestrator.remote import transfer
+from orchestrator.remote.session import SessionPool
 from orchestrator.targets.fleet import Fleet
+from tests.agents import agent_pids, stop_agents
 from tests.unit.test_tarstream import leftovers, make_tree, snapshot
 
 pytestmark = pytest.mark.sandbox
@@ -115,6 +118,57 @@ def test_a_large_file_both_ways_with_its_sha256_and_bounded_memory(sandbox, ct, 
     print(f"peak RSS of orch: push {pushed_rss:.0f} MB, pull {pulled_rss:.0f} MB "
           f"for {BIG_MB} MB")
     assert pushed_rss < RSS_LIMIT_MB and pulled_rss < RSS_LIMIT_MB
+
+
+def _memory_mb(pid: int, field: str) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_through_the_warm_agent_both_ways_with_the_callers_folder(sandbox, ct, remote_dir, big,
+                                                                tmp_path):
+    """The quick path users get by default: the copy runs in the agent, with local paths the
+    caller's (a relative name from the caller's folder), the sha256 checked, and the agent's
+    memory not growing with the file (its peak over its resident size before: a few MB of
+    queue and window)."""
+    env = {**os.environ, "ORCH_AGENT_DIR": str(tmp_path / "agent"), "ORCH_AGENT": "require"}
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    os.link(big, caller / "big.bin")
+    orch = [sys.executable, "-m", "orchestrator", "-i", str(sandbox.inventory_path)]
+    try:
+        subprocess.run([*orch, "exec", "sb1-200", "--", "true"], env=env, check=True, timeout=120)
+        (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
+        before = _memory_mb(pid, "VmRSS")
+        for args in (["big.bin", f"sb1-200:{remote_dir}/"],
+                     [f"sb1-200:{remote_dir}/big.bin", "back.bin"]):
+            done = subprocess.run([*orch, "cp", *args], env=env, cwd=caller, capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0 and "sha256 checked" in done.stderr, done.stderr
+        assert remote_sha(ct, f"{remote_dir}/big.bin") == sha(big) == sha(caller / "back.bin")
+        grown = _memory_mb(pid, "VmHWM") - before
+        print(f"the agent's peak over its resident size before: {grown:.0f} MB for {BIG_MB} MB")
+        assert grown < 32
+        assert agent_pids(env["ORCH_AGENT_DIR"]) == [pid]
+    finally:
+        stop_agents(env["ORCH_AGENT_DIR"])
+
+
+def test_a_copy_takes_a_channel_of_its_own_where_commands_take_a_warm_session(sandbox, remote_dir,
+                                                                            tmp_path):
+    source = tmp_path / "small.txt"
+    source.write_text("bulk\n")
+    with Fleet.from_path(str(sandbox.inventory_path), sessions=SessionPool()) as fleet:
+        target = fleet.targets(["sb1-200"])[0]
+        assert target.run(["true"]).exit_code == 0 and target.via == "session"
+        transfer.push(target, str(source), f"{remote_dir}/small.txt")
+        assert target.via == "channel"
+        transfer.pull(target, f"{remote_dir}/small.txt", str(tmp_path / "back.txt"))
+        assert target.via == "channel" and (tmp_path / "back.txt").read_text() == "bulk\n"
+        assert target.run(["true"]).exit_code == 0 and target.via == "session"
 
 
 def _breaking_after(host, count):

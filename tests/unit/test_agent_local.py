@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 import orchestrator
 from orchestrator.agent import client, protocol
+from orchestrator.payloads._tarstream import TEMP_MARK
 from tests.agents import agent_pids, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
@@ -151,6 +153,78 @@ def test_an_interrupted_exec_stops_at_once_and_the_agent_serves_the_next(env, in
     assert (after.returncode, after.stdout) == (0, "next\n"), after.stderr
     assert status_of(env)["commands_served"] == 3
     assert len(agent_pids(env["ORCH_AGENT_DIR"])) == 1
+
+
+def test_cp_runs_in_the_agent_with_the_callers_folder_and_home(env, inventory, tmp_path):
+    """Relative and ~ paths of `orch cp` are the caller's, in both directions, as on the
+    direct path (the agent's own folder is /); the output is the direct path's."""
+    caller, home, remote = tmp_path / "caller", tmp_path / "home", tmp_path / "remote"
+    for folder in (caller, home, remote, caller / "back"):
+        folder.mkdir()
+    (caller / "notes.txt").write_text("from the caller's folder\n")
+    (home / "key.txt").write_text("from the caller's home\n")
+    runs = {}
+    for mode in ("off", "require"):
+        env_of = {**env, "ORCH_AGENT": mode, "HOME": str(home)}
+        pushed = [subprocess.run([*ORCH, "-i", inventory, "cp", source, f"dev:{remote}/{mode}-{i}"],
+                                 env=env_of, cwd=caller, capture_output=True, text=True, timeout=60)
+                  for i, source in enumerate(("notes.txt", "~/key.txt"))]
+        pulled = subprocess.run([*ORCH, "-i", inventory, "cp", f"dev:{remote}/{mode}-0", "back/"],
+                                env=env_of, cwd=caller, capture_output=True, text=True, timeout=60)
+        runs[mode] = [(run.returncode, run.stdout, _without_times(run.stderr, mode))
+                      for run in pushed + [pulled]]
+        assert (caller / "back" / f"{mode}-0").read_text() == "from the caller's folder\n"
+        assert (remote / f"{mode}-1").read_text() == "from the caller's home\n"
+    assert runs["require"] == runs["off"] and runs["off"][0][0] == 0, runs
+    assert status_of(env)["commands_served"] == 3
+
+
+def _without_times(text: str, mode: str) -> str:
+    """A cp line without its seconds and rate, which vary, and the mode in its names."""
+    return re.sub(r"\(sha256 checked, .*\)", "(sha256 checked)", text).replace(mode, "MODE")
+
+
+def test_an_interrupted_cp_in_the_agent_leaves_no_file_and_the_agent_serves_the_next(
+        env, inventory, tmp_path):
+    """Ctrl-C of an agent-run pull while its data flows (the sender slowed down by a python3
+    of this test's own, first on PATH): the agent's receiver removes what it staged, the
+    client exits 130 at once, and the same agent runs the next command."""
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "python3").write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, subprocess, sys, time
+        child = subprocess.Popen([{sys.executable!r}, *sys.argv[1:]], stdout=subprocess.PIPE)
+        for piece in iter(lambda: child.stdout.read1(65536), b""):
+            os.write(1, piece)
+            time.sleep(0.05)
+        sys.exit(child.wait())
+        """))
+    (slow / "python3").chmod(0o755)
+    (tmp_path / "big.bin").write_bytes(os.urandom(8 << 20))   # 6 s at 64 KiB per 50 ms
+    into = tmp_path / "into"
+    into.mkdir()
+    assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
+                          timeout=60).returncode == 0
+    pid = agent_pids(env["ORCH_AGENT_DIR"])
+    process = subprocess.Popen(
+        [*ORCH, "-i", inventory, "cp", f"dev:{tmp_path}/big.bin", f"{into}/"],
+        env={**env, "PATH": f"{slow}:{os.environ['PATH']}"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not any(name.startswith(TEMP_MARK) for name in os.listdir(into)):
+        assert time.monotonic() < deadline and process.poll() is None, "no data ever arrived"
+        time.sleep(0.02)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert time.monotonic() - sent < 3
+    assert (process.returncode, out, err) == (130, "", "orch: error: interrupted\n")
+    assert os.listdir(into) == []
+    after = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "next"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert (after.returncode, after.stdout) == (0, "next\n"), after.stderr
+    assert agent_pids(env["ORCH_AGENT_DIR"]) == pid
 
 
 def _processes_running(*argv: str) -> bool:

@@ -120,6 +120,8 @@ def test_help_lists_every_command_without_loading_it():
     (["patch", "fx-tls", "apply"], False),
     (["patch", "fx-tls", "--target", "diff", "revert"], False),
     (["verify", "fx-race"], True),
+    (["cp", "-r", "./configs", "ct:/root/app/"], True),
+    (["cp", "--help"], False),
     (["--no-agent", "exec", "ct", "true"], False),
     (["--trust-new-host-keys", "exec", "ct", "true"], False),
     (["--help"], False),

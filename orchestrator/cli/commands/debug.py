@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -81,6 +82,7 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
     if remote_dest:
         name, path = remote_dest
         targets = app.fleet.targets([name])
+        source = _local(app, source)
 
         def work(target, progress):
             return push(target, source, path, recursive=recursive, timeout=timeout,
@@ -91,6 +93,7 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
         targets = app.fleet.targets([name])
         if len(targets) != 1:
             raise click.UsageError(f"{name!r} names {len(targets)} targets: copy out of one")
+        dest = _local(app, dest)
 
         def work(target, progress):
             return pull(target, path, dest, recursive=recursive, timeout=timeout,
@@ -114,6 +117,17 @@ def _each(app, targets, work, progress_to):
     results = fan_out(targets, lambda target: work(target, None), on_interrupt=app.fleet.close)
     return [(t, results.succeeded[t] if t in results.succeeded else results.failed[t])
             for t in targets]
+
+
+def _local(app, path: str) -> str:
+    """A local path of the command line as the caller means it: `~` expanded, relative to
+    the caller's folder (the warm agent, which may run the copy, has a folder of its own),
+    a trailing / kept (it says "into this folder"); `.` components dropped, nothing else
+    (`link/..` is the kernel's to resolve, as cp and scp leave it)."""
+    joined = os.path.join(app.invocation.cwd, app.invocation.expanduser(path))
+    if joined.endswith("/."):
+        joined += "/"   # x/. is a folder, as x/ is
+    return "/".join(part for part in joined.split("/") if part != ".") or "/"
 
 
 def _remote(argument: str):
