@@ -3,8 +3,10 @@ and pulled out of sb1's CT 200, -n times each, medians in MB/s.
 
     python benchmarks/transfer.py [-s 100] [-n 3] [--json]
 
-  orch cp push / pull     a new `orch` process each time (the direct path, no agent),
-                          sha256 checked on both sides
+  orch cp push / pull     a new `orch` process each time, sha256 checked on both sides:
+                          the direct path (ORCH_AGENT=off: the process connects, imports
+                          and copies) and the warm agent (the default: the copy runs in
+                          the agent, its SSH connection open)
   scp + pct push / pull   the manual way: scp to the host, then `pct push` (or `pct pull`,
                           then scp back), then the copy on the host removed
   tar | ssh pct exec      `tar -cf - F | ssh HOST pct exec 200 -- tar -xf -` (and back)
@@ -52,9 +54,10 @@ def timed(argv_or_shell, env=None) -> float:
     return time.monotonic() - started
 
 
-def cases(bed, local: str, back: str):
+def cases(bed, local: str, back: str, agent_dir: str):
     """name -> a function returning one run's seconds."""
     env = {**os.environ, "ORCH_AGENT": "off"}
+    warm = {**os.environ, "ORCH_AGENT": "require", "ORCH_AGENT_DIR": agent_dir}
     inventory = str(bed.inventory_path)
     ssh = " ".join(shlex.quote(a) for a in bed.ssh_argv(HOST))
     scp = f"scp -q -F {shlex.quote(str(bed.ssh_config))}"
@@ -63,6 +66,8 @@ def cases(bed, local: str, back: str):
     return {
         "orch cp push": lambda: timed([*ORCH, "-i", inventory, "cp", local,
                                        f"{TARGET}:{REMOTE}/{name}"], env),
+        "orch cp push, warm agent": lambda: timed([*ORCH, "-i", inventory, "cp", local,
+                                                   f"{TARGET}:{REMOTE}/{name}"], warm),
         "scp + pct push": lambda: timed(
             f"{scp} {shlex.quote(local)} {HOST}:/tmp/{name} && "
             f"{ssh} 'pct push {VMID} /tmp/{name} {REMOTE}/{name} && rm -f /tmp/{name}'"),
@@ -77,6 +82,8 @@ def cases(bed, local: str, back: str):
                     f"mv {REMOTE}/.new-{name} {REMOTE}/{name}"))),
         "orch cp pull": lambda: timed([*ORCH, "-i", inventory, "cp", f"{TARGET}:{REMOTE}/{name}",
                                        back], env),
+        "orch cp pull, warm agent": lambda: timed(
+            [*ORCH, "-i", inventory, "cp", f"{TARGET}:{REMOTE}/{name}", back], warm),
         "pct pull + scp": lambda: timed(
             f"{ssh} 'pct pull {VMID} {REMOTE}/{name} /tmp/{name}' && "
             f"{scp} {HOST}:/tmp/{name} {shlex.quote(back)} && {ssh} 'rm -f /tmp/{name}'"),
@@ -112,7 +119,11 @@ def main() -> None:
         back = os.path.join(back_dir, "payload.bin")
         bed.pct(HOST, "exec", str(VMID), "--", "mkdir", "-p", REMOTE)
         name = os.path.basename(local)
-        ways = with_new_file_pushes(cases(bed, local, back))
+        agent_dir = os.path.join(folder, "agent")
+        ways = with_new_file_pushes(cases(bed, local, back, agent_dir))
+        # the agent started and its connection warm before the first timed run
+        subprocess.run([*ORCH, "-i", str(bed.inventory_path), "exec", TARGET, "--", "true"],
+                       env={**os.environ, "ORCH_AGENT_DIR": agent_dir}, check=True)
         seconds: dict[str, list[float]] = {label: [] for label in ways}
         try:
             # the ways take turns, run by run: a minute of other load falls on all of them;
@@ -129,11 +140,13 @@ def main() -> None:
                         bed.pct(HOST, "exec", str(VMID), "--", "rm", "-f", f"{REMOTE}/{name}")
                     os.sync()
                     seconds[label].append(ways[label]())
-                    if label.endswith(("pull", "tar x")) and "push" not in label and os.path.exists(back):
+                    if not _pushes(label) and os.path.exists(back):
                         assert sha(back) == sha(local), f"{label}: the copy differs"
                         os.unlink(back)
         finally:
             bed.pct(HOST, "exec", str(VMID), "--", "rm", "-rf", REMOTE)
+            subprocess.run([*ORCH, "agent", "stop"], env={**os.environ, "ORCH_AGENT_DIR": agent_dir},
+                           capture_output=True)
         rows = {label: {"median_s": round(statistics.median(times), 3),
                         "MB_per_s": round(args.size_mb / statistics.median(times), 1)}
                 for label, times in seconds.items()}
@@ -151,8 +164,10 @@ NEW_FILE = " (new file)"
 
 
 def with_new_file_pushes(ways: dict) -> dict:
-    """The ways, each push also as NEW_FILE (its run after the copy was removed)."""
-    return {**ways, **{label + NEW_FILE: run for label, run in ways.items() if _pushes(label)}}
+    """The ways, each push also as NEW_FILE (its run after the copy was removed); scp and
+    `pct push` write a file on the host first, whose cost does not change with it."""
+    return {**ways, **{label + NEW_FILE: run for label, run in ways.items()
+                       if _pushes(label) and not label.startswith("scp")}}
 
 
 def best_manual(rows: dict, label: str) -> float:
