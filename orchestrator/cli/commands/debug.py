@@ -63,6 +63,7 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
     both sides as it streams and compared before anything gets its final name: an
     interrupted copy (Ctrl-C, a broken link) leaves no partial file under the final name.
     Paths travel as data, never through a shell. Progress goes to stderr on a terminal.
+    The copy runs in the warm agent, as exec does (`orch --no-agent cp` in this process).
     Exit codes: 0 copied; for one target its error's own code: 1 the copy failed (a
     sha256 mismatch, a refused path), 2 a bad command line, 3 a host unreachable or the
     link lost, 4 no such container or not running, 5 --timeout; for a group, 1 when any
