@@ -613,6 +613,8 @@ def _open_dir(parent, name, shown):
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
             raise TransferError("refused to write below %s: it is a symbolic link or no folder"
                                 % shown, "unsafe-member")
+        if error.errno == errno.ENOENT:   # a sender sends every folder before what is in it
+            raise damaged("a member of %s came before the folder itself" % shown)
         raise
 
 

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import stat
 import subprocess
 import sys
@@ -292,6 +293,13 @@ def test_damaged_and_unsupported_headers_are_refused_and_leave_nothing(tmp_path)
 _END = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
 
 
+def test_a_member_whose_folder_the_stream_never_sent_is_a_damaged_stream(tmp_path):
+    stream = tar_stream([entry("top", tarfile.DIRTYPE), entry("top/missing/file", data=b"x")])
+    with pytest.raises(TransferError, match="came before the folder") as raised:
+        Receiver(str(tmp_path)).receive(stream.read)
+    assert raised.value.kind == "bad-stream" and os.listdir(tmp_path) == []
+
+
 def test_a_manifest_inside_a_files_data_is_a_damaged_stream(tmp_path):
     whole = tar_stream([entry("big.bin", data=os.urandom(5000))]).getvalue()
     raw = _tar_bytes(whole)[:512 + 2048]   # the header and part of the data, then M
@@ -414,3 +422,31 @@ def test_last_bytes_is_for_one_regular_file(tmp_path):
     tree = make_tree(tmp_path / "src")
     with pytest.raises(TransferError, match="a byte range is for one regular file"):
         Receiver(str(tmp_path / "x")).receive(stream_of(tree, last_bytes=10).read)
+
+
+def test_a_damaged_stream_is_always_a_transfer_error_and_leaves_nothing(tmp_path):
+    """A pull's stream is the container's: whatever byte of it is wrong, the receiver says
+    so as a TransferError (or, for a byte nothing reads, receives what was sent), never
+    another exception, and never leaves a temporary file. Half the damage falls in the tar
+    headers (found by their ustar magic), the rest anywhere."""
+    tree = make_tree(tmp_path / "src")
+    (tree / LONG.split("/")[0]).mkdir()
+    (tree / LONG).write_bytes(os.urandom(3000))
+    stream = stream_of(tree).getvalue()
+    headers = [at - 257 for at in range(len(stream)) if stream.startswith(b"ustar", at)]
+    chance = random.Random(30)
+    for trial in range(300):
+        damaged = bytearray(stream)
+        for _ in range(chance.choice((1, 1, 2, 8))):
+            at = (chance.choice(headers) + chance.randrange(512) if chance.random() < 0.5
+                  else chance.randrange(len(damaged)))
+            damaged[at] = chance.randrange(256)
+        if chance.random() < 0.2:
+            damaged = damaged[:chance.randrange(len(damaged))]
+        dest = tmp_path / f"dest-{trial}"
+        dest.mkdir()
+        try:
+            Receiver(str(dest)).receive(io.BytesIO(bytes(damaged)).read)
+        except TransferError:
+            assert os.listdir(dest) == [], trial
+        assert leftovers(dest) == [], trial
