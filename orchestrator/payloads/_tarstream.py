@@ -367,7 +367,7 @@ def _extended_member(blocks):
     return member
 
 
-def skip_padding(reader, size):
+def _skip_padding(reader, size):
     reader.read(_padding(size))
 
 
@@ -520,7 +520,7 @@ class Receiver:
                 _write_all(fd, piece)
                 if self.on_data:
                     self.on_data(len(piece))
-            skip_padding(reader, member.size)
+            _skip_padding(reader, member.size)
             os.fchmod(fd, member.mode & 0o7777)
             os.utime(fd, (member.mtime, member.mtime))
         finally:
