@@ -65,6 +65,8 @@ class LogPoint:
     total: Optional[int] = None          # the run's step count, where the trainer says it
     at: Optional[float] = None           # the log's own time (epoch seconds), where it has one
     progress: bool = False               # a progress-bar redraw: live view only, not stored
+    counted: bool = False                # step is the line's place in the log, not a step number
+    rate_from: Optional[str] = None      # the printed field tok_s came from (tps, tokens/s...)
 
 
 @dataclass
@@ -80,6 +82,9 @@ class Segment:
 # ----------------------------------------------------------------------------- stream
 _DELIMITER = re.compile(r"\r\n|\r|\n")
 _WORKER_PREFIX = re.compile(r"\[(?:default|rank)(\d{1,6})\]:")
+# Terminal escapes (torchtitan colours its metric line; tqdm moves the cursor for a second
+# bar): CSI sequences, bounded, dropped before anything reads the text.
+_ANSI = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b")
 
 
 class LogStream:
@@ -130,6 +135,8 @@ class LogStream:
 
     def _cut(self, out: list, newline: bool) -> None:
         piece, dropped = "".join(self._pending), self._dropped
+        if "\x1b" in piece:
+            piece = _ANSI.sub("", piece)
         self._pending, self._kept, self._dropped = [], 0, 0
         start = 0
         for marker in _WORKER_PREFIX.finditer(piece):
@@ -352,10 +359,35 @@ class LogFormat:
 
     def __init__(self):
         self._bars: dict[int, tuple[str, int, int]] = {}   # worker -> (desc stem, n, offset)
+        self._stepped: dict[int, int] = {}   # worker -> its last step (they never go back)
+        self.backwards = 0                   # points dropped: a step lower than the one before
+
+    def is_metric_bar(self, bar: Bar) -> bool:
+        """Whether a bar is this shape's report (Lightning's `Epoch N` bar), for `auto`."""
+        return False
 
     def read(self, segment: Segment, default_worker: int = 0) -> tuple[Optional[str], list[LogPoint]]:
         """The segment as a log line worth storing (None for a bare progress redraw; the
         text as written otherwise, without the bars glued to it) and the points it carries."""
+        line, points = self._read(segment, default_worker)
+        return line, self._forward(points)
+
+    def _forward(self, points: list[LogPoint]) -> list[LogPoint]:
+        """A worker's steps never go back: a lower step than its last is some other count
+        (a loose shape's near miss, a progress bar of something else), not a step."""
+        kept = []
+        for point in points:
+            if not point.progress and not point.counted:
+                last = self._stepped.get(point.worker)
+                if last is not None and point.step < last:
+                    self.backwards += 1
+                    continue
+                if last is not None or len(self._stepped) < 2 * MAX_WORKERS:
+                    self._stepped[point.worker] = point.step
+            kept.append(point)
+        return kept
+
+    def _read(self, segment: Segment, default_worker: int) -> tuple[Optional[str], list[LogPoint]]:
         worker = segment.worker if segment.worker is not None else default_worker
         points: list[LogPoint] = []
         bars = find_bars(segment.text)
@@ -572,6 +604,7 @@ class HfTrainerFormat(LogFormat):
         self._cleared: dict[int, deque] = {}     # worker -> steps of redraws after a clear
         self._apart: dict[int, deque] = {}       # worker -> dicts from a log without its bar
         self._dict_step: dict[int, int] = {}     # worker -> the step its last such dict got
+        self._trained: dict[int, tuple] = {}     # worker -> the closing summary's steps (low, high)
 
     def is_metric_line(self, line: str) -> bool:
         span = _dict_span(line)
@@ -580,8 +613,9 @@ class HfTrainerFormat(LogFormat):
     def describe(self) -> str:
         if not self.counted:
             return self.name
-        every = f"x logging_steps {self.logging_steps}" if self.logging_steps else "(logging_steps unknown)"
-        return f"{self.name}, no progress bar: steps numbered in log order {every}"
+        if self.logging_steps:
+            return f"{self.name}, no progress bar: steps numbered in log order x logging_steps {self.logging_steps}"
+        return f"{self.name}, no progress bar and no logging_steps: log points, no step numbers printed"
 
     def read(self, segment: Segment, default_worker: int = 0) -> tuple[Optional[str], list[LogPoint]]:
         self._segment = segment      # on_bar and on_line need to know which log, and the clear
@@ -634,21 +668,39 @@ class HfTrainerFormat(LogFormat):
                 return [self._counted_point(fields, worker)]   # exact, whatever the order
             self._apart.setdefault(worker, deque(maxlen=_HELD)).append(fields)
             return self._pair_apart(worker)
+        if worker not in self._last_step:
+            # No bar: the dict's place in the log is all it says (logging_steps makes it a step).
+            return [self._counted_point(fields, worker)]
         if _closing(fields):
             # The closing summary comes after the bar is closed: its step is the last one.
             return [self._point(fields, self._last_step.get(worker, 0), worker)]
-        if worker not in self._last_step:
-            # No bar: the dict is its own step, numbered in the order the Trainer logs them.
-            return [self._counted_point(fields, worker)]
         self._waiting.setdefault(worker, []).append(fields)
         return []
 
     def _counted_point(self, fields: dict, worker: int) -> LogPoint:
+        """A dict with no bar to give it a step: its place among the worker's log dicts,
+        times logging_steps where that is known; else only its place (a point, no step).
+        An eval dict and the closing summary belong to the log before them."""
         self.counted = True
-        if not _closing(fields):
+        if not _closing(fields) and not _evaluation(fields):
             self._counted[worker] = self._counted.get(worker, 0) + 1
-        step = self._counted.get(worker, 0) * (self.logging_steps or 1)
-        return self._point(fields, step, worker)
+        if _closing(fields) and not self.logging_steps:
+            self._trained[worker] = trained_steps(fields)
+        point = self._point(fields, self._counted.get(worker, 0) * (self.logging_steps or 1), worker)
+        point.counted = not self.logging_steps
+        return point
+
+    def spacing(self) -> Optional[tuple[int, str]]:
+        """The steps between two log dicts, and how orch knows it: logging_steps as given,
+        or (numbered in log order, no bar) worked out from the closing summary: the steps
+        trained (train_steps_per_second x train_runtime) over the dicts logged. None when
+        neither says it exactly."""
+        if self.logging_steps:
+            return self.logging_steps, "logging_steps"
+        found = {spacing_from_total(self._counted.get(w, 0), span) for w, span in self._trained.items()}
+        if len(found) == 1 and None not in found:
+            return found.pop(), "train_steps_per_second x train_runtime"
+        return None
 
     def finish(self) -> list[LogPoint]:
         out = [self._point(fields, self._last_step.get(worker, 0), worker)
@@ -667,6 +719,43 @@ class HfTrainerFormat(LogFormat):
         tok_s = metrics.pop("train_tokens_per_second", None)
         return LogPoint(step=step, worker=worker, loss=number(fields.get("loss")),
                         metrics=metrics, tok_s=tok_s)
+
+
+def _evaluation(fields: dict) -> bool:
+    """An evaluation's dict (`eval_loss`, `eval_runtime`, ...): logged at a training log's step."""
+    return "loss" not in fields and any(str(key).startswith("eval_") for key in fields)
+
+
+def _bounds(value) -> Optional[tuple[float, float]]:
+    """What a printed number may have been before rounding: transformers 5 prints 4
+    significant digits (`{v:.4g}`), after speed_metrics rounded to 3 decimals (runtime 4)."""
+    amount = number(value)
+    if amount is None or amount <= 0:
+        return None
+    digits = 10 ** (math.floor(math.log10(amount)) - 3) / 2
+    slack = digits + 0.0005
+    return max(amount - slack, 0.0), amount + slack
+
+
+def trained_steps(fields: dict) -> Optional[tuple[float, float]]:
+    """The steps a Trainer's closing summary says it trained (num_steps_trained over the
+    runtime, times the runtime), as the range its rounding leaves; None if not said."""
+    rate, runtime = _bounds(fields.get("train_steps_per_second")), _bounds(fields.get("train_runtime"))
+    if rate is None or runtime is None:
+        return None
+    return rate[0] * runtime[0], rate[1] * runtime[1]
+
+
+def spacing_from_total(logs: int, trained: Optional[tuple[float, float]]) -> Optional[int]:
+    """logging_steps from `logs` dicts over `trained` steps: the one whole s with
+    logs * s <= steps < (logs + 1) * s for a whole number of steps in the range; None
+    when the range leaves more than one (or none)."""
+    if not logs or trained is None:
+        return None
+    low, high = math.ceil(trained[0] - 1e-9), math.floor(trained[1] + 1e-9)
+    # s fits some steps in [low, high] when logs * s <= high and (logs + 1) * s - 1 >= low
+    smallest, largest = max(1, -(-(low + 1) // (logs + 1))), high // logs
+    return smallest if smallest == largest else None
 
 
 def _closing(fields: dict) -> bool:
@@ -763,6 +852,307 @@ class KeyValueFormat(LogFormat):
                          metrics=numeric_fields(fields, skip), at=log_time(line))]
 
 
+# ---------------------------------------------------------- the trainers people run
+# Each reads its trainer's metric line as upstream prints it today (the format strings and
+# the commits read are in docs/design/trainer-logs.md). Every pattern starts at a literal
+# and has bounded parts: linear in the line.
+_SNAKE = re.compile(r"[^0-9A-Za-z/]+")
+
+
+def snake(key: str) -> str:
+    """A printed field name as a metric name: `grad norm` -> grad_norm, `(ms)` -> ms."""
+    return _SNAKE.sub("_", key.strip().lower()).strip("_")
+
+
+def _plain_number(text: Optional[str]) -> Optional[float]:
+    """`12,345` (a thousands separator) or `1.5E-04` as a float."""
+    return number(text.replace(",", "")) if text else None
+
+
+class NanoGptFormat(LogFormat):
+    """karpathy/nanoGPT's train.py: `iter N: loss X, time Tms, mfu M%` every log_interval
+    and `step N: train loss X, val loss Y` every eval_interval, by print() on the master
+    process. tok/s: its own `tokens per iteration will be: 491,520` over the iteration's
+    time."""
+
+    name = "nanogpt"
+    shape = "iter N: loss X, time Tms, mfu M% (nanoGPT)"
+    _ITER = re.compile(r"\biter (?P<step>\d{1,15}): loss (?P<loss>[-+\w.]{1,30}), "
+                       r"time (?P<ms>\d{1,15}(?:\.\d{1,10})?)ms, mfu (?P<mfu>-?\d{1,10}(?:\.\d{1,10})?)%")
+    _EVAL = re.compile(r"\bstep (?P<step>\d{1,15}): train loss (?P<train>[-+\w.]{1,30}), "
+                       r"val loss (?P<val>[-+\w.]{1,30})")
+    _TOKENS = re.compile(r"\btokens per iteration will be: (?P<n>\d{1,3}(?:,\d{3}){0,8})")
+
+    def __init__(self):
+        super().__init__()
+        self.tokens_per_iter: Optional[float] = None
+
+    def watch_progress(self, segment: Segment, points: list) -> None:
+        self._tokens(segment.text)      # printed before the first iteration
+
+    def _tokens(self, line: str) -> bool:
+        found = self._TOKENS.search(line) if "tokens per iteration" in line else None
+        if found:
+            self.tokens_per_iter = _plain_number(found["n"])
+        return bool(found)
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self._ITER.search(line) or self._EVAL.search(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        if self._tokens(line):
+            return []
+        found = self._ITER.search(line)
+        if found:
+            metrics = {"time_ms": float(found["ms"])}
+            if float(found["mfu"]) >= 0:        # -100.00% until its 5th iteration
+                metrics["mfu_pct"] = float(found["mfu"])
+            point = LogPoint(step=int(found["step"]), worker=worker, loss=number(found["loss"]),
+                             metrics=metrics)
+            seconds = metrics["time_ms"] / 1000
+            if self.tokens_per_iter and seconds > 0:
+                point.tok_s = round(self.tokens_per_iter / seconds, 1)
+                point.derived, point.derived_from = True, "nanoGPT's tokens per iteration / its time"
+            return [point]
+        found = self._EVAL.search(line)
+        if found:
+            return [LogPoint(step=int(found["step"]), worker=worker,
+                             metrics=numeric_fields({"eval_train_loss": found["train"],
+                                                     "val_loss": found["val"]}))]
+        return []
+
+
+class TorchtitanFormat(LogFormat):
+    """pytorch/torchtitan's metrics line (components/metrics.py), through its logger
+    (`[titan] 2026-08-21 12:00:00,123 - root - INFO - `), in colours:
+    `step:  1  loss: 12.25190  grad_norm:  1.2345  memory: 12.34GiB(15.61%)  tps: 1,234
+    tflops: 12.34  mfu: 3.95%`; `validate step: ...` for its validation. tps is tokens per
+    second per device, as torchtitan computes it."""
+
+    name = "torchtitan"
+    shape = "step: N  loss: X  ...  tps: N (torchtitan)"
+    _STEP = re.compile(r"(?P<validate>\bvalidate )?\bstep:\s{1,8}(?P<step>\d{1,15})\s{1,8}"
+                       r"loss:\s{0,8}(?P<loss>[-+\w.]{1,30})")
+    _FIELD = re.compile(r"\b(?P<key>grad_norm|memory|tps|tflops|mfu):\s{0,8}(?P<value>[-+\d.,]{1,40})")
+
+    def is_metric_line(self, line: str) -> bool:
+        return "tps:" in line and bool(self._STEP.search(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        found = self._STEP.search(line) if "tps:" in line else None
+        if not found:
+            return []
+        fields = {m["key"]: _plain_number(m["value"]) for m in self._FIELD.finditer(line, found.end())}
+        tps = fields.pop("tps", None)
+        metrics = {("memory_gib" if k == "memory" else "mfu_pct" if k == "mfu" else k): v
+                   for k, v in fields.items() if v is not None}
+        loss = number(found["loss"])
+        if found["validate"]:
+            metrics["validation_loss"] = loss
+            if tps is not None:
+                metrics["validation_tps"] = tps
+            return [LogPoint(step=int(found["step"]), worker=worker, metrics=metrics, at=log_time(line))]
+        return [LogPoint(step=int(found["step"]), worker=worker, loss=loss, metrics=metrics, tok_s=tps,
+                         rate_from="torchtitan's tps (tokens/s per device)" if tps is not None else None,
+                         at=log_time(line))]
+
+
+class MegatronFormat(LogFormat):
+    """NVIDIA/Megatron-LM's training_log (megatron/training/training.py), print_rank_last:
+    ` [2026-08-22 12:00:00.123456] iteration       10/     100 | consumed samples: 640 |
+    elapsed time per iteration (ms): 1234.5 | ... | learning rate: 1.000000E-04 | global
+    batch size:    64 | lm loss: 1.234567E+01 | loss scale: 1.0 | grad norm: 1.234 | ...`.
+    samples/s (global batch size over the iteration time) x tokens_per_sample (its
+    --seq-length) is tok/s."""
+
+    name = "megatron"
+    shape = "iteration N/ M | ... | lm loss: X | (Megatron-LM)"
+    _STEP = re.compile(r"\biteration\s{1,16}(?P<step>\d{1,15})/\s{0,16}(?P<total>\d{1,15}) \|")
+
+    def is_metric_line(self, line: str) -> bool:
+        return "consumed samples:" in line and bool(self._STEP.search(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        found = self._STEP.search(line) if "consumed samples:" in line else None
+        if not found:
+            return []
+        fields = {}
+        for part in line[found.end():].split("|"):
+            key, colon, value = part.rpartition(":")
+            amount = _plain_number(value.strip()) if colon else None
+            if amount is not None and key.strip():
+                fields[key.strip()] = amount
+        loss_key = "lm loss" if "lm loss" in fields else next(
+            (k for k in fields if k.endswith("loss") and "scale" not in k), None)
+        loss = fields.pop(loss_key) if loss_key else None
+        metrics = {snake(k): v for k, v in fields.items()}
+        elapsed, batch = metrics.get("elapsed_time_per_iteration_ms"), metrics.get("global_batch_size")
+        if elapsed and batch:
+            metrics["samples_per_second"] = round(batch / (elapsed / 1000), 3)
+        return [LogPoint(step=int(found["step"]), worker=worker, loss=loss, metrics=metrics,
+                         total=int(found["total"]), at=log_time(line))]
+
+
+class LoopFormat(LogFormat):
+    """A hand-written loop's line: a step word (step, iter, iteration, global_step, it) and
+    its number, optionally `/TOTAL`, with a loss-like or a rate field, the fields written
+    `key=value`, `key: value` or `key value`, apart by spaces, commas or `|`:
+    `step 10/60 loss=1.2024`, `iter 100 | loss 2.34 | lr 1e-4 | tok/s 12,345`. Rates: tok/s,
+    tokens/s, tps, tokens_per_sec... (tokens); samples/s (x tokens_per_sample)."""
+
+    name = "loop"
+    shape = "step N[/M] loss X ... (a hand-written loop)"
+    _STEP = re.compile(r"(?<![\w./-])(?P<word>global[_ ]step|iteration|iter|step|it)(?![\w/-])\s{0,4}"
+                       r"[=:#]?\s{0,4}(?P<step>\d{1,15})(?:\s{0,2}/\s{0,2}(?P<total>\d{1,15}))?(?![\w.])",
+                       re.IGNORECASE)
+    _NUMBER_TEXT = r"[-+]?(?:\d{1,3}(?:,\d{3}){1,6}|\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][-+]?\d{1,4})?"
+    _FIELD = re.compile(r"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,63}(?: loss)?)\s{0,4}(?:[=:]\s{0,4}|\s{1,4})"
+                        r"(?P<value>" + _NUMBER_TEXT + r")(?P<unit>ms|s|%|[KMGT]i?B)?(?![\w.])")
+    _RATE_AFTER = re.compile(r"(?<![\w.])(?P<value>" + _NUMBER_TEXT + r")\s{0,2}"
+                             r"(?P<unit>tok/s|tokens/s|tok/sec|tokens/sec|samples/s|samples/sec)(?![\w/])")
+    TOKEN_RATES = ("tok/s", "tokens/s", "tok_s", "tok/sec", "tokens/sec", "toks/s", "tokens_per_s",
+                   "tokens_per_sec", "tokens_per_second", "tps", "throughput")
+    SAMPLE_RATES = ("samples/s", "samples/sec", "samples_per_s", "samples_per_sec", "samples_per_second")
+    _OTHER_SPLITS = ("val", "eval", "test", "valid")
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self._read_line(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        found = self._read_line(line)
+        if not found:
+            return []
+        step, total, fields = found
+        loss_key = self._loss_key(fields)
+        loss = fields.pop(loss_key) if loss_key else None
+        rate_key = next((k for k in self.TOKEN_RATES if k in fields), None)
+        tok_s = fields.pop(rate_key) if rate_key else None
+        samples = next((fields.pop(k) for k in self.SAMPLE_RATES if k in fields), None)
+        if samples is not None:
+            fields["samples_per_second"] = samples
+        return [LogPoint(step=step, worker=worker, loss=loss, tok_s=tok_s, total=total,
+                         metrics={snake(k) if " " in k else k: v for k, v in fields.items()},
+                         rate_from=rate_key, at=log_time(line))]
+
+    def _read_line(self, line: str) -> Optional[tuple[int, Optional[int], dict]]:
+        """(step, total, fields) of a loop's metric line; None unless it has a step and a
+        loss-like or rate field."""
+        found = self._STEP.search(line)
+        if not found:
+            return None
+        fields: dict = {}
+        for match in self._FIELD.finditer(line, found.end()):
+            key, unit = match["key"].lower(), match["unit"]
+            key = f"{key}_{'pct' if unit == '%' else unit.lower()}" if unit else key
+            fields.setdefault(key, _plain_number(match["value"]))
+        for match in self._RATE_AFTER.finditer(line, found.end()):
+            fields.setdefault(match["unit"], _plain_number(match["value"]))
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if not (self._loss_key(fields) or any(k in fields for k in self.TOKEN_RATES + self.SAMPLE_RATES)):
+            return None
+        return int(found["step"]), int(found["total"]) if found["total"] else None, fields
+
+    def _loss_key(self, fields: dict) -> Optional[str]:
+        for key in ("loss", "train_loss", "train loss", "train/loss"):
+            if key in fields:
+                return key
+        return next((k for k in fields if k.endswith("loss") and not k.startswith(self._OTHER_SPLITS)), None)
+
+
+class DeepSpeedFormat(LogFormat):
+    """deepspeedai/DeepSpeed's engine (`steps_per_print` set and its logger at INFO):
+    `[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]` (log_dist, rank 0) and the
+    throughput timer's `epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=...,
+    CurrSamplesPerSec=..., MemAllocated=...GB, MaxMemAllocated=...GB` (every rank, each
+    about the whole job's batch: only the reporting rank's are read). DeepSpeed prints no
+    loss: the loop's own lines (the `loop` shape) give it."""
+
+    name = "deepspeed"
+    shape = "[Rank 0] step=N, skipped=K, lr=[...] (DeepSpeed)"
+    _STEP = re.compile(r"\[Rank (?P<rank>-?\d{1,9})\] step=(?P<step>\d{1,15}), skipped=(?P<skipped>\d{1,15}), "
+                       r"lr=\[?(?P<lr>[-+\w.]{1,40})")
+    _RATE = re.compile(r"\bepoch=(?P<epoch>\d{1,9})/micro_step=\d{1,15}/global_step=(?P<step>\d{1,15}), "
+                       r"RunningAvgSamplesPerSec=(?P<avg>[-+\w.]{1,40}), CurrSamplesPerSec=(?P<curr>[-+\w.]{1,40})"
+                       r"(?:, MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB)?")
+
+    def __init__(self):
+        super().__init__()
+        self.loop = LoopFormat()
+        self._reporting: set[int] = set()     # the workers that print the step lines
+
+    def is_metric_line(self, line: str) -> bool:
+        return "step=" in line and bool(self._STEP.search(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        found = self._STEP.search(line) if "step=" in line else None
+        if found:
+            if len(self._reporting) < MAX_WORKERS:
+                self._reporting.add(worker)
+            return [LogPoint(step=int(found["step"]), worker=worker, at=log_time(line),
+                             metrics=numeric_fields({"skipped": found["skipped"], "lr": found["lr"]}))]
+        found = self._RATE.search(line) if "SamplesPerSec=" in line else None
+        if found:
+            if worker not in self._reporting:
+                return []
+            metrics = numeric_fields({"samples_per_second": found["curr"], "running_avg_samples_per_second":
+                                      found["avg"], "epoch": found["epoch"], "mem_allocated_gb": found["mem"],
+                                      "max_mem_allocated_gb": found["max"]})
+            return [LogPoint(step=int(found["step"]), worker=worker, metrics=metrics, at=log_time(line))]
+        return self.loop.on_line(line, worker)
+
+
+class LightningFormat(LogFormat):
+    """Lightning-AI/pytorch-lightning's TQDMProgressBar: one bar per epoch, `Epoch E:
+    45%|####5     | 45/100 [00:10<00:12, 4.30it/s, v_num=0, train_loss=0.123]` (its
+    BAR_FORMAT; the postfix: v_num from the logger, the metrics logged with prog_bar=True).
+    The count restarts each epoch: the step is the batches of the epochs before plus n.
+    Each batch is drawn twice (the count, then the new postfix): the last draw of a step
+    wins. Validation and sanity-check bars are progress."""
+
+    name = "lightning"
+    shape = "Epoch E: ...| n/total [..., v_num=0, train_loss=X] (Lightning's progress bar)"
+    _EPOCH = re.compile(r"Epoch (?P<epoch>\d{1,9})\Z")
+    _LOSSES = ("loss", "train_loss", "train_loss_step", "train/loss")
+
+    def __init__(self):
+        super().__init__()
+        self._epochs: dict[int, tuple[int, int, Optional[int], int]] = {}  # worker -> epoch, n, total, offset
+        self._drawn: dict[int, tuple[int, dict]] = {}                       # worker -> (step, postfix)
+
+    def _continued(self, bar: Bar, worker: int) -> Bar:
+        return bar        # on_bar carries the count across epochs by their number
+
+    def is_metric_bar(self, bar: Bar) -> bool:
+        return bool(self._EPOCH.match(bar.desc)) and (
+            "v_num" in bar.postfix or any("loss" in key for key in bar.postfix))
+
+    def on_bar(self, bar: Bar, worker: int) -> list[LogPoint]:
+        found = self._EPOCH.match(bar.desc)
+        if not found:
+            # a validation or sanity-check bar: the run is alive, the step does not move
+            return [LogPoint(step=bar.n, worker=worker, progress=True)]
+        epoch = int(found["epoch"])
+        before = self._epochs.get(worker)
+        offset = 0
+        if before is not None:
+            offset = before[3]
+            if epoch > before[0]:
+                offset += before[2] if before[2] else before[1]
+        self._epochs[worker] = (epoch, bar.n, bar.total, offset)
+        step = offset + bar.n
+        if self._drawn.get(worker) == (step, bar.postfix) or not bar.n:
+            return []
+        self._drawn[worker] = (step, bar.postfix)
+        loss_key = next((k for k in self._LOSSES if k in bar.postfix), None) or next(
+            (k for k in bar.postfix if "loss" in k and not k.startswith(("val", "test"))), None)
+        metrics = numeric_fields(bar.postfix, skip=(loss_key, "v_num"))
+        metrics["epoch"] = float(epoch)
+        if bar.rate is not None:
+            metrics["it_s"] = bar.rate
+        return [LogPoint(step=step, worker=worker, loss=number(bar.postfix.get(loss_key)) if loss_key else None,
+                         metrics=metrics)]
+
+
 def _first(fields: dict, keys: Iterable[str]) -> Optional[float]:
     for key in keys:
         value = number(fields.get(key))
@@ -797,9 +1187,12 @@ class AutoFormat(LogFormat):
     def read(self, segment: Segment, default_worker: int = 0) -> tuple[Optional[str], list[LogPoint]]:
         if self.picked is not None:
             return self.picked.read(segment, default_worker)
-        text = _without_bars(segment.text)
+        bars = find_bars(segment.text)
+        text = _without_bars(segment.text, bars)
+        rank0 = (segment.worker if segment.worker is not None else default_worker) == 0
         for candidate in self.candidates:
-            if text and candidate.is_metric_line(text):
+            if (text and candidate.is_metric_line(text)) or (
+                    rank0 and any(candidate.is_metric_bar(bar) for bar in bars)):
                 self.picked = candidate
                 return candidate.read(segment, default_worker)
         line, points = super().read(segment, default_worker)
@@ -814,8 +1207,7 @@ class AutoFormat(LogFormat):
         return self.picked.finish() if self.picked else []
 
 
-def _without_bars(text: str) -> str:
-    bars = find_bars(text)
+def _without_bars(text: str, bars: list) -> str:
     if not bars:
         return text.strip()
     kept, last = [], 0
@@ -829,7 +1221,8 @@ def _without_bars(text: str) -> str:
 # The known shapes, most specific first: the order `format: auto` tries them in. A new shape is
 # a LogFormat subclass listed here (docs/design/architecture.md, "A log format").
 SHAPES: tuple[type[LogFormat], ...] = (OrchFormat, SpecForgeFormat, HfTrainerFormat, JsonlFormat,
-                                       KeyValueFormat, TqdmFormat)
+                                       NanoGptFormat, TorchtitanFormat, MegatronFormat, DeepSpeedFormat,
+                                       LightningFormat, KeyValueFormat, LoopFormat, TqdmFormat)
 
 # What a playbook's `format` may say: auto (the default), regex (with metric_regex), a shape.
 FORMATS = ("auto", "regex") + tuple(shape.name for shape in SHAPES)
@@ -878,7 +1271,7 @@ def log_history_points(text: str, worker: int = 0) -> list[LogPoint]:
 
 
 # ----------------------------------------------------------------------- throughput
-SAMPLE_RATES = ("perf/global_samples_per_second", "train_samples_per_second")
+SAMPLE_RATES = ("perf/global_samples_per_second", "train_samples_per_second", "samples_per_second")
 
 
 class DerivedThroughput:
