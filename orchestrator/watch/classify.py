@@ -56,6 +56,7 @@ class WorkerProgress:
     last_step_at: float = 0.0              # when its step last moved
     bar_step: Optional[int] = None         # the last progress bar's count
     final: Optional[str] = None            # its status once the run ended (done, stopped, failed)
+    counted: bool = False                  # its points carry no step number: step is their count
 
     @property
     def status(self) -> str:
@@ -80,6 +81,12 @@ class WorkerSnapshot:
     status: str                     # running | done | failed | stopped | ended
     error: Optional[str]
     warmed: bool                    # past its warmup steps: its rate counts in the live total
+    counted: bool = False           # step is a count of log points: no step numbers were printed
+
+    @property
+    def step_label(self) -> str:
+        """What the live view shows in its step column."""
+        return f"{self.step} pts" if self.counted else str(self.step)
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,7 @@ class LogClassifier:
         self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
         self.derived = False                        # tok/s computed by orch, not printed
         self.derived_from: set[str] = set()         # ... from what: step times, samples/s
+        self.rates_from: set[str] = set()           # the printed fields tok/s came from (tps, ...)
         self.never_met = False                      # a hang before any step, ranks not connected
         self._last_points: dict[int, MetricPoint] = {}
         self.rank_logs_expected = False             # torchrun was asked for one log per rank
@@ -295,12 +303,15 @@ class LogClassifier:
                 self.last_progress = now
             return None
         progress.step = point.step
+        progress.counted = point.counted
         progress.last_step_at = now
         progress.loss = point.loss
         progress.tok_s = point.tok_s
         self.derived = self.derived or point.derived
         if point.derived:
             self.derived_from.add(point.derived_from)
+        elif point.tok_s is not None and point.rate_from and len(self.rates_from) < 8:
+            self.rates_from.add(point.rate_from)
         if point.tok_s is not None and point.step > self.warmup_steps:
             progress.rates.append(point.tok_s)
         self.last_progress = now
@@ -327,6 +338,20 @@ class LogClassifier:
             self.workers[index] = WorkerProgress(index)
         self.workers[index].last_seen = now
         return self.workers[index]
+
+    def number_points(self, spacing: int) -> None:
+        """The log points of workers that printed no step numbers, now that the steps between
+        two of them are known: the n-th point is step n x spacing."""
+        for progress in self.workers.values():
+            if progress.counted:
+                progress.step *= spacing
+                progress.counted = False
+        for worker, metric in list(self._last_points.items()):
+            self._last_points[worker] = MetricPoint(**{**metric.__dict__, "step": metric.step * spacing})
+
+    def counted_points(self) -> int:
+        """How many log points the workers without step numbers gave (0: none are such)."""
+        return sum(d.step for d in self.workers.values() if d.counted)
 
     # ----------------------------------------------------------------- progress
     def shift(self, seconds: float) -> None:
@@ -361,7 +386,8 @@ class LogClassifier:
 
     def snapshot(self) -> ProgressSnapshot:
         """A frozen copy of the live progress, for reporters."""
-        workers = tuple(WorkerSnapshot(d.worker, d.step, d.loss, d.tok_s, d.status, d.error, bool(d.rates))
+        workers = tuple(WorkerSnapshot(d.worker, d.step, d.loss, d.tok_s, d.status, d.error, bool(d.rates),
+                                       d.counted)
                         for d in sorted(self.workers.values(), key=lambda d: d.worker))
         since = self.last_progress if self.steps_seen or RENDEZVOUS_RETRY in self.seen \
             else max(self.last_progress, self.last_output)
@@ -648,20 +674,29 @@ class LogClassifier:
         word = self.worker_word + ("s" if count != 1 else "")
         last = max((d.step for d in self.workers.values()), default=0)
         how = " and ".join(sorted(self.derived_from)) or "step times"
-        rate = (f", {total:,.0f} tok/s total" + (f" (derived from {how})" if self.derived else "")
+        printed = f" (printed: {', '.join(sorted(self.rates_from))})" if self.rates_from else ""
+        rate = (f", {total:,.0f} tok/s total" + (f" (derived from {how})" if self.derived else printed)
                 if total else "")
+        ending = (f"exit {end.exit_code}" if end.exit_code is not None
+                  else "still running" if end.state == "running" else end.state)
+        if not self.workers:
+            # nothing recognised: say what was looked for, never "0 workers trained to step 0"
+            return f"ok: {self.metric_note()}" if verdict == OK else f"{verdict}: {self.metric_note()} ({ending})"
+        if all(d.counted for d in self.workers.values()):
+            points = f"{self.counted_points()} log points, no step numbers printed"
+            return (f"ok: {count} {word}, {points}{rate}" if verdict == OK
+                    else f"{verdict}: {count} {word}, {points}{rate} ({ending})")
         if verdict == OK:
             going = "training; the run goes on" if end.watch_ended else "trained"
             return f"ok: {count} {word} {going} to step {last}{rate}"
-        ending = (f"exit {end.exit_code}" if end.exit_code is not None
-                  else "still running" if end.state == "running" else end.state)
         return f"{verdict}: {count} {word}, last step {last}{rate} ({ending})"
 
     def summary(self, end: EndState, total: Optional[float]) -> dict:
         return {
             "total_tok_s": round(total, 1) if total is not None else None,
-            "drafters": {str(d.worker): {"step": d.step, "loss": d.loss, "tok_s": d.throughput(),
-                                          "status": d.status, "error": d.error}
+            "drafters": {str(d.worker): {"step": None if d.counted else d.step, "loss": d.loss,
+                                          "tok_s": d.throughput(), "status": d.status, "error": d.error,
+                                          **({"log_points": d.step} if d.counted else {})}
                          for d in sorted(self.workers.values(), key=lambda d: d.worker)},
             "drafters_ok": sum((d.done or d.final == "done") and not d.error for d in self.workers.values()),
             "drafters_expected": self.expected_workers(),
@@ -669,6 +704,7 @@ class LogClassifier:
             "stopped_for": end.stopped_for, "lines": self.lines,
             "trainer_summary": dict(self.summary_fields),
             "workers": self.worker_word, "tok_s_derived": self.derived,
+            **({"tok_s_printed_as": sorted(self.rates_from)} if self.rates_from else {}),
             "format": self.format_name, "metric_note": self.metric_note(),
             "torch_version": self.start_fields.get("torch"),
             **({"workers_not_tracked": self.worker_cap.note(self.worker_word)}

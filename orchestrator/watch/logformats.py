@@ -94,9 +94,10 @@ class LogStream:
     looked for, and of a line longer than MAX_LINE only its first MAX_LINE characters are
     kept (the rest is counted in Segment.dropped; the raw log keeps every byte)."""
 
-    def __init__(self, worker: Optional[int] = None, source: Optional[str] = None):
+    def __init__(self, worker: Optional[int] = None, source: Optional[str] = None, rank_offset: int = 0):
         self.worker = worker
         self.source = source
+        self.rank_offset = rank_offset   # a node's first global rank: `[defaultN]:` is local rank N
         self._cleared = False       # a blank redraw was dropped: the next segment follows it
         self._pending: list[str] = []
         self._kept = 0
@@ -141,7 +142,9 @@ class LogStream:
         start = 0
         for marker in _WORKER_PREFIX.finditer(piece):
             self._add(out, piece[start:marker.start()], False)
-            self.worker = int(marker.group(1))
+            # torchrun's --tee prefix names the local rank; torch's `[rankN]:` the global one
+            local = marker.group(0).startswith("[default")
+            self.worker = int(marker.group(1)) + (self.rank_offset if local else 0)
             start = marker.end()
         self._add(out, piece[start:], newline, dropped)
 
@@ -1203,6 +1206,10 @@ class AutoFormat(LogFormat):
     def is_metric_line(self, line: str) -> bool:
         return bool(self.picked and self.picked.is_metric_line(line))
 
+    def spacing(self) -> Optional[tuple[int, str]]:
+        """The picked shape's steps between log points, where it numbers them (hf-trainer)."""
+        return self.picked.spacing() if self.picked is not None and hasattr(self.picked, "spacing") else None
+
     def finish(self) -> list[LogPoint]:
         return self.picked.finish() if self.picked else []
 
@@ -1268,6 +1275,39 @@ def log_history_points(text: str, worker: int = 0) -> list[LogPoint]:
         points.append(LogPoint(step=int(step), worker=worker, loss=number(entry.get("loss")),
                                tok_s=metrics.pop("train_tokens_per_second", None), metrics=metrics))
     return points
+
+
+def trainer_state_spacing(text: str) -> Optional[int]:
+    """A trainer_state.json's `logging_steps` (TrainerState keeps the absolute one), if any."""
+    try:
+        state = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    every = state.get("logging_steps") if isinstance(state, dict) else None
+    return every if isinstance(every, int) and not isinstance(every, bool) and every >= 1 else None
+
+
+# What a launch's command line says that a log format needs: the flag, the setting, the
+# smallest value that makes sense (HF TrainingArguments' --logging_steps when it is a count;
+# Megatron's --seq-length, the tokens in one sample).
+COMMAND_LINE_FACTS = (("--logging_steps", "logging_steps"), ("--logging-steps", "logging_steps"),
+                      ("--seq-length", "tokens_per_sample"), ("--seq_length", "tokens_per_sample"))
+
+
+def command_line_settings(argv) -> dict:
+    """{setting: value} from a launch's argv: `--logging_steps 5`, `--logging_steps=5`, ...
+    A value that is not a whole number of at least 1 (HF's logging_steps may be a ratio of
+    max_steps) says nothing."""
+    found: dict = {}
+    args = [str(arg) for arg in (argv or [])][:4096]
+    for index, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        if not equals:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        for name, setting in COMMAND_LINE_FACTS:
+            if flag == name and value.isdigit() and int(value) >= 1:
+                found[setting] = int(value)
+    return found
 
 
 # ----------------------------------------------------------------------- throughput
@@ -1344,9 +1384,9 @@ class LogParser:
     for all of a run's parsers (and its classifier) bounds the workers they track."""
 
     def __init__(self, fmt: LogFormat, worker: Optional[int] = None,
-                 workers: Optional[WorkerCap] = None, source: Optional[str] = None):
+                 workers: Optional[WorkerCap] = None, source: Optional[str] = None, rank_offset: int = 0):
         self.format = fmt
-        self.stream = LogStream(worker, source)
+        self.stream = LogStream(worker, source, rank_offset)
         self.default_worker = worker if worker is not None else 0
         self.workers = workers if workers is not None else WorkerCap()
 

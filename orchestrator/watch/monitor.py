@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 from orchestrator.ground import paths
 from orchestrator.ground.errors import CommandTimeout, ExitCode, OrchError
 from orchestrator.watch.logformats import (MAX_WORKERS, DerivedThroughput, LogParser, TrainerStateError,
-                                           log_history_points, make_format)
+                                           log_history_points, make_format, trainer_state_spacing)
 from orchestrator.ground.verdicts import FX_RACE
 from orchestrator.watch.classify import EndState, LogClassifier, ProgressSnapshot, Verdict
 from orchestrator.watch.tbevents import TAGS, ReaderMissing, read_event_file, tensorboard_points
@@ -251,6 +251,7 @@ class MonitorSettings:
     follow: list = field(default_factory=list)   # more logs under the run dir (torchrun's ranks)
     worker_word: str = ""                   # what a worker is: rank (torchrun); else from the log
     logging_steps: Optional[int] = None     # a Hugging Face Trainer's, for dicts without a bar
+    rank_offset: int = 0                    # a node's first global rank (node rank x nproc per node)
     trainer_state: Optional[str] = None     # a trainer_state.json in the target, read at the end
     tensorboard: Optional[str] = None       # TensorBoard event files (a folder or a file), ditto
     warmup_steps: int = 1
@@ -320,6 +321,10 @@ class Monitor(FollowHandler):
                                     offsets=settings.offsets)
         self._copies: dict = {}
         self._points: list[MetricPoint] = []
+        # points that carry no step number (a Trainer's dicts, no bar, no logging_steps), held
+        # until the run's end says the steps between them; past HELD_POINTS stored as counted
+        self._counted: list[MetricPoint] = []
+        self.counted_note: Optional[str] = None
         # the steps handed to the sink, kept only to compare with what the trainer wrote as
         # data (a trainer_state.json, TensorBoard event files)
         self.recorded_steps: Optional[set] = (set() if settings.trainer_state or settings.tensorboard
@@ -384,7 +389,33 @@ class Monitor(FollowHandler):
         except TrainerStateError as error:
             return {**found, "error": str(error)}
         found.update(entries=len(points), steps=sorted({p.step for p in points}))
+        self.settle_counted(trainer_state_spacing(result.text), "trainer_state.json's logging_steps")
         return self._check_or_adopt(found, points, "trainer_state.json")
+
+    HELD_POINTS = 100_000     # points without step numbers held for their spacing, at most
+
+    def settle_counted(self, spacing: Optional[int] = None, how: str = "") -> None:
+        """The held log points (no step numbers printed) at the run's end: numbered by the
+        spacing the log format worked out (the Trainer's logging_steps, or its closing
+        summary), or the one given (trainer_state.json's logging_steps); else stored as what
+        they are, log points in order, and the record says so."""
+        if not self._counted:
+            return
+        known = self.log_format.spacing() if hasattr(self.log_format, "spacing") else None
+        if known is None and spacing:
+            known = (spacing, how)
+        if known is not None:
+            every, how = known
+            self.classifier.number_points(every)
+            for metric in self._counted:
+                metric.step *= every
+            self.counted_note = f"steps numbered in log order x {every} ({how})"
+        else:
+            self.counted_note = (f"{self.classifier.counted_points()} log points, no step numbers printed (no "
+                                 f"logging_steps on the command line, in the monitor or in a trainer_state.json)")
+        self._points.extend(self._counted)
+        self._counted = []
+        self._flush_metrics(force=True)
 
     def _check_or_adopt(self, found: dict, points: list, source: str) -> dict:
         """The steps a trainer wrote as data against the points read from its log: whether
@@ -452,8 +483,16 @@ class Monitor(FollowHandler):
             handle.write(data)
 
     def verdict(self, end: EndState, facts: dict, cli: str, playbook: Optional[str]) -> Verdict:
+        if end.state != "running":
+            self.settle_counted()
         result = self.classifier.classify(end, facts, cli=cli, playbook=playbook)
         result.summary["reconnects"] = self.follower.reconnects
+        if self.counted_note:
+            result.summary["steps_numbered"] = self.counted_note
+        backwards = getattr(getattr(self.log_format, "picked", None) or self.log_format, "backwards", 0)
+        if backwards:
+            result.summary["steps_not_read"] = (f"{backwards} line(s) whose step was lower than their "
+                                                f"worker's last: not read as steps")
         if self.gpus_seen:
             result.summary["gpus"] = self.gpus_seen
         if self.gpu_series:
@@ -494,13 +533,18 @@ class Monitor(FollowHandler):
 
     def _parser(self, name: Optional[str]) -> LogParser:
         if name not in self.parsers:
-            self.parsers[name] = LogParser(self.log_format, worker=worker_of(name),
-                                           workers=self.classifier.worker_cap, source=name)
+            self.parsers[name] = LogParser(self.log_format, worker=self._global(worker_of(name)),
+                                           workers=self.classifier.worker_cap, source=name,
+                                           rank_offset=self.settings.rank_offset)
         return self.parsers[name]
+
+    def _global(self, local: Optional[int]) -> Optional[int]:
+        """A rank log's local rank as the job's global rank (node rank x nproc + local rank)."""
+        return None if local is None else local + self.settings.rank_offset
 
     def _read(self, name: Optional[str], data: bytes) -> None:
         # Output is life, parsed or not: liveness never waits for a line orch can read.
-        self.classifier.saw_output(time.monotonic(), worker_of(name))
+        self.classifier.saw_output(time.monotonic(), self._global(worker_of(name)))
         if name not in self.parsers and len(self.parsers) > MAX_WORKERS:
             self.classifier.worker_cap.refused += 1   # one log too many: a decoder and a parser each
             return
@@ -516,14 +560,18 @@ class Monitor(FollowHandler):
 
     def _take(self, name: Optional[str], lines: list, points: list) -> None:
         now = time.monotonic()
-        worker = worker_of(name)
+        worker = self._global(worker_of(name))
         for line in lines:
             self.classifier.feed(line, now)
             shown = line if worker is None else f"[{self.classifier.worker_word} {worker}] {line}"
             self.sink.log_line(self.target.name, shown)
         for point in points:
             metric = self.classifier.observe(self.derive.fill(point, time.time()), now)
-            if metric is not None:
+            if metric is None:
+                continue
+            if point.counted and len(self._counted) < self.HELD_POINTS:
+                self._counted.append(metric)        # its step waits for the spacing (the end)
+            else:
                 self._points.append(metric)
         self.classifier.format_name = self.log_format.describe()   # auto says what it picked
         if lines or points:

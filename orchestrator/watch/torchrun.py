@@ -171,16 +171,17 @@ def check_fits(spec: dict, nodes: list[str]) -> None:
                                       f"{wanted} targets")
 
 
-def node_spec(spec: dict, node_rank: int, endpoint: str, run_id: str, hosts_store=None,
+def node_spec(spec: dict, endpoint: str, run_id: str, hosts_store=None,
               address: Optional[str] = None) -> dict:
-    """One node's torchrun options: the user's, plus its node rank, the shared rendezvous and
-    its address. Both of the last two stand in for host names: torchrun tells the workers
+    """One node's torchrun options: the user's, plus the shared rendezvous and its address
+    (no --node-rank: the c10d rendezvous ranks the nodes itself, and torchrun warns that
+    it ignores one; c10d_node_rank says which rank). Both stand in for host names: torchrun tells the workers
     the first node's host name as MASTER_ADDR unless --local-addr says otherwise, and guesses
     which node hosts the c10d store from its host name (hosts_store, True/False where orch
     chose the endpoint on the first node, decides it). A container's name need not resolve on
     the other nodes, and often resolves to 127.0.1.1 on its own (Debian's /etc/hosts)."""
     out = {k: v for k, v in spec.items() if k not in GROUP_SET_BY_ORCH}
-    out.update(node_rank=node_rank, rdzv_backend=RDZV_BACKEND, rdzv_endpoint=endpoint)
+    out.update(rdzv_backend=RDZV_BACKEND, rdzv_endpoint=endpoint)
     if address:
         out["local_addr"] = address
     out.setdefault("rdzv_id", run_id)
@@ -189,6 +190,14 @@ def node_spec(spec: dict, node_rank: int, endpoint: str, run_id: str, hosts_stor
         conf = [part for part in str(out.get("rdzv_conf") or "").split(",") if part]
         out["rdzv_conf"] = ",".join([*conf, f"is_host={'1' if hosts_store else '0'}"])
     return out
+
+
+def c10d_node_rank(addresses: list[str], index: int) -> int:
+    """The node rank torchrun's c10d rendezvous gives the node at addresses[index] (its
+    --local-addr): the rendezvous sorts its participants by (address, pid, id) and numbers
+    them in that order (torch 2.13, elastic/rendezvous/dynamic_rendezvous.py
+    _mark_rendezvous_complete). Its workers' global ranks start at node rank x nproc."""
+    return sorted(addresses).index(addresses[index])
 
 
 def skypilot_env(addresses: list[str], node_rank: int, gpus_per_node: int) -> dict[str, str]:

@@ -100,10 +100,10 @@ def test_one_node_is_a_launch_on_each_target_as_before():
 
 # ------------------------------------------------------------------ argv and env per node
 def _starts(h) -> dict[int, dict]:
-    """node rank -> the launcher's start arguments."""
+    """node (its place in the targets) -> the launcher's start arguments."""
     starts = [c.payload_args for c in h.host.payload_calls("launcher")
               if c.payload_args.get("action") == "start"]
-    return {int(a["argv"][a["argv"].index("--node-rank") + 1]): a for a in starts}
+    return {int(a["env"]["SKYPILOT_NODE_RANK"]): a for a in starts}
 
 
 def test_every_node_gets_its_rank_the_same_rendezvous_and_skypilots_names(tmp_path, nodes_reachable):
@@ -123,6 +123,7 @@ def test_every_node_gets_its_rank_the_same_rendezvous_and_skypilots_names(tmp_pa
         options = dict(zip(argv[3:-3:2], argv[4:-3:2]))
         assert options["--nnodes"] == "2" and options["--nproc-per-node"] == "1"
         assert options["--rdzv-backend"] == "c10d"
+        assert "--node-rank" not in options       # c10d ranks the nodes; torchrun warns it ignores one
         assert options["--rdzv-endpoint"] == "10.0.3.11:29411"
         assert options["--rdzv-id"] == RUN_ID and options["--max-restarts"] == "0"
         # the first node hosts the c10d store at its own address (not torchrun's hostname guess)
@@ -173,7 +174,7 @@ def test_a_failed_preflight_launches_nothing(tmp_path, monkeypatch):
 def test_a_node_that_fails_to_start_stops_the_one_that_started(tmp_path, nodes_reachable):
     h = harness(tmp_path, TWO_NODES % "")
     h.host.on_payload("free_port", {"port": 29411})
-    h.host.on(lambda argv, stdin: bool(stdin) and b'"--node-rank", "1"' in stdin,
+    h.host.on(lambda argv, stdin: bool(stdin) and b'"--local-addr", "10.0.3.12"' in stdin,
               launch_step_error("no python3 in the container"))
     h.host.on_payload("launcher", {"pid": 7, "run_dir": "/rd"})
     record = h.record()
@@ -195,7 +196,8 @@ def test_a_dry_run_names_every_node_and_asks_none(tmp_path):
     plan = planned(tmp_path, TWO_NODES % "")
     assert plan[0].startswith("pre-flight on 2 nodes (dev, other)")
     assert plan[1] == "node 0: dev" and "node 1: other" in plan
-    assert any("--node-rank 1" in line and "--rdzv-backend c10d" in line for line in plan)
+    assert any("--rdzv-backend c10d" in line for line in plan)
+    assert not any("--node-rank" in line for line in plan)
 
 
 # ------------------------------------------------------------ stop-all and first failure
@@ -297,3 +299,11 @@ def test_an_earlier_torchrun_failure_is_first_whoever_was_seen_first():
         node.end, node.ended_at = node.monitor.ends_with, seen
     assert NodesWatch(nodes).first_failure() is nodes[1]
     assert torchrun_time("not a time") is None
+
+
+def test_the_node_rank_is_the_one_c10d_gives_its_address():
+    """torch 2.13's c10d rendezvous sorts its participants by (local address, pid, id): as
+    strings, so 10.0.3.10 comes before 10.0.3.9 whatever the targets' order."""
+    addresses = ["10.0.3.9", "10.0.3.10", "10.0.3.11"]
+    assert [torchrun.c10d_node_rank(addresses, i) for i in range(3)] == [2, 0, 1]
+    assert "node_rank" not in torchrun.node_spec({"nproc_per_node": 2, "nnodes": 2}, "h:1", "run", True, "10.0.3.9")

@@ -314,3 +314,66 @@ def test_a_trainers_dicts_and_bar_in_two_rank_logs_pair_in_any_order(order, logg
         points += parser.finish()[1]
     steps = [(p.step, p.loss) for p in points if not p.progress]
     assert steps == [(5, 5.39), (10, 5.38), (15, 5.37), (20, 5.36), (20, None)]
+
+
+# ----------------------------------------------------- steps never invented (issue 40)
+HF_POINTS = r'''
+import sys, time
+logs = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+# transformers 5.24 PrinterCallback: print(logs), floats as f"{v:.4g}"
+for n in range(1, logs + 1):
+    print(str({"loss": f"{4.0 - n / 10:.4g}", "grad_norm": f"{0.96051:.4g}", "learning_rate": "4.5e-05",
+               "epoch": f"{n / 4:.4g}"}), flush=True)
+    time.sleep(0.05)
+print(str({"train_runtime": "%s", "train_samples_per_second": "38.7", "train_steps_per_second": "%s",
+           "train_loss": "3.6", "epoch": "1.5"}), flush=True)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_hf_dicts_without_logging_steps_get_their_steps_from_the_closing_summary(tmp_path):
+    """The issue's run: disable_tqdm=True, logging_steps=5, max_steps 30, nothing said to
+    orch. 9.677 steps/s x 3.1 s = 30 steps over 6 logs: 5 between them, nothing else fits."""
+    verdict, sink = watch(tmp_path, HF_POINTS % ("3.1", "9.677"))
+    assert [p.step for p in sink.points if p.loss is not None][:6] == [5, 10, 15, 20, 25, 30]
+    assert verdict.message == "ok: 1 worker trained to step 30"
+    assert verdict.summary["steps_numbered"] == ("steps numbered in log order x 5 "
+                                                 "(train_steps_per_second x train_runtime)")
+
+
+@pytest.mark.timeout(60)
+def test_hf_dicts_whose_spacing_nothing_says_are_log_points_not_steps(tmp_path):
+    # a closing summary that fits more than one spacing (1,000 +- 1 steps over 6 logs: 143..166)
+    verdict, sink = watch(tmp_path, HF_POINTS % ("1.2e+04", "0.08333"))
+    assert verdict.message == "ok: 1 worker, 6 log points, no step numbers printed"
+    assert verdict.summary["drafters"]["0"]["step"] is None
+    assert verdict.summary["drafters"]["0"]["log_points"] == 6
+    assert [p.step for p in sink.points] == [1, 2, 3, 4, 5, 6, 6]      # their order, kept as such
+    assert verdict.summary["steps_numbered"].startswith("6 log points, no step numbers printed")
+
+
+@pytest.mark.timeout(60)
+def test_a_healthy_run_with_no_metric_line_says_what_was_looked_for(tmp_path):
+    verdict, _ = watch(tmp_path, UNKNOWN.replace("range(12)", "range(3)"), hang_after=5)
+    assert verdict.verdict == "ok"
+    assert verdict.message.startswith("ok: no metric lines recognised (format auto; looked for orch, "
+                                      "specforge, hf-trainer, jsonl, nanogpt, torchtitan, megatron, "
+                                      "deepspeed, lightning, keyvalue, loop")
+    assert "step 0" not in verdict.message
+
+
+LOOP_ON_NODE_1 = r'''
+import time
+for step in range(10, 61, 10):
+    print(f"[default0]:step {step}/60 loss={2.0 - step / 60:.4f}", flush=True)
+    time.sleep(0.05)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_nodes_ranks_are_named_by_their_global_rank(tmp_path):
+    """Node rank 1 of nproc 2: its local rank 0 is the job's rank 2."""
+    verdict, sink = watch(tmp_path, LOOP_ON_NODE_1, rank_offset=2, worker_word="rank")
+    assert {p.drafter for p in sink.points} == {2}
+    assert verdict.message == "ok: 1 rank trained to step 60" and set(verdict.summary["drafters"]) == {"2"}
+    assert any(line.startswith("step 60/60") for line in sink.lines)

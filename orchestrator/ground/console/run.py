@@ -352,7 +352,7 @@ class ConsoleReporter:
             if progress.metric_note and not progress.workers:
                 table.add_row(target, "-", "-", "-", "-", progress.metric_note)
             for one in progress.workers:
-                table.add_row(target, str(one.worker), str(one.step),
+                table.add_row(target, str(one.worker), one.step_label,
                               "-" if one.loss is None else f"{one.loss:.4f}",
                               "-" if one.tok_s is None else f"{one.tok_s:,.0f}",
                               Text(one.status if not one.error else f"ERROR {one.error[:60]}",

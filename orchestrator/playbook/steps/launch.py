@@ -89,7 +89,7 @@ class LaunchStep(Step):
             gpus_per_node = len(gpus) if gpus else torchrun.ranks(spec)
             env = {**torchrun.skypilot_env(node.addresses, node.rank, gpus_per_node), **env}
             hosts_store = (node.rank == 0) if node.orch_endpoint else None
-            spec = torchrun.node_spec(spec, node.rank, node.endpoint, ctx.run_id, hosts_store,
+            spec = torchrun.node_spec(spec, node.endpoint, ctx.run_id, hosts_store,
                                       node.addresses[node.rank])
         env.update({str(k): str(v) for k, v in (params["env"] or {}).items()})
         venv = params["venv"]
@@ -221,7 +221,9 @@ class LaunchStep(Step):
             launch.update(ranks=p["ranks"], logs=list(torchrun.RANK_LOGS), workers="rank")
         if node is not None:
             # what follows, stops and reports the job as one needs: its nodes, in rank order
-            launch.update(node_rank=node.rank, nodes=[n.name for n in ctx.nodes],
+            # node_rank: the rank c10d gives the node (the global ranks follow it), not its place
+            launch.update(node_rank=torchrun.c10d_node_rank(node.addresses, node.rank),
+                          nodes=[n.name for n in ctx.nodes],
                           address=node.addresses[node.rank], rdzv_endpoint=node.endpoint,
                           rdzv_id=str(params["torchrun"].get("rdzv_id") or ctx.run_id))
         ctx.recorder.note_launch(target.name, launch)

@@ -17,7 +17,7 @@ from orchestrator.config.yamlsrc import Loc
 from orchestrator.ground.errors import OrchError
 from orchestrator.ground.fx_states import patch_state
 from orchestrator.ground.verdicts import OK
-from orchestrator.watch.logformats import FORMATS, make_format
+from orchestrator.watch.logformats import FORMATS, command_line_settings, make_format
 from orchestrator.watch.monitor import MonitorSettings, monitor_run
 from orchestrator.watch.nodes import monitor_nodes
 from orchestrator.playbook.model import Playbook, StepSpec
@@ -128,6 +128,7 @@ class MonitorStep(Step):
         settings = MonitorSettings.from_params({**params, "timeout": ctx.timeout})
         settings.worker_word = params.get("workers") or ""
         settings.gpus = list(target.gpus)
+        _from_command_line(settings, launch or {})
         if launch and launch.get("logs"):
             settings.follow = list(launch["logs"])          # torchrun: every rank's log
             settings.worker_word = params.get("workers") or launch.get("workers") or "rank"
@@ -155,6 +156,9 @@ class MonitorStep(Step):
     def _settings(ctx: StepContext, params: dict, target: Target, launch: dict) -> MonitorSettings:
         settings = MonitorSettings.from_params({**params, "timeout": ctx.timeout})
         settings.gpus = list(target.gpus)
+        _from_command_line(settings, launch)
+        # the live view and the record name the job's global ranks: node rank x nproc + local
+        settings.rank_offset = int(launch.get("node_rank") or 0) * int(launch.get("ranks") or 1)
         settings.follow = list(launch.get("logs") or [])
         settings.worker_word = params.get("workers") or launch.get("workers") or "rank"
         try:
@@ -193,6 +197,14 @@ class FollowAgain(MonitorStep):
         settings.offset = 0
         settings.offsets = {}
         return settings
+
+
+def _from_command_line(settings: MonitorSettings, launch: dict) -> None:
+    """What the launch's command line says (--logging_steps, --seq-length), where the monitor
+    step does not say it itself."""
+    for key, value in command_line_settings(launch.get("argv")).items():
+        if getattr(settings, key) is None:
+            setattr(settings, key, value)
 
 
 def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
