@@ -1008,7 +1008,8 @@ class LoopFormat(LogFormat):
     _STEP = re.compile(r"(?<![\w./-])(?P<word>global[_ ]step|iteration|iter|step|it)(?![\w/-])\s{0,4}"
                        r"[=:#]?\s{0,4}(?P<step>\d{1,15})(?:\s{0,2}/\s{0,2}(?P<total>\d{1,15}))?(?![\w.])",
                        re.IGNORECASE)
-    _NUMBER_TEXT = r"[-+]?(?:\d{1,3}(?:,\d{3}){1,6}|\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][-+]?\d{1,4})?"
+    _NUMBER_TEXT = (r"[-+]?(?:\d{1,3}(?:,\d{3}){1,6}(?:\.\d{1,30})?|\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})"
+                    r"(?:[eE][-+]?\d{1,4})?")
     _FIELD = re.compile(r"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,63}(?: loss)?)\s{0,4}(?:[=:]\s{0,4}|\s{1,4})"
                         r"(?P<value>" + _NUMBER_TEXT + r")(?P<unit>ms|s|%|[KMGT]i?B)?(?![\w.])")
     _RATE_AFTER = re.compile(r"(?<![\w.])(?P<value>" + _NUMBER_TEXT + r")\s{0,2}"

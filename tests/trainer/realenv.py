@@ -1,6 +1,7 @@
 """Venvs with real training libraries on top of the shared torch 2.13.0 venv, each built once
-under ~/.cache/orch-test/: trainers-venv (transformers, accelerate, tqdm) and
-tensorboard-venv (tensorboard, for torch.utils.tensorboard's SummaryWriter).
+under ~/.cache/orch-test/: trainers-venv (transformers, accelerate, tqdm), lightning-venv
+(Lightning 2.6.6) and tensorboard-venv (tensorboard, for torch.utils.tensorboard's
+SummaryWriter).
 
 They do not install torch again (900 MB): a .pth file puts the torch venv's site-packages on
 their path, so pip sees torch as installed and adds only what is missing from the
@@ -15,12 +16,17 @@ from pathlib import Path
 
 PINS = ["transformers==5.24.0", "accelerate==1.15.0", "tqdm==4.70.1"]
 TENSORBOARD_PINS = ["tensorboard==2.21.0"]
+LIGHTNING_PINS = ["lightning==2.6.6", "tqdm==4.70.1"]
 CACHE = Path.home() / ".cache" / "orch-test"
 READY = ".orch-ready"
 
 
 def trainers_venv(torch_python: Path) -> Path:
     return layered_venv("trainers-venv", PINS, torch_python)
+
+
+def lightning_venv(torch_python: Path) -> Path:
+    return layered_venv("lightning-venv", LIGHTNING_PINS, torch_python)
 
 
 def tensorboard_venv(torch_python: Path) -> Path:

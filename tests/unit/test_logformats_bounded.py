@@ -245,3 +245,28 @@ def test_a_long_line_in_many_small_chunks_is_read_in_linear_time():
     # times the input took sixteen times as long
     small, large = _line_in_chunks_seconds(1 << 19), _line_in_chunks_seconds(1 << 21)
     assert large < 8 * small, (small, large)
+
+
+def _best_of_three(text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        parser = LogParser(make_format("auto"))
+        started = time.perf_counter()
+        for start in range(0, len(text), 65536):
+            parser.feed(text[start:start + 65536])
+        parser.finish()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: "".join(f"iter 12: loss 1.2, time {i}\n[Rank 0] step={i}, skipped=\n Epoch 3:  45%|#| 4/9 "
+                      f"[00:01<00:01, 4.30it/s, v_num=\n" for i in range(n)),
+    lambda n: "".join("step " + " ".join(str(i) for i in range(60)) + "\n" for _ in range(n)),
+    lambda n: "9" * (40 * n),
+])
+def test_auto_detection_is_linear_on_near_misses(make):
+    """Twice the hostile input costs about twice the time (a quadratic reader: four times);
+    the figures for 100,000 lines and 1 MB are in docs/benchmarks/speed.md."""
+    small, large = _best_of_three(make(2000)), _best_of_three(make(4000))
+    assert large / small < 3.0, (small, large)

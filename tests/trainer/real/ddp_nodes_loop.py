@@ -3,7 +3,8 @@
 Started by torchrun on every node, it trains a small model under
 torch.nn.parallel.DistributedDataParallel (each backward all-reduces the gradients across
 every node's ranks) and logs like SpecForge's trainer, `Train - Step N [N/TOTAL?], Loss: L,
-Acc: A`, which orch's monitor reads.
+Acc: A`, which orch's monitor reads; with --line loop like a hand-written loop, `step N/TOTAL
+loss=X tok/s T`, on every rank.
 
 --pid-dir DIR: each rank writes DIR/rank<R>.pid (its global rank R, its pid), so a test can
 kill one node's worker from outside. --nodes-file FILE: rank 0 writes what it learned of the
@@ -28,6 +29,9 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=0.05)
     parser.add_argument("--pid-dir", default="")
     parser.add_argument("--nodes-file", default="")
+    parser.add_argument("--line", choices=("specforge", "loop"), default="specforge",
+                        help="loop: a hand-written loop's `step N/TOTAL loss=X tok/s T`, every rank")
+    parser.add_argument("--truth", default="", help="DIR: each rank writes rank<R>.json, (step, loss) logged")
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
@@ -48,6 +52,8 @@ def main() -> None:
     inputs = torch.randn(256, 32, generator=generator)
     labels = torch.randint(0, 8, (256,), generator=generator)
     print(f"rank {rank} of {world}: starting", flush=True)
+    logged = []
+    started = time.monotonic()
     for step in range(1, args.steps + 1):
         batch = torch.randint(0, 256, (16,), generator=generator)
         logits = model(inputs[batch])
@@ -57,9 +63,17 @@ def main() -> None:
         optimizer.step()
         accuracy = (logits.argmax(-1) == labels[batch]).float().mean()
         time.sleep(args.step_seconds)
-        if step % args.log_interval == 0:
+        if step % args.log_interval == 0 and args.line == "loop":
+            tokens_per_s = 16 * 32 * step / (time.monotonic() - started)
+            print(f"step {step}/{args.steps} loss={loss.item():.4f} tok/s {tokens_per_s:,.1f}", flush=True)
+            logged.append((step, round(loss.item(), 4), round(tokens_per_s, 1)))
+        elif step % args.log_interval == 0:
             print(f"Train - Step {step} [{step}/{args.steps}?], Loss: {loss.item():.4f}, "
                   f"Acc: {accuracy.item():.4f}", flush=True)
+    if args.truth:
+        os.makedirs(args.truth, exist_ok=True)
+        with open(os.path.join(args.truth, f"rank{rank}.json"), "w") as out:
+            json.dump(logged, out)
     dist.barrier()
     dist.destroy_process_group()
 

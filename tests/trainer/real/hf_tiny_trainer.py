@@ -30,7 +30,8 @@ def main() -> None:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--history", required=True)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--logging-steps", type=int, default=5)
+    parser.add_argument("--logging-steps", "--log-every", type=int, default=5,
+                        help="--log-every: the same, under a name orch does not know")
     parser.add_argument("--no-bar", action="store_true", help="disable_tqdm=True, tokens/s on")
     parser.add_argument("--state", default="", help="write trainer_state.json here at the end")
     args = parser.parse_args()
