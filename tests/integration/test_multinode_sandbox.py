@@ -101,7 +101,28 @@ def test_two_nodes_train_to_the_end_as_one_run(sandbox, nodes):
     assert "### Nodes (one torchrun job, rendezvous 10.88.1.200:" in markdown
     assert "| 0 | `sb1-200` | 10.88.1.200 | 1 | ok |" in markdown
     assert "| 1 | `sb2-200` | 10.88.2.200 | 1 | ok |" in markdown
-    assert "| sb1-200/d0 | 20 |" in markdown and "| sb2-200/d0 | 20 |" in markdown   # both nodes' ranks
+    # both nodes' ranks, each by its global rank (node rank x nproc + local rank)
+    assert "| sb1-200/d0 | 20 |" in markdown and "| sb2-200/d1 | 20 |" in markdown
+
+
+def test_two_nodes_of_a_hand_written_loop_read_by_global_rank(sandbox, nodes):
+    """Issue 40: a DDP job printing `step 10/20 loss=1.2024 tok/s T` on every rank was "2
+    nodes; sb1-200: 0 ranks trained to step 0; ...". Each node's rank is named by its
+    global rank (node rank x nproc + local rank), and torchrun is given no --node-rank."""
+    done = subprocess.run(run_argv(sandbox, nodes, "[--steps, 20, --line, loop]"), cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+    record = last_record()
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert record.verdict == "ok"
+    assert "sb1-200: 1 rank trained to step 20" in record.steps[-2].message or \
+        "sb1-200: 1 rank trained to step 20" in done.stdout
+    assert "sb2-200: 1 rank trained to step 20" in done.stdout
+    ranks = {name: {p.drafter for p in record.metrics if p.target == name} for _h, _v, name in NODES}
+    assert ranks == {"sb1-200": {0}, "sb2-200": {1}}
+    assert all("--node-rank" not in record.launch["targets"][name]["argv"] for _h, _v, name in NODES)
+    assert record.summary["monitor"]["sb2-200"]["format"] == "auto: loop"
+    assert set(record.summary["monitor"]["sb2-200"]["drafters"]) == {"1"}
 
 
 def _worker_pid(sandbox, host: str, vmid: int, deadline: float) -> tuple[int, int]:
