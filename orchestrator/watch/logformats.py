@@ -2,8 +2,8 @@
 
 A playbook picks one (`monitor: {format: specforge}`), or leaves the default:
 
-    auto        the first of the shapes below (orch, specforge, hf-trainer, jsonl, keyvalue)
-                that reads a step from a line; the record says which
+    auto        the first of the shapes below (all but tqdm and regex, in this order) that
+                reads a step from a line (Lightning's: from its bar); the record says which
     orch        the stand-in trainer: `drafter=1 step=20 loss=3.21 tok_s=1234`
     regex       the playbook's own `metric_regex` (named groups step, loss, tok_s, worker, ...)
     specforge   SpecForge's `specforge train`: `step 50: {'loss': 2.1, 'acc': 0.45, ...}`, and
@@ -11,7 +11,13 @@ A playbook picks one (`monitor: {format: specforge}`), or leaves the default:
     hf-trainer  Hugging Face Trainer dicts: `{'loss': '2.31', 'grad_norm': '1.2', 'epoch': '0.5'}`
     tqdm        any tqdm bar: `Epoch 1: 12%|#   | 120/1000 [00:40<04:50, 3.01it/s, loss=2.1]`
     jsonl       one JSON object per line: `{"step": 20, "loss": 3.2, "rank": 1}`
+    nanogpt     `iter 120: loss 3.2142, time 251.30ms, mfu 35.12%`
+    torchtitan  `step: 10  loss:  3.21420  grad_norm: ...  tps: 12,345  tflops: ...  mfu: ...%`
+    megatron    ` [...] iteration       10/     100 | consumed samples: ... | lm loss: ... |`
+    deepspeed   `[Rank 0] step=10, skipped=0, lr=[0.001], mom=[...]` and its throughput lines
+    lightning   Lightning's bar: `Epoch 1:  45%|...| 45/100 [..., 4.30it/s, v_num=0, train_loss=0.123]`
     keyvalue    `step=20 loss=3.2` or `step: 20, loss: 3.2`
+    loop        a hand-written loop's `step 10/60 loss=1.2 tok/s 12,345`, `iter 5 | loss 2.3`
 
 Container output is untrusted: every pattern here is linear in its input, and a line is
 parsed only up to MAX_LINE characters.
@@ -925,7 +931,28 @@ class NanoGptFormat(LogFormat):
         return []
 
 
-class TorchtitanFormat(LogFormat):
+class _MarkedFormat(LogFormat):
+    """A shape whose metric line always holds a literal (`marker`): looked for first, cheap,
+    before its pattern (`_STEP`) is searched."""
+
+    marker = ""
+    _STEP: re.Pattern
+
+    def _found(self, line: str) -> Optional[re.Match]:
+        return self._STEP.search(line) if self.marker in line else None
+
+    def is_metric_line(self, line: str) -> bool:
+        return bool(self._found(line))
+
+    def on_line(self, line: str, worker: int) -> list[LogPoint]:
+        found = self._found(line)
+        return self._points(found, line, worker) if found else []
+
+    def _points(self, found: re.Match, line: str, worker: int) -> list[LogPoint]:
+        return []
+
+
+class TorchtitanFormat(_MarkedFormat):
     """pytorch/torchtitan's metrics line (components/metrics.py), through its logger
     (`[titan] 2026-08-21 12:00:00,123 - root - INFO - `), in colours:
     `step:  1  loss: 12.25190  grad_norm:  1.2345  memory: 12.34GiB(15.61%)  tps: 1,234
@@ -937,14 +964,9 @@ class TorchtitanFormat(LogFormat):
     _STEP = re.compile(r"(?P<validate>\bvalidate )?\bstep:\s{1,8}(?P<step>\d{1,15})\s{1,8}"
                        r"loss:\s{0,8}(?P<loss>[-+\w.]{1,30})")
     _FIELD = re.compile(r"\b(?P<key>grad_norm|memory|tps|tflops|mfu):\s{0,8}(?P<value>[-+\d.,]{1,40})")
+    marker = "tps:"
 
-    def is_metric_line(self, line: str) -> bool:
-        return "tps:" in line and bool(self._STEP.search(line))
-
-    def on_line(self, line: str, worker: int) -> list[LogPoint]:
-        found = self._STEP.search(line) if "tps:" in line else None
-        if not found:
-            return []
+    def _points(self, found: re.Match, line: str, worker: int) -> list[LogPoint]:
         fields = {m["key"]: _plain_number(m["value"]) for m in self._FIELD.finditer(line, found.end())}
         tps = fields.pop("tps", None)
         metrics = {("memory_gib" if k == "memory" else "mfu_pct" if k == "mfu" else k): v
@@ -960,7 +982,7 @@ class TorchtitanFormat(LogFormat):
                          at=log_time(line))]
 
 
-class MegatronFormat(LogFormat):
+class MegatronFormat(_MarkedFormat):
     """NVIDIA/Megatron-LM's training_log (megatron/training/training.py), print_rank_last:
     ` [2026-08-22 12:00:00.123456] iteration       10/     100 | consumed samples: 640 |
     elapsed time per iteration (ms): 1234.5 | ... | learning rate: 1.000000E-04 | global
@@ -971,14 +993,9 @@ class MegatronFormat(LogFormat):
     name = "megatron"
     shape = "iteration N/ M | ... | lm loss: X | (Megatron-LM)"
     _STEP = re.compile(r"\biteration\s{1,16}(?P<step>\d{1,15})/\s{0,16}(?P<total>\d{1,15}) \|")
+    marker = "consumed samples:"
 
-    def is_metric_line(self, line: str) -> bool:
-        return "consumed samples:" in line and bool(self._STEP.search(line))
-
-    def on_line(self, line: str, worker: int) -> list[LogPoint]:
-        found = self._STEP.search(line) if "consumed samples:" in line else None
-        if not found:
-            return []
+    def _points(self, found: re.Match, line: str, worker: int) -> list[LogPoint]:
         fields = {}
         for part in line[found.end():].split("|"):
             key, colon, value = part.rpartition(":")
@@ -1063,7 +1080,7 @@ class LoopFormat(LogFormat):
         return next((k for k in fields if k.endswith("loss") and not k.startswith(self._OTHER_SPLITS)), None)
 
 
-class DeepSpeedFormat(LogFormat):
+class DeepSpeedFormat(_MarkedFormat):
     """deepspeedai/DeepSpeed's engine (`steps_per_print` set and its logger at INFO):
     `[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]` (log_dist, rank 0) and the
     throughput timer's `epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=...,
@@ -1079,16 +1096,15 @@ class DeepSpeedFormat(LogFormat):
                        r"RunningAvgSamplesPerSec=(?P<avg>[-+\w.]{1,40}), CurrSamplesPerSec=(?P<curr>[-+\w.]{1,40})"
                        r"(?:, MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB)?")
 
+    marker = "step="
+
     def __init__(self):
         super().__init__()
         self.loop = LoopFormat()
         self._reporting: set[int] = set()     # the workers that print the step lines
 
-    def is_metric_line(self, line: str) -> bool:
-        return "step=" in line and bool(self._STEP.search(line))
-
     def on_line(self, line: str, worker: int) -> list[LogPoint]:
-        found = self._STEP.search(line) if "step=" in line else None
+        found = self._found(line)
         if found:
             if len(self._reporting) < MAX_WORKERS:
                 self._reporting.add(worker)

@@ -40,9 +40,12 @@ class MonitorStep(Step):
         "metric_regex": Param((str,), doc="named groups step (required), drafter, loss, tok_s"),
         "format": Param((str,), default="auto", choices=FORMATS,
                         doc="how the trainer logs: auto (detect the shape; the default), orch (the "
-                            "stand-in), specforge, hf-trainer, tqdm, jsonl, keyvalue, regex (metric_regex)"),
+                            "stand-in), specforge, hf-trainer, nanogpt, torchtitan, megatron, deepspeed, "
+                            "lightning, loop (a hand-written loop's `step N loss X`), tqdm, jsonl, "
+                            "keyvalue, regex (metric_regex)"),
         "logging_steps": Param((int,), doc="a Hugging Face Trainer's logging_steps: numbers its "
-                                           "dicts when it shows no progress bar"),
+                                           "dicts when it shows no progress bar (default: "
+                                           "--logging_steps on the launch's command line)"),
         "trainer_state": Param((str,), doc="a Hugging Face trainer_state.json in the target, read "
                                            "when the run has ended: its log_history checks the "
                                            "log's steps, or gives the points the log did not"),
@@ -56,7 +59,8 @@ class MonitorStep(Step):
                                                    "from the step times where the trainer prints none"),
         "tokens_per_sample": Param((int, float), doc="tokens in one sample (max length): tok/s from the "
                                                      "samples/s a trainer prints (SpecForge's perf/"
-                                                     "global_samples_per_second)"),
+                                                     "global_samples_per_second, DeepSpeed's, Megatron's; "
+                                                     "default: --seq-length on the launch's command line)"),
         "warmup_steps": Param((int,), default=1, doc="steps whose tok/s includes the compile"),
         "expect_drafters": Param((int,), doc="fail unless this many drafters finish"),
         "watch_for": Param((int, float), doc="seconds to watch, then leave a healthy run going"),
