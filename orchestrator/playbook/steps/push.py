@@ -129,7 +129,8 @@ def _send(ctx: StepContext, data: bytes, dest: str, mode: int) -> None:
         with open(staged, "wb") as handle:
             handle.write(data)
         os.chmod(staged, mode)
-        transfer.push(ctx.target, staged, dest, timeout=ctx.remaining(120))
+        # special: the mode is the playbook's own (a setuid helper pushed 4755 stays so)
+        transfer.push(ctx.target, staged, dest, timeout=ctx.remaining(120), special=True)
 
 
 def find_source(playbook_dir: str, src: str) -> tuple[Optional[str], list[str]]:
