@@ -23,8 +23,9 @@ from orchestrator.ground.errors import ConfigError, OrchError, PayloadError
 from orchestrator.targets.fleet import Fleet, fan_out
 from orchestrator.targets.inventory_check import check_targets
 from orchestrator.mcp.outputs import STREAMS, OutputGone, OutputSpool, StreamCapture, whole_utf8
-from orchestrator.mcp.policy import PolicyRefused, refuse_outside, refuse_templates
-from orchestrator.playbook.loader import load_playbook
+from orchestrator.mcp.policy import (PolicyRefused, refuse_outside, refuse_templates,
+                                     refuse_unlisted_vars)
+from orchestrator.playbook.loader import check_playbook, load_playbook, normalize_extra_vars
 from orchestrator.remote.container import Target
 from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
@@ -253,19 +254,23 @@ class Tools:
 
     # --------------------------------------------------------------------- runs
     def run_targets(self, playbook: str, variables: dict, targets: list[str]) -> list[ContainerSpec]:
-        """What a run_start would touch (the policy checks it first). The vars are data: one
-        holding template syntax is refused before the playbook is even read."""
+        """What a run_start would touch (the policy checks it first), once the client's vars
+        passed: data (one holding template syntax is refused before the playbook is even
+        read), only the vars the playbook lists under `mcp: vars:`, and named as -e names
+        must be. playbook: the real path the policy allowed (policy.playbook)."""
         refuse_templates(variables)
+        book = load_playbook(playbook)
+        refuse_unlisted_vars(book, variables)
+        check_playbook(book, normalize_extra_vars(dict(variables)))
         if targets:
             return self.specs(targets)
-        book = load_playbook(playbook, dict(variables))
         if not book.targets:
             raise ConfigError(f"{playbook}: the playbook names no targets; give targets")
         return self.specs(book.targets)
 
     def run_start(self, playbook: str, variables: dict, targets: list[str]) -> dict:
         """Start the playbook in a server thread; return once the run has its id."""
-        refuse_templates(variables)   # server.py checked already (run_targets): kept here too
+        self.run_targets(playbook, variables, targets)   # server.py checked already: kept here too
         reporter = LiveReporter()
         live = LiveRun(reporter, threading.Thread())
 
