@@ -36,8 +36,6 @@ from orchestrator.watch.explain import explain_record, launched_targets
 MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_OUTPUT_BYTES = 64 << 10
 RUN_START_WAIT_S = 120.0
-# pct's own path: a constant program; the log's path and offsets arrive as "$1".."$3".
-_LOG_SCRIPT = 'wc -c < "$1" && tail -c +"$2" -- "$1" | head -c "$3"'
 
 
 class LiveReporter:
@@ -338,11 +336,18 @@ class Tools:
         cap = max(1, min(max_bytes, MAX_OUTPUT_BYTES))
         offset = max(0, offset)
         warm = self.warm(name)
-        path = launches[name]["run_dir"] + "/output.log"
-        result = warm.run(["sh", "-c", _LOG_SCRIPT, "orch-log", path, str(offset + 1), str(cap)],
-                          timeout=60).check(f"reading {path} on {name}")
-        size_line, _, data = result.stdout.partition(b"\n")
-        size = int(size_line.strip() or 0)
+        run_dir = launches[name]["run_dir"]
+        path = run_dir + "/output.log"
+        # the file-read payload: the log's real path must be inside its run folder (a log
+        # swapped for a link to /etc/shadow is refused, not followed as `tail` followed it)
+        try:
+            found = payload_api.file_read(warm, path, [run_dir], offset, cap, timeout=60)
+        except PayloadError as error:
+            if error.kind == "outside-allowance":
+                raise PolicyRefused(f"run_log: {path} leads out of its run folder (a link): "
+                                    "not read") from None
+            raise
+        size, data = found["size"], found["data"]
         data = whole_utf8(data, at_end=offset + len(data) >= size)
         return {"run_id": record.run_id, "target": name, "launched": True, "path": path,
                 "offset": offset, "next_offset": offset + len(data), "size": size,

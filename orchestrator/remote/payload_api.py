@@ -178,9 +178,10 @@ def collect_files(target: Target, path: str, *, name_contains: str = "tfevents",
 
 
 def file_read(target: Target, path: str, roots: list[str], offset: int = 0,
-              length: int = 64 << 10, timeout: float = READ_TIMEOUT) -> dict:
+              length: int = 64 << 10, timeout: float = READ_TIMEOUT, tail: bool = False) -> dict:
     """Bytes [offset, offset+length) of one regular file of target whose real path is inside
-    one of `roots` (checked there, on real paths: payloads/file_read.py). The result with
+    one of `roots` (checked there, on real paths: payloads/file_read.py); tail: its last
+    `length` bytes. The result with
     "data": the bytes, at most `length` whatever the container sends, their sha256 checked
     against the one computed where they were read (PayloadError kind "hash-mismatch")."""
     pieces: list[bytes] = []
@@ -198,7 +199,7 @@ def file_read(target: Target, path: str, roots: list[str], offset: int = 0,
         pieces.append(piece)
 
     result = run_payload(target, "file_read", {"path": path, "roots": list(roots),
-                                               "offset": offset, "length": length},
+                                               "offset": offset, "length": length, "tail": tail},
                          python=SYSTEM_PYTHON, timeout=timeout, on_event=collect)
     data = b"".join(pieces)
     if hashlib.sha256(data).hexdigest() != result.get("sha256"):

@@ -477,6 +477,25 @@ def test_a_run_log_pages_as_a_resource_through_the_policy(world):
     assert [(r["tool"], r["outcome"]) for r in rows(world)] == [("run_log", "refused"), ("run_log", "ok")]
 
 
+def test_run_log_and_explain_run_never_read_through_a_link_out_of_the_run_folder(world):
+    """A container account replaces a run's output.log with a link to a file it may not
+    read: 38c2ac6 read it with a plain `tail` (root's, in the container) and handed it over."""
+    tmp_path = world[0]
+    run_id = _recorded_run_on(world, "dev", "here", None)
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\n")
+    log = tmp_path / "run" / "output.log"
+    log.unlink()
+    log.symlink_to(secret)
+    answers = calls(serve(world, hosts=["here"]),
+                    ("run_log", {"run_id": run_id, "target": "dev"}),
+                    ("explain_run", {"run_id": run_id, "target": "dev"}))
+    (log_error, log_text, _), (_, explained, _) = answers
+    assert log_error and "leads out of its run folder" in log_text
+    assert "SECRETHASH" not in json.dumps(answers) and "SECRETHASH" not in json.dumps(rows(world))
+    assert [(r["tool"], r["outcome"]) for r in rows(world)][0] == ("run_log", "refused")
+
+
 def test_the_spool_of_a_killed_server_is_swept_by_the_next(tmp_path):
     from orchestrator.mcp.outputs import OutputSpool
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
