@@ -183,7 +183,7 @@ class Tools:
         finally:
             out.close()
             err.close()
-        self.outputs.finished()
+        self.outputs.finished(output)
         return {"target": warm.name, "argv": list(argv), "exit_code": result.exit_code,
                 **out.answer(), **err.answer(with_tail=True),
                 "duration_s": round(result.duration, 6), "via": warm.via}

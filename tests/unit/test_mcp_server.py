@@ -496,6 +496,33 @@ def test_run_log_and_explain_run_never_read_through_a_link_out_of_the_run_folder
     assert [(r["tool"], r["outcome"]) for r in rows(world)][0] == ("run_log", "refused")
 
 
+def test_concurrent_execs_share_the_sessions_spool_budget(tmp_path, monkeypatch):
+    """Two execs writing at once (their outputs larger than the answer): what lands on disk
+    stays within the session's budget while they run, not only once each has ended (38c2ac6
+    checked after a command ended: two live captures filled 447 MB past a 1 GiB cap)."""
+    from orchestrator.mcp import outputs
+    monkeypatch.setattr(outputs, "SESSION_MAX_BYTES", 1 << 20)
+    spool = outputs.OutputSpool(str(tmp_path))
+    captures = [outputs.StreamCapture("stdout", 1024, spool, spool.new_id()) for _ in range(2)]
+    on_disk = []
+    for _ in range(64):   # 2 MiB each, interleaved
+        for capture in captures:
+            capture(b"x" * (32 << 10))
+        on_disk.append(sum(os.path.getsize(os.path.join(spool.root, name))
+                           for name in os.listdir(spool.root)))
+    assert max(on_disk) <= 1 << 20
+    assert [c.size for c in captures] == [2 << 20] * 2          # the answers say the whole size
+    for capture in captures:
+        capture.close()
+        spool.finished(capture.output)
+    later = outputs.StreamCapture("stdout", 1024, spool, spool.new_id())
+    later(b"y" * (512 << 10))                                   # room made by dropping the oldest
+    later.close()
+    assert later.spooled == 512 << 10
+    assert spool.read(later.output, "stdout", 0, 4)[0] == b"yyyy"
+    spool.close()
+
+
 def test_the_spool_of_a_killed_server_is_swept_by_the_next(tmp_path):
     from orchestrator.mcp.outputs import OutputSpool
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
