@@ -354,7 +354,7 @@ def forward_command(app, target, specs, bind, max_connections, via):
                              "connections fail until something does")
             way, why = forward.choose_way(via, remote, container, bound)
             if way == "direct":
-                forwarder.direct[remote] = container
+                forwarder.direct[remote] = container.address
             console.info(f"{forward.url(address, local)} -> {chosen.name}:{remote} "
                          f"({way}: {why})")
         console.info("forwarding; Ctrl-C stops")
@@ -371,12 +371,12 @@ def forward_command(app, target, specs, bind, max_connections, via):
 
 
 def _container_address(app, chosen, via: str):
-    """The container's address for direct mode, or None (a host target, --via relay, or
-    neither the inventory nor the Proxmox API gives one)."""
+    """The container's address for direct mode and its source (addresses.Located), or None
+    (a host target, --via relay, or neither the inventory nor the Proxmox API gives one)."""
     if via == "relay" or chosen.vmid is None:
         return None
     try:
-        return addresses.container_address(app.fleet, chosen)
+        return addresses.locate(app.fleet, chosen)
     except addresses.NoAddress:
         return None
 
