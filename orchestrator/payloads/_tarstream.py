@@ -146,12 +146,18 @@ def walk(path):
     yield top, path, None, path, info
     if stat.S_ISDIR(info.st_mode):
         folder = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            _same_entry(folder, info, path)
-            for entry in _walk_below(folder, top, path):
-                yield entry
-        finally:
-            os.close(folder)
+        for entry in _walk_opened(folder, info, top, path):
+            yield entry
+
+
+def _walk_opened(fd, info, member, shown):
+    """Below the folder opened as fd (closed at the end), once it is the one listed."""
+    try:
+        _same_entry(fd, info, shown)
+        for entry in _walk_below(fd, member, shown):
+            yield entry
+    finally:
+        os.close(fd)
 
 
 def _walk_below(folder, member, shown):
@@ -169,12 +175,8 @@ def _walk_below(folder, member, shown):
                     raise TransferError("%s changed while it was copied (it is no folder now)"
                                         % full, "changed")
                 raise OSError(error.errno, error.strerror, full)
-            try:
-                _same_entry(fd, info, full)
-                for entry in _walk_below(fd, below, full):
-                    yield entry
-            finally:
-                os.close(fd)
+            for entry in _walk_opened(fd, info, below, full):
+                yield entry
 
 
 def _same_entry(fd, info, shown):
