@@ -120,10 +120,10 @@ class Inventory:
             return [spec for member in self.groups[name]
                     for spec in self._resolve_one(member, seen + (name,))]
         host, _, vmid = name.partition(":")
-        if host in self.hosts and (not vmid or VMID_PATTERN.match(vmid)):
+        if host in self.hosts and (not vmid or VMID_PATTERN.fullmatch(vmid)):
             return [ContainerSpec(name=name, host=host, vmid=int(vmid) if vmid else None)]
         if host in self.clusters:
-            if not VMID_PATTERN.match(vmid):
+            if not VMID_PATTERN.fullmatch(vmid):
                 raise ConfigError(f"{name!r}: {host} is a cluster; name a container of it as "
                                   f"{host}:VMID")
             return [ContainerSpec(name=name, host="", vmid=int(vmid), cluster=host)]
@@ -177,7 +177,7 @@ def _section(source: Source, data: dict, key: str) -> dict:
     section = data.get(key) or {}
     expect(source, (key,), section, dict)
     for name in section:
-        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise source.error((key, name), f"{name!r} is not a valid name (letters, digits, "
                                             "'_', '.', '-')", key=True)
     return section
@@ -238,7 +238,7 @@ def _container(source: Source, name: str, spec, hosts: dict) -> ContainerSpec:
     container = ContainerSpec(name=name, host=host)
     if "vmid" in spec:
         vmid = expect(source, path + ("vmid",), spec["vmid"], int)
-        if not VMID_PATTERN.match(str(vmid)):
+        if not VMID_PATTERN.fullmatch(str(vmid)):
             raise source.error(path + ("vmid",), f"vmid {vmid} is not a valid Proxmox id (100..999999999)")
         if hosts[host].transport == "local":
             raise source.error(path + ("vmid",), f"host {host!r} is local: it has no containers "
@@ -272,7 +272,7 @@ def _container_address(source: Source, path: tuple, value) -> str:
         return text
     except ValueError:
         pass
-    if not DNS_NAME_PATTERN.match(text) or text.replace(".", "").isdigit():
+    if not DNS_NAME_PATTERN.fullmatch(text) or text.replace(".", "").isdigit():
         raise source.error(path, f"address {text!r} is not an IP address or a host name")
     return text
 
@@ -283,7 +283,7 @@ def _cluster_container(source: Source, name: str, spec: dict) -> ContainerSpec:
     check_keys(source, path, spec, CONTAINER_KEYS, required=("cluster", "vmid"))
     cluster = expect(source, path + ("cluster",), spec["cluster"], str)
     vmid = expect(source, path + ("vmid",), spec["vmid"], int)
-    if not VMID_PATTERN.match(str(vmid)):
+    if not VMID_PATTERN.fullmatch(str(vmid)):
         raise source.error(path + ("vmid",), f"vmid {vmid} is not a valid Proxmox id (100..999999999)")
     container = ContainerSpec(name=name, host="", vmid=vmid, cluster=cluster)
     return _container_details(source, path, spec, container)

@@ -19,6 +19,17 @@ TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true
               list: "a list", dict: "a mapping"}
 
 
+# An error quotes at most this much of a value: the value may be a file's content (a
+# private key given as a playbook reads as one long string), never worth echoing whole.
+QUOTED_CHARS = 40
+
+
+def quoted(value: Any, width: int = QUOTED_CHARS) -> str:
+    """A value as an error message shows it: its repr, cut to a short prefix."""
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def type_name(types) -> str:
     types = types if isinstance(types, tuple) else (types,)
     return " or ".join(TYPE_NAMES.get(t, t.__name__) for t in types)
@@ -29,9 +40,8 @@ def expect(source: Source, path: Path, value: Any, types, what: str | None = Non
     # bool is an int in Python; a YAML `true` is never a valid port or count.
     wrong_bool = isinstance(value, bool) and bool not in types
     if wrong_bool or not isinstance(value, types):
-        shown = "null" if value is None else repr(value)
         raise source.error(path, f"{what or describe_path(path)} must be {type_name(types)}, "
-                                 f"not {shown}")
+                                 f"not {quoted(value)}")
     return value
 
 
@@ -42,7 +52,7 @@ def check_keys(source: Source, path: Path, mapping: dict, allowed: Iterable[str]
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
-            raise source.error(path + (key,), f"unknown key {key!r} in {describe_path(path)}",
+            raise source.error(path + (key,), f"unknown key {quoted(key)} in {describe_path(path)}",
                                key=True, hint=hint)
     for key in required:
         if key not in mapping:
@@ -65,6 +75,10 @@ class Param:
     default: Any = None
     choices: tuple = ()
     items: Optional[tuple] = None      # for lists: the type of each item
+    # for lists of strings: no item may start with "-" (they follow a command's options, and
+    # one that is an option would change what the command does); the hint says where
+    # options go instead
+    plain_items: str = ""
     doc: str = ""
 
 
@@ -77,18 +91,19 @@ def check_value(name: str, param: Param, value: Any, loc: Loc) -> Any:
         types = types + (int,)
     wrong_bool = isinstance(value, bool) and bool not in types
     if wrong_bool or not isinstance(value, types):
-        shown = "null" if value is None else repr(value)
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        raise loc.error(f"{name} must be {type_name(param.types)}, not {shown}")
+        raise loc.error(f"{name} must be {type_name(param.types)}, not {quoted(value)}")
     if param.choices and value not in param.choices:
         raise loc.error(f"{name} must be one of {', '.join(map(str, param.choices))}, "
-                        f"not {value!r}")
+                        f"not {quoted(value)}")
     if isinstance(value, list) and param.items:
         for index, item in enumerate(value):
             if is_template(item):
                 continue
             if isinstance(item, bool) and bool not in param.items or not isinstance(item, param.items):
                 raise loc.child(index).error(
-                    f"each item of {name} must be {type_name(param.items)}, not {item!r}")
+                    f"each item of {name} must be {type_name(param.items)}, not {quoted(item)}")
+            if param.plain_items and isinstance(item, str) and item.lstrip().startswith("-"):
+                raise loc.child(index).error(
+                    f"each item of {name} is an argument, never an option: {quoted(item)} "
+                    "starts with '-'", hint=param.plain_items)
     return value

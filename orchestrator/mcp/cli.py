@@ -36,20 +36,28 @@ else:
 @click.option("--allow-path", "allow_paths", multiple=True, metavar="FOLDER",
               help="read_file may also read files under this absolute folder of a container "
                    "(repeatable). Default: run folders only.")
+@click.option("--allow-playbook", "allow_playbooks", multiple=True, metavar="FOLDER",
+              type=click.Path(file_okay=False),
+              help="run_start may run the playbooks (.yaml) in this folder of this machine "
+                   "(repeatable). Default: none.")
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="A YAML policy: `allow: [exec, write]`, `targets: [NAME, ...]`, "
-                   "`hosts: [HOST, ...]`, `paths: [FOLDER, ...]`.")
+                   "`hosts: [HOST, ...]`, `paths: [FOLDER, ...]`, `playbooks: [FOLDER, ...]` "
+                   "(relative to the file).")
 @click.pass_obj
-def mcp_command(app, allow, allow_targets, allow_hosts, allow_paths, policy_file):
+def mcp_command(app, allow, allow_targets, allow_hosts, allow_paths, allow_playbooks,
+                policy_file):
     """Serve orch's tools to an AI agent over MCP (stdio): typed, capped, audited.
 
     An MCP host (Claude Desktop, VS Code, an agent framework) starts this command and talks
     JSON-RPC on its stdin/stdout. One SSH connection per host and one command session per
     container stay open for the server's life. Every tool call is recorded before it acts
     and after: `orch runs audit`. Tools act in containers only: a host's own name (or an
-    inventory entry without a vmid) is refused unless --allow-host names it. run_start's
-    vars are data: template syntax in them is refused. read_file reads files of run
-    folders only, and of the folders --allow-path names.
+    inventory entry without a vmid) is refused unless --allow-host names it. run_start runs
+    only the playbooks of the folders --allow-playbook names, and its vars are data: a
+    client sets only the vars the playbook lists under `mcp: vars:` (scalars unless it
+    says `list`), never with template syntax. read_file reads files of run folders only,
+    and of the folders --allow-path names.
 
     Exit codes: 0 when the client closes the connection; 1 when the MCP SDK is missing;
     2 for a bad option, inventory or policy file (FILE:LINE:COL).
@@ -57,7 +65,8 @@ def mcp_command(app, allow, allow_targets, allow_hosts, allow_paths, policy_file
     \b
     Examples:
       orch -i inventory.yaml mcp                       # read-only: search, read, status, runs
-      orch -i inventory.yaml mcp --allow exec --allow write --allow-target drafters
+      orch -i inventory.yaml mcp --allow exec --allow write --allow-target drafters \\
+          --allow-playbook playbooks
       orch -i sandbox mcp --policy mcp-policy.yaml
       orch -i inventory.yaml mcp --allow exec --allow-host pve   # pve itself too
       orch -i inventory.yaml mcp --allow-path /root/outputs     # read_file there too
@@ -73,7 +82,7 @@ def mcp_command(app, allow, allow_targets, allow_hosts, allow_paths, policy_file
         raise
     fleet = app.fleet
     policy = build_policy(allow, allow_targets, policy_file, fleet.inventory, hosts=allow_hosts,
-                          paths=allow_paths)
+                          paths=allow_paths, playbooks=allow_playbooks)
     store = RunStore()
     tools = Tools(fleet, store, app.inventory_option)
     audit = AuditLog(store, new_session_id())

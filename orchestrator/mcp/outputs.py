@@ -9,7 +9,11 @@ reads page by page as an MCP resource:
     orch://outputs/{output}/{stream}{?offset,length}     stream: stdout | stderr
 
 So the server's memory does not grow with a command's output (docs/design/mcp.md has the figures),
-and nothing of it lands on disk unless it is larger than the answer. The files live in a
+and nothing of it lands on disk unless it is larger than the answer. The session's budget
+is one, shared by every capture as it writes (concurrent execs once wrote 447 MB past it,
+checked only as each ended): a capture gets room from it before each write, the oldest
+finished outputs dropped to make room; with no room left its spool stops (its answer still
+says the stream's whole size). The files live in a
 0700 directory under the run store's directory (its name holds the server's pid), removed
 when the server stops, or by the next server when the first was killed.
 """
@@ -48,11 +52,15 @@ class OutputSpool:
         self._lock = threading.Lock()
         self._next = 0
         self._files: collections.OrderedDict[str, dict[str, str]] = collections.OrderedDict()
+        self._sizes: dict[str, int] = {}     # bytes granted to each output (reserve)
+        self._live: set = set()              # outputs whose exec still runs
 
     def new_id(self) -> str:
         with self._lock:
             self._next += 1
-            return f"exec-{self._next}"
+            output = f"exec-{self._next}"
+            self._live.add(output)
+            return output
 
     def create(self, output: str, stream: str) -> BinaryIO:
         with self._lock:
@@ -65,21 +73,36 @@ class OutputSpool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         return os.fdopen(fd, "wb")
 
-    def finished(self) -> None:
-        """Keep the session's spool under SESSION_MAX_BYTES: drop the oldest outputs."""
+    def reserve(self, output: str, wanted: int) -> int:
+        """Room (bytes, up to wanted) for output to write now, in the session's one budget:
+        the oldest finished outputs are dropped to make it."""
         with self._lock:
-            sizes = {output: sum(_size(p) for p in paths.values()) for output, paths in self._files.items()}
-            total = sum(sizes.values())
-            while total > SESSION_MAX_BYTES and len(self._files) > 1:
-                output, paths = self._files.popitem(last=False)
-                total -= sizes[output]
-                for path in paths.values():
-                    _remove(path)
+            total = sum(self._sizes.values())
+            while total + wanted > SESSION_MAX_BYTES:
+                oldest = next((o for o in self._files if o not in self._live and o != output), None)
+                if oldest is None:
+                    break
+                total -= self._drop(oldest)
+            granted = max(0, min(wanted, SESSION_MAX_BYTES - total))
+            self._sizes[output] = self._sizes.get(output, 0) + granted
+            return granted
+
+    def finished(self, output: str) -> None:
+        """output's exec ended: its spool may be dropped for later ones."""
+        with self._lock:
+            self._live.discard(output)
+            if output not in self._files:
+                self._sizes.pop(output, None)
 
     def discard(self, output: str) -> None:
         with self._lock:
-            for path in self._files.pop(output, {}).values():
-                _remove(path)
+            self._live.discard(output)
+            self._drop(output)
+
+    def _drop(self, output: str) -> int:
+        for path in self._files.pop(output, {}).values():
+            _remove(path)
+        return self._sizes.pop(output, 0)
 
     def read(self, output: str, stream: str, offset: int, length: int) -> tuple[bytes, int]:
         """(up to length bytes from offset, the spooled size)."""
@@ -102,6 +125,7 @@ class OutputSpool:
             if self.root is not None:
                 shutil.rmtree(self.root, ignore_errors=True)
             self.root, self._files = None, collections.OrderedDict()
+            self._sizes, self._live = {}, set()
 
 
 class StreamCapture:
@@ -129,8 +153,9 @@ class StreamCapture:
     def _spool(self, data: bytes) -> None:
         room = SPOOL_MAX_BYTES - self.spooled
         if room > 0 and data:
+            room = self.spool.reserve(self.output, min(room, len(data)))
             self._file.write(data[:room])
-            self.spooled += min(len(data), room)
+            self.spooled += room
 
     def close(self) -> None:
         if self._file is not None:
@@ -180,13 +205,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def _remove(path: str) -> None:

@@ -360,15 +360,21 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
 
     @tool("run_start", CHANGES)
     def run_start(
-            playbook: Annotated[str, Field(description="A playbook file on the server's machine")],
+            playbook: Annotated[str, Field(description="A playbook of the folders the server runs "
+                                                       "playbooks from (--allow-playbook): its "
+                                                       "name there, e.g. dflash.yaml, or its "
+                                                       "absolute path")],
             vars: Annotated[dict[str, Any], Field(description="Playbook variables (like -e), as data: "
-                                                             "template syntax in them is refused")] = {},
+                                                             "only those the playbook lists under "
+                                                             "`mcp: vars:`; template syntax in them "
+                                                             "is refused")] = {},
             targets: Annotated[list[str], Field(description="Instead of the playbook's targets")] = [],
     ) -> RunStarted:
         """Start a playbook run; returns its run_id at once (follow it with run_status/run_log)."""
         arguments = {"playbook": playbook, "vars": vars, "targets": targets}
-        return call("run_start", arguments, lambda: tools.run_start(playbook, vars, targets),
-                    containers=lambda: tools.run_targets(playbook, vars, targets))
+        return call("run_start", arguments,
+                    lambda: tools.run_start(policy.playbook(playbook), vars, targets),
+                    containers=lambda: tools.run_targets(policy.playbook(playbook), vars, targets))
 
     @tool("run_stop", CHANGES)
     def run_stop(run_id: RunId,

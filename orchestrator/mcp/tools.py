@@ -23,8 +23,9 @@ from orchestrator.ground.errors import ConfigError, OrchError, PayloadError
 from orchestrator.targets.fleet import Fleet, fan_out
 from orchestrator.targets.inventory_check import check_targets
 from orchestrator.mcp.outputs import STREAMS, OutputGone, OutputSpool, StreamCapture, whole_utf8
-from orchestrator.mcp.policy import PolicyRefused, refuse_outside, refuse_templates
-from orchestrator.playbook.loader import load_playbook
+from orchestrator.mcp.policy import (PolicyRefused, refuse_outside, refuse_templates,
+                                     refuse_unlisted_vars)
+from orchestrator.playbook.loader import check_playbook, load_playbook, normalize_extra_vars
 from orchestrator.remote.container import Target
 from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
@@ -35,8 +36,6 @@ from orchestrator.watch.explain import explain_record, launched_targets
 MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_OUTPUT_BYTES = 64 << 10
 RUN_START_WAIT_S = 120.0
-# pct's own path: a constant program; the log's path and offsets arrive as "$1".."$3".
-_LOG_SCRIPT = 'wc -c < "$1" && tail -c +"$2" -- "$1" | head -c "$3"'
 
 
 class LiveReporter:
@@ -184,7 +183,7 @@ class Tools:
         finally:
             out.close()
             err.close()
-        self.outputs.finished()
+        self.outputs.finished(output)
         return {"target": warm.name, "argv": list(argv), "exit_code": result.exit_code,
                 **out.answer(), **err.answer(with_tail=True),
                 "duration_s": round(result.duration, 6), "via": warm.via}
@@ -253,19 +252,23 @@ class Tools:
 
     # --------------------------------------------------------------------- runs
     def run_targets(self, playbook: str, variables: dict, targets: list[str]) -> list[ContainerSpec]:
-        """What a run_start would touch (the policy checks it first). The vars are data: one
-        holding template syntax is refused before the playbook is even read."""
+        """What a run_start would touch (the policy checks it first), once the client's vars
+        passed: data (one holding template syntax is refused before the playbook is even
+        read), only the vars the playbook lists under `mcp: vars:`, and named as -e names
+        must be. playbook: the real path the policy allowed (policy.playbook)."""
         refuse_templates(variables)
+        book = load_playbook(playbook)
+        refuse_unlisted_vars(book, variables)
+        check_playbook(book, normalize_extra_vars(dict(variables)))
         if targets:
             return self.specs(targets)
-        book = load_playbook(playbook, dict(variables))
         if not book.targets:
             raise ConfigError(f"{playbook}: the playbook names no targets; give targets")
         return self.specs(book.targets)
 
     def run_start(self, playbook: str, variables: dict, targets: list[str]) -> dict:
         """Start the playbook in a server thread; return once the run has its id."""
-        refuse_templates(variables)   # server.py checked already (run_targets): kept here too
+        self.run_targets(playbook, variables, targets)   # server.py checked already: kept here too
         reporter = LiveReporter()
         live = LiveRun(reporter, threading.Thread())
 
@@ -333,11 +336,18 @@ class Tools:
         cap = max(1, min(max_bytes, MAX_OUTPUT_BYTES))
         offset = max(0, offset)
         warm = self.warm(name)
-        path = launches[name]["run_dir"] + "/output.log"
-        result = warm.run(["sh", "-c", _LOG_SCRIPT, "orch-log", path, str(offset + 1), str(cap)],
-                          timeout=60).check(f"reading {path} on {name}")
-        size_line, _, data = result.stdout.partition(b"\n")
-        size = int(size_line.strip() or 0)
+        run_dir = launches[name]["run_dir"]
+        path = run_dir + "/output.log"
+        # the file-read payload: the log's real path must be inside its run folder (a log
+        # swapped for a link to /etc/shadow is refused, not followed as `tail` followed it)
+        try:
+            found = payload_api.file_read(warm, path, [run_dir], offset, cap, timeout=60)
+        except PayloadError as error:
+            if error.kind == "outside-allowance":
+                raise PolicyRefused(f"run_log: {path} leads out of its run folder (a link): "
+                                    "not read") from None
+            raise
+        size, data = found["size"], found["data"]
         data = whole_utf8(data, at_end=offset + len(data) >= size)
         return {"run_id": record.run_id, "target": name, "launched": True, "path": path,
                 "offset": offset, "next_offset": offset + len(data), "size": size,

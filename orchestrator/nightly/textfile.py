@@ -1,9 +1,14 @@
 """The night's numbers for dashboards: a Prometheus text-format file for node_exporter's
 textfile collector (`--collector.textfile.directory`), so Grafana can chart the history.
 
-Written with prometheus-client (the Prometheus project's own Python library: its
-`write_to_textfile` writes a temporary file beside the target and renames it over the
-target, so node_exporter never reads half a file). One file per playbook,
+The text is prometheus-client's (the Prometheus project's own Python library:
+`generate_latest`, the exposition format node_exporter parses); the file is orch's own
+write: a temporary file beside the target with a name nobody can guess (mkstemp:
+O_CREAT|O_EXCL, 0600), fchmod to 0644, then renamed over the target, so node_exporter never
+reads half a file. (prometheus-client's `write_to_textfile` opens PATH.PID.THREAD with a
+plain open, which follows a link another account planted at that name, and its file's mode
+came from the process's umask, which only a process-wide umask change could set.) One
+file per playbook,
 DIR/orch_nightly_KEY.prom (KEY: nightly.playbook_key, the playbook's name and a hash of
 its path), replaced each night. Every series has a `playbook` label with that KEY: two
 playbooks called dflash.yaml in two folders are two series, not a collision node_exporter
@@ -31,17 +36,18 @@ and node_exporter runs as a user of its own.
 from __future__ import annotations
 
 import os
+import tempfile
 from datetime import datetime
 from typing import Optional
 
-from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from orchestrator.ground.verdicts import DEGRADED, FAILED, HANG, OK, UNREACHABLE
 from orchestrator.runs import noise
 
 PREFIX = "orch_nightly"
 NIGHT_STATUSES = (OK, noise.SUSPECTED, noise.REGRESSION, FAILED, HANG, DEGRADED, UNREACHABLE)
-FILE_MODE_UMASK = 0o022        # the file is for node_exporter, another user: 0644
+FILE_MODE = 0o644              # the file is for node_exporter, another user
 
 
 def textfile_path(directory: str, key: str) -> str:
@@ -109,13 +115,19 @@ def _timestamp(iso: Optional[str]) -> Optional[float]:
 def write(directory: str, key: str, summary: dict) -> str:
     """Write the night's file into DIRECTORY (atomically); returns its path."""
     path = textfile_path(directory, key)
-    registry = registry_for(key, summary)
-    # The process runs under umask 077 (paths.private_files); this file is meant for another
-    # user. Nothing else creates files at this point of the nightly, so the brief change of
-    # the process's umask touches nothing else.
-    saved = os.umask(FILE_MODE_UMASK)
+    text = generate_latest(registry_for(key, summary))
+    # not *.prom: the collector reads only those, never this half-written file
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                     dir=directory)
     try:
-        write_to_textfile(path, registry)
-    finally:
-        os.umask(saved)
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), FILE_MODE)
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
     return path

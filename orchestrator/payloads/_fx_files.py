@@ -149,22 +149,40 @@ def lock_torch_tree(site_packages, exclusive):
     even by kill -9). apply and revert take it exclusively: two changes never interleave,
     and no reader sees half of one. status and diff take it shared: readers never refuse
     each other. Either waits up to `wait` seconds for the other kind, then raises
-    TreeBusy (kind "busy")."""
+    TreeBusy (kind "busy").
+
+    Writers come first: a writer holds a gate (a lock on the site-packages folder) while it
+    waits for the tree, and a reader passes the gate (shared, for a moment) before it takes
+    the tree, so readers that keep arriving (an agent polling fx_tls_status) cannot keep a
+    change waiting for ever; they wait for it instead."""
     wait = float(os.environ.get(LOCK_WAIT_ENV) or LOCK_WAIT_SECONDS)
-    fd = os.open(os.path.join(site_packages, "torch"), os.O_RDONLY)
     deadline = time.monotonic() + wait
-    mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    gate = os.open(site_packages, os.O_RDONLY)
+    try:
+        _flock_until(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline,
+                     site_packages, exclusive, wait)
+        fd = os.open(os.path.join(site_packages, "torch"), os.O_RDONLY)
+        try:
+            _flock_until(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline,
+                         site_packages, exclusive, wait)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    finally:
+        os.close(gate)   # the gate is held only on the way to the tree
+
+
+def _flock_until(fd, mode, deadline, site_packages, exclusive, wait):
     while True:
         try:
-            fcntl.flock(fd, mode)
-            return fd
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
         except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) \
-                    or time.monotonic() >= deadline:
-                os.close(fd)
-                if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise TreeBusy(site_packages, exclusive, wait) from None
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
+            if time.monotonic() >= deadline:
+                raise TreeBusy(site_packages, exclusive, wait) from None
         time.sleep(LOCK_POLL_SECONDS)
 
 

@@ -101,7 +101,7 @@ def spec_location(spec):
 
 def locate(package):
     """Where `package` is installed, as a dict; raises PayloadError when it is not."""
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", package):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", package):   # no "torch\n"
         raise PayloadError("package name %r is not a valid name" % package, "bad-args")
     paths = search_path()
     import_name = package

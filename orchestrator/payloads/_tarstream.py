@@ -5,19 +5,28 @@ The same code runs on the controller (orchestrator/remote/transfer.py imports it
 container (payloads/cp.py inlines it), so the sender of a push is the receiver of a pull.
 
 The stream is a sequence of frames: KIND (1 byte), LENGTH (4 bytes, big-endian), DATA.
-  S  first: {"bytes": file bytes in all, "files": n} as JSON, for progress
+  S  first, once: {"bytes": file bytes in all, "files": n} as JSON, for progress
   T  tar bytes: one PAX tar stream (tarfile writes and parses its headers)
   M  last: the sender's {"sha256": {member name: hex}} as JSON, after the tar's end
   X  the sender's error (a file that changed while it was read): the receiver gives up
-A stream without its M frame (a broken link) is never committed.
+A stream without its M frame (a broken link) is never committed. On a pull the sender is
+the container, untrusted: a frame out of that order is a damaged stream, S and X frames are
+a few KiB, and the manifest may be no larger than the names the receiver wrote make it.
 
 The receiver writes nothing under a final name until the manifest matched what it wrote:
 a new file or tree is built under a temporary name (`.orch-cp-RANDOM`) beside its final
 name and renamed there at the end; into an existing folder each file gets a temporary name
 in its own folder and all are renamed at the end. On any failure the temporary names are
 removed. Member names are data: absolute names, `..`, and names outside the stream's one
-top entry are refused; every folder is opened with O_NOFOLLOW one component at a time, so
-a symbolic link of the tree (or planted in a merged folder) is never followed.
+top entry are refused, and so is a top entry other than the one the receiver asked for (a
+pull knows the name of what it pulls: the sender does not choose what is written); every
+folder is opened with O_NOFOLLOW one component at a time, so a symbolic link of the tree
+(or planted in a merged folder) is never followed, and the destination's own folders are
+opened the same way, following a link on the way only when root or the receiver's own
+account owns it. Modes: special bits (setuid, setgid, sticky) only when asked for, a pull's
+files and folders under the receiving user's umask, and a folder that existed before keeps
+its mode and time. The sender walks its tree the same way, by folder descriptors: a folder
+swapped for a link while it is read is an error, never followed.
 
 The receiver walks the tar itself, block by block: tarfile parses each header (next_member),
 and a file's data goes from the piece it was read in to sha256 and write(2) with no copy in
@@ -41,10 +50,17 @@ FRAME_HEADER = struct.Struct(">cI")
 CHUNK = 256 << 10               # file data is read and hashed in pieces of this size
 READ_PIECE = 64 << 10           # a receiver reads a T frame in pieces of this size
 MAX_TAR_FRAME = 1 << 20         # what a receiver accepts per frame (untrusted on a pull)
-MAX_JSON_FRAME = 256 << 20      # a manifest: 10,000 files are about 1 MB
+MAX_SMALL_FRAME = 16 << 10      # an S or X frame (the sender cuts its error message to fit)
+MAX_JSON_FRAME = 256 << 20      # a manifest: 10,000 files are about 1 MB (bounded further by
+                                # the names received, manifest_limit)
+MAX_MESSAGE_CHARS = 1000        # of an X frame's message
+AFTER_END_BYTES = tarfile.RECORDSIZE   # tar bytes a receiver reads past the tar's end
+MAX_LINKS = 40                  # symbolic links followed on the way to a destination (as Linux)
 MAX_TAR_HEADER = 1 << 20        # a PAX or GNU long-name header's data
 TEMP_MARK = ".orch-cp-"
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+_READ_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 _FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)   # not sparse ones
 _ZERO_BLOCK = tarfile.NUL * tarfile.BLOCKSIZE
@@ -67,7 +83,10 @@ def frame(kind, data):
 
 
 def error_frame(error):
-    return frame(b"X", json.dumps({"message": str(error), "kind": error.kind}).encode())
+    message = str(error)
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS - 3] + "..."
+    return frame(b"X", json.dumps({"message": message, "kind": str(error.kind)[:64]}).encode())
 
 
 def tree_digest(hashes):
@@ -106,34 +125,72 @@ def source_problem(path, recursive):
     return None
 
 
-def walk(path):
-    """(member name, full path, lstat) of path and, for a folder, everything below it, in
-    tar order. The path itself is followed (the user named it); links below it are not."""
+def top_name(path):
+    """The name of path's top entry in its stream (both ends compute it: a pull's receiver
+    refuses a stream whose top entry is another)."""
     top = os.path.basename(os.path.normpath(path))
     if top in ("", ".", ".."):
         top = os.path.basename(os.path.abspath(path)) or "root"
+    return top
+
+
+def walk(path):
+    """(member name, path shown in messages, folder fd, name in it, lstat) of path and, for a
+    folder, everything below it, in tar order. The path itself is followed (the user named
+    it: its folder fd is None and its name the path); below it every folder is opened by
+    its descriptor with O_NOFOLLOW, so a folder swapped for a link while the walk reads it
+    is an error (`changed`), never a way elsewhere. The fds are the walk's: valid until it
+    goes on."""
     info = os.stat(path)
-    yield top, path, info
+    top = top_name(path)
+    yield top, path, None, path, info
     if stat.S_ISDIR(info.st_mode):
-        for entry in _walk_below(path, top):
+        folder = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        for entry in _walk_opened(folder, info, top, path):
             yield entry
 
 
-def _walk_below(folder, name):
+def _walk_opened(fd, info, member, shown):
+    """Below the folder opened as fd (closed at the end), once it is the one listed."""
+    try:
+        _same_entry(fd, info, shown)
+        for entry in _walk_below(fd, member, shown):
+            yield entry
+    finally:
+        os.close(fd)
+
+
+def _walk_below(folder, member, shown):
     with os.scandir(folder) as listing:
-        entries = sorted(listing, key=lambda entry: entry.name)
-    for entry in entries:
-        member, info = name + "/" + entry.name, entry.stat(follow_symlinks=False)
-        yield member, entry.path, info
+        entries = sorted(((entry.name, entry.stat(follow_symlinks=False)) for entry in listing),
+                         key=lambda entry: entry[0])
+    for name, info in entries:
+        below, full = member + "/" + name, shown + "/" + name
+        yield below, full, folder, name, info
         if stat.S_ISDIR(info.st_mode):
-            for below in _walk_below(entry.path, member):
-                yield below
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=folder)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                    raise TransferError("%s changed while it was copied (it is no folder now)"
+                                        % full, "changed")
+                raise OSError(error.errno, error.strerror, full)
+            for entry in _walk_opened(fd, info, below, full):
+                yield entry
+
+
+def _same_entry(fd, info, shown):
+    """The folder opened is the one listed (another swapped in between is an error)."""
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
+        raise TransferError("%s changed while it was copied (another folder is there now)"
+                            % shown, "changed")
 
 
 def measure(path, last_bytes=None):
     """{"bytes", "files"} of what walk(path) sends (the S frame)."""
     total = files = 0
-    for _, _, info in walk(path):
+    for _, _, _, _, info in walk(path):
         if stat.S_ISREG(info.st_mode):
             total, files = total + _sent_size(info, last_bytes), files + 1
     return {"bytes": total, "files": files}
@@ -152,18 +209,18 @@ def send_frames(path, on_data=None, skipped=None, hashes=None, last_bytes=None):
         if last_bytes is not None and (last_bytes < 0 or not os.path.isfile(path)):
             raise TransferError("%s: a byte range is for one regular file" % path, "bad-args")
         yield frame(b"S", json.dumps(measure(path, last_bytes)).encode())
-        for member, full, info in walk(path):
+        for member, full, folder, name, info in walk(path):
             kind = stat.S_IFMT(info.st_mode)
             if kind not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
                 if skipped is not None:
                     skipped.append(member)
                 continue
             size = _sent_size(info, last_bytes)
-            for ready in out.add(_header(member, full, info, size)):
+            for ready in out.add(_header(member, folder, name, info, size)):
                 yield ready
             if kind == stat.S_IFREG:
                 digest = hashlib.sha256()
-                for piece in _file_data(full, size, info.st_size - size, last_bytes is None):
+                for piece in _file_data(full, folder, name, size, info, last_bytes is None):
                     digest.update(piece)
                     if on_data:
                         on_data(len(piece))
@@ -206,7 +263,7 @@ class _TarFrames:
                 yield frame(b"T", data[start:start + MAX_TAR_FRAME])
 
 
-def _header(member, full, info, size):
+def _header(member, folder, name, info, size):
     entry = tarfile.TarInfo(member if not stat.S_ISDIR(info.st_mode) else member + "/")
     entry.mode = stat.S_IMODE(info.st_mode)
     entry.mtime = int(info.st_mtime)
@@ -215,32 +272,42 @@ def _header(member, full, info, size):
     if stat.S_ISDIR(info.st_mode):
         entry.type = tarfile.DIRTYPE
     elif stat.S_ISLNK(info.st_mode):
-        entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(full)
+        entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=folder)
     else:
         entry.size = size
     return entry.tobuf(tarfile.PAX_FORMAT, _ENCODING, _ERRORS)
 
 
-def _file_data(full, size, offset=0, whole=True):
-    """size bytes of the file from offset, in pieces; a file that shrank meanwhile is an
-    error (tar's header holds its size already), and so is one that grew when the whole
-    file was to be sent."""
+def _file_data(shown, folder, name, size, info, whole=True):
+    """size bytes of the file `name` in folder (None: name is the path the user named, and
+    followed), its last ones (from st_size - size), in pieces; a file that shrank meanwhile
+    is an error (tar's header holds its size already), and so is one that grew when the
+    whole file was to be sent, and one that is no longer the regular file listed
+    (O_NONBLOCK: a fifo swapped in never blocks the open)."""
     try:
-        fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        if folder is None:
+            fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        else:
+            fd = os.open(name, _READ_FILE, dir_fd=folder)
     except OSError as error:
-        raise TransferError("cannot read %s: %s" % (full, error.strerror), "unreadable")
+        raise TransferError("cannot read %s: %s" % (shown, error.strerror), "unreadable")
     try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
+            raise TransferError("%s changed while it was copied (another file is there now)"
+                                % shown, "changed")
+        offset = info.st_size - size
         if offset:
             os.lseek(fd, offset, os.SEEK_SET)
         left = size
         while left:
             piece = os.read(fd, min(CHUNK, left))
             if not piece:
-                raise TransferError("%s shrank while it was copied" % full, "changed")
+                raise TransferError("%s shrank while it was copied" % shown, "changed")
             left -= len(piece)
             yield piece
         if whole and os.read(fd, 1):
-            raise TransferError("%s grew while it was copied" % full, "changed")
+            raise TransferError("%s grew while it was copied" % shown, "changed")
     finally:
         os.close(fd)
 
@@ -248,7 +315,8 @@ def _file_data(full, size, offset=0, whole=True):
 # ------------------------------------------------------------------ receiving
 class FrameReader:
     """The tar bytes of a framed stream, read as they arrive; the S, M and X frames are kept
-    aside. read_exact(n) reads the raw stream."""
+    aside. read_exact(n) reads the raw stream. The frames' order is checked as they come:
+    one S first, T frames, M only once the tar has ended (finish), X anywhere."""
 
     def __init__(self, read_exact, on_size=None):
         self._read_exact = read_exact
@@ -256,6 +324,7 @@ class FrameReader:
         self._piece = memoryview(b"")   # tar bytes read, from _offset
         self._offset = 0
         self._frame_left = 0            # tar bytes of the current T frame not yet read
+        self._manifest_limit = None     # set by finish(): the tar has ended, M may come
         self.size = None
         self.manifest = None
         self.ended = False        # the raw stream ended (before its manifest: a broken link)
@@ -276,10 +345,21 @@ class FrameReader:
         """The next size tar bytes (a header)."""
         return b"".join(self.views(size))
 
-    def finish(self):
-        """The manifest, reading past what the tar's end left."""
+    def finish(self, manifest_limit=MAX_JSON_FRAME):
+        """The manifest (at most manifest_limit bytes), reading past what the tar's end
+        left: at most AFTER_END_BYTES of tar bytes more."""
+        self._manifest_limit = manifest_limit
+        after_end = len(self._piece) - self._offset
+        self._piece, self._offset = memoryview(b""), 0
         while self.manifest is None:
-            if not (self._next_piece() if self._frame_left else self._next_frame()):
+            if after_end > AFTER_END_BYTES:
+                raise damaged("%d tar bytes after the tar's end" % after_end)
+            if self._frame_left:
+                if not self._next_piece():
+                    raise truncated()
+                after_end += len(self._piece)
+                self._piece = memoryview(b"")
+            elif not self._next_frame():
                 raise truncated()
         return self.manifest
 
@@ -304,9 +384,7 @@ class FrameReader:
             self.ended = True
             return False
         kind, length = FRAME_HEADER.unpack(header)
-        limit = MAX_TAR_FRAME if kind == b"T" else MAX_JSON_FRAME
-        if kind not in (b"S", b"T", b"M", b"X") or length > limit:
-            raise damaged("frame %r of %d bytes" % (kind, length))
+        self._check_frame(kind, length)
         if kind == b"T":
             self._frame_left = length
             return True
@@ -316,8 +394,8 @@ class FrameReader:
             return False
         value = _json(data)
         if kind == b"X":
-            raise TransferError("the sender failed: %s" % value.get("message"),
-                                value.get("kind") or "sender-failed")
+            raise TransferError("the sender failed: %s" % str(value.get("message"))[:MAX_MESSAGE_CHARS],
+                                str(value.get("kind") or "sender-failed")[:64])
         if kind == b"S":
             self.size = value
             if self._on_size:
@@ -327,6 +405,27 @@ class FrameReader:
                 raise TransferError("the stream's manifest is damaged", "bad-stream")
             self.manifest = value["sha256"]
         return True
+
+    def _check_frame(self, kind, length):
+        """Each kind in its place and within its size, before its data is read."""
+        if kind not in (b"S", b"T", b"M", b"X"):
+            raise damaged("a frame of kind %r" % kind)
+        if kind == b"S" and self.size is not None:
+            raise damaged("a second S frame")
+        if kind in (b"T", b"M") and self.size is None:
+            raise damaged("frame %r before the stream's S frame" % kind)
+        if kind == b"M" and self._manifest_limit is None:
+            raise damaged("the manifest came before the tar's end")
+        limit = {b"T": MAX_TAR_FRAME, b"M": self._manifest_limit}.get(kind, MAX_SMALL_FRAME)
+        if length > limit:
+            raise damaged("frame %r of %d bytes" % (kind, length))
+
+
+def manifest_limit(hashes):
+    """The largest manifest a sender of these files can send (json.dumps of {"sha256":
+    hashes}, each name escaped at most 6 characters a byte): a larger one is no manifest of
+    what was received, whatever it says."""
+    return 64 + sum(6 * len(_name_bytes(name)) + 72 for name in hashes)
 
 
 def next_member(reader):
@@ -410,16 +509,72 @@ def destination(dest, top, top_is_dir):
     return folder, os.path.basename(dest)
 
 
-class Receiver:
-    """Unpacks one framed stream under dest (see the module's docstring)."""
+def open_folder(path):
+    """The folder at path, opened one component at a time with O_NOFOLLOW. A symbolic link
+    on the way is followed only when root or this process's own user owns it: another
+    account's link (a destination folder it replaced with a link to /etc) could send the
+    copy anywhere root can write; the kernel's protected_symlinks asks the same of links in
+    sticky folders only."""
+    fd = os.open("/" if path.startswith("/") else ".", _DIR_FLAGS)
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    followed, walked = 0, "/" if path.startswith("/") else ""
+    try:
+        while parts:
+            part = parts.pop(0)
+            try:
+                below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise OSError(error.errno, error.strerror, os.path.join(walked, part))
+                target = _trusted_link(fd, part, os.path.join(walked, part))
+                followed += 1
+                if followed > MAX_LINKS:
+                    raise TransferError("%s: too many symbolic links on the way" % path,
+                                        "unsafe-dest")
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIR_FLAGS)
+                parts[:0] = [p for p in target.split("/") if p not in ("", ".")]
+                continue
+            os.close(fd)
+            fd, walked = below, os.path.join(walked, part)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
-    def __init__(self, dest, on_data=None, on_size=None, on_cleanup=None):
+
+def _trusted_link(folder, name, shown):
+    """The target of the link `name` in folder, when root or we own it."""
+    info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    if not stat.S_ISLNK(info.st_mode):
+        raise TransferError("%s is not a folder" % shown, "no-folder")
+    if info.st_uid not in (0, os.geteuid()):
+        raise TransferError("refused to write through %s: it is a symbolic link of uid %d, "
+                            "another account's (name the folder it leads to, if that is "
+                            "meant)" % (shown, info.st_uid), "unsafe-dest")
+    return os.readlink(name, dir_fd=folder)
+
+
+class Receiver:
+    """Unpacks one framed stream under dest (see the module's docstring).
+
+    top: the name the stream's top entry must have (a pull: the basename of what was asked
+    for); None takes the sender's. folders: whether the top may be a folder (-r).
+    umask: applied to every mode (a pull: the receiving user's); None: modes as sent.
+    special: keep setuid, setgid and sticky bits (never, unless asked for)."""
+
+    def __init__(self, dest, on_data=None, on_size=None, on_cleanup=None, top=None,
+                 folders=True, umask=None, special=False):
         self.dest = dest
         self.on_data = on_data
         self.on_size = on_size
         self.on_cleanup = on_cleanup  # called once before what was staged is removed
         self.hashes = {}
         self.counts = {"files": 0, "dirs": 0, "links": 0, "bytes": 0}
+        self._expected_top = top
+        self._folders = folders
+        self._mode_mask = (0o7777 if special else 0o7777 & ~SPECIAL_BITS) & ~(umask or 0)
         self._base = None         # fd of the folder the top entry goes into
         self._top = None          # the sender's top name
         self._final = None        # its final name
@@ -427,7 +582,7 @@ class Receiver:
         self._folder = None       # its path
         self._merge = False       # True: the top is a folder that exists, merged into
         self._staged = []         # (fd of its folder, temporary name, final name) when merging
-        self._dirs = []           # (parts, mode, mtime): set once everything is written
+        self._dirs = []           # (parts, mode, mtime) of folders made: set at the end
         self._fds = {}
 
     def receive(self, read_exact):
@@ -435,7 +590,7 @@ class Receiver:
         reader = FrameReader(read_exact, self.on_size)
         try:
             self._unpack(reader)
-            manifest = reader.finish()
+            manifest = reader.finish(manifest_limit(self.hashes))
             if manifest != self.hashes:
                 raise TransferError(_mismatch(manifest, self.hashes), "hash-mismatch")
             self._commit()
@@ -480,9 +635,16 @@ class Receiver:
     def _start(self, parts, member):
         if len(parts) != 1:
             raise TransferError("the stream does not start with its top entry", "bad-stream")
+        if self._expected_top is not None and parts[0] != self._expected_top:
+            raise TransferError("refused a stream whose top entry is %r: %r was asked for "
+                                "(the sender does not choose the name written)"
+                                % (parts[0], self._expected_top), "unsafe-member")
+        if member.isdir() and not self._folders:
+            raise TransferError("refused a folder %r: a file was asked for (a folder is "
+                                "copied with -r)" % parts[0], "unsafe-member")
         self._top = parts[0]
         self._folder, self._final = destination(self.dest, self._top, member.isdir())
-        self._base = os.open(self._folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        self._base = open_folder(self._folder)
         existing = _lstat(self._base, self._final)
         is_dir = existing is not None and stat.S_ISDIR(existing.st_mode)
         if existing is not None and is_dir != member.isdir():
@@ -498,15 +660,18 @@ class Receiver:
     # -- members, by their path below the top ([] is the top itself)
     def _dir(self, inner, member):
         self.counts["dirs"] += 1
+        made = not self._merge if not inner else False
         if inner:
             folder = self._folder_fd(inner[:-1])
             found = _lstat(folder, inner[-1])
             if found is None:
                 os.mkdir(inner[-1], 0o700, dir_fd=folder)
+                made = True
             elif not stat.S_ISDIR(found.st_mode):
                 raise TransferError("%s exists and is not a folder" % "/".join(inner),
                                     "not-a-folder")
-        self._dirs.append((inner, member.mode & 0o7777, member.mtime))
+        if made:   # a folder that existed keeps its mode and time
+            self._dirs.append((inner, member.mode & self._mode_mask, member.mtime))
 
     def _file(self, inner, member, reader):
         folder, name, staged = self._placing(inner)
@@ -521,7 +686,7 @@ class Receiver:
                 if self.on_data:
                     self.on_data(len(piece))
             _skip_padding(reader, member.size)
-            os.fchmod(fd, member.mode & 0o7777)
+            os.fchmod(fd, member.mode & self._mode_mask)
             os.utime(fd, (member.mtime, member.mtime))
         finally:
             os.close(fd)
@@ -569,11 +734,13 @@ class Receiver:
         for folder, temp, final in self._staged:
             os.rename(temp, final, src_dir_fd=folder, dst_dir_fd=folder)
         self._staged = []
+        # deepest first, after what is in them (a folder may be read-only), each through its
+        # own descriptor: fchmod, never chmod by name with follow_symlinks=False, which
+        # glibc older than 2.32 cannot do (NotImplementedError, the renames above done)
         for inner, mode, mtime in sorted(self._dirs, key=lambda d: -len(d[0])):
-            folder, name = ((self._folder_fd(inner[:-1]), inner[-1]) if inner else
-                            (self._base, self._final if self._merge else self._temp_top))
-            os.chmod(name, mode, dir_fd=folder, follow_symlinks=False)
-            os.utime(name, (mtime, mtime), dir_fd=folder, follow_symlinks=False)
+            fd = self._folder_fd(inner)
+            os.fchmod(fd, mode)
+            os.utime(fd, (mtime, mtime))
         if not self._merge:
             _replace(self._base, self._temp_top, self._final)
             self._temp_top = None

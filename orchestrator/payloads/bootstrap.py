@@ -103,7 +103,7 @@ def install_pip_from_wheel(python, wheel):
     if not os.path.isfile(wheel):
         fail("the pip wheel %s is not in the container" % wheel)
     argv = [python, os.path.join(wheel, "pip"), "install", "--no-index", "--no-input",
-            "--disable-pip-version-check", wheel]
+            "--disable-pip-version-check", "--", wheel]
     emit("pip", line="$ " + " ".join(argv))
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in done.stdout.splitlines():
@@ -218,7 +218,7 @@ def pip_install(args, python, did):
     if args.get("find_links"):
         argv += ["--find-links", args["find_links"]]
     argv += list(args.get("pip_args") or [])
-    argv += list(args["packages"])
+    argv += ["--"] + list(args["packages"])   # requirements only: none is read as an option
     emit("pip", line="$ " + " ".join(argv))
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True, errors="replace",

@@ -2,10 +2,11 @@
 
 Run as `python3 -I -S -c SOURCE ARGS_JSON` (the source in argv, so that stdin is free for
 the stream); ARGS_JSON: {"action": "receive" | "send", "path": PATH, "recursive": bool,
-"last_bytes": N | null}.
+"last_bytes": N | null, "special": bool}.
 - receive: reads a framed tar stream (_tarstream.py) on stdin and unpacks it at PATH (into
   it when it is a folder); prints one JSON result line: counts, "digest" (the sha256 over
-  every file's sha256), "path" (what was written); or an error line.
+  every file's sha256), "path" (what was written); or an error line. setuid, setgid and
+  sticky bits are dropped unless "special".
 - send: writes the framed stream of PATH on stdout; its failures are the stream's X frame.
   last_bytes: only the last N bytes of PATH, one regular file (`tail -c N`).
 SIGTERM (the reaper's, when orch's channel closed) removes what was staged, as an error does;
@@ -19,7 +20,7 @@ from _protocol import *  # orch: inlined when shipped
 from _tarstream import *  # orch: inlined when shipped
 
 ARG_SPEC = {"action": (str, REQUIRED), "path": (str, REQUIRED), "recursive": (bool, False),
-            "last_bytes": (int, None)}
+            "last_bytes": (int, None), "special": (bool, False)}
 
 
 def _terminated(number, _frame):
@@ -36,7 +37,8 @@ def _ignore_sigterm():
 def receive(args):
     reader = sys.stdin.buffer
     try:
-        return Receiver(args["path"], on_cleanup=_ignore_sigterm).receive(
+        return Receiver(args["path"], on_cleanup=_ignore_sigterm,
+                        special=args["special"]).receive(
             lambda size: _read_exact(reader, size))
     except TransferError as error:
         raise PayloadError(str(error), error.kind)

@@ -1,12 +1,16 @@
 """Read a byte range of one file, only inside allowed folders: the container's end of the
-MCP `read_file` tool (a client's read-only pull).
+MCP `read_file` tool (a client's read-only pull), and of every read of a run's logs (MCP
+`run_log`, `orch explain` and `explain_run`), which once used a plain `tail`: a log
+replaced by a link to /etc/shadow was read through it.
 
 Shipped into a container and run with its python3; standard library only, Python 3.8+.
 
 Args::
 
     {"path": "/var/lib/orch/runs/RUN/launch/output.log", "roots": ["/var/lib/orch/runs"],
-     "offset": 0, "length": 65536}
+     "offset": 0, "length": 65536, "tail": false}
+
+tail: the file's last `length` bytes, whatever offset says (`tail -c`, for a log's end).
 
 The allowance is checked on real paths, here where the files are: the path's real path
 (symlinks resolved) must be inside one root's real path before it is opened, and the
@@ -32,7 +36,7 @@ import sys
 from _protocol import *  # orch: inlined when shipped
 
 ARG_SPEC = {"path": (str, REQUIRED), "roots": (list, REQUIRED), "offset": (int, 0),
-            "length": (int, 65536)}
+            "length": (int, 65536), "tail": (bool, False)}
 CHUNK = 256 << 10
 
 
@@ -81,7 +85,8 @@ def read_range(args):
     digest, sent = hashlib.sha256(), 0
     try:
         size = os.fstat(fd).st_size
-        os.lseek(fd, min(args["offset"], size), os.SEEK_SET)
+        offset = max(0, size - args["length"]) if args["tail"] else min(args["offset"], size)
+        os.lseek(fd, offset, os.SEEK_SET)
         while sent < args["length"]:
             data = os.read(fd, min(CHUNK, args["length"] - sent))
             if not data:
@@ -91,7 +96,6 @@ def read_range(args):
             emit("chunk", data=base64.b64encode(data).decode("ascii"))
     finally:
         os.close(fd)
-    offset = min(args["offset"], size)
     return {"path": path, "size": size, "offset": offset, "bytes": sent,
             "sha256": digest.hexdigest(), "eof": offset + sent >= size}
 

@@ -2,15 +2,18 @@
 
 Two actions, run with the container's python (`PYTHON - ARGS_JSON`):
 
-- "listen" (on the node that will host the rendezvous): bind TCP `port` on every address,
-  as torchrun's c10d store does, print {"event": "listening", "port"} and answer each
-  connection with `token`; end after `expect` connections, after `seconds`, or (with
-  `stop_on_stdin`, as orch runs it) as soon as a line or EOF arrives on stdin, so the port
-  is free again before anything is launched. The result is {"accepted": N}. A port already
-  taken is the error kind "port-taken".
-- "check" (on every node): connect to `host`:`port` and read the token back (so it is our
-  listener that answered, not something else on that port), and report what the node
-  offers. Result:
+- "listen" (on the node that will host the rendezvous): bind TCP `port` on the endpoint's
+  address `host` (every address when `host` is none of this container's: a forwarded
+  one), print {"event": "listening", "port"} and answer each connection that first sends
+  one of the nodes' nonces (`nonces`: their sha256, so this argv gives none away) with
+  `token`; a connection that sends anything else gets nothing and takes no node's place.
+  End once every nonce came, after `seconds`, or (with `stop_on_stdin`, as orch runs it)
+  as soon as a line or EOF arrives on stdin, so the port is free again before anything is
+  launched. The result is {"accepted": N, "refused": M}. A port already taken is the
+  error kind "port-taken".
+- "check" (on every node): connect to `host`:`port`, send the node's `nonce`, and read the
+  token back (so it is our listener that answered, not something else on that port), and
+  report what the node offers. Result:
 
     {"endpoint": {"ok": bool, "error": "..." | null, "seconds": 0.01} | null (connect false),
      "shm": {"path": "/dev/shm", "total_bytes": N, "free_bytes": N} | {"error": "..."},
@@ -21,6 +24,7 @@ Judging (versions, thresholds, interface patterns) is the controller's
 (orchestrator/targets/preflight.py): the payload only measures.
 """
 
+import hashlib
 import os
 import select
 import socket
@@ -31,25 +35,41 @@ from _protocol import *  # orch: inlined when shipped
 from _gpus import *  # orch: inlined when shipped
 
 ARG_SPEC = {"action": (str, REQUIRED), "host": (str, None), "port": (int, REQUIRED),
-            "token": (str, REQUIRED), "timeout": (float, 3.0), "expect": (int, 1),
-            "seconds": (float, 30.0), "gpus": (list, []), "stop_on_stdin": (bool, False),
-            "connect": (bool, True)}
+            "token": (str, REQUIRED), "timeout": (float, 3.0), "nonces": (list, []),
+            "nonce": (str, ""), "seconds": (float, 30.0), "gpus": (list, []),
+            "stop_on_stdin": (bool, False), "connect": (bool, True)}
 MAX_INTERFACES = 256
+MAX_NONCE = 128          # bytes a connection may send before its nonce's newline
+NONCE_WAIT_S = 1.0       # how long the listener waits for one connection's nonce
 SHM = "/dev/shm"
+EADDRNOTAVAIL = 99
 
 
 def listen(args):
-    try:
-        server = socket.create_server(("", args["port"]), family=socket.AF_INET6,
-                                      dualstack_ipv6=True)
-    except (OSError, ValueError):
-        try:
-            server = socket.create_server(("0.0.0.0", args["port"]))
-        except OSError as error:
-            return _bind_failed(args["port"], error)
+    if not args["nonces"]:
+        raise PayloadError("listen needs the nodes' nonces", "bad-args")
+    server = _server(args["host"], args["port"])
     with server:
         emit("listening", port=args["port"])
-        return {"accepted": _answer(server, args)}
+        return _answer(server, args)
+
+
+def _server(host, port):
+    """A socket on the endpoint's address; on every address when that is not one of ours."""
+    if host:
+        try:
+            family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            return socket.create_server(address, family=family)
+        except OSError as error:
+            if getattr(error, "errno", None) != EADDRNOTAVAIL and not isinstance(error, socket.gaierror):
+                return _bind_failed(port, error)
+    try:
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    except (OSError, ValueError):
+        try:
+            return socket.create_server(("0.0.0.0", port))
+        except OSError as error:
+            return _bind_failed(port, error)
 
 
 def _bind_failed(port, error):
@@ -59,10 +79,11 @@ def _bind_failed(port, error):
 
 
 def _answer(server, args):
+    """Count the nodes that came (each nonce once); anything else is refused unanswered."""
     deadline = time.monotonic() + args["seconds"]
-    accepted = 0
+    wanted, seen, refused = set(args["nonces"]), set(), 0
     watched = [server, sys.stdin] if args["stop_on_stdin"] else [server]
-    while accepted < args["expect"]:
+    while seen != wanted:
         left = deadline - time.monotonic()
         if left <= 0:
             break
@@ -75,12 +96,20 @@ def _answer(server, args):
             continue
         with peer:
             try:
+                peer.settimeout(NONCE_WAIT_S)
+                digest = hashlib.sha256(_read_line(peer, MAX_NONCE).encode()).hexdigest()
+            except OSError:      # silent for a second, or gone
+                digest = None
+            if digest not in wanted or digest in seen:
+                refused += 1
+                continue
+            try:
                 peer.sendall(args["token"].encode() + b"\n")
+                seen.add(digest)
                 _wait_for_close(peer)
             except OSError:
                 continue
-        accepted += 1
-    return accepted
+    return {"accepted": len(seen), "refused": refused}
 
 
 def _wait_for_close(peer):
@@ -97,17 +126,19 @@ def _wait_for_close(peer):
 def check(args):
     endpoint = None   # not asked for: nothing of ours listens (its port was taken)
     if args["connect"]:
-        endpoint = reach(args["host"], args["port"], args["token"], args["timeout"])
+        endpoint = reach(args["host"], args["port"], args["token"], args["timeout"],
+                         args["nonce"])
     return {"endpoint": endpoint,
             "shm": shm_size(),
             "interfaces": interfaces(),
             "gpus": query_gpus(only=tuple(args["gpus"]))}
 
 
-def reach(host, port, token, timeout):
+def reach(host, port, token, timeout, nonce):
     started = time.monotonic()
     try:
         with socket.create_connection((host, port), timeout=timeout) as connection:
+            connection.sendall(nonce.encode() + b"\n")
             answer = _read_line(connection, len(token) + 1)
     except socket.timeout:
         return _reached(False, "timed out after %gs" % timeout, started)

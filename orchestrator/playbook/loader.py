@@ -1,10 +1,13 @@
 """Loading and checking a playbook: every mistake is a ConfigError at file:line:col.
 
     name: dflash
-    extends: dflash.yaml          # optional: start from another playbook (vars merge,
-                                  # targets and steps replace when given)
+    extends: dflash.yaml          # optional: start from another playbook (vars and mcp
+                                  # vars merge, targets and steps replace when given)
     targets: [drafters]
     vars: {steps: 200, hang_after: 120}
+    mcp:                          # optional: what an MCP client (orch mcp's run_start) may
+      vars: [steps, hang_after]   # set: these vars, each a scalar; or {steps: integer,
+                                  # extra_args: list}; none without this section
     steps:
       - name: torch is patched
         patch: {action: apply}
@@ -28,15 +31,15 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from orchestrator.config.schema import check_keys, expect, expect_list_of
+from orchestrator.config.schema import check_keys, expect, expect_list_of, quoted
 from orchestrator.config.yamlsrc import Loc, Source, describe_path, load_yaml
 from orchestrator.ground.errors import ConfigError
-from orchestrator.playbook.model import BUILTIN_NAMES, Playbook, StepSpec
+from orchestrator.playbook.model import BUILTIN_NAMES, CLIENT_VAR_KINDS, Playbook, StepSpec
 from orchestrator.playbook.render import (Unknown, UnknownAtPlanTime, check_names, referenced_names,
                                           render, render_params)
 from orchestrator.playbook.steps import STEP_KINDS
 
-TOP_KEYS = ("name", "description", "extends", "targets", "vars", "steps")
+TOP_KEYS = ("name", "description", "extends", "targets", "vars", "mcp", "steps")
 COMMON_KEYS = ("name", "when", "register", "retries", "retry_delay", "timeout",
                "continue_on_error", "always")
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -85,7 +88,7 @@ def _load(path: str, seen: tuple) -> Playbook:
         section = data["vars"] if data["vars"] is not None else {}
         expect(source, ("vars",), section, dict)
         for key, value in section.items():
-            if not isinstance(key, str) or not NAME_PATTERN.match(key):
+            if not isinstance(key, str) or not NAME_PATTERN.fullmatch(key):
                 raise source.error(("vars", key), f"{key!r} is not a valid variable name "
                                                   "(letters, digits, '_'; not first a digit)", key=True)
             if key in BUILTIN_NAMES:
@@ -93,6 +96,10 @@ def _load(path: str, seen: tuple) -> Playbook:
                                    key=True)
             variables[key] = value
             var_locs[key] = root.child("vars").child(key)
+
+    client_vars = dict(parent.client_vars) if parent else {}   # they merge, as vars do
+    if "mcp" in data:
+        client_vars.update(_client_vars(source, data, variables))
 
     if "steps" in data:
         steps = _steps(source, data["steps"])
@@ -107,7 +114,39 @@ def _load(path: str, seen: tuple) -> Playbook:
     sources = ([*parent.sources] if parent else []) + [raw_bytes.decode("utf-8", "replace")]
     return Playbook(path=path, name=name, description=description, targets=targets,
                     targets_loc=targets_loc, vars=variables, var_locs=var_locs, steps=steps,
-                    sha256=digest.hexdigest(), sources=sources)
+                    sha256=digest.hexdigest(), sources=sources, client_vars=client_vars)
+
+
+def _client_vars(source: Source, data: dict, variables: dict) -> dict:
+    """`mcp: vars:` -> {name: kind}: a list of names (each a scalar), or a mapping of
+    names to kinds (scalar, string, integer, number, boolean, list). Each must be a var of
+    the playbook (its own or one it extends)."""
+    section = data["mcp"] if data["mcp"] is not None else {}
+    expect(source, ("mcp",), section, dict, "mcp")
+    check_keys(source, ("mcp",), section, ("vars",))
+    raw = section.get("vars")
+    raw = [] if raw is None else raw
+    if isinstance(raw, list):
+        expect_list_of(source, ("mcp", "vars"), raw, str)
+        declared = {name: ("scalar", ("mcp", "vars", index)) for index, name in enumerate(raw)}
+    else:
+        expect(source, ("mcp", "vars"), raw, dict, "mcp.vars (a list of names, or names: kinds)")
+        declared = {}
+        for name, kind in raw.items():
+            where = ("mcp", "vars", name)
+            kind = "scalar" if kind is None else kind
+            if not isinstance(kind, str) or kind not in CLIENT_VAR_KINDS:
+                raise source.error(where, f"mcp.vars.{name}: the kind must be one of "
+                                          f"{', '.join(CLIENT_VAR_KINDS)}, not {quoted(kind)}")
+            declared[name] = (kind, where)
+    for name, (_, where) in declared.items():
+        if name not in variables:
+            close = difflib.get_close_matches(str(name), sorted(variables), n=1)
+            raise source.error(where, f"mcp.vars names {quoted(name)}, which is not a var of "
+                                      "this playbook (an MCP client may set only vars the "
+                                      "playbook defines)", key=isinstance(raw, dict),
+                               hint=f"did you mean {close[0]!r}?" if close else "define it under vars:")
+    return {name: kind for name, (kind, _) in declared.items()}
 
 
 def _steps(source: Source, raw: Any) -> list[StepSpec]:
@@ -150,7 +189,7 @@ def _step(source: Source, index: int, item: Any) -> StepSpec:
     register = item.get("register")
     if register is not None:
         expect(source, path + ("register",), register, str)
-        if not NAME_PATTERN.match(register):
+        if not NAME_PATTERN.fullmatch(register):
             raise source.error(path + ("register",), f"register {register!r} is not a valid "
                                                      "variable name")
         if register in BUILTIN_NAMES:
@@ -266,14 +305,15 @@ def parse_extra_vars(items: Iterable[str]) -> dict:
         if item.startswith("@"):
             source = load_yaml(item[1:])
             expect(source, (), source.data, dict, f"the vars file {item[1:]}")
+            for key in source.data:
+                check_extra_name(key, f"{source.where((key,), key=True)}: the var")
             result.update(source.data)
             continue
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or not NAME_PATTERN.match(key):
-            raise ConfigError(f"-e {item!r}: expected NAME=VALUE (or @FILE.yaml)")
-        if key in BUILTIN_NAMES:
-            raise ConfigError(f"-e {item!r}: {key!r} is a built-in name")
+        if not sep:
+            raise ConfigError(f"-e {quoted(item, 80)}: expected NAME=VALUE (or @FILE.yaml)")
+        check_extra_name(key, f"-e {quoted(item, 80)}:")
         try:
             parsed = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
@@ -285,11 +325,26 @@ def parse_extra_vars(items: Iterable[str]) -> dict:
     return result
 
 
+def check_extra_name(name: Any, where: str) -> None:
+    """The one check of an extra var's name, whatever brought it (-e NAME=, -e @FILE, an MCP
+    client's vars): a valid name, and never a built-in one (remote_dir, state_dir, target,
+    run_id, ...: the engine's own facts about the run, which no var may replace)."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(f"{where} {quoted(name)} is not a valid variable name (letters, "
+                          "digits, '_'; not first a digit)")
+    if name in BUILTIN_NAMES:
+        raise ConfigError(f"{where} {name!r} is a built-in name (orch sets it for each run)",
+                          hint="built-in names: " + ", ".join(BUILTIN_NAMES))
+
+
 def normalize_extra_vars(extra_vars) -> dict:
-    """-e values: a list of "k=v" as typed (values read as YAML), or a dict already parsed."""
+    """-e values: a list of "k=v" as typed (values read as YAML), or a dict already parsed
+    (an MCP client's vars, nightly's), its names checked as -e checks them."""
     if extra_vars is None:
         return {}
     if isinstance(extra_vars, dict):
+        for key in extra_vars:
+            check_extra_name(key, "extra var")
         return dict(extra_vars)
     return parse_extra_vars(list(extra_vars))
 
@@ -298,4 +353,4 @@ def describe_step(spec: StepSpec) -> str:
     return f"step {spec.index + 1} ({spec.label()}) at {spec.loc.where()}"
 
 
-__all__ = ["load_playbook", "parse_extra_vars", "order_vars", "describe_path"]
+__all__ = ["load_playbook", "parse_extra_vars", "check_extra_name", "order_vars", "describe_path"]

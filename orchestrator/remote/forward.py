@@ -17,13 +17,23 @@ not a session (MaxSessions does not count it), but it needs the container's addr
 or that address: TensorBoard's and debugpy's 127.0.0.1 default is reachable only by the
 relay), and a host sshd that allows TCP forwarding (AllowTcpForwarding; a refused channel
 makes auto fall back to the relay for that port).
+
+Only the user's own account: a connection from a socket of this machine owned by another
+uid is closed at once, unanswered (the kernel's table of TCP sockets, /proc/net/tcp and
+tcp6, says whose the peer's socket is: its `uid` column). A loopback port is otherwise open
+to every account here, and what it reaches (a debugpy listener, a Jupyter) runs code in
+the container as its user. With a non-loopback --bind, connections from other machines are
+taken (that is what the bind asks for); other accounts here are still refused.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -99,21 +109,29 @@ VIAS = ("auto", "direct", "relay")
 WILDCARDS = ("0.0.0.0", "::")
 
 
-def choose_way(via: str, port: int, address: Optional[str], bound: list[str]) -> tuple[str, str]:
-    """("direct" | "relay", why) for one port: direct needs the container's address and a
-    listener bound to it or to a wildcard. --via direct without them is a BadArgument."""
+def choose_way(via: str, port: int, located, bound: list[str]) -> tuple[str, str]:
+    """("direct" | "relay", why) for one port: direct needs the container's address (a
+    targets.addresses.Located, or None) and a listener bound to it or to a wildcard. An
+    address only the container's own network reports (its root chooses it, and a direct
+    channel goes wherever it says, from the host) is used by --via direct alone. --via
+    direct without them is a BadArgument."""
+    address = located.address if located is not None else None
     reachable = [b for b in bound if b in WILDCARDS or (address is not None and b == address)]
     if via == "relay":
         return "relay", "--via relay"
     if address is None:
         why = "the container's address is unknown (no `address:` and no Proxmox API answer)"
+    elif via == "auto" and not located.trusted:
+        return "relay", (f"its address {address} comes from {located.source}, not from the "
+                         "inventory or its Proxmox config (--via direct would use it)")
     elif not bound:
         why = "nothing listens there yet"
     elif not reachable:
         why = (f"its server listens on {', '.join(bound)} only, reachable from inside the "
                "container alone")
     else:
-        return "direct", f"{address}:{port} through the host's SSH connection"
+        return "direct", (f"{address}:{port} (from {located.source}) through the host's SSH "
+                          "connection")
     if via == "direct":
         raise BadArgument(f"--via direct: port {port} cannot be reached directly: {why}",
                           hint="bind the server to 0.0.0.0 in the container, or use "
@@ -254,6 +272,12 @@ class Forwarder:
             return
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.stats.add("accepted", 1)
+        refusal = _other_account(client, peer, spec.bind)
+        if refusal:
+            self.stats.add("refused", 1)
+            self.say(f"refused a connection from {_peer(peer)}: {refusal}")
+            _close(client)
+            return
         if self.stats.active >= self.max_connections:
             self.stats.add("refused", 1)
             self.say(f"refused a connection from {_peer(peer)}: {self.max_connections} "
@@ -401,6 +425,69 @@ def _restated(error: OrchError, target: Target) -> OrchError:
         restated.why = error.why
         return restated
     return error
+
+
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def _other_account(client: socket.socket, peer, bind: str) -> Optional[str]:
+    """Why a connection may not be served (another account of this machine owns its
+    socket, or whose it is cannot be told on a loopback port), or None."""
+    try:
+        uid = peer_uid(client.getsockname(), peer)
+    except OSError:
+        uid = None
+    if uid is None:
+        if _is_loopback(bind):
+            return "no socket of this machine is it (it closed at once?): not served"
+        return None       # another machine: a non-loopback --bind asks for those
+    if uid != os.getuid():
+        return (f"its socket belongs to uid {uid}, not to you: orch forward serves your "
+                "own account only")
+    return None
+
+
+def peer_uid(ours, peer) -> Optional[int]:
+    """The uid owning the socket of this machine whose local end is `peer` and whose remote
+    end is `ours` (the accepted socket's own address), from the kernel's tables; None when
+    no socket of this machine (of this network namespace) is it."""
+    # the peer's line: its local end is the peer, its remote end us (in either table's form)
+    wanted = {(theirs, mine) for theirs in _table_address(peer) for mine in _table_address(ours)}
+    for table in TCP_TABLES:
+        try:
+            with open(table) as handle:
+                next(handle, None)                      # the header
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 7 and (fields[1], fields[2]) in wanted:
+                        return int(fields[7])
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _table_address(address) -> tuple:
+    """ADDRESS:PORT as /proc/net/tcp{,6} print it: the address's 32-bit words in host order
+    (little-endian here) as hex, the port as 4 hex digits; an IPv4 address both as itself
+    and IPv4-mapped (tcp6's form of it)."""
+    host, port = address[0], address[1]
+    ip = ipaddress.ip_address(host.split("%")[0])
+    if ip.version == 6 and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    forms = []
+    if ip.version == 4:
+        forms.append("%08X:%04X" % (struct.unpack("<I", ip.packed)[0], port))
+        ip = ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed)
+    words = struct.unpack("<4I", ip.packed)
+    forms.append("%08X%08X%08X%08X:%04X" % (*words, port))
+    return tuple(forms)
+
+
+def _is_loopback(bind: str) -> bool:
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        return bind == "localhost"
 
 
 def _quietly_close(channel) -> None:

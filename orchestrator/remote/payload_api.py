@@ -178,9 +178,10 @@ def collect_files(target: Target, path: str, *, name_contains: str = "tfevents",
 
 
 def file_read(target: Target, path: str, roots: list[str], offset: int = 0,
-              length: int = 64 << 10, timeout: float = READ_TIMEOUT) -> dict:
+              length: int = 64 << 10, timeout: float = READ_TIMEOUT, tail: bool = False) -> dict:
     """Bytes [offset, offset+length) of one regular file of target whose real path is inside
-    one of `roots` (checked there, on real paths: payloads/file_read.py). The result with
+    one of `roots` (checked there, on real paths: payloads/file_read.py); tail: its last
+    `length` bytes. The result with
     "data": the bytes, at most `length` whatever the container sends, their sha256 checked
     against the one computed where they were read (PayloadError kind "hash-mismatch")."""
     pieces: list[bytes] = []
@@ -198,7 +199,7 @@ def file_read(target: Target, path: str, roots: list[str], offset: int = 0,
         pieces.append(piece)
 
     result = run_payload(target, "file_read", {"path": path, "roots": list(roots),
-                                               "offset": offset, "length": length},
+                                               "offset": offset, "length": length, "tail": tail},
                          python=SYSTEM_PYTHON, timeout=timeout, on_event=collect)
     data = b"".join(pieces)
     if hashlib.sha256(data).hexdigest() != result.get("sha256"):
@@ -277,28 +278,30 @@ def bootstrap(target: Target, action: str, *, python: str = SYSTEM_PYTHON, timeo
 PREFLIGHT_TIMEOUT = 30.0
 
 
-def preflight_listener(target: Target, port: int, token: str, expect: int,
-                       seconds: float):
-    """The pre-flight's listener on `port` (the rendezvous node), on a channel of its own:
-    returns the process, whose stdout lines are events ("listening", then the result or
-    error). A line written to its stdin, or closing it, makes it let go of the port."""
-    args = {"action": "listen", "port": port, "token": token, "expect": expect,
-            "seconds": seconds, "stop_on_stdin": True}
+def preflight_listener(target: Target, host: str, port: int, token: str,
+                       nonce_hashes: Sequence[str], seconds: float):
+    """The pre-flight's listener on host:`port` (the rendezvous node), on a channel of its
+    own: returns the process, whose stdout lines are events ("listening", then the result or
+    error). A line written to its stdin, or closing it, makes it let go of the port. It
+    counts only connections that send one of the nodes' nonces (given as their sha256: its
+    argv gives none away)."""
+    args = {"action": "listen", "host": host, "port": port, "token": token,
+            "nonces": list(nonce_hashes), "seconds": seconds, "stop_on_stdin": True}
     # -c SOURCE: the payload must start without waiting for stdin's end
     return target.spawn([SYSTEM_PYTHON, "-u", "-c", compact_source("preflight"),
                          json.dumps(args)])
 
 
-def preflight_check(target: Target, host: str, port: int, token: str, *,
+def preflight_check(target: Target, host: str, port: int, token: str, *, nonce: str,
                     connect_timeout: float = 3.0, gpus: Sequence[int] = (),
                     connect: bool = True) -> dict:
-    """The pre-flight's measurements on one node: the endpoint reached (and answering with
-    token) unless not `connect`, /dev/shm's size, the interfaces, the GPUs (the preflight
-    payload's docstring)."""
-    args = {"action": "check", "host": host, "port": port, "token": token,
+    """The pre-flight's measurements on one node: the endpoint reached (sending the node's
+    nonce, answered with token) unless not `connect`, /dev/shm's size, the interfaces, the
+    GPUs (the preflight payload's docstring). The nonce travels on stdin, not in an argv."""
+    args = {"action": "check", "host": host, "port": port, "token": token, "nonce": nonce,
             "timeout": connect_timeout, "gpus": list(gpus), "connect": connect}
     return run_payload(target, "preflight", args, python=SYSTEM_PYTHON,
-                       timeout=PREFLIGHT_TIMEOUT + connect_timeout)
+                       timeout=PREFLIGHT_TIMEOUT + connect_timeout, args_on_stdin=True)
 
 
 # ------------------------------------------------------------------ detached runs

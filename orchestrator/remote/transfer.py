@@ -8,6 +8,12 @@ the receiver through a small bounded queue, so orch's memory does not grow with 
 of what is copied. Both ends compute every file's sha256 as it streams; the receiver
 compares them with the sender's manifest before it renames anything into place, and the
 controller compares the two tree digests once more.
+
+A pull's stream comes from the container, which may be hostile: the receiver takes only the
+top entry it asked for (the basename of the path pulled), writes modes under this user's
+umask without setuid, setgid or sticky bits (unless asked: special), and leaves a folder it
+merges into as it was. A push drops those bits too unless asked (the push step asks: its
+mode is the playbook's own).
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ import threading
 import time
 from typing import Callable, Optional
 
+from orchestrator.ground import paths
 from orchestrator.ground.errors import BadArgument, OrchError, PayloadError
 from orchestrator.payloads import compact_source
 from orchestrator.payloads._tarstream import (Receiver, TransferError, destination, measure,
-                                              send_frames, source_problem, tree_digest)
+                                              send_frames, source_problem, top_name, tree_digest)
 from orchestrator.remote.base import LineSplitter
 from orchestrator.remote.container import Target
 from orchestrator.remote.payload_api import SYSTEM_PYTHON, parse_event, payload_outcome
@@ -31,11 +38,12 @@ QUEUE_BYTES = 4 << 20    # a pull's output waiting for the receiver (more when o
 
 
 def cp_argv(action: str, path: str, recursive: bool = False,
-            last_bytes: Optional[int] = None) -> list[str]:
+            last_bytes: Optional[int] = None, special: bool = False) -> list[str]:
     """The container's end: the payload's source in argv (stdin carries the stream), -I -S
     as the reaper runs (stdlib only; PYTHON* variables and the current folder are not its)."""
     args = json.dumps({"action": action, "path": path, "recursive": recursive,
-                       **({"last_bytes": last_bytes} if last_bytes is not None else {})})
+                       **({"last_bytes": last_bytes} if last_bytes is not None else {}),
+                       **({"special": True} if special else {})})
     return [SYSTEM_PYTHON, "-I", "-S", "-c", compact_source("cp"), args]
 
 
@@ -53,10 +61,11 @@ def remote_path(target: Target, path: str) -> str:
 def push(target: Target, source: str, dest: str, *, recursive: bool = False,
          on_data: Optional[DataCallback] = None,
          on_size: Optional[Callable[[dict], None]] = None,
-         timeout: Optional[float] = None) -> dict:
+         timeout: Optional[float] = None, special: bool = False) -> dict:
     """Copy the local file or tree `source` to `dest` in target; returns what was written
     (files, dirs, links, bytes, digest, path, skipped, seconds). on_size gets the total
-    ({"bytes", "files"}) first, on_data every piece of file data as it is sent."""
+    ({"bytes", "files"}) first, on_data every piece of file data as it is sent. special:
+    keep setuid, setgid and sticky bits (dropped otherwise)."""
     problem = source_problem(source, recursive)
     if problem:
         raise BadArgument(str(problem))
@@ -71,7 +80,7 @@ def push(target: Target, source: str, dest: str, *, recursive: bool = False,
     stream = _GeneratorReader(send_frames(source, on_data=on_data, skipped=skipped, hashes=hashes))
     events: list = []
     splitter = LineSplitter(lambda line: _keep_event(events, line))
-    result = target.run(cp_argv("receive", remote_path(target, dest)), stdin=stream,
+    result = target.run(cp_argv("receive", remote_path(target, dest), special=special), stdin=stream,
                         timeout=timeout, on_stdout=splitter.feed, kill_on_close=True, bulk=True)
     splitter.flush()
     final = payload_outcome(target, "cp", SYSTEM_PYTHON, events[-1] if events else None, result)
@@ -82,14 +91,17 @@ def push(target: Target, source: str, dest: str, *, recursive: bool = False,
 def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
          on_data: Optional[DataCallback] = None,
          on_size: Optional[Callable[[dict], None]] = None,
-         timeout: Optional[float] = None, last_bytes: Optional[int] = None) -> dict:
+         timeout: Optional[float] = None, last_bytes: Optional[int] = None,
+         special: bool = False) -> dict:
     """Copy the file or tree `source` of target to the local `dest`; returns what was written.
     last_bytes: source is one file, and only its last last_bytes bytes are copied (`tail -c`,
-    verified as a whole copy is)."""
+    verified as a whole copy is). special: keep setuid, setgid and sticky bits."""
     _check_local_dest(dest)
     started = time.monotonic()
     pipe = _ChunkQueue()
-    receiver = Receiver(dest, on_data=on_data, on_size=on_size)
+    path = remote_path(target, source)
+    receiver = Receiver(dest, on_data=on_data, on_size=on_size, top=top_name(path),
+                        folders=recursive, umask=user_umask(), special=special)
     outcome: dict = {}
 
     def receive() -> None:
@@ -104,7 +116,7 @@ def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
     worker.start()
     result = None
     try:
-        result = target.run(cp_argv("send", remote_path(target, source), recursive, last_bytes),
+        result = target.run(cp_argv("send", path, recursive, last_bytes),
                             timeout=timeout, on_stdout=pipe.put, capture=False,
                             kill_on_close=True, bulk=True)
     except _ReceiverGone:
@@ -116,6 +128,22 @@ def pull(target: Target, source: str, dest: str, *, recursive: bool = False,
     if error is not None:
         raise _restated(target, error, result) from None
     return _summary(outcome["done"], [], started)
+
+
+def user_umask() -> int:
+    """The umask of the user orch runs for (not the 077 orch holds for its own files):
+    what a pulled file's mode is narrowed by, as cp and scp narrow it."""
+    mask = paths.user_umask()
+    if mask >= 0:
+        return mask
+    try:   # Linux 4.7+: read it without changing the process's (other threads create files)
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _restated(target: Target, error: BaseException, result) -> BaseException:

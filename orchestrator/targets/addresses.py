@@ -1,12 +1,21 @@
-"""Where the other nodes of a multi-node run reach a container: its address.
+"""Where the other nodes of a multi-node run reach a container, and where `orch forward
+--via direct` opens its channels: its address, and which source said so.
 
     container_address(fleet, target)                  # eth0's first IPv4, or the inventory's
     container_address(fleet, target, interface="ib0") # that interface's first IPv4
+    locate(fleet, target)                             # Located(address, source, trusted)
 
-Two sources, in this order:
+Three sources, in this order:
 1. the inventory: `address:` of the container (an IP literal or a DNS name), the user's
    word; it wins whatever interface is asked for, since it says where the node is reached;
-2. the Proxmox API: GET /nodes/NODE/lxc/VMID/interfaces (needs VM.Audit), asked of the
+2. the container's Proxmox config (GET /nodes/NODE/lxc/VMID/config): the `netN` whose
+   `name=` is the interface, when its `ip=` is an address (`IPv4/CIDR`; not `dhcp` or
+   `manual`): what the host's admin assigned (pve-container's netconf, PVE/LXC/Config.pm);
+3. the container's own network namespace, through the Proxmox API: GET
+   /nodes/NODE/lxc/VMID/interfaces (needs VM.Audit). Root in the container chooses what
+   that says (`ip addr add` of any address), so it is not trusted: `orch forward` goes
+   there directly only when asked to (--via direct), and says where the address came
+   from. Both API calls go to the
    host the container runs on, over the host's existing SSH connection (pvesh) or the
    HTTPS API when the inventory's `api:` says so. Its answer is PVE::LXC::get_interfaces':
    `ip --json a` of the CT's network namespace, one object per interface with
@@ -19,7 +28,8 @@ Neither giving one is an error that says what to add to the inventory.
 from __future__ import annotations
 
 import ipaddress
-from typing import Optional
+import re
+from typing import NamedTuple, Optional
 
 from orchestrator.ground.errors import ConfigError, OrchError
 from orchestrator.remote.container import Target
@@ -29,25 +39,67 @@ DEFAULT_INTERFACE = "eth0"   # a Proxmox CT's first network device (net0: name=e
 MAX_INTERFACES = 256         # a CT's answer is untrusted: bounded before it is read
 
 
+NET_KEYS = tuple(f"net{index}" for index in range(10))   # pve-container's MAX_LXC_NETWORKS
+FROM_INVENTORY = "the inventory"
+FROM_NAMESPACE = "the container's own network (its root sets it)"
+
+
 class NoAddress(ConfigError):
     """Neither the inventory nor the Proxmox API gives the container an address."""
 
 
+class Located(NamedTuple):
+    address: str
+    source: str          # FROM_INVENTORY, "its Proxmox config (net0)", FROM_NAMESPACE
+    trusted: bool        # not chosen by the container itself
+
+
 def container_address(fleet: Fleet, target: Target, interface: Optional[str] = None) -> str:
     """The address other containers reach `target` at (see the module docstring)."""
+    return locate(fleet, target, interface).address
+
+
+def locate(fleet: Fleet, target: Target, interface: Optional[str] = None) -> Located:
+    """The container's address and where it came from (see the module docstring)."""
     spec = fleet.inventory.containers.get(target.name)
     if spec is not None and spec.address:
-        return spec.address
+        return Located(spec.address, FROM_INVENTORY, True)
     if not target.vmid:
         raise NoAddress(f"{target.describe()} is a host, not a container: it has no "
                         "container address", hint=_hint(fleet, target))
     wanted = interface or DEFAULT_INTERFACE
+    client = fleet.proxmox(target.host.name)
     try:
-        interfaces = fleet.proxmox(target.host.name).interfaces(target.vmid)
+        configured = configured_address(client.config(target.vmid), wanted)
+        if configured is not None:
+            return configured
+        interfaces = client.interfaces(target.vmid)
     except OrchError as error:
         raise NoAddress(f"{target.describe()}: the Proxmox API could not tell its address: "
                         f"{error}", hint=_hint(fleet, target)) from None
-    return pick_address(interfaces, wanted, what=target.describe(), hint=_hint(fleet, target))
+    return Located(pick_address(interfaces, wanted, what=target.describe(),
+                                hint=_hint(fleet, target)), FROM_NAMESPACE, False)
+
+
+def configured_address(config, interface: str) -> Optional[Located]:
+    """The static IPv4 the config's netN named `interface` assigns (ip=A.B.C.D/N), or None
+    (no such netN, ip=dhcp or manual, anything malformed)."""
+    if not isinstance(config, dict):
+        return None
+    for key in NET_KEYS:
+        value = config.get(key)
+        if not isinstance(value, str) or len(value) > 4096:
+            continue
+        fields = dict(part.partition("=")[::2] for part in value.split(",") if "=" in part)
+        if fields.get("name") != interface:
+            continue
+        ip = re.fullmatch(r"(\d{1,3}(?:\.\d{1,3}){3})/\d{1,2}", fields.get("ip", ""))
+        try:
+            address = ipaddress.IPv4Address(ip.group(1)) if ip else None
+        except ValueError:
+            address = None
+        return Located(str(address), f"its Proxmox config ({key})", True) if address else None
+    return None
 
 
 def pick_address(interfaces, interface: str, *, what: str, hint: Optional[str] = None) -> str:

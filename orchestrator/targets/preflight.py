@@ -5,10 +5,11 @@
     print(render_preflight(rows)); failed = failures(rows)
 
 In seconds, concurrently per node (docs/design/multinode-preflight.md):
-- the rendezvous endpoint: a payload listens on its port in the first node (the node whose
-  address the endpoint is, by default) for the duration of the check, and every node's
-  payload connects to it and reads a one-time token back, so the answer is proven to be
-  ours; a port already taken there is its own error;
+- the rendezvous endpoint: a payload listens on its port and address in the first node
+  (the node whose address the endpoint is, by default) for the duration of the check, and
+  every node's payload connects to it, sends its own one-time nonce and reads a one-time
+  token back, so the answer is proven to be ours and only the nodes count as arrived; a
+  port already taken there is its own error;
 - the same torch version and FX thread-safety patch state everywhere (the fx_patch
   payload's `status`, the machinery `orch patch` uses); a mismatch names the nodes;
 - enough free GPUs (nvidia-smi; without it a CPU run gets a "no GPU check" note);
@@ -20,6 +21,7 @@ judging is here, in pure functions the unit tests call with the payloads' shapes
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections import Counter
@@ -71,12 +73,16 @@ def preflight(nodes: Sequence[Target], endpoint: tuple[str, int], *,
         raise BadArgument("a multi-node pre-flight needs at least one node")
     host, port = endpoint
     token = secrets.token_hex(8)
-    listener = _Listener(nodes[0], port, token, expect=len(nodes),
+    # one nonce a node: the listener counts a node once it sent its own, so connections of
+    # anything else on the way (a scanner, another account) take no node's place
+    nonces = {node.name: secrets.token_hex(16) for node in nodes}
+    listener = _Listener(nodes[0], host, port, token, nonces.values(),
                          seconds=LISTEN_READY_S + payload_api.PREFLIGHT_TIMEOUT + connect_timeout)
     try:
         listening = listener.start()
         measured = each_concurrently(list(nodes), lambda node: _measure(
-            node, host, port, token, connect_timeout, patch_set, connect=listening is None))
+            node, host, port, token, nonces[node.name], connect_timeout, patch_set,
+            connect=listening is None))
     finally:
         listener.stop()
     rows: list[PreflightRow] = []
@@ -99,14 +105,14 @@ def failures(rows: Sequence[PreflightRow]) -> list[PreflightRow]:
     return [row for row in rows if row.failed]
 
 
-def _measure(node: Target, host: str, port: int, token: str, connect_timeout: float,
-             patch_set: str, connect: bool) -> _Measured:
+def _measure(node: Target, host: str, port: int, token: str, nonce: str,
+             connect_timeout: float, patch_set: str, connect: bool) -> _Measured:
     """The node's measurements first (the listener waits for its connection; no connect
     when nothing of ours listens), then its torch's patch status."""
     return _Measured(
         check=_caught(lambda: payload_api.preflight_check(
-            node, host, port, token, connect_timeout=connect_timeout, gpus=node.gpus,
-            connect=connect)),
+            node, host, port, token, nonce=nonce, connect_timeout=connect_timeout,
+            gpus=node.gpus, connect=connect)),
         patch=_caught(lambda: payload_api.fx_patch(node, "status", patch_set=patch_set)))
 
 
@@ -120,16 +126,17 @@ def _caught(work):
 class _Listener:
     """The listener payload on the endpoint's node, on a channel of its own."""
 
-    def __init__(self, node: Target, port: int, token: str, expect: int, seconds: float):
-        self.node, self.port, self.token = node, port, token
-        self.expect, self.seconds = expect, seconds
+    def __init__(self, node: Target, host: str, port: int, token: str, nonces, seconds: float):
+        self.node, self.host, self.port, self.token = node, host, port, token
+        self.nonce_hashes = [hashlib.sha256(n.encode()).hexdigest() for n in nonces]
+        self.seconds = seconds
         self.process = None
 
     def start(self) -> Optional[PreflightRow]:
         """None once it listens; else the failure row (the port taken, no python)."""
         try:
-            self.process = payload_api.preflight_listener(self.node, self.port, self.token,
-                                                          self.expect, self.seconds)
+            self.process = payload_api.preflight_listener(
+                self.node, self.host, self.port, self.token, self.nonce_hashes, self.seconds)
             event = self._next_event(LISTEN_READY_S)
         except OrchError as error:
             return self._failed(str(error))

@@ -252,6 +252,11 @@ class ProxmoxClient:
         return typed(self._call(lambda: self.api.nodes(self.node()).lxc(vmid).status.current.get(),
                                 vmid))
 
+    def config(self, vmid: int):
+        """GET /nodes/NODE/lxc/VMID/config: the CT's configuration as the host keeps it
+        (netN: `name=eth0,bridge=vmbr0,hwaddr=...,ip=10.88.1.200/16,type=veth`)."""
+        return self._call(lambda: self.api.nodes(self.node()).lxc(vmid).config.get(), vmid)
+
     def interfaces(self, vmid: int):
         """GET /nodes/NODE/lxc/VMID/interfaces (needs VM.Audit): the CT's interfaces as
         PVE::LXC::get_interfaces reports them, or None for a stopped (or unknown) CT.

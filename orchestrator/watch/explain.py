@@ -115,10 +115,12 @@ def _remote_logs(target: Target, run_dir: str, ranks: bool) -> list[LogText]:
             files += sorted(line for line in found.text.splitlines() if line.strip())[:MAX_RANK_LOGS]
     out = []
     for path in files:
-        result = target.run(["tail", "-c", str(MAX_LOG_BYTES), "--", path], timeout=120)
-        if not result.ok:
+        try:   # inside the run's folder by real path: a log swapped for a link is not read
+            found = payload_api.file_read(target, path, [run_dir], length=MAX_LOG_BYTES,
+                                          timeout=120, tail=True)
+        except OrchError:
             continue
-        text = result.stdout.decode("utf-8", "replace")
+        text = found["data"].decode("utf-8", "replace")
         if path.endswith(".json"):
             text = error_file_traceback(text)
         out.append(LogText(f"{target.name}:{path}", text, rank_of(path)))

@@ -10,7 +10,10 @@ Proxmox template has its own root and little in it. A "real root" container is t
 
 The root is built by mmdebstrap from this machine's own apt sources (nothing here names a
 mirror): Debian 12, variant minbase, python3 and systemd-sysv and nothing else (no
-python3-venv, no pip, no ripgrep, no network tools). Its /etc/hostname is removed, or every
+python3-venv, no pip, no ripgrep, no network tools). Debian 11 (bullseye: glibc 2.31,
+Python 3.9, what an older fleet runs) the same way, from the same mirrors: when the
+machine's sources carry another release only, its suites are renamed for this one
+(bookworm, bookworm-updates, bookworm-security -> bullseye, ...) in copies of them. Its /etc/hostname is removed, or every
 container would call itself by the build machine's name. The container has no network
 device but loopback: nothing in it can reach a package source or the internet.
 """
@@ -21,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +60,9 @@ class Recipe:
 
 RECIPES = {
     "debian-12": Recipe("debian-12", "bookworm", ("python3", "systemd-sysv")),
+    "debian-11": Recipe("debian-11", "bullseye", ("python3", "systemd-sysv")),
 }
+SUITES_LINE = re.compile(r"^(Suites:|deb(?:-src)?\s+(?:\[[^\]]*\]\s+)?\S+)(.*)$", re.MULTILINE)
 
 
 def cache_dir() -> Path:
@@ -81,6 +87,43 @@ def machine_sources() -> list[Path]:
     return found
 
 
+def sources_for(chosen: Recipe) -> list[Path]:
+    """The apt sources mmdebstrap builds `chosen` from: the machine's own when they carry its
+    suite; else copies with the machine's release renamed to it (cached beside the roots)."""
+    sources = machine_sources()
+    if not sources or any(_carries(p.read_text(errors="replace"), chosen.suite) for p in sources):
+        return sources
+    copies = cache_dir() / f"sources-{chosen.suite}"
+    copies.mkdir(parents=True, exist_ok=True)
+    derived = []
+    for source in sources:
+        text = source.read_text(errors="replace")
+        release = _release(text)
+        if release is None:
+            continue
+        copy = copies / source.name
+        renamed = SUITES_LINE.sub(lambda m: m.group(1) + re.sub(
+            rf"\b{re.escape(release)}(?=[-\s]|$)", chosen.suite, m.group(2)), text)
+        if not copy.is_file() or copy.read_text() != renamed:
+            copy.write_text(renamed)
+        derived.append(copy)
+    return derived
+
+
+def _carries(text: str, suite: str) -> bool:
+    return any(re.search(rf"(^|\s){re.escape(suite)}(\s|$)", m.group(2))
+               for m in SUITES_LINE.finditer(text))
+
+
+def _release(text: str):
+    """The release a sources file names (its first suite without a -updates/-security)."""
+    for match in SUITES_LINE.finditer(text):
+        for suite in match.group(2).split():
+            if "-" not in suite and suite.isalpha():
+                return suite
+    return None
+
+
 def _has_entries(path: Path) -> bool:
     return any(line.strip() and not line.lstrip().startswith("#")
                for line in path.read_text(errors="replace").splitlines())
@@ -90,7 +133,7 @@ def tarball_path(distribution: str) -> Path:
     """Where the root of `distribution` is cached: named after the recipe and the machine's
     apt sources, so a change of either builds a new one."""
     chosen = recipe(distribution)
-    sources = machine_sources()
+    sources = sources_for(chosen)
     key = json.dumps({"argv": chosen.argv(Path("ROOT"), []),
                       "sources": [p.read_text(errors="replace") for p in sources]})
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -103,11 +146,11 @@ def ensure_tarball(distribution: str = DEFAULT_DISTRIBUTION, progress=None) -> P
     if target.is_file():
         return target
     chosen = recipe(distribution)
-    sources = machine_sources()
+    sources = sources_for(chosen)
     if not sources:
         raise SandboxError("this machine has no apt sources (/etc/apt/sources.list[.d]) to "
                            f"build the {distribution} root from")
-    if not any(chosen.suite in p.read_text(errors="replace") for p in sources):
+    if not any(_carries(p.read_text(errors="replace"), chosen.suite) for p in sources):
         raise SandboxError(f"this machine's apt sources ({', '.join(map(str, sources))}) do not "
                            f"carry {chosen.suite}: the {distribution} root is built from them")
     if not _which("mmdebstrap"):

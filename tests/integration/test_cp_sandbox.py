@@ -227,3 +227,27 @@ def test_a_group_push_reaches_every_container(sandbox, tmp_path):
         assert err.count("sha256 checked") == 4
     finally:
         run_measured(sandbox, "exec", "running", "--", "rm", "-f", folder)
+
+
+MALLORY = ["setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", "--"]
+
+
+def test_a_destination_folder_another_account_linked_elsewhere_is_refused(sandbox, ct, tmp_path):
+    """uid 4242 of the container turns the folder a push goes to into a link to root's
+    own folder: root's receiver once followed it (open by path) and wrote there."""
+    victim, mine = f"/root/victim-{secrets.token_hex(4)}", f"/tmp/m4242-{secrets.token_hex(4)}"
+    ct.run(["mkdir", "-m", "0700", victim], timeout=30).check()
+    ct.run(["mkdir", "-m", "0777", mine], timeout=30).check()
+    try:
+        ct.run([*MALLORY, "ln", "-s", victim, f"{mine}/drop"], timeout=30).check("planting as uid 4242")
+        (tmp_path / "payload.sh").write_text("#!/bin/sh\necho planted\n")
+        code, err, _ = run_measured(sandbox, "cp", str(tmp_path / "payload.sh"), f"sb1-200:{mine}/drop/")
+        assert code == 1 and "symbolic link of uid 4242, another account's" in err, err
+        assert ct.run(["ls", "-A", victim], timeout=30).check().text == ""
+        ct.run([*MALLORY, "rm", f"{mine}/drop"], timeout=30).check()
+        ct.run(["ln", "-s", victim, f"{mine}/drop"], timeout=30).check()   # root's own link
+        code, err, _ = run_measured(sandbox, "cp", str(tmp_path / "payload.sh"), f"sb1-200:{mine}/drop/")
+        assert code == 0, err
+        assert ct.run(["cat", f"{victim}/payload.sh"], timeout=30).check().text == "#!/bin/sh\necho planted\n"
+    finally:
+        ct.run(["rm", "-rf", victim, mine], timeout=30)

@@ -307,7 +307,7 @@ RELAYS = ("import os\nn = 0\nfor pid in filter(str.isdigit, os.listdir('/proc'))
 
 
 @pytest.mark.parametrize("web, way, relaying", [
-    ("0.0.0.0", "direct: 10.88.1.200:{port} through the host's SSH", "0"),
+    ("0.0.0.0", "direct: 10.88.1.200:{port} (from the inventory) through the host's SSH", "0"),
     ("127.0.0.1", "relay: its server listens on 127.0.0.1 only", "1"),
 ], indirect=["web"])
 def test_a_server_bound_to_any_address_goes_direct_with_no_relay_in_the_container(

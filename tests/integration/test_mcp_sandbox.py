@@ -24,6 +24,7 @@ from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
 from orchestrator.mcp.policy import READ_TOOLS  # noqa: E402
+from tests.fixtures.evil_sdist import attack_packages, make_evil_sdist  # noqa: E402
 from tests.integration.torch_seed import remove_venv, seed_torch_venv  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -239,7 +240,7 @@ def test_hosts_themselves_and_template_vars_are_refused_and_audited(hosts_invent
 
     async def scenario():
         async with serve(hosts_inventory, store, "--allow", "exec", "--allow", "write",
-                         "--allow-target", "sb1-200") as agent:
+                         "--allow-target", "sb1-200", "--allow-playbook", "playbooks") as agent:
             for tool, arguments in [("exec", {"target": "sb1", "argv": ["id"]}),
                                     ("grep_source", {"target": "sb1", "pattern": "x"}),
                                     ("fx_tls_status", {"target": "sb2"})]:
@@ -261,6 +262,45 @@ def test_hosts_themselves_and_template_vars_are_refused_and_audited(hosts_invent
         ("fx_tls_status", "sb2", "refused"), ("run_start", "sb1-200", "refused"),
         ("exec", "sb1-200", "ok"), ("exec", "sb1", "ok"), ("exec", "sb2", "refused")]
     assert rows[3]["arguments"]["vars"]["drafters"] == payload   # recorded as sent
+
+
+def test_write_on_one_container_neither_runs_code_nor_reads_files_on_the_controller(
+        inventory, store, tmp_path):
+    """The report's two doors, through the SDK's stdio client against `orch mcp` holding
+    write on sb1-200 only: dflash.yaml's packages as pip options (38c2ac6's controller built
+    the sdist in its own pip download: the canary was written), trainer_file naming a file
+    of the controller (pushed in, then read_file), and run_start on a private key (its
+    error echoed the key). Each is refused and audited as refused; no canary, no byte."""
+    canary = tmp_path / "canary"
+    make_evil_sdist(tmp_path / "sdists", canary)
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    secret = key.read_text()
+
+    async def scenario():
+        async with serve(inventory, store, "--allow", "write", "--allow", "exec",
+                         "--allow-target", "sb1-200", "--allow-playbook", "playbooks") as agent:
+            said = [await agent.error("run_start", playbook="dflash-sandbox.yaml", vars={
+                        "wheelhouse": str(tmp_path / "wh"),
+                        "packages": attack_packages(tmp_path / "sdists")}),
+                    await agent.error("run_start", playbook="dflash-sandbox.yaml",
+                                      vars={"trainer_file": str(key)}),
+                    await agent.error("run_start", playbook=str(key), targets=["sb1-200"])]
+            listed = await agent.ok("exec", target="sb1-200", argv=[
+                "sh", "-c", "grep -rl 'OPENSSH PRIVATE' /var/lib/orch/runs 2>/dev/null | wc -l"])
+            return said, listed
+    said, listed = asyncio.run(scenario())
+    assert "does not let an MCP client set 'wheelhouse'" in said[0]
+    assert "does not let an MCP client set 'trainer_file'" in said[1]
+    assert "is not a playbook of the folders" in said[2]
+    time.sleep(1)
+    assert not canary.exists() and not (tmp_path / "wh").exists()
+    body = "".join(line for line in secret.splitlines() if "PRIVATE" not in line)
+    everything = " ".join(said) + json.dumps(audit(store))
+    assert not any(body[at:at + 8] in everything for at in range(len(body) - 8))
+    assert listed["stdout"].strip() == "0"
+    rows = list(reversed(audit(store)))
+    assert [(r["tool"], r["outcome"]) for r in rows] == [("run_start", "refused")] * 3 + [("exec", "ok")]
 
 
 def test_a_large_output_pages_through_its_resource_link(inventory, store):
@@ -372,7 +412,7 @@ def test_agent_replay_of_the_seed_story(inventory, store, torch_venv_in_containe
     async def scenario():
         started = time.monotonic()
         async with serve(inventory, store, "--allow", "write", "--allow", "exec",
-                         "--allow-target", TORCH_TARGET) as agent:
+                         "--allow-target", TORCH_TARGET, "--allow-playbook", "playbooks") as agent:
             # 1. Where is the flag read? The definition, then the file around it.
             found = await agent.ok("grep_source", target=TORCH_TARGET, pattern="is_fx_symbolic_tracing",
                                    definition=True, show=True)

@@ -204,19 +204,18 @@ def inventory_without_addresses(sandbox, tmp_path, api: bool = False) -> Path:
 @pytest.mark.parametrize("backend", ["ssh", "https"])
 def test_container_address_asks_the_proxmox_api_when_the_inventory_has_none(
         sandbox, tmp_path, monkeypatch, backend):
-    from orchestrator.targets.addresses import NoAddress, container_address
+    from orchestrator.targets.addresses import Located, NoAddress, container_address, locate
     from orchestrator.targets.fleet import Fleet
 
     monkeypatch.setenv("ORCH_TEST_PVE_SECRET", sandbox.api_token_secret())
     path = inventory_without_addresses(sandbox, tmp_path, api=backend == "https")
     with Fleet.from_path(str(path)) as fleet:
         running, stopped = fleet.targets(["sb2-201", "sb2-202"])
-        assert container_address(fleet, running) == "10.88.2.201"
-        with pytest.raises(NoAddress, match="has no interface 'ib0' .*lists: eth0, lo"):
-            container_address(fleet, running, interface="ib0")
-        with pytest.raises(NoAddress, match="lists no interfaces .the container is not running") \
-                as caught:
-            container_address(fleet, stopped)
+        # the host's config (net0: ip=10.88.2.201/16) first, running or not
+        assert locate(fleet, running) == Located("10.88.2.201", "its Proxmox config (net0)", True)
+        assert container_address(fleet, stopped) == "10.88.2.202"
+        with pytest.raises(NoAddress, match="has no interface 'ib0' .*lists: eth0, lo") as caught:
+            container_address(fleet, running, interface="ib0")   # no net named ib0: asked of the CT
         assert "add `address: IP`" in caught.value.hint and str(path) in caught.value.hint
     with Fleet.from_path(str(sandbox.inventory_path)) as fleet:    # the inventory's own
         assert container_address(fleet, fleet.targets(["sb2-202"])[0]) == "10.88.2.202"

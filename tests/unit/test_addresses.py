@@ -10,7 +10,8 @@ from orchestrator.config.inventory import load_inventory
 from orchestrator.ground.errors import ExitCode
 from orchestrator.remote.base import Result, Transport
 from orchestrator.remote.container import Target
-from orchestrator.targets.addresses import NoAddress, container_address, pick_address
+from orchestrator.targets.addresses import (FROM_NAMESPACE, Located, NoAddress, container_address,
+                                            locate, pick_address)
 from orchestrator.targets.proxmox import ProxmoxClient
 
 # `pvesh get /nodes/pve1/lxc/200/interfaces --output-format json` of a running CT with a
@@ -41,16 +42,20 @@ containers:
 
 
 class FakePvesh(Transport):
-    """A host whose pvesh answers the interfaces path with `answer` (or fails with `error`)."""
+    """A host whose pvesh answers the interfaces path with `answer` and the config path with
+    `config` (or fails with `error`)."""
     name = "pve"
 
-    def __init__(self, answer=None, error=None):
+    def __init__(self, answer=None, error=None, config=None):
         self.answer, self.error, self.calls = answer, error, []
+        self.config = config if config is not None else {"hostname": "CT200"}
 
     def _run(self, argv, options):
         self.calls.append(argv)
         if self.error:
             return Result(argv, 255, b"", self.error.encode(), 0.0)
+        if argv[:3] == ["pvesh", "get", "/nodes/pve1/lxc/200/config"]:
+            return Result(argv, 0, json.dumps(self.config).encode() + b"\n", b"", 0.0)
         assert argv[:3] == ["pvesh", "get", "/nodes/pve1/lxc/200/interfaces"]
         return Result(argv, 0, json.dumps(self.answer).encode() + b"\n", b"", 0.0)
 
@@ -83,7 +88,28 @@ def test_the_inventory_address_wins_and_the_api_is_not_asked(tmp_path):
 def test_the_api_gives_eth0s_first_ipv4_not_the_deprecated_inet_field(tmp_path):
     host = FakePvesh(RUNNING)
     assert container_address(FakeFleet(tmp_path, host), target(host)) == "10.88.1.200"
-    assert host.calls[0][-2:] == ["--output-format", "json"]
+    assert host.calls[-1][-2:] == ["--output-format", "json"]
+
+
+NET0 = "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:58:01:C8,ip=10.88.1.77/16,gw=10.88.0.1,type=veth"
+
+
+def test_the_proxmox_config_wins_over_what_the_container_says_and_says_so(tmp_path):
+    """Root in a container sets its own addresses (`ip addr add`): the interfaces endpoint
+    reports them. The address the host's config assigns is the one to trust."""
+    host = FakePvesh(RUNNING, config={"net0": NET0, "net1": "name=ib0,bridge=vmbr1,ip=dhcp"})
+    fleet = FakeFleet(tmp_path, host)
+    assert locate(fleet, target(host)) == Located("10.88.1.77", "its Proxmox config (net0)", True)
+    assert [call[2] for call in host.calls] == ["/nodes/pve1/lxc/200/config"]
+    assert locate(fleet, target(host), "ib0") == Located("10.9.0.7", FROM_NAMESPACE, False)
+
+
+@pytest.mark.parametrize("net0", ["name=eth0,bridge=vmbr0,ip=dhcp", "name=eth0,ip=manual",
+                                  "name=eth1,ip=10.1.1.1/24", "name=eth0,ip=999.1.1.1/24",
+                                  "name=eth0,ip=10.1.1.1", "garbage", 42])
+def test_no_static_address_in_the_config_falls_back_to_the_containers_own_word(tmp_path, net0):
+    host = FakePvesh(RUNNING, config={"net0": net0})
+    assert locate(FakeFleet(tmp_path, host), target(host)) == Located("10.88.1.200", FROM_NAMESPACE, False)
 
 
 def test_a_named_interface_on_request(tmp_path):

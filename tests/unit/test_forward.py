@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.ground.errors import BadArgument, ConnectionLost, HostUnreachable
 from orchestrator.remote import forward
+from orchestrator.targets.addresses import FROM_NAMESPACE, Located
 from orchestrator.remote.base import Result, Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
@@ -210,6 +211,53 @@ def test_connections_beyond_the_limit_are_refused_and_the_others_go_on(started):
     assert [read_all(c) for c in held] == [b"done"] * 2
 
 
+CLIENT_AS = r"""
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20) as client:
+    client.sendall(b"import os; os.system('touch /tmp/pwned')\n")
+    client.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        try:
+            piece = client.recv(65536)
+        except ConnectionResetError:
+            break
+        if not piece:
+            break
+        data += piece
+print(len(data))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a client of another uid needs root to start")
+def test_another_account_of_this_machine_is_refused_unanswered(started):
+    """A loopback port is open to every account here: through the debugpy recipe, any of
+    them ran code in the trainer. Only the user's own uid is served now."""
+    server = Server(digest_of_input)
+    forwarder, [port] = started(local_target(), server.port)
+    # the system python: this venv's may be in a folder uid 65534 cannot enter
+    other = subprocess.run(["/usr/bin/python3", "-I", "-c", CLIENT_AS, str(port)], user=65534,
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() == "0"                  # nothing came back, nothing relayed
+    assert forwarder.stats.refused == 1 and forwarder.stats.bytes_in == 0
+    assert any("its socket belongs to uid 65534, not to you" in line for line in forwarder.said)
+    mine = subprocess.run([sys.executable, "-I", "-c", CLIENT_AS, str(port)],
+                          capture_output=True, text=True, timeout=60)
+    assert mine.stdout.strip() == "64"                  # our own account: served
+
+
+def test_the_kernels_table_names_the_peers_uid():
+    for host, family in (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)):
+        with socket.create_server((host, 0), family=family) as listener, \
+                socket.create_connection((host, listener.getsockname()[1])) as client:
+            accepted, peer = listener.accept()
+            with accepted:
+                assert forward.peer_uid(accepted.getsockname(), peer) == os.getuid()
+                assert forward.peer_uid(accepted.getsockname(), (host, 1)) is None
+            assert client
+
+
 def test_a_port_taken_here_is_a_bad_argument():
     taken = socket.create_server(("127.0.0.1", 0))
     try:
@@ -302,20 +350,35 @@ def test_bad_command_lines_exit_2(inventory, args, said):
 
 
 # -- direct or relay ------------------------------------------------------------------
-@pytest.mark.parametrize("address, bound, way", [
-    ("10.0.0.5", ["0.0.0.0"], "direct"), ("10.0.0.5", ["::"], "direct"),
-    ("10.0.0.5", ["10.0.0.5"], "direct"), ("10.0.0.5", ["127.0.0.1"], "relay"),
-    ("10.0.0.5", ["::1"], "relay"), (None, ["0.0.0.0"], "relay"), ("10.0.0.5", [], "relay"),
+CONFIGURED = Located("10.0.0.5", "its Proxmox config (net0)", True)
+ITS_OWN = Located("10.0.0.5", FROM_NAMESPACE, False)
+
+
+@pytest.mark.parametrize("located, bound, way", [
+    (CONFIGURED, ["0.0.0.0"], "direct"), (CONFIGURED, ["::"], "direct"),
+    (CONFIGURED, ["10.0.0.5"], "direct"), (CONFIGURED, ["127.0.0.1"], "relay"),
+    (CONFIGURED, ["::1"], "relay"), (None, ["0.0.0.0"], "relay"), (CONFIGURED, [], "relay"),
+    (ITS_OWN, ["0.0.0.0"], "relay"),
 ])
-def test_auto_goes_direct_only_to_a_known_address_with_a_listener_bound_to_it(address, bound, way):
-    assert forward.choose_way("auto", 6006, address, bound)[0] == way
-    assert forward.choose_way("relay", 6006, address, bound)[0] == "relay"
+def test_auto_goes_direct_only_to_a_known_address_with_a_listener_bound_to_it(located, bound, way):
+    assert forward.choose_way("auto", 6006, located, bound)[0] == way
+    assert forward.choose_way("relay", 6006, located, bound)[0] == "relay"
+
+
+def test_the_way_says_where_the_address_came_from():
+    way, why = forward.choose_way("auto", 6006, CONFIGURED, ["0.0.0.0"])
+    assert way == "direct" and why == ("10.0.0.5:6006 (from its Proxmox config (net0)) through "
+                                       "the host's SSH connection")
+    way, why = forward.choose_way("auto", 6006, ITS_OWN, ["0.0.0.0"])
+    assert way == "relay" and "comes from the container's own network" in why
+    way, why = forward.choose_way("direct", 6006, ITS_OWN, ["0.0.0.0"])   # asked for: used, and said
+    assert way == "direct" and "(from the container's own network (its root sets it))" in why
 
 
 def test_via_direct_to_a_loopback_listener_says_why_it_cannot():
     with pytest.raises(BadArgument, match="port 6006 cannot be reached directly: its server "
                                           "listens on 127.0.0.1 only"):
-        forward.choose_way("direct", 6006, "10.0.0.5", ["127.0.0.1"])
+        forward.choose_way("direct", 6006, CONFIGURED, ["127.0.0.1"])
 
 
 class FakeChannel:

@@ -92,6 +92,25 @@ def test_a_container_address_is_an_ip_literal_or_a_host_name(tmp_path):
         "10.88.1.200", "fd00::5", "node-3.lab.example", None]
 
 
+@pytest.mark.parametrize("name", ["pve:200\n", "pve:201\n", "pve\n"])
+def test_a_target_with_a_trailing_newline_is_no_target(tmp_path, name):
+    """`$` matches before a final newline: `pve:200\n` once resolved, as a target whose name
+    (and so its records and messages) held a newline."""
+    inventory = load_inventory(write(tmp_path, GOOD))
+    with pytest.raises(ConfigError, match="unknown target"):
+        inventory.resolve([name])
+
+
+@pytest.mark.parametrize("text", [
+    "hosts:\n  pve: {address: a}\ncontainers:\n  c: {host: pve, vmid: \"200\\n\"}\n",
+    "hosts:\n  pve: {address: a}\ncontainers:\n  c: {host: pve, address: \"a.example\\n\"}\n",
+    "hosts:\n  \"pve\\n\": {address: a}\n",
+])
+def test_a_trailing_newline_in_an_inventory_value_is_refused(tmp_path, text):
+    with pytest.raises(ConfigError):
+        load_inventory(write(tmp_path, text))
+
+
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_inventory(str(tmp_path / "absent.yaml"))

@@ -132,3 +132,28 @@ def test_the_file_is_replaced_whole_each_night(playbook, tmp_path):
                if name == "orch_nightly_throughput_tokens_per_second"}
     assert metrics == {"total", "d0", "d1"}           # last night's d2 is gone with its file
     assert textfile.textfile_path("/x", "a-b") == "/x/orch_nightly_a_b.prom"
+
+
+def test_a_link_planted_at_a_guessable_temporary_name_is_never_written_through(playbook, tmp_path,
+                                                                              monkeypatch):
+    """prometheus-client's write_to_textfile opened PATH.PID.THREAD with a plain open: a link
+    another account planted there (the folder is node_exporter's, often shared) received the
+    night's text, as orch's user, and was then renamed into place."""
+    import threading
+    prom, victim = tmp_path / "prom", tmp_path / "victim"
+    prom.mkdir()
+    victim.write_text("untouched\n")
+    path = textfile.textfile_path(str(prom), playbook_key(playbook))
+    planted = f"{path}.{os.getpid()}.{threading.current_thread().ident}"
+    os.symlink(victim, planted)
+
+    def no_umask(_mask):
+        raise AssertionError("the process's umask changed (every thread's files with it)")
+    monkeypatch.setattr(os, "umask", no_umask)
+    written = textfile.write(str(prom), playbook_key(playbook),
+                             {"status": "ok", "exit_code": 0, "runs": [1]})
+    assert victim.read_text() == "untouched\n"
+    assert written == path and not os.path.islink(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert value(parse(path), "orch_nightly_exit_code", playbook=playbook_key(playbook)) == 0
+    assert sorted(os.listdir(prom)) == sorted([os.path.basename(path), os.path.basename(planted)])

@@ -553,3 +553,42 @@ def test_the_version_is_torch_dunder_version_from_version_py(fake):
     assert fake.patch("status").expect_result()["torch_version"] == "2.8.0+cu128"
     assert fake.python("import torch.version; print(torch.version.__version__)").strip() \
         == "2.8.0+cu128"
+
+
+WRITER_AMONG_READERS = r"""
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+os.environ["ORCH_FX_PATCH_LOCK_WAIT"] = "3"
+from _fx_files import TreeBusy, lock_torch_tree
+site, stop = sys.argv[2], threading.Event()
+
+def reader(delay):
+    time.sleep(delay)
+    while not stop.is_set():        # status calls that keep arriving, each overlapping the next
+        fd = lock_torch_tree(site, exclusive=False)
+        time.sleep(0.3)
+        os.close(fd)
+
+threads = [threading.Thread(target=reader, args=(d,), daemon=True) for d in (0, 0.15)]
+for t in threads:
+    t.start()
+time.sleep(0.5)
+started = time.monotonic()
+try:
+    fd = lock_torch_tree(site, exclusive=True)
+    print("writer got the tree after %.2f s" % (time.monotonic() - started))
+    os.close(fd)
+except TreeBusy:
+    print("writer starved")
+stop.set()
+"""
+
+
+def test_readers_that_keep_coming_cannot_starve_a_writer(fake):
+    """Two status calls always overlapping: a shared lock is never free, so an apply that
+    waits for the exclusive one alone waited its 3 s and gave up (busy)."""
+    out = subprocess.run([sys.executable, "-c", WRITER_AMONG_READERS, str(PAYLOADS),
+                          str(fake.site)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("writer got the tree after"), out.stdout
+    assert float(out.stdout.split()[-2]) < 1.0

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from orchestrator.cli.app import main
 from orchestrator.ground.errors import ConfigError
-from orchestrator.playbook.loader import load_playbook, parse_extra_vars
+from orchestrator.playbook.loader import load_playbook, normalize_extra_vars, parse_extra_vars
 
 GOOD = """\
 name: demo
@@ -98,6 +98,17 @@ MISTAKES = [
                  "4:24: steps[0].continue_on_error must be true or false", id="bool-type"),
     pytest.param("name: x\nvars:\n  target: 3\nsteps:\n  - shell: [a]\n",
                  "3:3: 'target' is a built-in name", id="builtin-var"),
+    pytest.param("name: x\nvars: {steps: 1}\nmcp:\n  vars: [steps, stepz]\nsteps:\n  - shell: [a]\n",
+                 "4:17: mcp.vars names 'stepz', which is not a var of this playbook",
+                 id="mcp-unknown-var"),
+    pytest.param("name: x\nvars: {steps: 1}\nmcp:\n  vars: {steps: int}\nsteps:\n  - shell: [a]\n",
+                 "4:17: mcp.vars.steps: the kind must be one of scalar, string, integer",
+                 id="mcp-bad-kind"),
+    pytest.param("name: x\nvars: {steps: 1}\nmcp:\n  var: [steps]\nsteps:\n  - shell: [a]\n",
+                 "4:3: unknown key 'var' in mcp", id="mcp-unknown-key"),
+    pytest.param("name: x\nvars: {steps: 1}\nmcp:\n  vars: steps\nsteps:\n  - shell: [a]\n",
+                 "4:9: mcp.vars (a list of names, or names: kinds) must be a mapping",
+                 id="mcp-vars-not-list"),
 ]
 
 
@@ -163,6 +174,32 @@ def test_parse_extra_vars():
         parse_extra_vars(["novalue"])
     with pytest.raises(ConfigError):
         parse_extra_vars(["run_id=3"])
+
+
+@pytest.mark.parametrize("name", ["remote_dir", "state_dir", "target", "run_id"])
+def test_every_source_of_extra_vars_refuses_built_in_names(tmp_path, name):
+    """-e NAME=, -e @FILE and an already parsed dict (an MCP client's vars, nightly's) go
+    through one check: a built-in name is refused, whichever brought it."""
+    (tmp_path / "vars.yaml").write_text(f"fine: 1\n{name}: /tmp/elsewhere\n")
+    for given in ([f"{name}=/tmp/elsewhere"], [f"@{tmp_path / 'vars.yaml'}"]):
+        with pytest.raises(ConfigError, match=f"'{name}' is a built-in name"):
+            normalize_extra_vars(given)
+    with pytest.raises(ConfigError, match=f"vars.yaml:2:1: the var '{name}' is a built-in name"):
+        parse_extra_vars([f"@{tmp_path / 'vars.yaml'}"])
+    with pytest.raises(ConfigError, match=f"extra var '{name}' is a built-in name"):
+        normalize_extra_vars({name: "/tmp/elsewhere"})
+    with pytest.raises(ConfigError, match="is not a valid variable name"):
+        normalize_extra_vars({"two words": 1})
+
+
+def test_mcp_vars_merge_through_extends(tmp_path):
+    write(tmp_path, "name: base\nvars: {x: 1, y: 2}\nmcp:\n  vars: [x]\nsteps:\n  - shell: [a]\n",
+          "base.yaml")
+    child = write(tmp_path, "extends: base.yaml\nvars: {z: 3}\nmcp:\n  vars: {z: integer}\n",
+                  "child.yaml")
+    assert load_playbook(child).client_vars == {"x": "scalar", "z": "integer"}
+    bare = write(tmp_path, "extends: base.yaml\n", "bare.yaml")
+    assert load_playbook(bare).client_vars == {"x": "scalar"}
 
 
 def test_repo_playbooks_validate():

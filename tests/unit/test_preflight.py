@@ -2,6 +2,7 @@
 connections on localhost), the judging with the payloads' shapes, and preflight() over fake
 nodes. The sandbox test runs it across two sandbox hosts."""
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -20,9 +21,16 @@ GIB = 1 << 30
 
 # --- the payload, for real, on this machine ---------------------------------------------------
 
-def start_listener(port: int, token: str = "t0k", expect: int = 5) -> subprocess.Popen:
-    args = {"action": "listen", "port": port, "token": token, "expect": expect,
-            "seconds": 20, "stop_on_stdin": True}
+NONCES = [f"nonce-{i}" for i in range(5)]
+
+
+def hashed(nonces):
+    return [hashlib.sha256(n.encode()).hexdigest() for n in nonces]
+
+
+def start_listener(port: int, token: str = "t0k", nonces=NONCES, host=None) -> subprocess.Popen:
+    args = {"action": "listen", "port": port, "token": token, "nonces": hashed(nonces),
+            "host": host, "seconds": 20, "stop_on_stdin": True}
     process = subprocess.Popen([sys.executable, "-u", str(PAYLOADS / "preflight.py"),
                                 json.dumps(args)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
@@ -36,9 +44,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def check(port: int, token: str = "t0k", timeout: float = 2.0):
+def check(port: int, token: str = "t0k", timeout: float = 2.0, nonce: str = NONCES[0],
+          host: str = "127.0.0.1"):
     return run_payload(sys.executable, "preflight", {
-        "action": "check", "host": "127.0.0.1", "port": port, "token": token,
+        "action": "check", "host": host, "port": port, "token": token, "nonce": nonce,
         "timeout": timeout}, timeout=30).expect_result()
 
 
@@ -48,23 +57,60 @@ def test_the_payload_listens_answers_with_the_token_and_lets_go_on_stdin():
     try:
         result = check(port)
         assert result["endpoint"]["ok"] is True and result["endpoint"]["error"] is None
-        assert check(port, token="another")["endpoint"]["error"] == \
+        assert check(port, token="another", nonce=NONCES[1])["endpoint"]["error"] == \
             "something else answers on that port"
         assert "lo" in result["interfaces"]
         assert result["shm"]["path"] == "/dev/shm" and result["shm"]["total_bytes"] > 0
         out, _ = listener.communicate("stop\n", timeout=10)
     finally:
         listener.kill()
-    assert json.loads(out.splitlines()[-1]) == {"event": "result", "accepted": 2}
+    assert json.loads(out.splitlines()[-1]) == {"event": "result", "accepted": 2, "refused": 0}
     with socket.socket() as again:        # the port is free once it has stopped
         again.bind(("", port))
+
+
+def test_connections_without_a_nodes_nonce_take_no_nodes_place():
+    """Whoever connects first (a scanner, another account) once took the listener's slots
+    (it answered every connection, counting to the number of nodes) and the nodes that came
+    next found the port closed. Now only a node's own nonce counts, once; others get nothing."""
+    port = free_port()
+    listener = start_listener(port, nonces=NONCES[:2])
+    try:
+        for said in (b"", b"guess\n", b"x" * 4096):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as intruder:
+                try:
+                    intruder.sendall(said)
+                    answer = intruder.recv(64)
+                except OSError:                           # reset: the listener closed on it
+                    answer = b""
+                assert answer == b""                      # no token for it
+        assert check(port, nonce=NONCES[0])["endpoint"]["ok"] is True
+        assert check(port, nonce=NONCES[0])["endpoint"]["ok"] is False   # used: not twice
+        assert check(port, nonce=NONCES[1])["endpoint"]["ok"] is True
+        out, _ = listener.communicate(timeout=10)         # every node came: it ended
+    finally:
+        listener.kill()
+    assert json.loads(out.splitlines()[-1]) == {"event": "result", "accepted": 2, "refused": 4}
+
+
+def test_the_listener_binds_the_endpoints_address():
+    port = free_port()
+    listener = start_listener(port, host="127.0.0.1")
+    try:
+        assert check(port, host="127.0.0.2", nonce=NONCES[0])["endpoint"]["error"] == \
+            "Connection refused"                         # another address of this machine
+        assert check(port, host="127.0.0.1", nonce=NONCES[0])["endpoint"]["ok"] is True
+        listener.communicate("stop\n", timeout=10)
+    finally:
+        listener.kill()
 
 
 def test_a_taken_port_is_its_own_error_and_a_closed_one_is_refused():
     with socket.create_server(("", 0)) as taken:
         port = taken.getsockname()[1]
         failed = run_payload(sys.executable, "preflight", {
-            "action": "listen", "port": port, "token": "x"}).expect_error("port-taken")
+            "action": "listen", "port": port, "token": "x", "nonces": hashed(NONCES)}
+        ).expect_error("port-taken")
         assert failed["message"] == f"port {port} is already in use in this container"
     closed = check(free_port())["endpoint"]
     assert closed["ok"] is False and closed["error"] == "Connection refused"
@@ -185,8 +231,9 @@ def fakes(monkeypatch):
                                        '{"event": "result", "accepted": 2}']),
              "reach": {}, "torch": {}, "calls": []}
 
-    def check(node, host, port, token, connect_timeout, gpus, connect):
+    def check(node, host, port, token, nonce, connect_timeout, gpus, connect):
         state["calls"].append((node.name, host, port, connect_timeout, connect))
+        state.setdefault("nonces", {})[node.name] = nonce
         return {"event": "result", "endpoint": state["reach"].get(node.name, {"ok": True, "seconds": 0.01}),
                 "shm": {"path": "/dev/shm", "total_bytes": 4 * GIB, "free_bytes": 4 * GIB},
                 "interfaces": ["eth0", "lo"], "gpus": None}

@@ -40,6 +40,25 @@ def test_the_root_cache_is_named_after_the_recipe_and_the_machine_sources(tmp_pa
         roots.tarball_path("plan9")
 
 
+def test_an_older_release_is_built_from_the_same_mirrors_with_its_suites_renamed(tmp_path, monkeypatch):
+    monkeypatch.setenv(roots.CACHE_ENV, str(tmp_path / "cache"))
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text("Types: deb\nURIs: http://deb.debian.org/debian\n"
+                      "Suites: bookworm bookworm-updates\nComponents: main\n\n"
+                      "Types: deb\nURIs: http://deb.debian.org/debian-security\n"
+                      "Suites: bookworm-security\nComponents: main\n")
+    one_line = tmp_path / "extra.list"
+    one_line.write_text("deb [arch=amd64] http://mirror.example/debian bookworm main contrib\n")
+    monkeypatch.setattr(roots, "machine_sources", lambda: [deb822, one_line])
+    assert roots.sources_for(roots.recipe("debian-12")) == [deb822, one_line]
+    derived = roots.sources_for(roots.recipe("debian-11"))
+    texts = [path.read_text() for path in derived]
+    assert "Suites: bullseye bullseye-updates\n" in texts[0] and "Suites: bullseye-security\n" in texts[0]
+    assert "http://deb.debian.org/debian\n" in texts[0] and "bookworm" not in texts[0]
+    assert texts[1] == "deb [arch=amd64] http://mirror.example/debian bullseye main contrib\n"
+    assert roots.tarball_path("debian-11").name.startswith("debian-11-")
+
+
 def test_a_bind_mounted_container_starts_with_its_loopback_up(tmp_path):
     """A real CT's init brings `lo` up; the sandbox's containers run orch-ct-init first, which
     does the same (checked here in a fresh network namespace, where lo starts down)."""

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from orchestrator.watch import stacks, stacktool
-from tests.pystackenv import pystack_venv
+from tests.pystackenv import pystack_venv, pystack_wheelhouse
 
 DEADLOCK = textwrap.dedent('''
     import threading, time
@@ -168,6 +168,41 @@ def test_a_venv_without_pystack_gets_it_from_orchs_cache_downloaded_for_its_pyth
     assert f"downloading {stacktool.PIN} for cpython" in out.stderr
     [wheel] = os.listdir(tmp_path / ".cache" / "orch" / "tool-wheels")
     assert wheel.startswith("pystack-1.7.2-") and wheel[:-4] in json.loads(out.stdout)[0]["tool"]
+
+
+def test_a_cached_pystack_wheel_with_other_bytes_is_never_carried(hung, tmp_path):
+    """orch's cache held whatever landed there (a wheel downloaded without a hash, or put
+    there later): it was pushed into the target and run there as root. Its name is one of
+    pystack 1.7.2's and its bytes are not: refused before anything is pushed."""
+    inventory = tmp_path / "inventory.yaml"
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    inventory.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
+                         f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
+    cache = tmp_path / ".cache" / "orch" / "tool-wheels"
+    cache.mkdir(parents=True)
+    good = os.path.join(pystack_wheelhouse(), os.listdir(pystack_wheelhouse())[0])
+    planted = cache / os.path.basename(good)
+    planted.write_bytes(open(good, "rb").read() + b"\0")      # one byte more
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", str(inventory),
+                          "stacks", "--pid", str(hung.pid), "-t", "dev", "--json"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert "refused to carry" in out.stderr and "is not the one PyPI publishes for it" in out.stderr
+    assert "Traceback" not in out.stderr and out.returncode == 1, out.stderr
+    assert "carrying" not in out.stderr                        # nothing pushed
+    assert stacktool.PINNED_SHA256[os.path.basename(good)] == stacktool.file_sha256(good)
+
+
+def test_the_download_is_in_pips_hash_checking_mode():
+    from orchestrator.remote.wheels import Platform
+    argv = stacktool.download_argv("/cache", Platform("cpython", (3, 11), "x86_64", "glibc", (2, 36)),
+                                   requirements="/tmp/r.txt")
+    assert argv[-3:] == ["--require-hashes", "-r", "/tmp/r.txt"]
+    lines = stacktool.hashed_requirements().split("\n")
+    assert lines[0] == "pystack==1.7.2 \\" and len([l for l in lines if "--hash=sha256:" in l]) == 21
+    assert stacktool.download_argv("/c", Platform("cpython", (3, 11), "x86_64", "glibc", (2, 36)))[-2:] \
+        == ["--", "pystack==1.7.2"]
 
 
 def test_a_thread_that_died_holding_the_lock_is_named_from_the_runs_log(venv, tmp_path, monkeypatch):

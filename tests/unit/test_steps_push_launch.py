@@ -126,6 +126,41 @@ def test_push_template_error_and_missing_rendered_src_fail_the_step(tmp_path):
     assert record.steps[0].message.startswith("push: missing.j2 not found (looked in ")
 
 
+@pytest.mark.parametrize("src", ["{secret}", "../id_ed25519", "inside/../../id_ed25519", "link.txt"])
+def test_a_src_from_a_variable_stays_inside_the_playbooks_folder(tmp_path, src):
+    """An MCP client's (or -e) trainer_file once pushed any file of the controller into the
+    container, where read_file returned it."""
+    project, secret = tmp_path / "project", tmp_path / "id_ed25519"
+    (project / "inside").mkdir(parents=True)
+    secret.write_text("PRIVATE KEY\n")
+    (project / "link.txt").symlink_to(secret)
+    h = harness(project, PUSH.replace("template: true", "template: false"),
+                extra_vars={"file": src.format(secret=secret)})
+    root = _container(tmp_path)
+    h.host.on(lambda argv, stdin: "orch-sha" in argv, Reply(stdout=b""))
+    h.host.on_argv(["mkdir", "-p", "/srv/app"])
+    h.host.on_cp(root)
+    record = h.record()
+    assert not (root / "srv" / "app" / "hello.txt").exists() and _puts(h.host) == []
+    assert record.steps[0].status == "failed"
+    assert "comes from a variable and leads out of the playbook's folder" in record.steps[0].message
+
+
+def test_a_src_the_playbook_writes_itself_may_be_anywhere(tmp_path):
+    project, elsewhere = tmp_path / "project", tmp_path / "shared.txt"
+    project.mkdir()
+    elsewhere.write_text("shared\n")
+    root = _container(tmp_path)
+    for playbook in (PUSH.replace('"{{ file }}"', f'"{elsewhere}"'),            # in the step
+                     PUSH.replace("{greeting: world}", f"{{greeting: world, file: '{elsewhere}'}}")):
+        h = harness(project, playbook)
+        h.host.on(lambda argv, stdin: "orch-sha" in argv, Reply(stdout=b""))
+        h.host.on_argv(["mkdir", "-p", "/srv/app"])
+        h.host.on_cp(root)
+        assert h.record().steps[0].status == "changed"
+        assert (root / "srv" / "app" / "hello.txt").read_text() == "shared\n"
+
+
 def test_push_literal_src_missing_is_a_load_error_at_its_line(tmp_path):
     with pytest.raises(ConfigError) as error:
         harness(tmp_path, "name: t\nsteps:\n  - push: {src: gone.txt, dest: /x}\n")

@@ -303,7 +303,7 @@ def test_a_member_whose_folder_the_stream_never_sent_is_a_damaged_stream(tmp_pat
 def test_a_manifest_inside_a_files_data_is_a_damaged_stream(tmp_path):
     whole = tar_stream([entry("big.bin", data=os.urandom(5000))]).getvalue()
     raw = _tar_bytes(whole)[:512 + 2048]   # the header and part of the data, then M
-    with pytest.raises(TransferError, match="the tar ends early") as raised:
+    with pytest.raises(TransferError, match="the manifest came before the tar's end") as raised:
         Receiver(str(tmp_path)).receive(framed(raw, {}).read)
     assert raised.value.kind == "bad-stream" and os.listdir(tmp_path) == []
 
@@ -321,7 +321,7 @@ def test_a_file_that_changes_while_it_is_read_is_the_senders_error(tmp_path, mon
     path.write_bytes(b"1" * 10)
     seen = os.stat(path)                     # the size its tar header says
     path.write_bytes(now)
-    monkeypatch.setattr(tarstream, "walk", lambda _: iter([("changes", str(path), seen)]))
+    monkeypatch.setattr(tarstream, "walk", lambda _: iter([("changes", str(path), None, str(path), seen)]))
     with pytest.raises(TransferError, match=said):
         Receiver(str(tmp_path / "out")).receive(stream_of(path).read)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

@@ -44,11 +44,13 @@ PROGRESS_AFTER_S = 1.0   # a transfer shorter than this shows no progress line
 @click.option("-r", "--recursive", is_flag=True, help="Copy folders, with everything in them.")
 @click.option("--timeout", type=float, default=None, metavar="SECONDS",
               help="Give up after this long (default: no limit; a dead link is noticed anyway).")
+@click.option("--preserve-special", "special", is_flag=True,
+              help="Keep setuid, setgid and sticky bits (dropped by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was copied as JSON.")
 @click.argument("source")
 @click.argument("dest")
 @pass_app
-def cp_command(app, source, dest, recursive, timeout, as_json):
+def cp_command(app, source, dest, recursive, timeout, special, as_json):
     """Copy files and folders into containers (a group: each of them) or out of one.
 
     SOURCE or DEST (one of them) is TARGET:PATH, where TARGET is a container, a group
@@ -58,8 +60,11 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
     written ./name:x.
 
     One stream over the command channel: no scp to the host, no `pct push`, nothing held in
-    memory. Modes and modification times are kept (owners are the receiving account's);
-    symbolic links are copied as links, never followed; every file's sha256 is computed on
+    memory. Modes and modification times are kept (owners are the receiving account's),
+    without setuid, setgid and sticky bits unless --preserve-special; out of a container,
+    modes are narrowed by your umask, only the entry asked for is written (the container
+    cannot choose another name), and a folder copied into keeps its own mode. Symbolic
+    links are copied as links, never followed; every file's sha256 is computed on
     both sides as it streams and compared before anything gets its final name: an
     interrupted copy (Ctrl-C, a broken link) leaves no partial file under the final name.
     Paths travel as data, never through a shell. Progress goes to stderr on a terminal.
@@ -87,7 +92,7 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
 
         def work(target, progress):
             return push(target, source, path, recursive=recursive, timeout=timeout,
-                        on_data=progress.add if progress else None,
+                        special=special, on_data=progress.add if progress else None,
                         on_size=progress.sized if progress else None)
     else:
         name, path = remote_source
@@ -98,7 +103,7 @@ def cp_command(app, source, dest, recursive, timeout, as_json):
 
         def work(target, progress):
             return pull(target, path, dest, recursive=recursive, timeout=timeout,
-                        on_data=progress.add if progress else None,
+                        special=special, on_data=progress.add if progress else None,
                         on_size=progress.sized if progress else None)
     outcomes = _each(app, targets, work, app.invocation.stderr if not as_json else None)
     _report(outcomes, as_json)
@@ -349,7 +354,7 @@ def forward_command(app, target, specs, bind, max_connections, via):
                              "connections fail until something does")
             way, why = forward.choose_way(via, remote, container, bound)
             if way == "direct":
-                forwarder.direct[remote] = container
+                forwarder.direct[remote] = container.address
             console.info(f"{forward.url(address, local)} -> {chosen.name}:{remote} "
                          f"({way}: {why})")
         console.info("forwarding; Ctrl-C stops")
@@ -366,12 +371,12 @@ def forward_command(app, target, specs, bind, max_connections, via):
 
 
 def _container_address(app, chosen, via: str):
-    """The container's address for direct mode, or None (a host target, --via relay, or
-    neither the inventory nor the Proxmox API gives one)."""
+    """The container's address for direct mode and its source (addresses.Located), or None
+    (a host target, --via relay, or neither the inventory nor the Proxmox API gives one)."""
     if via == "relay" or chosen.vmid is None:
         return None
     try:
-        return addresses.container_address(app.fleet, chosen)
+        return addresses.locate(app.fleet, chosen)
     except addresses.NoAddress:
         return None
 

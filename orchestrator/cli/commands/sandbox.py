@@ -89,7 +89,7 @@ def sandbox():
               help="Comma-separated VMIDs (on every host) that get a real distribution root "
                    "of their own instead of this machine's /usr and /etc.")
 @click.option("--root-distro", "distribution", default="debian-12", show_default=True,
-              type=click.Choice(["debian-12"]),
+              type=click.Choice(["debian-12", "debian-11"]),
               help="The distribution of the --real-root containers.")
 @click.option("--cluster", default=None, metavar="NAME",
               help="Make the hosts one Proxmox cluster NAME: one shared /etc/pve, vmids "
@@ -141,7 +141,7 @@ def _vmid_list(text: str) -> tuple[int, ...]:
 
 @sandbox.command("build-root")
 @click.option("--distro", "distribution", default="debian-12", show_default=True,
-              type=click.Choice(["debian-12"]), help="Which distribution.")
+              type=click.Choice(["debian-12", "debian-11"]), help="Which distribution.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
 def build_root_command(distribution, as_json):

@@ -41,7 +41,9 @@ class BootstrapStep(Step):
     params = {
         "venv": Param((str,), doc="where the venv lives (default: the inventory's venv)"),
         "python": Param((str,), default="python3", doc="the interpreter that creates the venv"),
-        "packages": Param((list,), required=True, items=(str,), doc="pip requirements, pinned"),
+        "packages": Param((list,), required=True, items=(str,), doc="pip requirements, pinned",
+                          plain_items="pip's options go in pip_args (the playbook's own); "
+                                      "packages are requirements only"),
         "index_url": Param((str,), doc="pip --index-url (e.g. the CUDA wheel index of torch)"),
         "extra_index_urls": Param((list,), default=[], items=(str,),
                                    doc="more pip --extra-index-url URLs (credentials never in an argv)"),
@@ -182,7 +184,7 @@ class BootstrapStep(Step):
             return found[-1], f"cached in {cache}"
         os.makedirs(cache, exist_ok=True)
         argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                "--only-binary=:all:", "--no-deps", "-d", cache, "pip"]
+                "--only-binary=:all:", "--no-deps", "-d", cache, "--", "pip"]
         if short:
             argv[4:4] = ["--python-version", short]
         ctx.progress(f"downloading pip's wheel for python {short or '?'} into {cache}")
@@ -235,8 +237,10 @@ class BootstrapStep(Step):
             pass
         if not params["download"] or not params["packages"]:
             return folder   # nothing to download (pip refuses a download of nothing)
+        # `--`: what follows is requirements only, whatever they say (a requirement such as
+        # "--no-binary=:all:" would make pip build an sdist, i.e. run its code, here)
         argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                "--only-binary=:all:", "-d", folder, *params["packages"]]
+                "--only-binary=:all:", "-d", folder, "--", *params["packages"]]
         ctx.progress(f"filling the wheelhouse {folder} (pip download)")
         env = {**os.environ, **index_env(params["index_url"], params["extra_index_urls"])}
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -3,7 +3,12 @@
 A changed file goes the way `orch cp` sends one (remote/transfer.py): staged here under its
 final name with its mode, then one stream into the target, its sha256 computed on both
 sides and compared before the file gets its final name there, so a transfer that changed
-a byte fails the step and leaves the old file in place."""
+a byte fails the step and leaves the old file in place.
+
+A src that a template renders (`src: "{{ trainer_file }}"`) must lead into the playbook's own
+folder (its real path) unless the playbook itself wrote that path, in the step or in its
+vars: a var's value comes from whoever runs the playbook (an MCP client's vars), and a push
+of any file of the controller into the container is a way to read it."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from typing import Optional
 import jinja2
 
 from orchestrator.config.jinja import ENV
-from orchestrator.config.schema import is_template
+from orchestrator.config.schema import is_template, quoted
 from orchestrator.config.yamlsrc import Loc
 from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.playbook.steps.base import Param, Step, StepContext, StepFailed, StepOutcome
@@ -75,8 +80,11 @@ class PushStep(Step):
     def run(self, ctx: StepContext, params: dict) -> StepOutcome:
         target = ctx.target
         changed, same = [], []
+        literal = written_in_playbook(ctx.run.playbook, ctx.spec.params)
         for item in self._items(params):
             path = self._find(ctx, item["src"])
+            if item["src"] not in literal:
+                confine(path, ctx.run.playbook.directory, item["src"])
             data = self._content(ctx, path, item["template"])
             dest = target.expand(str(item["dest"]))
             mode = _mode(item["mode"])
@@ -129,7 +137,8 @@ def _send(ctx: StepContext, data: bytes, dest: str, mode: int) -> None:
         with open(staged, "wb") as handle:
             handle.write(data)
         os.chmod(staged, mode)
-        transfer.push(ctx.target, staged, dest, timeout=ctx.remaining(120))
+        # special: the mode is the playbook's own (a setuid helper pushed 4755 stays so)
+        transfer.push(ctx.target, staged, dest, timeout=ctx.remaining(120), special=True)
 
 
 def find_source(playbook_dir: str, src: str) -> tuple[Optional[str], list[str]]:
@@ -140,6 +149,35 @@ def find_source(playbook_dir: str, src: str) -> tuple[Optional[str], list[str]]:
         os.path.join(playbook_dir, "..", "templates", src),
         os.path.join(os.getcwd(), "templates", src)]
     return next((c for c in candidates if os.path.isfile(c)), None), candidates
+
+
+def written_in_playbook(playbook: Playbook, raw_params: dict) -> set:
+    """Every plain string the playbook writes itself: its vars' values (its own and those of
+    what it extends, before any -e or client var) and the step's literal srcs."""
+    found: set = set()
+
+    def gather(value) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                gather(item)
+        elif isinstance(value, list):
+            for item in value:
+                gather(item)
+        elif isinstance(value, str) and not is_template(value):
+            found.add(value)
+    gather(playbook.vars)
+    gather(raw_params.get("src"))
+    gather([item.get("src") for item in raw_params.get("files") or [] if isinstance(item, dict)])
+    return found
+
+
+def confine(path: str, playbook_dir: str, src: str) -> None:
+    """A rendered src's file must be inside the playbook's folder (real paths: no link out)."""
+    folder = os.path.realpath(playbook_dir)
+    if not os.path.realpath(path).startswith(folder.rstrip("/") + "/"):
+        raise StepFailed(f"push: src {quoted(src, 80)} comes from a variable and leads out of "
+                         f"the playbook's folder ({folder}): a file elsewhere is pushed only "
+                         "when the playbook writes its path itself")
 
 
 def check_sources(playbook_dir: str, params: dict, loc: Loc) -> None:
