@@ -10,7 +10,10 @@ patch. Then, against the case's labels:
   message, and the worker it names; a rank's death by a signal; a hang; nothing at all);
 - false shared state: a case whose failure involves no shared state gets a shared-state
   remedy;
-- race found: a race's leading candidate is the state the race is on.
+- race found: a race's leading candidate is the state the race is on, with a remedy.
+
+The figure for orch before the corpus (its first failure listed taken as its lead) is this
+script at commit f21f948, which read that orch's API.
 
     .venv/bin/python benchmarks/explain_corpus.py            # the table, per category
     .venv/bin/python benchmarks/explain_corpus.py -v         # and every case's answer
@@ -41,7 +44,7 @@ from tests.torchenv import torch_venv  # noqa: E402
 
 CORPUS = REPO / "tests" / "fixtures" / "explain_corpus"
 WORKLOADS = REPO / "tests" / "corpus" / "workloads"
-CATEGORIES = ("single", "multi-rank", "race", "hang")
+CATEGORIES = ("single", "threads", "multi-rank", "race", "hang")
 
 
 def load_cases(names: Optional[list[str]] = None) -> list[dict]:
@@ -99,27 +102,26 @@ def case_logs(case: dict) -> dict[str, list]:
             continue
         text = (CORPUS / case["name"] / entry["path"]).read_bytes().decode("utf-8", "replace")
         by_target.setdefault(entry["target"], []).append((entry["original"], text))
-    if not hasattr(explaining, "logs_from_files"):      # orch before the corpus (the "before" figure)
-        return {target: [explaining.LogText(f"{target}:{path}", explaining.error_file_traceback(text)
-                                            if path.endswith(".json") else text, explaining.rank_of(path))
-                         for path, text in files] for target, files in by_target.items()}
-    return {target: explaining.logs_from_files(target, files) for target, files in by_target.items()}
+    record = case_record(case)
+    return {target: explaining.logs_from_files(target, files, explaining.rank_offset(record, target)
+                                               if record is not None else 0)
+            for target, files in by_target.items()}
+
+
+def case_record(case: dict) -> Optional[RunRecord]:
+    path = CORPUS / case["name"] / "record.json"
+    return RunRecord.from_dict(json.loads(path.read_text())) if path.exists() else None
 
 
 def explain_case(case: dict, found_venvs: dict, folder: Path) -> list:
     """The case's explanations, one per target (as `orch explain` gives them)."""
     put_back_scripts(case)
-    logs = case_logs(case)
-    record_file = CORPUS / case["name"] / "record.json"
-    record = RunRecord.from_dict(json.loads(record_file.read_text())) if record_file.exists() else None
+    logs, record = case_logs(case), case_record(case)
     venv = found_venvs[case["target"]]
     with fleet_of({name: venv for name in logs}, folder) as fleet:
         targets = {name: fleet.targets([name])[0] for name in logs}
-        if record is not None and hasattr(explaining, "explain_logs"):
+        if record is not None:
             return explaining.explain_logs(record, [(targets[n], logs[n]) for n in logs])
-        if record is not None:          # before: each target on its own, in the run's order
-            order = [n for n in explaining.launched_targets(record) if n in logs]
-            return [explaining.explain(targets[n], logs[n]) for n in order]
         [(name, texts)] = logs.items()
         return [explaining.explain(targets[name], texts)]
 
@@ -127,17 +129,12 @@ def explain_case(case: dict, found_venvs: dict, folder: Path) -> list:
 # ------------------------------------------------------------------ scoring
 def answer_of(explanations: list) -> dict:
     """What the explanation leads with, and the shared state it claims."""
-    lead = next((e.lead for e in explanations if getattr(e, "lead", None)), None)
-    lead = lead.to_dict() if lead is not None else None
-    if not any(hasattr(e, "lead") for e in explanations):   # before: the first failure listed
-        first = next((e.failures[0] for e in explanations if e.failures), None)
-        lead = first and {"kind": "exception", "exception": first.exception, "message": first.message,
-                          "workers": first.workers}
+    lead = explanations[0].lead if explanations else None     # the run's cause leads
     candidates = [c for e in explanations for c in e.candidates]
-    return {"lead": lead,
+    return {"lead": lead.to_dict() if lead is not None else None,
             "remedies": [r.state for e in explanations for r in e.remedies],
             "top_state": candidates[0].ref if candidates else "",
-            "top_confidence": getattr(candidates[0], "confidence", "") if candidates else ""}
+            "top_confidence": candidates[0].confidence if candidates else ""}
 
 
 def lead_right(expected: dict, lead: Optional[dict]) -> bool:

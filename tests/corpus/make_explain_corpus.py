@@ -61,7 +61,7 @@ TINY_DRAFTERS = ["--batch", "2", "--seq", "64", "--d-model", "32", "--layers", "
 @dataclass
 class Case:
     name: str
-    category: str                 # single | multi-rank | race | hang
+    category: str                 # single | threads | multi-rank | race | hang
     make: Optional[Callable]      # (case, folder) -> facts about the run
     lead: dict                    # {exception, message, worker} | {signal, worker} | {hang} | {none}
     shared_state: bool = False
@@ -334,6 +334,11 @@ CASES = [
     Case("cuda-device-assert", "single", None,
          exception("torch.AcceleratorError", "CUDA error: device-side assert triggered"),
          about="embedding ids past the vocabulary on an H200: the kernel's assert", needs="cuda"),
+    # -- several threads fail, and no race is involved
+    Case("threads-same-keyerror", "threads", python_case("thread_bugs.py"),
+         exception("KeyError", "'betas'"),
+         about="three worker threads fail on the same missing key of a module-level config the main "
+               "thread filled at start-up (a process-wide dict written at run time, no race)"),
     # -- multi-rank: a rank fails, the others follow
     Case("ddp-raise", "multi-rank", torchrun_case("ddp_faults.py", "--fault", "raise"),
          exception("RuntimeError", RANK1, "rank 1"),

@@ -274,4 +274,9 @@ def test_a_torchrun_runs_rank_logs_and_error_file_name_their_ranks(inventory, cr
     [failure] = result["failures"]
     assert failure["exception"] == "KeyError" and failure["workers"] == ["rank 0", "rank 1"]
     assert failure["count"] == 3             # rank 1 twice: its log and its error file
-    assert result["candidates"][0]["name"] == "_CACHE"
+    # ranks are processes, each failing in its main thread: no shared-state claim, the
+    # frame that raised with its locals instead
+    assert result["lead"]["exception"] == "KeyError" and result["candidates"] == []
+    shared = result["shared_state"]
+    assert not shared["concurrent"] and "processes of their own" in shared["why"]
+    assert shared["raising"]["function"] == "end" and shared["raising"]["locals"] == ["name", "owner"]

@@ -26,22 +26,15 @@ def deadlock():
     first, second = threading.Lock(), threading.Lock()
     both = threading.Barrier(2)
 
-    def forwards():
-        with first:
-            print("step=1 worker=forwards holds first", flush=True)
+    def take(one, other, name):
+        with one:
+            print(f"step=1 worker={name} holds {'first' if one is first else 'second'}", flush=True)
             both.wait()
-            with second:
+            with other:
                 print("never", flush=True)
 
-    def backwards():
-        with second:
-            print("step=1 worker=backwards holds second", flush=True)
-            both.wait()
-            with first:
-                print("never", flush=True)
-
-    threads = [threading.Thread(target=forwards, name="loader"),
-               threading.Thread(target=backwards, name="writer")]
+    threads = [threading.Thread(target=take, args=(first, second, "forwards"), name="loader"),
+               threading.Thread(target=take, args=(second, first, "backwards"), name="writer")]
     for thread in threads:
         thread.start()
     for thread in threads:
