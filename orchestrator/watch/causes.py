@@ -158,8 +158,8 @@ def find_lead(groups: list[Group], torchrun: list[RankFailure], hints: Optional[
     root = _root(torchrun)
     lead = (_own_lead(groups, roles, root) or _signal_lead(root, hints) or _hang_lead(hints, hang_in_log)
             or _first_of(groups, roles, WAITED, "waited") or _exit_lead(root, groups)
-            or _first_of(groups, roles, PEER_LOST_ROLE, "peer-lost") or _first_of(groups, roles, STOPPED, "stopped")
-            or _first_of(groups, roles, LAUNCHER, "exit"))
+            or _first_of(groups, roles, PEER_LOST_ROLE, "peer-lost") or _stop_lead(hints)
+            or _first_of(groups, roles, STOPPED, "stopped") or _first_of(groups, roles, LAUNCHER, "exit"))
     if lead is None:
         return None, []
     return lead, _consequences(lead, groups, roles, torchrun, root, hints)
@@ -221,11 +221,15 @@ def _signal_lead(root: Optional[RankFailure], hints: RunHints) -> Optional[Lead]
     return None
 
 
-def _hang_lead(hints: RunHints, hang_in_log: bool) -> Optional[Lead]:
-    """A hang (orch stopped the run as hung, or a watchdog dumped its stacks), or orch's stop
-    of the run for another reason, when no exception of its own came first."""
+def _stop_lead(hints: RunHints) -> Optional[Lead]:
+    """orch stopped the run for another reason than a hang, and nothing failed before."""
     if hints.stopped_for in STOPS:
         return Lead("stopped", STOPS[hints.stopped_for], why=["orch's record says why it stopped the run"])
+    return None
+
+
+def _hang_lead(hints: RunHints, hang_in_log: bool) -> Optional[Lead]:
+    """A hang: orch stopped the run as hung, or a watchdog dumped its stacks."""
     if hints.stopped_for == "hang":
         after = f" for {hints.hang_seconds:.0f} s" if hints.hang_seconds else ""
         return Lead("hang", f"the run hung: no progress{after} while it lived; orch stopped it",

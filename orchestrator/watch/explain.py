@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import BadArgument, OrchError
+from orchestrator.ground.errors import BadArgument, OrchError, PythonUnavailable
 from orchestrator.remote import payload_api
 
 from orchestrator.remote.container import Target
@@ -241,16 +241,7 @@ def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Opt
         return explanation
     # The folders whose files the payload may read besides the installed packages: the
     # run's own (the caller's roots), else, for a log given by hand, its scripts' folders.
-    requests, folders = frame_requests(groups), script_roots(groups) if roots is None else list(roots)
-    try:
-        facts = payload_api.explain_frames(target, requests, roots=folders, context=context,
-                                           ran_at=ran_at, python=python)
-    except OrchError as error:     # the run's venv gone since (PythonUnavailable), or no python there
-        if python is None:
-            raise
-        facts = payload_api.explain_frames(target, requests, roots=folders, context=context, ran_at=ran_at)
-        explanation.notes.append(f"the run's python {python} could not be used ({str(error)[:200]}): "
-                                 f"its frames are read with {target.name}'s own")
+    facts = read_frames(explanation, target, groups, roots, context, ran_at, python)
     explanation.python = str(facts.get("python") or "")
     explanation.failures = [failure(g, facts) for g in groups]
     if facts.get("ran_before_patch"):
@@ -258,6 +249,27 @@ def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Opt
                                  "(orch's backups): marked `patched since`")
     judge_shared_state(explanation, groups, facts, target, look_up_patches)
     return explanation
+
+
+def read_frames(explanation: Explanation, target: Target, groups: list[tracebacks.Group],
+                roots: Optional[list], context: int, ran_at: Optional[float],
+                python: Optional[str]) -> dict:
+    """The frames' facts, read with the python the run ran, else the target's; when neither
+    can run (the venv removed since), none: the cause is the logs' and still said."""
+    requests, folders = frame_requests(groups), script_roots(groups) if roots is None else list(roots)
+    for choice in ([python, None] if python else [None]):
+        try:
+            return payload_api.explain_frames(target, requests, roots=folders, context=context,
+                                              ran_at=ran_at, python=choice)
+        except PythonUnavailable as error:
+            explanation.notes.append(f"{error.message}: " + ("trying the target's own" if choice else
+                                                             "the frames' source is not read"))
+        except OrchError as error:     # the local transport's word for a missing program
+            if choice is None:
+                raise
+            explanation.notes.append(f"the run's python {choice} could not be used "
+                                     f"({error.message[:200]}): trying the target's own")
+    return {}
 
 
 @dataclass

@@ -115,3 +115,37 @@ def test_a_lost_peer_alone_says_its_cause_is_elsewhere():
     lead = explain.read_logs([explain.LogText("output.log", text)]).lead
     assert lead.kind == "peer-lost" and "not in these logs" in lead.why[0]
     assert lead.strength < causes.STRENGTH["exception"]
+
+
+def test_a_node_orch_stopped_leads_with_its_own_lost_peer_not_the_stop():
+    """The other node failed first and orch stopped this one: its rank had lost its peer
+    before the stop; the stop leads only when nothing failed before it."""
+    text = RANK_TRACEBACK.replace("RuntimeError: injected failure on rank 1 at step 30",
+                                  "RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:4242")
+    stopped = causes.RunHints(stopped_for="node-failed")
+    assert explain.read_logs([explain.LogText("output.log", text)], stopped).lead.kind == "peer-lost"
+    quiet = explain.read_logs([explain.LogText("output.log", "rank 0 step=3\n")], stopped).lead
+    assert (quiet.kind, quiet.summary) == ("stopped", causes.STOPS["node-failed"])
+
+
+def test_a_run_whose_venv_is_gone_still_gets_its_cause(monkeypatch):
+    """The venv the run ran is removed since, and the container has no other: the frames'
+    source is not read, the cause (the logs') is still said."""
+    from orchestrator.ground.errors import PythonUnavailable
+    tried = []
+
+    def no_python(target, frames, **options):
+        tried.append(options.get("python"))
+        raise PythonUnavailable(f"cannot run {options.get('python') or '/root/venv/bin/python'}")
+
+    monkeypatch.setattr(explain.payload_api, "explain_frames", no_python)
+
+    class Gone:
+        name = "dev"
+
+    result = explain.explain(Gone(), [explain.LogText("dev:/r/output.log", RANK_TRACEBACK)],
+                             python="/root/old-venv/bin/python")
+    assert tried == ["/root/old-venv/bin/python", None]
+    assert result.lead.summary == "RuntimeError: injected failure on rank 1 at step 30 (rank 1)"
+    assert result.failures[0].frames[0].available is False
+    assert "the frames' source is not read" in result.notes[-1]
