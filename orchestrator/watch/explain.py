@@ -237,7 +237,8 @@ def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Opt
                               consequences=reading.consequences,
                               torchrun=[asdict(f) for f in reading.torchrun])
     if not groups:
-        explanation.notes.append("no Python traceback in the log(s)")
+        explanation.notes.append("no Python traceback in the log(s)" + (
+            f"; what the logs say instead leads ({lead.kind})" if lead is not None else ""))
         return explanation
     # The folders whose files the payload may read besides the installed packages: the
     # run's own (the caller's roots), else, for a log given by hand, its scripts' folders.
