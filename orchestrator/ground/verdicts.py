@@ -181,7 +181,8 @@ RULES: tuple[Rule, ...] = (
          "raise the monitor step's timeout if the run needs longer, or find out why it was slow "
          "(its throughput in the record)", lambda e: e.stopped_for == "timeout"),
     Rule(TRACEBACK, ExitCode.RUN_FAILED, GENERIC, "the run failed with a Python traceback.",
-         "read the traceback in the collected log (orch collects it into the run folder)",
+         "`{cli} explain RUN` leads with its cause (the first failure, torchrun's wrappers unwrapped) "
+         "and shows its frames; the collected log in the run folder has it whole",
          lambda e: e.traceback and (e.failed_exit or e.ended_killed)),
     Rule(NONZERO_EXIT, ExitCode.RUN_FAILED, GENERIC,
          "the process exited with a non-zero code and no known signature.",

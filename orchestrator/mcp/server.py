@@ -300,10 +300,12 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             context: Annotated[int, Field(ge=0, le=20, description="Source lines around each "
                                                                    "frame's line")] = 3,
     ) -> dict[str, Any]:
-        """Why a run failed, as `orch explain`: every worker's traceback (grouped), each frame's
-        installed source, version and RECORD check, the process-wide mutable state the failing
-        frames read ranked with its evidence, and the remedy (orch's patch, or generic
-        options). Reads only; changes nothing."""
+        """Why a run failed, as `orch explain`: its cause first (`lead`: the first failure,
+        torchrun's wrappers unwrapped, a rank's signal, a hang) and what followed from it,
+        every worker's traceback (grouped), each frame's source as it ran, version and RECORD
+        check; the process-wide mutable state the failing frames read, ranked with its
+        evidence and confidence, only when threads shared the failing code, and the remedy
+        (orch's patch, or generic options). Reads only; changes nothing."""
         arguments = {"run_id": run_id, "target": target, "context": context}
         # the policy sees what it reads in: the launched targets, as the inventory has them now
         return call("explain_run", arguments, lambda: tools.explain_run(run_id, target, context),

@@ -9,9 +9,19 @@ only, Python 3.8+. Nothing is imported: files are read and parsed with ast.
 Args::
 
     {"frames": [{"file": "/venv/.../torch/_dynamo/eval_frame.py", "line": 1120,
-                 "function": "compile_wrapper", "innermost": true}, ...],
+                 "function": "compile_wrapper", "innermost": true,
+                 "code": "raise RuntimeError("}, ...],   # the line as the log shows it
      "roots": ["/root/run"],      # more directories whose files may be read (the trainer's)
-     "context": 3}                # lines shown either side of each frame's line
+     "context": 3,                # lines shown either side of each frame's line
+     "ran_at": 1796302364.3}      # when the run started (epoch seconds), if known
+
+The source that ran: a file orch's fx patch changed since the run (its record beside
+site-packages, <site>/.orch-fx-tls: the file's sha256 after the patch, the backup of its
+bytes before) is read from orch's backup when the run predates the patch: the record's
+applied_at is later than ran_at, or, without ran_at, the log's own code lines match the
+backup's and not the file's now. Such files say "patched_since" and "ran": "backup". Each
+frame says whether the log's code line is the source's line (`code_matches`), so a file
+changed in another way is seen too.
 
 A frame's file is read only when it is a .py file inside one of this python's sys.path
 directories (site-packages, the standard library) or one of `roots`; a path from another
@@ -26,7 +36,9 @@ Result::
 
 import ast
 import base64
+import datetime
 import hashlib
+import json
 import os
 import sys
 
@@ -34,7 +46,8 @@ from _protocol import *  # orch: inlined when shipped
 from _locate import *  # orch: inlined when shipped
 from _state_scan import *  # orch: inlined when shipped
 
-ARG_SPEC = {"frames": (list, REQUIRED), "roots": (list, []), "context": (int, 3)}
+ARG_SPEC = {"frames": (list, REQUIRED), "roots": (list, []), "context": (int, 3),
+            "ran_at": (float, None)}
 MAX_FRAMES = 400
 MAX_MODULES = 60
 MAX_FILE_BYTES = 4 << 20
@@ -42,6 +55,8 @@ MAX_CALLS = 8           # calls followed per frame (into the checks it makes)
 MAX_FOLLOWED = 80       # and in all
 CHECK_DEPTH = 2         # a check, and the helpers it calls (is_fx_symbolic_tracing -> _get_...)
 SITE_DIRS = ("site-packages", "dist-packages")
+ORCH_PATCH_RECORD = os.path.join(".orch-fx-tls", "record.json")    # _fx_record.py's, beside torch/
+MAX_LOCALS = 40
 
 
 # ------------------------------------------------------------------ where a file is
@@ -57,11 +72,14 @@ class Files:
                       and os.path.realpath(os.path.expanduser(r)) != "/"]
         self.tops = {}       # site -> {top-level name: dist-info}
         self.records = {}    # dist-info -> {relpath: hash}
+        self.patches = {}    # site -> orch's patch record there ({} when none)
+        self.ran_before_patch = None   # decided from the run's time or the log's code lines
         self.cache = {}
 
     def resolve(self, name):
         if name not in self.cache:
             self.cache[name] = self._resolve(name)
+            self.mark(self.cache[name])
         return self.cache[name]
 
     def _resolve(self, name):
@@ -118,8 +136,48 @@ class Files:
             state = "not-listed"
         else:
             state = "ok" if file_hash(real) == expected else "mismatch"
-        return {"package": top, "distribution": meta.get("Name"), "version": meta.get("Version"),
-                "record": state}
+        found = {"package": top, "distribution": meta.get("Name"), "version": meta.get("Version"),
+                 "record": state}
+        if state == "mismatch":
+            found.update(self._orch_patch(site, relpath, real))
+        return found
+
+    def _orch_patch(self, site, relpath, real):
+        """When orch's fx patch made the file what it is: its backup of the bytes before."""
+        if site not in self.patches:
+            try:
+                with open(os.path.join(site, ORCH_PATCH_RECORD), "rb") as handle:
+                    self.patches[site] = json.loads(handle.read().decode("utf-8"))
+            except (OSError, ValueError):
+                self.patches[site] = {}
+        record = self.patches[site] if isinstance(self.patches[site], dict) else {}
+        entry = next((f for f in record.get("files") or [] if isinstance(f, dict)
+                      and f.get("path") == relpath), None)
+        if entry is None or sha256_file(real) != entry.get("sha256_after"):
+            return {}
+        backup = os.path.join(site, os.path.dirname(ORCH_PATCH_RECORD), "backups", relpath + ".orig")
+        if not os.path.isfile(backup) or sha256_file(backup) != entry.get("sha256_before"):
+            return {"patched_since": "orch", "backup": None}
+        return {"patched_since": "orch", "backup": backup, "applied_at": record.get("applied_at")}
+
+    def decide(self, frames, ran_at):
+        """Whether the run predates orch's patch: by the run's time, else by the log's code."""
+        patched = [(f, self.resolve(str(f.get("file") or ""))) for f in frames]
+        patched = [(f, info) for f, info in patched if info.get("backup")]
+        if not patched:
+            return
+        applied = epoch_of(patched[0][1].get("applied_at"))
+        if ran_at is not None and applied is not None:
+            self.ran_before_patch = ran_at < applied
+        else:
+            votes = [code_is(f, info["backup"]) - code_is(f, info["path"]) for f, info in patched]
+            self.ran_before_patch = sum(votes) > 0 if any(votes) else None
+        for info in self.cache.values():
+            self.mark(info)
+
+    def mark(self, info):
+        if info.get("backup") and self.ran_before_patch:
+            info["ran"] = "backup"
 
     def _tops(self, site):
         if site not in self.tops:
@@ -148,12 +206,46 @@ def module_name(relpath):
     return ".".join(parts)
 
 
-def file_hash(path):
+def _digest(path):
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    return digest
+
+
+def file_hash(path):
+    """The sha256 as a wheel's RECORD writes it."""
+    return base64.urlsafe_b64encode(_digest(path).digest()).rstrip(b"=").decode()
+
+
+def sha256_file(path):
+    """The sha256 as orch's patch record writes it (hex)."""
+    try:
+        return _digest(path).hexdigest()
+    except OSError:
+        return None
+
+
+def epoch_of(text):
+    """An ISO time with its offset (orch's record: 2026-12-03T13:10:00+00:00) as epoch seconds."""
+    try:
+        return datetime.datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
+
+
+def code_is(frame, path):
+    """1 when the log's code line for the frame is that file's line there, else 0."""
+    code, line = str(frame.get("code") or "").strip(), frame.get("line")
+    if not code or not isinstance(line, int):
+        return 0
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read(MAX_FILE_BYTES).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return 0
+    return int(1 <= line <= len(lines) and lines[line - 1].strip() == code)
 
 
 # ------------------------------------------------------------------ modules
@@ -170,10 +262,12 @@ class Modules:
         if len(self.loaded) >= MAX_MODULES:
             return None
         self.loaded[module] = entry = {"info": info, "lines": [], "scan": None, "error": None}
+        # the source that ran: orch's backup when the run predates orch's patch
+        path = info["backup"] if info.get("ran") == "backup" else info["path"]
         try:
-            if os.path.getsize(info["path"]) > MAX_FILE_BYTES:
+            if os.path.getsize(path) > MAX_FILE_BYTES:
                 raise ValueError("larger than %d bytes" % MAX_FILE_BYTES)
-            with open(info["path"], "rb") as handle:
+            with open(path, "rb") as handle:
                 data = handle.read()
             entry["lines"] = data.decode("utf-8", "replace").splitlines()
             entry["scan"] = ModuleStates(ast.parse(data, info["path"]))
@@ -400,12 +494,16 @@ def explain_frame(frame, files, modules, callees, context):
         out.update(source=[], reads=[], note="more than %d modules: not read" % MAX_MODULES)
         return out
     out["source"] = source_around(entry["lines"], line, context)
+    code = str(frame.get("code") or "").strip()
+    out["code_matches"] = line_text(entry["lines"], line) == code[:400] if code else None
     scan = entry["scan"]
     if scan is None:
         out.update(reads=[], note=entry["error"])
         return out
     function = scan.function_at(line)
     out["qualname"] = function.qualname if function else "<module>"
+    if function is not None and frame.get("innermost"):
+        out["locals"] = sorted(local_names(function))[:MAX_LOCALS]
     out["with"] = (with_blocks(function, line, entry["lines"])
                    + acquired_locks(function, line, entry["lines"])) if function else []
     reads = []
@@ -422,7 +520,7 @@ def explain_frame(frame, files, modules, callees, context):
 def module_report(entry):
     scan = entry["scan"]
     report = {"relpath": entry["info"]["relpath"], "path": entry["info"]["path"],
-              "error": entry["error"], "states": []}
+              "error": entry["error"], "states": [], "ran": entry["info"].get("ran", "file")}
     if scan is None:
         return report
     lines = entry["lines"]
@@ -441,13 +539,14 @@ def module_report(entry):
 def run(args):
     frames = [f for f in args["frames"] if isinstance(f, dict)][:MAX_FRAMES]
     files = Files(args["roots"])
+    files.decide(frames, args["ran_at"])
     modules = Modules()
     callees = Callees(files, modules)
     context = max(0, min(args["context"], 20))
     explained = [explain_frame(f, files, modules, callees, context) for f in frames]
     return {"python": sys.executable,
             "python_version": "%d.%d.%d" % sys.version_info[:3],
-            "files": files.cache, "frames": explained,
+            "files": files.cache, "frames": explained, "ran_before_patch": files.ran_before_patch,
             "modules": dict((name, module_report(entry)) for name, entry in modules.loaded.items()),
             "limits": {"modules": MAX_MODULES, "frames": MAX_FRAMES}}
 

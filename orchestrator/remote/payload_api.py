@@ -209,13 +209,16 @@ def file_read(target: Target, path: str, roots: list[str], offset: int = 0,
 
 
 def explain_frames(target: Target, frames: list[dict], roots: Optional[list] = None,
-                   context: int = 3) -> dict:
-    """A traceback's frames against the installed source: lines, package versions, RECORD
-    checks and the shared state they read (payloads/explain_frames.py)."""
+                   context: int = 3, ran_at: Optional[float] = None,
+                   python: Optional[str] = None) -> dict:
+    """A traceback's frames against the source that ran: lines, package versions, RECORD
+    checks, orch's backups of files its patch changed since RAN_AT, and the shared state
+    they read (payloads/explain_frames.py), read with PYTHON (the one the run ran; default:
+    the target's)."""
     # On stdin: a long traceback's frames can pass the kernel's limit on one argv string.
     return run_payload(target, "explain_frames", {"frames": frames, "roots": list(roots or []),
-                                                  "context": context},
-                       timeout=READ_TIMEOUT, args_on_stdin=True)
+                                                  "context": context, "ran_at": ran_at},
+                       python=python, timeout=READ_TIMEOUT, args_on_stdin=True)
 
 
 def rank_processes(target: Target, pid: int) -> dict:

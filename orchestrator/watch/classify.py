@@ -25,7 +25,7 @@ from orchestrator.ground.verdicts import (COLLECTIVE_TIMEOUT, CUDA_OOM, DEGRADED
                                           KILLED, NCCL_ERROR, NCCL_WARN, NONZERO_EXIT, OK, RANK_FAILED,
                                           RECOMPILE_LIMIT, RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, STUCK_RANK,
                                           TIMEOUT, TRACEBACK, WORKER_ERROR, Evidence, remedy)
-from orchestrator.watch import dflash
+from orchestrator.watch import causes, dflash, tracebacks
 from orchestrator.watch.dflash import first_compile_remediation, fx_remediation, fx_state_finding
 from orchestrator.watch.distributed import (ChildFailedReader, handled_signal, rank_failure_remediation,
                                             signal_name, stuck_message)
@@ -181,6 +181,8 @@ class LogClassifier:
         self.first_line_at: Optional[float] = None
         self.started_at = now
         self.child_failed = ChildFailedReader()     # torchrun's closing summary, if any
+        self.tracebacks: dict[Optional[str], tracebacks.TracebackParser] = {}   # per log
+        self.parsed: list[tracebacks.Traceback] = []   # those the parsers finished
         self.derived = False                        # tok/s computed by orch, not printed
         self.derived_from: set[str] = set()         # ... from what: step times, samples/s
         self.rates_from: set[str] = set()           # the printed fields tok/s came from (tps, ...)
@@ -233,8 +235,11 @@ class LogClassifier:
             self.output_at[worker] = now
 
     # ------------------------------------------------------------------ feeding
-    def feed(self, line: str, now: float) -> Optional[MetricPoint]:
-        """One log line; returns the metric point it carried, if any."""
+    def feed(self, line: str, now: float, source: Optional[str] = None,
+             worker: Optional[int] = None) -> Optional[MetricPoint]:
+        """One log line (of SOURCE, a rank's own log: WORKER); returns the metric point it
+        carried, if any."""
+        self._traceback_parser(source, worker).feed_line(line)
         self.lines += 1
         self.tail.append(line)
         if self.first_line_at is None:
@@ -280,6 +285,27 @@ class LogClassifier:
         return self.observe(LogPoint(step=int(groups["step"]), worker=int(groups.get("drafter") or 0),
                                      loss=_number(groups.get("loss")),
                                      tok_s=_number(groups.get("tok_s"))), now)
+
+    def _traceback_parser(self, source: Optional[str], worker: Optional[int]) -> tracebacks.TracebackParser:
+        if source not in self.tracebacks:
+            self.tracebacks[source] = tracebacks.TracebackParser(
+                source or "", f"rank {worker}" if worker is not None else "")
+        return self.tracebacks[source]
+
+    def lead(self, end: EndState) -> Optional[causes.Lead]:
+        """What the run's failure leads with (causes.py, as `orch explain` reads it): the first
+        failure in time, torchrun's wrappers unwrapped to the worker's exception."""
+        for parser in self.tracebacks.values():     # finished once: a second verdict reads them again
+            self.parsed += parser.finish().tracebacks
+        self.tracebacks = {}
+        # a rank's own file is named by its local rank; torchrun's table gives the global one
+        # (on a node of a job over several nodes they differ)
+        global_rank = {f"rank {f.local_rank}": f"rank {f.rank}" for f in self.child_failed.failures
+                       if f.local_rank is not None and f.rank is not None}
+        for tb in self.parsed:
+            tb.worker = global_rank.get(tb.worker, tb.worker)
+        hints = causes.RunHints(stopped_for=end.stopped_for, signal=end.signal, exit_code=end.exit_code)
+        return causes.find_lead(tracebacks.group(self.parsed), self.child_failed.failures, hints)[0]
 
     def is_metric_line(self, line: str) -> bool:
         """Whether the line carries a metric point (the live table shows those)."""
@@ -487,14 +513,17 @@ class LogClassifier:
         hang = end.stopped_for == "hang" or (
             self.summary_fields.get("status") == "timeout" and
             int(_number(self.summary_fields.get("stalled")) or 0) > 0)
+        lead = self.lead(end)
         self._signature_findings(add, hang, end, facts, cli, playbook)
-        override = self._distributed_findings(add, hang, end, cli)
+        override = self._distributed_findings(add, hang, end, cli, lead)
         evidence = self._evidence(end, hang)
         verdict = verdicts.decide(evidence)
-        self._ending_finding(add, verdict, evidence, end, total, cli)
+        self._ending_finding(add, verdict, evidence, end, total, cli, lead)
         message = self._message(verdict, end, total)
         if override and verdict != OK:
             message = f"{verdict}: {override}"
+        elif verdict == TRACEBACK and _quotes(lead):
+            message = f"{verdict}: {lead.summary}"
         if verdict != OK and not any(verdicts.verdict_of(f.signature) == verdict for f in findings):
             # The report lists findings: every failed verdict is one, with what to do.
             related = [f for f in findings if f.signature == RANK_FAILED] + findings
@@ -569,7 +598,7 @@ class LogClassifier:
                       + ended_by, dflash.hang_remediation(cli, self.target, thread_local), evidence=evidence)
 
     def _ending_finding(self, add, verdict: str, e: Evidence, end: EndState, total: Optional[float],
-                        cli: str) -> None:
+                        cli: str, lead: Optional[causes.Lead] = None) -> None:
         """The finding for a verdict that no signature explained: how the run ended."""
         fix = remedy(verdict, cli, self.target)
         if verdict == KILLED and not e.rank_killed:
@@ -587,7 +616,8 @@ class LogClassifier:
         elif verdict == TIMEOUT:
             add(TIMEOUT, "the monitor's time limit ran out; orch stopped the run", fix)
         elif verdict == TRACEBACK:
-            exception = self._last_exception()
+            # the cause, as `orch explain` leads with it; else the last exception line seen
+            exception = lead.summary if _quotes(lead) else self._last_exception()
             add(TRACEBACK, f"the run failed with {exception or 'a Python traceback'}", fix,
                 evidence=self.seen.get(WORKER_ERROR, [])[:EVIDENCE_LINES] + ([exception] if exception else []))
         elif verdict == NONZERO_EXIT:
@@ -620,7 +650,8 @@ class LogClassifier:
         while torchrun was already ending (a SIGTERMed torchrun prints no failure table)."""
         return end.stopped_for == PEER_FAILED and root.signal not in (None, signals.SIGTERM)
 
-    def _distributed_findings(self, add, hang: bool, end: EndState, cli: str) -> Optional[str]:
+    def _distributed_findings(self, add, hang: bool, end: EndState, cli: str,
+                              lead: Optional[causes.Lead] = None) -> Optional[str]:
         """torchrun's failed rank, collective and rendezvous timeouts, the rank a hang is
         about. Returns what the verdict's message should say, if these explain the end."""
         said = None
@@ -657,8 +688,10 @@ class LogClassifier:
         root = self.child_failed.root_cause()
         if root is not None:
             others = [f for f in self.child_failed.failures if f is not root]
-            text = f"torchrun: {root.describe()}" + (
-                f", the first failure; torchrun then stopped {len(others)} other rank(s)" if others else "")
+            text = f"torchrun: {root.describe()}"
+            if _quotes(lead) and f"rank {root.rank}" in lead.workers:
+                text += f": {lead.quote}"     # the rank's own exception
+            text += (f", the first failure; torchrun then stopped {len(others)} other rank(s)" if others else "")
             if root.signal == 9:
                 text += " (SIGKILL from outside: most likely the host's OOM killer)"
             add(RANK_FAILED, text, rank_failure_remediation(root),
@@ -723,6 +756,7 @@ class LogClassifier:
                 if index not in self.workers or not self.workers[index].step]
 
     def _last_exception(self) -> Optional[str]:
+        """The last line that looks like an exception (no traceback was read whole)."""
         for line in reversed(self.tail):
             text = line.strip()
             if _EXCEPTION_LINE.match(text) and not text.startswith("Traceback"):
@@ -744,3 +778,8 @@ class LogClassifier:
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
                   else "still running" if end.state == "running" else end.state)
         return f"{verdict}: {done}/{expected} {words} finished{rate} ({ending})"
+
+
+def _quotes(lead: Optional[causes.Lead]) -> bool:
+    """Whether the lead is an exception the verdict can quote."""
+    return lead is not None and lead.kind in ("exception", "waited") and not lead.consequence_of

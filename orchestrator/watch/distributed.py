@@ -21,6 +21,13 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Optional
 
+# What a rank says when another rank (or node) went away first: gloo's `Connection closed by
+# peer [...] This is typically caused by a remote worker crashing`, a reset or broken socket,
+# NCCL's `remote process exited or there was a network error`, an aborted communicator, the
+# c10d store or rendezvous gone with the node that hosted it (plain literals: no backtracking).
+PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+                       r"remote process exited|NCCL communicator was aborted|"
+                       r"RendezvousClosedError|TCPStore is not available")
 _FAILED_HEADER = re.compile(r"ChildFailedError")
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$")

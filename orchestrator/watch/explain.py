@@ -1,17 +1,23 @@
-"""`orch explain`: from a failed run's log to the shared state behind its error (the ranking
-and the remedies are suspects.py).
+"""`orch explain`: from a failed run's logs to its cause, what followed from it, and the
+shared state behind it when threads shared the failing code (the ranking and the remedies
+are suspects.py).
 
-1. The tracebacks of every worker, out of the run's logs (tracebacks.py), grouped: the same
-   exception at the same raising frame in several workers is one failure.
-2. Their frames, read in the target with its python (payloads/explain_frames.py): the source
-   around each line, the installed version, whether the file is still the wheel's (RECORD),
-   and the process-wide mutable state the frames' functions read, directly or through the
-   checks they call.
-3. The candidates ranked here, each with its evidence (`rank`).
-4. Only then the remedy (`remedies`): the patch orch has when its thread-safety patch set
-   covers that state (the fx_patch payload's own rows say which, and whether it is already
-   applied), else the generic options. No table of known tracebacks: what is found is found
-   by the analysis.
+1. The tracebacks of every worker, out of the run's logs (tracebacks.py), and torchrun's
+   failure tables (distributed.py), grouped: the same exception at the same raising frame in
+   several workers is one failure.
+2. The cause first (causes.py): the first failure in time across workers, ranks and nodes,
+   torchrun's wrappers unwrapped to the worker's exception; what follows from it (a lost
+   peer, a collective that timed out, torchrun's SIGTERM, its ChildFailedError) listed under
+   it. A hung run says so, with its logs' last lines (and the stacks its record keeps).
+3. Their frames, read in the target with its python (payloads/explain_frames.py): the source
+   around each line as it ran (orch's backup of a file its patch changed since), the
+   installed version, whether the file is still the wheel's (RECORD), and the process-wide
+   mutable state the frames' functions read, directly or through the checks they call.
+4. Shared state only on evidence of concurrency (several threads failed, a named thread
+   raised, a known race's words): then the candidates, each with its evidence and a
+   confidence (`rank`), and only then the remedy (`remedies`) for the leading ones with
+   enough evidence. Otherwise the answer is that nothing points to shared state, with the
+   raising frame and its locals.
 """
 
 from __future__ import annotations
@@ -19,22 +25,32 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
+import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 from orchestrator.ground import paths
-from orchestrator.ground.errors import BadArgument, OrchError
+from orchestrator.ground.errors import BadArgument, OrchError, PythonUnavailable
 from orchestrator.remote import payload_api
+
 from orchestrator.remote.container import Target
 from orchestrator.runs.model import RunRecord
-from orchestrator.watch import stacks, tracebacks
+from orchestrator.watch import causes, stacks, tracebacks
+from orchestrator.watch.causes import OWN, Consequence, Lead, RunHints
+from orchestrator.watch.distributed import ChildFailedReader, RankFailure
 from orchestrator.watch.stacktool import stack_command
-from orchestrator.watch.suspects import (Candidate, Remedy, applied_notes, facts_by_frame, patch_rows,
-                                         rank, remedies)
+from orchestrator.watch.suspects import (CONFIDENT, Candidate, Remedy, applied_notes, facts_by_frame,
+                                         patch_rows, rank, remedies)
 from orchestrator.watch.torchrun import RANK_LOG_DIR
 
 MAX_LOG_BYTES = 16 << 20      # the end of each log is read (where the errors are)
 MAX_RANK_LOGS = 64
+MAX_RUN_BYTES = 64 << 20      # and of a launch's logs together: its ranks' share it
+LAST_LINES = 6                # a hung run's last lines shown, per log
+TABLE = "ChildFailedError"    # torchrun's failure table follows its last mention
+# faulthandler's dump_traceback_later: `Timeout (0:00:05)!` then every thread's stack
+_FAULTHANDLER_TIMEOUT = re.compile(r"(?m)^Timeout \(\d{1,4}:\d\d:\d\d(?:\.\d{1,6})?\)!\s*$")
 
 
 @dataclass
@@ -42,6 +58,7 @@ class LogText:
     source: str               # where it came from: "TARGET:/path" or a local path
     text: str
     worker: str = ""          # whose log it is, when the file says (a rank's own log)
+    time: Optional[float] = None   # an error file's timestamp: when its worker raised
 
 
 @dataclass
@@ -58,6 +75,10 @@ class FrameFacts:
     record: Optional[str] = None   # ok | mismatch (patched/drifted) | not-listed | None
     relpath: str = ""
     source: list[dict] = field(default_factory=list)   # [{line, text}]
+    code_matches: Optional[bool] = None   # the log's code line is the source's line there
+    ran: str = "file"         # file | backup: the source shown is orch's backup (patched since)
+    patched_since: str = ""   # "orch": orch's fx patch changed the file since it was installed
+    locals: list[str] = field(default_factory=list)   # the raising frame's local names
 
 
 @dataclass
@@ -70,6 +91,19 @@ class Failure:
     dropped_frames: int = 0
     causes: list[str] = field(default_factory=list)    # "Type: message" of chained exceptions
     log: str = ""
+    role: str = OWN           # own, or how it follows from another's failure (causes.py)
+
+
+@dataclass
+class SharedState:
+    """Whether shared state is in question, and why (or why not)."""
+
+    concurrent: bool          # evidence that several threads ran the failing code
+    evidence: list[str] = field(default_factory=list)
+    known_race: bool = False  # the failure's words match a known race on shared state
+    answer: str = "nothing"   # candidates | nothing
+    why: str = ""             # nothing points to shared state: why
+    raising: Optional[dict] = None   # the raising frame: {where, function, locals}
 
 
 @dataclass
@@ -81,6 +115,11 @@ class Explanation:
     remedies: list[Remedy]
     python: str = ""
     notes: list[str] = field(default_factory=list)
+    lead: Optional[Lead] = None
+    consequences: list[Consequence] = field(default_factory=list)
+    shared_state: Optional[SharedState] = None
+    torchrun: list[dict] = field(default_factory=list)   # the failure tables' entries
+    stacks: list[dict] = field(default_factory=list)     # a hung run's stacks, from its record
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,64 +128,88 @@ class Explanation:
 # ------------------------------------------------------------------ the logs of a run
 def run_logs(record: RunRecord, target: Target) -> list[LogText]:
     """The logs of every launch of RECORD on TARGET, read from the target (each launch's
-    output.log and its ranks' logs); the collected copy in the run's folder when the target
-    has none left."""
-    logs: list[LogText] = []
+    output.log, its ranks' logs and error files); the collected copy in the run's folder when
+    the target has none left."""
+    files: list[tuple[str, str]] = []
     launches = [step.data for step in record.steps
                 if step.kind == "launch" and step.target == target.name and step.data.get("run_dir")]
     if not launches:   # a record whose launch step never ended (attach's case): the launch entry
         entry = ((record.launch or {}).get("targets") or {}).get(target.name) or {}
         launches = [entry] if entry.get("run_dir") else []
     for launch in launches:
-        logs += _remote_logs(target, launch["run_dir"], bool(launch.get("ranks")))
-    if not logs:
-        local = os.path.join(paths.run_dir(record.run_id), target.name, "output.log")
-        if os.path.isfile(local):
-            logs.append(LogText(local, _read_local(local)))
-    return logs
+        files += _remote_files(target, launch["run_dir"], bool(launch.get("ranks")))
+    if files:
+        return logs_from_files(target.name, files, rank_offset(record, target.name))
+    local = os.path.join(paths.run_dir(record.run_id), target.name, "output.log")
+    return [LogText(local, _read_local(local))] if os.path.isfile(local) else []
 
 
-def _remote_logs(target: Target, run_dir: str, ranks: bool) -> list[LogText]:
-    files = [posixpath.join(run_dir, "output.log")]
+def _remote_files(target: Target, run_dir: str, ranks: bool) -> list[tuple[str, str]]:
+    names = [posixpath.join(run_dir, "output.log")]
     if ranks:
         found = target.run(["find", posixpath.join(run_dir, RANK_LOG_DIR), "-type", "f",
                             "(", "-name", "*.log", "-o", "-name", "error.json", ")"], timeout=60)
         if found.ok:
-            files += sorted(line for line in found.text.splitlines() if line.strip())[:MAX_RANK_LOGS]
+            names += sorted(line for line in found.text.splitlines() if line.strip())[:MAX_RANK_LOGS]
     out = []
-    for path in files:
+    each = min(MAX_LOG_BYTES, MAX_RUN_BYTES // len(names))
+    for path in names:
         try:   # inside the run's folder by real path: a log swapped for a link is not read
-            found = payload_api.file_read(target, path, [run_dir], length=MAX_LOG_BYTES,
+            found = payload_api.file_read(target, path, [run_dir], length=each,
                                           timeout=120, tail=True)
         except OrchError:
             continue
-        text = found["data"].decode("utf-8", "replace")
-        if path.endswith(".json"):
-            text = error_file_traceback(text)
-        out.append(LogText(f"{target.name}:{path}", text, rank_of(path)))
+        out.append((path, found["data"].decode("utf-8", "replace")))
     return out
 
 
-def rank_of(path: str) -> str:
+def logs_from_files(target: str, files: list[tuple[str, str]], offset: int = 0) -> list[LogText]:
+    """A launch's files, (path in the target, text), as explain reads them: whose each is (a
+    rank's own folder), an error file's traceback and when it was written."""
+    out = []
+    for path, text in files:
+        when = None
+        if path.endswith(".json"):
+            text, when = error_file(text)
+        out.append(LogText(f"{target}:{path}", text, rank_of(path, offset), when))
+    return out
+
+
+def rank_of(path: str, offset: int = 0) -> str:
     """A rank's own files (RUN_DIR/ranks/<id>/attempt_<n>/<local rank>/...) carry no
-    [rankN]: prefix: the folder says whose they are."""
+    [rankN]: prefix: the folder says whose they are (its local rank; OFFSET: the node's first
+    global rank, on a node of a job over several)."""
     parts = path.split("/")
     if RANK_LOG_DIR in parts and len(parts) >= 2 and parts[-2].isdigit():
-        return f"rank {int(parts[-2])}"
+        return f"rank {int(parts[-2]) + offset}"
     return ""
 
 
-def error_file_traceback(text: str) -> str:
-    """The traceback a torchrun error file (torch.distributed.elastic's @record) holds:
-    {"message": {"message": ..., "extraInfo": {"py_callstack": "Traceback ..."}}}."""
+def rank_offset(record: RunRecord, target: str) -> int:
+    """The node's first global rank: its node rank times its ranks (torchrun numbers the
+    ranks of a job over several nodes node by node)."""
+    for step in record.steps:
+        if step.kind == "launch" and step.target == target and step.data.get("node_rank") is not None:
+            return int(step.data.get("node_rank") or 0) * int(step.data.get("ranks") or 1)
+    return 0
+
+
+def error_file(text: str) -> tuple[str, Optional[float]]:
+    """The traceback a torchrun error file (torch.distributed.elastic's @record) holds, and
+    when it was written: {"message": {"message": ..., "extraInfo": {"py_callstack":
+    "Traceback ...", "timestamp": "1796302434"}}}."""
     try:
         data = json.loads(text)
     except ValueError:
-        return ""
+        return "", None
     message = data.get("message") if isinstance(data, dict) else None
     info = message.get("extraInfo") if isinstance(message, dict) else None
     stack = info.get("py_callstack") if isinstance(info, dict) else None
-    return stack if isinstance(stack, str) else ""
+    try:
+        when = float(info.get("timestamp")) if isinstance(info, dict) else None
+    except (TypeError, ValueError):
+        when = None
+    return (stack if isinstance(stack, str) else ""), when
 
 
 def _read_local(path: str) -> str:
@@ -166,32 +229,150 @@ def read_log_file(path: str) -> LogText:
 
 # ------------------------------------------------------------------ the whole explanation
 def explain(target: Target, logs: list[LogText], *, context: int = 3, roots: Optional[list] = None,
-            look_up_patches: bool = True) -> Explanation:
-    """roots: the folders of the run's own files (None: those of the log's scripts)."""
-    parsed, summaries = [], []
-    for log in logs:
-        result = tracebacks.parse(log.text, source=log.source, worker=log.worker)
-        parsed += result.tracebacks
-        summaries.append({"source": log.source, "bytes": len(log.text),
-                          "tracebacks": len(result.tracebacks), "dropped": result.dropped})
-    groups = tracebacks.group(parsed)
-    explanation = Explanation(target.name, summaries, [], [], [])
+            look_up_patches: bool = True, hints: Optional[RunHints] = None,
+            ran_at: Optional[float] = None, python: Optional[str] = None) -> Explanation:
+    """roots: the folders of the run's own files (None: those of the log's scripts); hints:
+    what the run's record says of its end; ran_at: when it was launched and python: the
+    python it ran (the source that ran; default: the target's)."""
+    reading = read_logs(logs, hints)
+    groups, lead = reading.groups, reading.lead
+    explanation = Explanation(target.name, reading.summaries, [], [], [], lead=lead,
+                              consequences=reading.consequences,
+                              torchrun=[asdict(f) for f in reading.torchrun])
     if not groups:
-        explanation.notes.append("no Python traceback in the log(s)")
+        explanation.notes.append("no Python traceback in the log(s)" + (
+            f"; what the logs say instead leads ({lead.kind})" if lead is not None else ""))
         return explanation
     # The folders whose files the payload may read besides the installed packages: the
     # run's own (the caller's roots), else, for a log given by hand, its scripts' folders.
-    facts = payload_api.explain_frames(target, frame_requests(groups),
-                                       roots=script_roots(groups) if roots is None else list(roots),
-                                       context=context)
+    facts = read_frames(explanation, target, groups, roots, context, ran_at, python)
     explanation.python = str(facts.get("python") or "")
     explanation.failures = [failure(g, facts) for g in groups]
-    explanation.candidates = rank(groups, facts)
+    if facts.get("ran_before_patch"):
+        explanation.notes.append("files orch's fx patch changed since this run are read as they ran "
+                                 "(orch's backups): marked `patched since`")
+    judge_shared_state(explanation, groups, facts, target, look_up_patches)
+    return explanation
+
+
+def read_frames(explanation: Explanation, target: Target, groups: list[tracebacks.Group],
+                roots: Optional[list], context: int, ran_at: Optional[float],
+                python: Optional[str]) -> dict:
+    """The frames' facts, read with the python the run ran, else the target's; when neither
+    can run (the venv removed since), none: the cause is the logs' and still said."""
+    requests, folders = frame_requests(groups), script_roots(groups) if roots is None else list(roots)
+    for choice in ([python, None] if python else [None]):
+        try:
+            return payload_api.explain_frames(target, requests, roots=folders, context=context,
+                                              ran_at=ran_at, python=choice)
+        except PythonUnavailable as error:
+            explanation.notes.append(f"{error.message}: " + ("trying the target's own" if choice else
+                                                             "the frames' source is not read"))
+        except OrchError as error:     # the local transport's word for a missing program
+            if choice is None:
+                raise
+            explanation.notes.append(f"the run's python {choice} could not be used "
+                                     f"({error.message[:200]}): trying the target's own")
+    return {}
+
+
+@dataclass
+class Reading:
+    """What the logs themselves say, before any source is read: the failures, torchrun's
+    tables, the lead and what follows from it."""
+
+    groups: list[tracebacks.Group]
+    torchrun: list[RankFailure]
+    lead: Optional[Lead]
+    consequences: list[Consequence]
+    summaries: list[dict]
+
+
+def read_logs(logs: list[LogText], hints: Optional[RunHints] = None) -> Reading:
+    """Every traceback of the logs (torchrun's table's too), grouped, and the lead (pure)."""
+    parsed, summaries, torchrun = [], [], []
+    for log in logs:
+        result = tracebacks.parse(log.text, source=log.source, worker=log.worker, time=log.time)
+        table = failure_table(log.text)
+        torchrun += table
+        parsed += result.tracebacks + table_tracebacks(table, log.source)
+        summaries.append({"source": log.source, "bytes": len(log.text),
+                          "tracebacks": len(result.tracebacks), "dropped": result.dropped})
+    groups = tracebacks.group(parsed)
+    hung = any(_FAULTHANDLER_TIMEOUT.search(log.text) for log in logs)
+    lead, consequences = causes.find_lead(groups, torchrun, hints, hang_in_log=hung)
+    if lead is not None and lead.failure is None:
+        lead.last_lines = last_lines(logs)
+    return Reading(groups, torchrun, lead, consequences, summaries)
+
+
+def judge_shared_state(explanation: Explanation, groups: list[tracebacks.Group], facts: dict,
+                       target: Target, look_up_patches: bool) -> None:
+    """Shared state only on evidence that threads shared the failing code: then the ranked
+    candidates and the remedies for those with enough evidence; else why not, and the frame
+    that raised with its locals."""
+    own = [g for g, f in zip(groups, explanation.failures) if f.role == OWN]
+    evidence, known_race = causes.concurrency(own)
+    lead = explanation.lead
+    raising = _raising(explanation.failures[lead.failure] if lead is not None and lead.failure is not None
+                       else explanation.failures[0])
+    if not evidence:
+        explanation.shared_state = SharedState(False, why=causes.not_concurrent(own or groups), raising=raising)
+        return
+    confident = CONFIDENT if known_race else CONFIDENT[:1]
+    explanation.candidates = rank(own, facts)
     rows = patch_rows(target, explanation.candidates) if look_up_patches else None
-    explanation.remedies = remedies(explanation.candidates, target, rows, own_entry(explanation.failures))
+    explanation.remedies = remedies(explanation.candidates, target, rows,
+                                    own_entry(explanation.failures), confident)
     frame_files = {f.relpath for failure in explanation.failures for f in failure.frames}
     explanation.notes += applied_notes(explanation.candidates, frame_files, rows or [], target)
-    return explanation
+    found = any(c.confidence in confident and c.score > 0 and not c.thread_local
+                for c in explanation.candidates)
+    explanation.shared_state = SharedState(
+        True, evidence, known_race, "candidates" if found else "nothing", raising=raising,
+        why="" if found else "threads ran, but no state the failing frames read has the evidence "
+                             f"of a race ({' or '.join(confident)} confidence: read where it raised "
+                             "and written on a failing stack)")
+
+
+def _raising(failure: "Failure") -> Optional[dict]:
+    frame = failure.frames[-1] if failure.frames else None
+    if frame is None:
+        return None
+    return {"where": f"{frame.relpath or frame.file}:{frame.line}", "function": frame.qualname or frame.function,
+            "locals": frame.locals, "available": frame.available}
+
+
+def failure_table(text: str) -> list[RankFailure]:
+    """torchrun's last failure table in a log (its ChildFailedError summary)."""
+    at = text.rfind(TABLE)
+    if at < 0:
+        return []
+    reader = ChildFailedReader()
+    for line in text[text.rfind("\n", 0, at) + 1:].splitlines():
+        reader.feed(line)
+    return reader.failures
+
+
+def table_tracebacks(table: list[RankFailure], source: str) -> list[tracebacks.Traceback]:
+    """The tracebacks torchrun's table quotes from its workers' error files (@record)."""
+    out = []
+    for failure in table:
+        if failure.traceback.startswith(tracebacks.HEADER) and failure.rank is not None:
+            first, _, rest = failure.traceback.partition("\n")
+            text = first + "\n" + textwrap.dedent(rest)
+            out += tracebacks.parse(text, source=f"{source} (torchrun's failure table)",
+                                    worker=f"rank {failure.rank}").tracebacks
+    return out
+
+
+def last_lines(logs: list[LogText]) -> list[str]:
+    """What each log said last (a hung run's only evidence besides its stacks)."""
+    out = []
+    for log in logs:
+        lines = [line.strip() for line in log.text[-8192:].replace("\r", "\n").splitlines() if line.strip()]
+        out += [f"{log.source}: {line[:300]}" for line in lines[-LAST_LINES:]]
+    return out
 
 
 def frame_requests(groups: list[tracebacks.Group]) -> list[dict]:
@@ -202,7 +383,8 @@ def frame_requests(groups: list[tracebacks.Group]) -> list[dict]:
         for index, frame in enumerate(frames):
             key = (frame.file, frame.line)
             entry = seen.setdefault(key, {"file": frame.file, "line": frame.line,
-                                          "function": frame.function, "innermost": False})
+                                          "function": frame.function, "innermost": False,
+                                          "code": frame.code})
             entry["innermost"] = entry["innermost"] or index == len(frames) - 1
     return list(seen.values())
 
@@ -234,12 +416,6 @@ def own_entry(failures: list[Failure]) -> str:
     return ""
 
 
-def _natural(name: str) -> tuple:
-    """drafter-2 before drafter-10."""
-    head = name.rstrip("0123456789")
-    return (head, int(name[len(head):]) if name[len(head):] else -1)
-
-
 def failure(g: tracebacks.Group, facts: dict) -> Failure:
     by_frame, files = facts_by_frame(facts), facts.get("files", {})
     frames = []
@@ -252,11 +428,13 @@ def failure(g: tracebacks.Group, facts: dict) -> Failure:
             qualname=seen.get("qualname", ""), code=frame.code, available=ok,
             reason="" if ok else (info.get("reason") or seen.get("note") or "source not available"),
             package=info.get("package"), version=info.get("version"), record=info.get("record"),
-            relpath=info.get("relpath", ""), source=seen.get("source", []) if ok else []))
+            relpath=info.get("relpath", ""), source=seen.get("source", []) if ok else [],
+            code_matches=seen.get("code_matches"), ran=info.get("ran", "file"),
+            patched_since=info.get("patched_since", ""), locals=seen.get("locals", [])))
     tb = g.traceback
-    return Failure(tb.exception, tb.message, sorted(g.workers, key=_natural), g.count, frames,
+    return Failure(tb.exception, tb.message, sorted(g.workers, key=causes.natural), g.count, frames,
                    tb.dropped_frames,
-                   [f"{c.exception}: {c.message}" for c in tb.causes], tb.source)
+                   [f"{c.exception}: {c.message}" for c in tb.causes], tb.source, causes.role(g))
 
 
 # ------------------------------------------------------------------ a recorded run
@@ -274,17 +452,91 @@ def launched_targets(record: RunRecord) -> list[str]:
 
 def explain_record(record: RunRecord, targets: list[Target], **options) -> list[Explanation]:
     """Each target's explanation of a recorded run (targets: those it launched on)."""
+    return explain_logs(record, [(target, run_logs(record, target)) for target in targets], **options)
+
+
+def explain_logs(record: RunRecord, logs: list[tuple[Target, list[LogText]]], **options) -> list[Explanation]:
+    """A recorded run's explanations, one per target, from each target's logs: its record says
+    how each ended (orch stopped it as hung, a signal) and when it started; over several nodes
+    the node whose failure came first leads, the others' follow from it."""
     out = []
-    for target in targets:
-        logs = run_logs(record, target)
-        if not logs:
+    for target, texts in logs:
+        if not texts:
             empty = Explanation(target.name, [], [], [], [])
             empty.notes.append(f"no log of run {record.run_id} on {target.name}: neither its launch "
                                "folder there nor a collected output.log here")
             out.append(empty)
             continue
-        out.append(explain(target, logs, roots=own_roots(record, target.name), **options))
-    return out
+        explained = explain(target, texts, roots=own_roots(record, target.name),
+                            hints=run_hints(record, target.name), ran_at=launched_at(record, target.name),
+                            python=launched_python(record, target.name), **options)
+        if explained.lead is not None and explained.lead.kind == "hang":
+            explained.stacks = recorded_stacks(record, target.name)
+        out.append(explained)
+    return first_node_first(out, record)
+
+
+def first_node_first(explanations: list[Explanation], record: RunRecord) -> list[Explanation]:
+    """Over several nodes: the node whose lead explains most (an exception of its own before
+    a lost peer), then orch's record of the node that failed first, leads; every other node's
+    lead follows from it."""
+    led = [e for e in explanations if e.lead is not None]
+    if len(led) < 2:
+        return explanations
+    first = (first_failure(record) or {}).get("node")
+    order = sorted(led, key=lambda e: (-e.lead.strength, e.target != first))
+    cause = order[0]
+    for other in order[1:]:
+        other.lead.node = other.target
+        other.lead.consequence_of = f"{cause.target}: {cause.lead.summary}"
+    cause.lead.node = cause.target
+    return [cause] + [e for e in explanations if e is not cause]
+
+
+def first_failure(record: RunRecord) -> Optional[dict]:
+    """orch's record of the node that failed first (a job over several nodes)."""
+    return next((s.data.get("first_failure") for s in record.steps
+                 if s.kind == "monitor" and (s.data or {}).get("first_failure")), None)
+
+
+def run_hints(record: RunRecord, target: str) -> RunHints:
+    """How the run ended on TARGET, as its monitor step recorded it."""
+    for step in reversed(record.steps):
+        if step.kind != "monitor" or not step.data:
+            continue
+        node = (step.data.get("nodes") or {}).get(target) or (step.data if step.target == target else None)
+        summary = (node or {}).get("summary") or {}
+        if summary:
+            return RunHints(stopped_for=summary.get("stopped_for"), signal=summary.get("signal"),
+                            exit_code=summary.get("exit_code"))
+    return RunHints()
+
+
+def launched_at(record: RunRecord, target: str) -> Optional[float]:
+    """When the run's first launch on TARGET started (epoch seconds)."""
+    for step in record.steps:
+        if step.kind == "launch" and step.target == target and step.data.get("started_at"):
+            return float(step.data["started_at"])
+    return None
+
+
+def launched_python(record: RunRecord, target: str) -> Optional[str]:
+    """The python the run's launch on TARGET ran (its command's first word, a python's
+    absolute path: torchrun's too), so its frames are read in the venv that ran them; None:
+    the target's own."""
+    for step in record.steps:
+        argv = step.data.get("argv") if step.kind == "launch" and step.target == target else None
+        if argv and isinstance(argv[0], str) and argv[0].startswith("/") \
+                and posixpath.basename(argv[0]).startswith(("python", "pypy")):
+            return argv[0]
+    return None
+
+
+def recorded_stacks(record: RunRecord, target: str) -> list[dict]:
+    """The stacks a hung run's record keeps for TARGET, taken while it hung. The seam for the
+    monitor's hang path (it takes them before it stops the run); until a record holds them
+    there are none, and the explanation says how to take them."""
+    return []
 
 
 def own_roots(record: RunRecord, target: str) -> list[str]:

@@ -562,7 +562,7 @@ class Monitor(FollowHandler):
         now = time.monotonic()
         worker = self._global(worker_of(name))
         for line in lines:
-            self.classifier.feed(line, now)
+            self.classifier.feed(line, now, name, worker)
             shown = line if worker is None else f"[{self.classifier.worker_word} {worker}] {line}"
             self.sink.log_line(self.target.name, shown)
         for point in points:

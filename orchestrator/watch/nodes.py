@@ -16,7 +16,6 @@ other node; a node orch stopped is never first while a node failed on its own.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from orchestrator.ground.verdicts import OK, worst
 from orchestrator.watch.classify import PEER_FAILED, EndState, Verdict
+from orchestrator.watch.distributed import PEER_LOST
 from orchestrator.watch.monitor import (Monitor, MonitorReporter, MonitorSettings, judge,
                                         make_monitor)
 from orchestrator.remote.container import Target
@@ -32,10 +32,6 @@ from orchestrator.remote.container import Target
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.recorder import RunRecorder
 
-# A rank that failed because its peer went away (plain literals: no backtracking).
-PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
-                       r"remote process exited|NCCL communicator was aborted|"
-                       r"RendezvousClosedError|TCPStore is not available")
 TORCHRUN_TIME = "%Y-%m-%d_%H:%M:%S"
 
 

@@ -33,6 +33,12 @@ SEVERAL_WORKERS = 1           # several workers fail in a function that reads it
 THREAD_LOCAL = -5             # already per thread: shown, ranked last
 STANDARD_LIBRARY = -2         # the interpreter's own machinery (threading's registries) sits
                               # on every thread's stack: seldom the cause, kept below
+# Confidence: high when it is read where the error was raised (the raising frame, or a check
+# it makes) and written on a failing stack (the race's two sides); medium with one of them;
+# low otherwise (an outer frame reads it, or it only lives in a failing frame's module).
+# Remedies go only to confident candidates: high and medium when the failure's words match a
+# known race on shared state, high alone otherwise (threads ran, nothing more is known).
+CONFIDENT = ("high", "medium")
 
 
 @dataclass
@@ -48,6 +54,8 @@ class Candidate:
     score: int
     evidence: list[str]
     package: Optional[str] = None
+    confidence: str = "low"   # high | medium | low (CONFIDENT)
+    patched_since: bool = False   # read in the source that ran: orch's backup (its patch came later)
 
     @property
     def ref(self) -> str:
@@ -122,7 +130,7 @@ def _candidate(module: str, report: dict, state: dict, files: dict) -> Candidate
     return Candidate(module=module, name=state["name"], kind=state.get("kind", ""),
                      defined=f"{relpath}:{state.get('line', 0)}", relpath=relpath,
                      thread_local=bool(state.get("thread_local")), writes=writes, read_by=[],
-                     score=0, evidence=[], package=package)
+                     score=0, evidence=[], package=package, patched_since=report.get("ran") == "backup")
 
 
 def _note_read(candidate: Candidate, frame, seen: dict, read: dict, workers: list, innermost: bool):
@@ -181,6 +189,16 @@ def _weigh(c: Candidate, stacks: dict, report: dict, groups) -> None:
     elif c.writes:
         c.evidence.append(f"written at run time by {_list(sorted(writers))}, a process-global "
                           "(every thread sees the same one)")
+    if c.writes and not on_stack and not c.thread_local:
+        c.evidence.append("none of its writers is on a failing stack: nothing shows a write while "
+                          "these frames read it")
+    if c.patched_since:
+        c.evidence.append(f"patched since: {c.relpath} is read as it ran (orch's backup); orch's "
+                          "patch changed it after this run")
+    where_raised = any(r["raising"] for r in c.read_by)
+    c.confidence = ("low" if c.package == STDLIB else     # threading's registries: on every stack
+                    "high" if where_raised and on_stack else
+                    "medium" if where_raised or on_stack else "low")
 
 
 def _short(where: str) -> str:
@@ -206,10 +224,11 @@ def patch_rows(target: Target, candidates: list[Candidate]) -> Optional[list[dic
 
 
 def remedies(candidates: list[Candidate], target: Target, rows: Optional[list[dict]],
-             entry: str = "") -> list[Remedy]:
-    """For each leading candidate (the best score, and any as good): orch's patch when the
-    patch set covers that state, else the generic options."""
-    leading = [c for c in candidates if c.score > 0 and not c.thread_local]
+             entry: str = "", confident: tuple = CONFIDENT) -> list[Remedy]:
+    """For each leading candidate with enough evidence (CONFIDENT; the best score, and any as
+    good): orch's patch when the patch set covers that state, else the generic options. A
+    candidate that only lives in a failing frame's module gets none."""
+    leading = [c for c in candidates if c.score > 0 and not c.thread_local and c.confidence in confident]
     if not leading:
         return []
     best = leading[0].score

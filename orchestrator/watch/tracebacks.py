@@ -41,6 +41,17 @@ _CHAINED = ("During handling of the above exception, another exception occurred:
 # Who is about to print a traceback: the stand-in trainer's error event (its words are
 # dflash.py's), Python's thread hook.
 _THREAD_HEADER = re.compile(r"Exception in thread (?P<name>[^\s:]{1,200})(?: \([^)]{0,200}\))?:")
+# torchrun's failure table quotes an error file's traceback as a field (`traceback : Traceback
+# ...`): distributed.py reads the table, its tracebacks come from there, not from here.
+_TABLE_FIELD = re.compile(r"^\s{0,40}traceback\s{0,40}:\s{0,40}$")
+# torch's ExceptionWrapper (a DataLoader worker's error, re-raised in the main process):
+# `KeyError: Caught KeyError in DataLoader worker process 0.` then `Original Traceback (most
+# recent call last):`, the worker's own traceback, which happened first.
+ORIGINAL = "Original"
+_CAUGHT_IN = re.compile(r"^Caught \w{1,200} in (?P<where>[^.\n]{1,200})\.")
+# The kinds of worker a traceback belongs to: a thread of the process (its name), a torchrun
+# rank (a process), another process (a DataLoader worker), or the log's own process.
+THREAD, RANK, PROCESS = "thread", "rank", "process"
 
 
 @dataclass
@@ -65,6 +76,10 @@ class Traceback:
     causes: list["Traceback"] = field(default_factory=list)   # chained before it, oldest first
     source: str = ""          # which log it came from
     line: int = 0             # the log line of its header
+    kind: str = ""            # THREAD | RANK | PROCESS | "" (the log's own process, its main thread)
+    reraised: bool = False    # an ExceptionWrapper's re-raise of another process's error
+    original: bool = False    # ... and that other process's own traceback (it happened first)
+    time: Optional[float] = None   # when it was raised, where the log says (an error file's timestamp)
 
     @property
     def innermost(self) -> Optional[Frame]:
@@ -94,9 +109,12 @@ class ParseResult:
 class _Reader:
     """One writer's state: the traceback it is printing, and who it said it is."""
 
-    def __init__(self, worker: str):
+    def __init__(self, worker: str, kind: str = ""):
         self.default_worker = worker
+        self.default_kind = kind
         self.next_worker = ""       # named by the line just before a traceback
+        self.next_kind = ""
+        self.indent = 0             # the traceback's header was indented (torch's `[rankN]: ` prefix)
         self.current: Optional[Traceback] = None
         self.chained: list[Traceback] = []   # finished, with a chain line after them
         self.pending_chain = False
@@ -108,10 +126,12 @@ class _Reader:
 class TracebackParser:
     """Feed a log's text in chunks, in order; `finish()` returns every traceback in it."""
 
-    def __init__(self, source: str = "", worker: str = ""):
+    def __init__(self, source: str = "", worker: str = "", kind: str = "", time: Optional[float] = None):
         self.source = source
         self.stream = LogStream()
         self.worker = worker
+        self.kind = kind or (RANK if worker.startswith("rank ") else "")
+        self.time = time
         self.readers: dict[Optional[int], _Reader] = {}
         self.done: list[Traceback] = []
         self.dropped = 0
@@ -120,6 +140,15 @@ class TracebackParser:
     def feed(self, text: str) -> None:
         for segment in self.stream.feed(text):
             self._segment(segment)
+
+    def feed_line(self, text: str) -> None:
+        """One line already cut (and its worker prefix taken off) by a LogStream: the
+        monitor's, which feeds the classifier line by line."""
+        self.lineno += 1
+        reader = self.readers.get(None)
+        if reader is None:
+            reader = self.readers[None] = _Reader(self.worker, self.kind)
+        self._line(reader, text)
 
     def finish(self) -> ParseResult:
         for segment in self.stream.finish():
@@ -135,19 +164,24 @@ class TracebackParser:
         rank = segment.worker
         reader = self.readers.get(rank)
         if reader is None:
-            name = f"rank {rank}" if rank is not None else self.worker
-            reader = self.readers[rank] = _Reader(name)
+            reader = self.readers[rank] = (_Reader(f"rank {rank}", RANK) if rank is not None
+                                           else _Reader(self.worker, self.kind))
         self._line(reader, segment.text)
 
     def _line(self, reader: _Reader, text: str) -> None:
         at = text.find(HEADER)
         if at >= 0:
-            self._who(reader, text[:at])     # glued: an event line, then the header
-            self._start(reader)
+            before = text[:at]
+            if _TABLE_FIELD.match(before):
+                return                       # torchrun's table quotes it: distributed.py reads it
+            self._who(reader, before)        # glued: an event line, then the header
+            self._start(reader, before)
             rest = text[at + len(HEADER):]
             if rest.strip():
                 self._line(reader, rest)
             return
+        if reader.indent and reader.current is not None and text[:reader.indent].isspace():
+            text = text[reader.indent:]      # the header's own indent: frames, code, exception
         if reader.current is None:
             if reader.message_lines:
                 self._message_line(reader, text)
@@ -187,25 +221,36 @@ class TracebackParser:
 
     def _who(self, reader: _Reader, text: str) -> None:
         """The worker the next traceback belongs to, if this line names one."""
+        if "ERROR" not in text and "Exception in thread" not in text:
+            return                           # the common line: no regex run on it
         trainer = dflash.ERROR_LINE.search(text)
         if trainer:
             # the stand-in trainer names its threads drafter-N, as here
             reader.next_worker = f"{dflash.WORD}-{int(trainer.group('drafter'))}"
+            reader.next_kind = THREAD
             return
         thread = _THREAD_HEADER.search(text)
         if thread:
-            reader.next_worker = thread.group("name")
+            reader.next_worker, reader.next_kind = thread.group("name"), THREAD
 
-    def _start(self, reader: _Reader) -> None:
+    def _start(self, reader: _Reader, before: str = "") -> None:
         if reader.current is not None:        # a header inside a traceback: the old one ended unseen
             self._close(reader)
         chain = reader.chained + [reader.last_done] if reader.pending_chain and reader.last_done else []
         if reader.pending_chain and reader.last_done is not None:
             self._unlist(reader.last_done)
         worker = reader.next_worker or (reader.last_done.worker if chain else reader.default_worker)
-        reader.current = Traceback(worker=worker, exception="", message="", source=self.source,
-                                   line=self.lineno, causes=[c for c in chain if c is not None])
-        reader.next_worker, reader.pending_chain, reader.chained = "", False, []
+        kind = reader.next_kind or (reader.last_done.kind if chain else reader.default_kind)
+        tb = Traceback(worker=worker, exception="", message="", source=self.source, line=self.lineno,
+                       causes=[c for c in chain if c is not None], kind=kind, time=self.time)
+        wrapper = reader.last_done
+        caught = _CAUGHT_IN.match(wrapper.message) if wrapper is not None and before.strip() == ORIGINAL else None
+        if caught:                            # the other process's own traceback, re-raised here
+            wrapper.reraised = tb.original = True
+            tb.worker, tb.kind = caught.group("where"), PROCESS
+        reader.current = tb
+        reader.indent = len(before) if before.isspace() else 0
+        reader.next_worker, reader.next_kind, reader.pending_chain, reader.chained = "", "", False, []
         reader.noise = reader.message_lines = 0
 
     def _frame(self, tb: Traceback, match: re.Match) -> None:
@@ -258,8 +303,8 @@ class TracebackParser:
                 return
 
 
-def parse(text: str, source: str = "", worker: str = "") -> ParseResult:
-    parser = TracebackParser(source, worker)
+def parse(text: str, source: str = "", worker: str = "", time: Optional[float] = None) -> ParseResult:
+    parser = TracebackParser(source, worker, time=time)
     parser.feed(text)
     return parser.finish()
 

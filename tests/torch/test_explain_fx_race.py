@@ -182,13 +182,21 @@ def test_on_the_patched_torch_the_same_log_says_the_patch_is_in(inventory, race_
 
 
 def _check_patched(inventory, race_log):
+    """The analysis reads the source that ran (orch's backups), not the patched files: the
+    flag stays the first candidate, `patched since`, and its remedy says the patch is in."""
     result = _explained(orch(inventory, "explain", "--log", str(race_log), "-t", "dev", "--json"))
     notes = " ".join(result["notes"])
     assert "FX tracing flag" in notes and f"({FLAG_FILE}): thread-local on dev now (patched by orch)" in notes
-    assert "_is_fx_tracing_tls, thread-local" in notes and "this log predates that" in notes
+    assert "this log predates that" in notes and "read as they ran (orch's backups)" in notes
     frames = {f["relpath"]: f for f in result["failures"][0]["frames"]}
     assert frames[FLAG_FILE]["record"] == "mismatch"                 # changed since install
-    holder = next(c for c in result["candidates"] if c["name"] == "_is_fx_tracing_tls")
-    assert holder["thread_local"] and holder["read_by"][0]["via_chain"] == \
-        ["is_fx_symbolic_tracing", "_get_is_fx_tracing"]
-    assert not any(r["state"].endswith("_is_fx_tracing_flag") for r in result["remedies"])
+    assert (frames[FLAG_FILE]["patched_since"], frames[FLAG_FILE]["ran"]) == ("orch", "backup")
+    check_fx_race_explained(result)                                  # the same story as before the patch
+    top = result["candidates"][0]
+    assert top["patched_since"] and top["confidence"] == "high"
+    [remedy] = result["remedies"]
+    assert (remedy["state"], remedy["patch_state"]) == ("torch.fx._symbolic_trace._is_fx_tracing_flag", "patched")
+    assert "thread-local now (patched): this log predates that, relaunch the run" in remedy["summary"]
+    people = orch(inventory, "explain", "--log", str(race_log), "-t", "dev").stdout
+    assert "high confidence, patched since)" in people and "is read as it ran (orch's backup)" in people
+    assert people.index("_is_fx_tracing_flag in") < people.index("_stance in")

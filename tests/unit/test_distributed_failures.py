@@ -214,3 +214,42 @@ def test_output_keeps_a_run_alive_before_any_step_but_rendezvous_retries_do_not(
         retrying.feed("[W1130 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host "
                       "127.0.0.1:29500 - retrying (try=0, timeout=900000ms, delay=497ms)", float(second))
     assert retrying.hung(30.0, alive=True)
+
+
+# ------------------------------------------------------------------ the verdict quotes the cause
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "explain_corpus"
+
+
+def classify_run(case: str, end: EndState) -> "Verdict":
+    """A corpus run's files fed as the monitor feeds them (its LogParser per file, each rank's
+    own file under its local rank)."""
+    from orchestrator.watch.logformats import LogParser, WorkerCap, make_format
+    from orchestrator.watch.monitor import worker_of
+    classifier = LogClassifier("dev")
+    folder = CORPUS / case
+    for path in [folder / "output.log", *sorted(folder.glob("ranks/**/*.log"))]:
+        name = None if path.name == "output.log" else str(path.relative_to(folder / "ranks"))
+        parser = LogParser(make_format("auto"), worker=worker_of(name), workers=WorkerCap(), source=name)
+        lines, _ = parser.feed(path.read_text())
+        finished, _ = parser.finish()
+        for line in lines + finished:
+            classifier.feed(line, 0.0, name, worker_of(name))
+    return classifier.classify(end, {}, cli="orch")
+
+
+def test_the_verdict_quotes_the_workers_exception_not_torchruns_wrapper():
+    verdict = classify_run("ddp-raise", EndState(state="exited", exit_code=1))
+    assert verdict.verdict == "traceback"
+    assert verdict.message.startswith("traceback: torchrun: rank 1 on localhost exited with code 1, pid ")
+    assert ": RuntimeError: injected failure on rank 1 at step 30" in verdict.message
+    [finding] = [f for f in verdict.findings if f.signature == "traceback"]
+    assert finding.message == "the run failed with RuntimeError: injected failure on rank 1 at step 30 (rank 1)"
+    assert not any("ChildFailedError" in f.message for f in verdict.findings)
+
+
+def test_a_plain_traceback_verdict_quotes_its_exception():
+    classifier = LogClassifier("dev")
+    for line in (CORPUS / "single-config-keyerror" / "output.log").read_text().splitlines():
+        classifier.feed(line, 0.0)
+    verdict = classifier.classify(EndState(state="exited", exit_code=1), {}, cli="orch")
+    assert verdict.message == "traceback: KeyError: 'betas'"

@@ -9,9 +9,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -274,4 +276,62 @@ def test_a_torchrun_runs_rank_logs_and_error_file_name_their_ranks(inventory, cr
     [failure] = result["failures"]
     assert failure["exception"] == "KeyError" and failure["workers"] == ["rank 0", "rank 1"]
     assert failure["count"] == 3             # rank 1 twice: its log and its error file
-    assert result["candidates"][0]["name"] == "_CACHE"
+    # ranks are processes, each failing in its main thread: no shared-state claim, the
+    # frame that raised with its locals instead
+    assert result["lead"]["exception"] == "KeyError" and result["candidates"] == []
+    shared = result["shared_state"]
+    assert not shared["concurrent"] and "processes of their own" in shared["why"]
+    assert shared["raising"]["function"] == "end" and shared["raising"]["locals"] == ["name", "owner"]
+
+
+PATCHED = LIBRARY.replace('_CACHE = {}\n', '# patched: one cache per thread\n_TLS = threading.local()\n'
+                          '_CACHE = _TLS.__dict__\n')
+
+
+@pytest.fixture
+def patched_venv(venv, tmp_path) -> Path:
+    """A copy of the venv whose cachelib orch's fx patch record says it changed: the file now,
+    the record beside site-packages (sha256 before and after, when) and the backup of what
+    ran before."""
+    copy = tmp_path / "venv"
+    shutil.copytree(venv, copy, symlinks=True)
+    site = next(copy.glob("lib/python3*/site-packages"))
+    (site / "cachelib" / "__init__.py").write_text(PATCHED)
+    backup = site / ".orch-fx-tls" / "backups" / "cachelib" / "__init__.py.orig"
+    backup.parent.mkdir(parents=True)
+    backup.write_text(LIBRARY)
+    (site / ".orch-fx-tls" / "record.json").write_text(json.dumps({
+        "applied_at": "2026-12-03T12:00:00+00:00", "files": [{
+            "path": "cachelib/__init__.py", "sha256_before": hashlib.sha256(LIBRARY.encode()).hexdigest(),
+            "sha256_after": hashlib.sha256(PATCHED.encode()).hexdigest()}]}))
+    return copy
+
+
+def _explained_on(patched_venv, crash_log, **options):
+    from orchestrator.targets.fleet import Fleet
+    from orchestrator.watch import explain
+
+    path = patched_venv.parent / "inventory.yaml"
+    path.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
+                    f"  dev: {{host: here, venv: '{patched_venv}'}}\ndefault_target: dev\n")
+    with Fleet.from_path(str(path)) as fleet:
+        [target] = fleet.targets(["dev"])
+        return explain.explain(target, [explain.read_log_file(str(crash_log))], **options)
+
+
+def test_a_file_orchs_patch_changed_since_the_run_is_read_as_it_ran(patched_venv, crash_log):
+    """By the run's time against the patch record's, else by the log's own code lines: the
+    backup, `patched since`; a run after the patch reads the file as it is."""
+    applied = datetime.fromisoformat("2026-12-03T12:00:00+00:00").timestamp()
+    for when in (applied - 60, None):
+        result = _explained_on(patched_venv, crash_log, ran_at=when)
+        raising = next(f for f in result.failures if f.exception == "KeyError").frames[-1]
+        assert (raising.record, raising.patched_since, raising.ran) == ("mismatch", "orch", "backup"), when
+        assert raising.code_matches is True and 'owner = _CACHE.pop("owner")' in raising.code
+        top = result.candidates[0]
+        assert (top.name, top.kind, top.patched_since, top.confidence) == ("_CACHE", "container", True, "high")
+        assert any("read as they ran (orch's backups)" in n for n in result.notes)
+    after = _explained_on(patched_venv, crash_log, ran_at=applied + 60)
+    raising = next(f for f in after.failures if f.exception == "KeyError").frames[-1]
+    assert (raising.ran, raising.code_matches) == ("file", False)     # the log's line 19 is not the file's now
+    assert not any(c.name == "_CACHE" and c.patched_since for c in after.candidates)

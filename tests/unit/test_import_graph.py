@@ -139,7 +139,7 @@ LAYERS = [
 # Inside a room, the same rule between its modules or subpackages (bottom first).
 SUBLAYERS = {
     "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
-    "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "stacks",
+    "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "causes", "stacks",
               "stacktool", "classify", "monitor", "nodes", "suspects", "explain"],
     "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["notify_apprise", "textfile", "rerun", "schedule"],

@@ -211,7 +211,7 @@ def test_explain_frames_ships_a_long_tracebacks_frames_on_stdin():
     assert payload_api.explain_frames(t, frames, roots=["/root/run"])["frames"] == []
     call = host.calls[0]
     assert call["argv"] == ["/root/venv/bin/python", "-"]
-    assert args_of(call) == {"frames": frames, "roots": ["/root/run"], "context": 3}
+    assert args_of(call) == {"frames": frames, "roots": ["/root/run"], "context": 3, "ran_at": None}
     assert call["stdin"].endswith(payload_source("explain_frames"))
 
 

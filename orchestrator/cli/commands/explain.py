@@ -1,5 +1,5 @@
-"""orch explain: a failed run's tracebacks, their source in the target, the shared state
-behind them and the remedy (orchestrator/watch/explain.py does the work)."""
+"""orch explain: a failed run's cause, what followed from it, its source as it ran, and the
+shared state behind it when threads shared it (orchestrator/watch/explain.py does the work)."""
 
 from __future__ import annotations
 
@@ -47,18 +47,22 @@ KINDS = {"global": "module global, rebound under `global`",
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every frame, every candidate).")
 @pass_app
 def explain_command(app, run, log_file, targets, context, all_frames, as_json):
-    """Explain a failed run: its tracebacks, their source in the target, the shared state.
+    """Explain a failed run: its cause first, what followed from it, and shared state on evidence.
 
     Reads the tracebacks of every worker in RUN's logs (default: the last run; every launch,
-    every rank), groups the same error in several workers, and reads each frame's source in
-    the target's installed packages with the target's own python: the lines around it, the
-    package version, and whether the file still matches its wheel's RECORD. Then it finds the
-    process-wide mutable state the failing frames read (module globals a function rebinds
-    under `global`, module-level dicts/lists/sets mutated in place, class attributes set at
-    run time), ranks it with the evidence, and proposes a remedy: orch's thread-safety patch
-    when it covers that state, else the generic options. Nothing is imported or changed in
-    the target. Exit code: 0 a traceback was explained, 1 none found in the logs, other codes
-    for errors (docs/reference/exit-codes.md).
+    every rank and node, torchrun's error files and failure table), and leads with the cause:
+    the first failure in time, torchrun's ChildFailedError unwrapped to the worker's
+    exception, a rank killed by a signal, or a hang (with its last lines); what follows from
+    it (a lost peer, a collective timeout on the survivors, torchrun's SIGTERM) is listed
+    under it. Each frame's source is read in the target with the python that ran, as it ran
+    (orch's backup of a file its patch changed since: `patched since`), with the package
+    version and whether the file still matches its wheel's RECORD. Only when threads shared
+    the failing code (several failed, a named thread raised, a known race's words) does it
+    rank the process-wide mutable state the failing frames read, each with its evidence and
+    a confidence, and propose a remedy for those with enough evidence; otherwise it says that
+    nothing points to shared state. Nothing is imported or changed in the target. Exit code:
+    0 a failure was explained, 1 nothing in the logs, other codes for errors
+    (docs/reference/exit-codes.md).
 
     \b
     Examples:
@@ -90,7 +94,7 @@ def explain_command(app, run, log_file, targets, context, all_frames, as_json):
     else:
         for result in results:
             _print(result, all_frames)
-    return ExitCode.OK if any(r.failures for r in results) else ExitCode.FAILED
+    return ExitCode.OK if any(r.failures or r.lead for r in results) else ExitCode.FAILED
 
 
 # ------------------------------------------------------------------ for people
@@ -101,14 +105,72 @@ def _print(result, all_frames: bool) -> None:
               + ", ".join(f"{esc(log['source'])}: {log['tracebacks']} traceback(s)" for log in result.logs))
     for note in result.notes:
         out.print(f"  {esc(note)}")
-    for number, failure in enumerate(result.failures, 1):
-        _print_failure(number, failure, all_frames)
+    lead = result.lead
+    if lead is not None:
+        _print_lead(result, lead, all_frames)
+    others = [(n, f) for n, f in enumerate(result.failures) if lead is None or n != lead.failure]
+    shown = [(n, f) for n, f in others if f.role == "own"]
+    if shown:
+        out.print("\n[bold]Other failures[/] (not following from the cause):" if lead is not None else "")
+        for number, failure in shown:
+            _print_failure(number + 1, failure, all_frames)
+    _print_shared_state(result)
+
+
+def _print_lead(result, lead, all_frames: bool) -> None:
+    out, esc = console.out, console.escape
+    where = f" on {esc(lead.node)}" if lead.node else ""
+    if lead.consequence_of:
+        out.print(f"\n[bold]On {esc(result.target)}[/]: {esc(lead.summary)}"
+                  f"\n  follows from the run's cause, {esc(lead.consequence_of)}")
+    else:
+        out.print(f"\n[bold red]Cause{where}[/]: {esc(lead.summary)}")
+    for why in lead.why:
+        out.print(f"  [dim]{esc(why)}[/]")
+    if lead.failure is not None:
+        _print_failure(lead.failure + 1, result.failures[lead.failure], all_frames, heading=False)
+    if lead.last_lines:
+        out.print("  the logs' last lines:")
+        for line in lead.last_lines:
+            out.print(f"    {esc(line)}")
+    if lead.kind == "hang":
+        if result.stacks:
+            out.print("  the stacks taken while it hung (the run's record):")
+            for thread in result.stacks:
+                out.print(f"    {esc(str(thread.get('label') or thread.get('tid')))}")
+        else:
+            out.print("  no stacks in the run's record: while a run hangs, `orch stacks RUN` takes "
+                      "every thread's stack (and who waits on whom)")
+    if result.consequences:
+        out.print("\n[bold]What followed from it[/]:")
+        for item in result.consequences:
+            out.print(f"  - {esc(item.what)}\n      {esc(item.because)}")
+
+
+def _print_shared_state(result) -> None:
+    out, esc = console.out, console.escape
+    state = result.shared_state
+    if state is None:
+        return
+    if not state.concurrent:
+        out.print(f"\n[bold]Shared state[/]: nothing points to shared state: {esc(state.why)}")
+        raising = state.raising
+        if raising:
+            names = ", ".join(raising["locals"]) if raising["locals"] else (
+                "(its source is not here)" if not raising["available"] else "none")
+            out.print(f"  the frame that raised: {esc(raising['function'])} ({esc(raising['where'])}), "
+                      f"its locals: {esc(names)}")
+        return
+    out.print("\n[bold]Shared state[/]: the failing code ran in several threads: "
+              + esc("; ".join(state.evidence)))
     if result.candidates:
-        out.print("\n[bold]Shared state the failing frames read[/] (most evidence first):")
+        out.print("[bold]Shared state the failing frames read[/] (most evidence first):")
         for candidate in result.candidates[:SHOWN_CANDIDATES]:
             _print_candidate(candidate)
         if len(result.candidates) > SHOWN_CANDIDATES:
             out.print(f"  ... {len(result.candidates) - SHOWN_CANDIDATES} more with less evidence (--json)")
+    if state.answer == "nothing":
+        out.print(f"  none with enough evidence for a remedy: {esc(state.why)}")
     for remedy in result.remedies:
         out.print(f"\n[bold]Remedy[/] for {esc(remedy.state)}: {esc(remedy.summary)}")
         for option in remedy.options:
@@ -117,13 +179,16 @@ def _print(result, all_frames: bool) -> None:
             out.print(f"    [cyan]{esc(command)}[/]")
 
 
-def _print_failure(number, failure, all_frames: bool) -> None:
+def _print_failure(number, failure, all_frames: bool, heading: bool = True) -> None:
     out, esc = console.out, console.escape
     who = ", ".join(failure.workers) or "one worker"
-    # a message of several lines (torch's "backend=... raised:" then the real error) is
-    # indented under its number
-    message = esc(failure.message).replace("\n", "\n" + " " * (len(str(number)) + 2))
-    out.print(f"\n[bold red]{number}. {esc(failure.exception)}[/]: {message}")
+    if heading:
+        # a message of several lines (torch's "backend=... raised:" then the real error) is
+        # indented under its number
+        message = esc(failure.message).replace("\n", "\n" + " " * (len(str(number)) + 2))
+        out.print(f"\n[bold red]{number}. {esc(failure.exception)}[/]: {message}")
+    elif "\n" in failure.message:
+        out.print("   " + esc(failure.message).replace("\n", "\n   "))
     out.print(f"   in {len(failure.workers) or 1} worker(s): {esc(who)}"
               + (f" ({failure.count} tracebacks)" if failure.count > len(failure.workers) else ""))
     for cause in failure.causes:
@@ -141,6 +206,9 @@ def _print_frame(frame) -> None:
     if frame.package and frame.version:
         record = {"ok": "as installed", "mismatch": "CHANGED since install (patched or drifted)",
                   "not-listed": "not in its RECORD"}.get(frame.record or "", "")
+        if frame.patched_since == "orch":
+            record = ("patched since by orch; shown as it ran (orch's backup)" if frame.ran == "backup"
+                      else "patched by orch (shown as it is now)")
         package = f"  [dim]{esc(frame.package)} {esc(frame.version)}{', ' + record if record else ''}[/]"
     elif frame.package:
         package = f"  [dim]{esc(frame.package)}[/]"
@@ -153,6 +221,8 @@ def _print_frame(frame) -> None:
     for line in frame.source:
         mark = ">" if line["line"] == frame.line else " "
         out.print(f"    {mark}{line['line']:6d}  {esc(line['text'])}")
+    if frame.code_matches is False:
+        out.print(f"      [yellow]the log shows `{esc(frame.code)}` here: this file changed since the run[/]")
 
 
 def _print_candidate(candidate) -> None:
@@ -160,7 +230,8 @@ def _print_candidate(candidate) -> None:
     local = "[green]thread-local[/]" if candidate.thread_local else "[red]process-global[/]"
     kind = KINDS.get(candidate.kind, candidate.kind)
     out.print(f"  [bold]{esc(candidate.name)}[/] in {esc(candidate.defined)} ({esc(kind)}, "
-              f"{local}, score {candidate.score})")
+              f"{local}, score {candidate.score}, {esc(candidate.confidence)} confidence"
+              + (", patched since" if candidate.patched_since else "") + ")")
     for write in candidate.writes[:4]:
         out.print(f"      written: {esc(write['where'])} in {esc(write['function'])} ({esc(write['how'])})"
                   + (f"\n          {esc(write['text'])}" if write.get("text") else ""))
