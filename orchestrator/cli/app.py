@@ -102,7 +102,7 @@ LAZY_COMMANDS = {
     "exec": ("orchestrator.cli.commands.core", "exec_command",
              "Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live."),
     "explain": ("orchestrator.cli.commands.explain", "explain_command",
-                "Explain a failed run: its tracebacks, their source in the target, the shared state."),
+                "Explain a failed run: its cause first, what followed from it, and shared state on evidence."),
     "forward": ("orchestrator.cli.commands.debug", "forward_command",
                 "Forward local TCP ports to ports inside a container, until Ctrl-C."),
     "grep-pkg": ("orchestrator.cli.commands.torch", "grep_pkg",
