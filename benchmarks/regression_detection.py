@@ -30,6 +30,26 @@ from one night on) confirmed as a regression on the first or second night.
     .venv/bin/python benchmarks/regression_detection.py                  # the table in docs
     .venv/bin/python benchmarks/regression_detection.py --repeat 3 --scenario cpu
     .venv/bin/python benchmarks/regression_detection.py --trials 50 --json
+
+--changes measures the change-point rules instead (runs/changes.py, in the nightly's
+runs/noise.py), side by side with Apache Otava's defaults on the same histories when
+`apache-otava` is installed (pip install 'orch[bench]'): after CP_WARMUP healthy nights,
+30 more nights of each case, every night judged on the history so far:
+
+  healthy     nothing changes: false alarms per 30 nights
+  drift       -0.1, -0.3 or -1 % a night, from night 1 on: caught by night 30, nights to catch
+  step        -5 % from night 1 on: caught, on its night, nights to catch
+  spread      the noise x 3 from night 1 on, the level unchanged: alarms per 30 nights
+  recovery    -5 % for 5 nights, then back: the dip caught, and 10 nights after its end
+              no drop still in effect (orch's segments; Otava's split at its change points)
+
+An alarm is a night that exits 20 for throughput (any metric). Rules: "orch change points"
+(a metric's regression that came from runs/changes.py's rules), "orch nightly" (every
+throughput rule of `orch nightly`: noise model and change points), "Otava" (each metric's
+series so far through otava.analysis.compute_change_points with its defaults, a new drop
+in effect being an alarm, as for orch).
+
+    .venv/bin/python benchmarks/regression_detection.py --changes --trials 100
 """
 
 from __future__ import annotations
@@ -42,7 +62,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.runs import noise  # noqa: E402
+from orchestrator.runs import changes, noise  # noqa: E402
 from orchestrator.runs.compare import compare  # noqa: E402
 from orchestrator.runs.model import MetricPoint, RunRecord, TargetInfo  # noqa: E402
 
@@ -83,7 +103,7 @@ class Judges:
         the night), then keep it."""
         threshold = bool(self.records) and compare(self.records[-1], night_runs[0]).regressed
         tonight = noise.profile_night(night_runs)
-        history = self.profiles[::-1][:noise.WINDOW + 1]
+        history = self.profiles[::-1][:max(noise.WINDOW + 1, noise.HISTORY)]
         status = noise.judge(tonight, history).status
         self.records.append(night_runs[-1])
         self.profiles.append(tonight)
@@ -136,6 +156,147 @@ def measure(name: str, trials: int, seed: int, repeat: int = 1) -> dict:
     return row
 
 
+# ------------------------------------------------------------------ change points (--changes)
+CP_WARMUP = 30         # healthy nights before each case: a month of nightly history
+CP_NIGHTS = 30         # nights of each case judged
+CASES = ("healthy", "drift -0.1 %/night", "drift -0.3 %/night", "drift -1 %/night", "step -5 %",
+         "spread x3", "recovery")
+RULES = ("orch change points", "orch nightly", "Otava 0.8.0 defaults")
+
+
+def case_night(case: str, k: int) -> tuple[float, float]:
+    """(shift, noise scale) of the case's night K (1: its first)."""
+    if case.startswith("drift"):
+        return float(case.split()[1]) / -100 * k, 1.0
+    if case == "step -5 %":
+        return 0.05, 1.0
+    if case == "spread x3":
+        return 0.0, 3.0
+    if case == "recovery":
+        return (0.05 if k <= 5 else 0.0), 1.0
+    return 0.0, 1.0
+
+
+def otava_changes(values: list[float]) -> list:
+    """Otava's change points of VALUES (its defaults), as runs/changes.py Changes so the same
+    "new drop in effect" rule reads them; None without Otava."""
+    from otava.analysis import compute_change_points   # optional: orch[bench]
+    points, _ = compute_change_points(values)
+    cuts = [0] + [p.index for p in points] + [len(values)]
+    means = [sum(values[a:b]) / (b - a) for a, b in zip(cuts, cuts[1:])]
+    return [changes.Change(p.index, means[i], means[i + 1], means[i + 1] / means[i] - 1, 0.0, 0.0,
+                           p.stats.pvalue, changes.LEVEL,
+                           abs(means[-1] - means[i + 1]) < abs(means[-1] - means[i]), 0, 0)
+            for i, p in enumerate(points)]
+
+
+def cp_history(rng: random.Random, spreads: tuple, case: str, with_otava: bool) -> dict:
+    """One history of CASE: per rule, the case's nights (1-based) that alarmed, and whether
+    each rule sees a recovery as over at the end."""
+    judges = Judges()
+    for n in range(CP_WARMUP):
+        judges.add([night(rng, n, spreads)])
+    alarms = {rule: [] for rule in RULES if with_otava or not rule.startswith("Otava")}
+    otava_last: dict = {}
+    series: dict = {}
+    for profile in judges.profiles:
+        for metric, level in profile.levels.items():
+            series.setdefault(metric, []).append(level)
+    # Each rule's first alarm is all a detection case needs: the rest of its nights are
+    # judged for the healthy and spread cases only (alarms per 30 nights); a recovery is
+    # judged through its dip, then its total analysed once at the end.
+    judged = CP_NIGHTS if case in ("healthy", "spread x3") else 5 if case == "recovery" else None
+    for k in range(1, CP_NIGHTS + 1):
+        shift, scale = case_night(case, k)
+        if (judged is not None and k > judged) or (judged is None and all(alarms.values())):
+            if judged is None:
+                break
+            record = night(rng, CP_WARMUP + k, tuple(s * scale for s in spreads), shift)
+            for metric, level in noise.profile(record).levels.items():
+                series[metric].append(level)
+            continue
+        record = night(rng, CP_WARMUP + k, tuple(s * scale for s in spreads), shift)
+        tonight = noise.profile(record)
+        judgement = noise.judge(tonight, judges.profiles[::-1][:max(noise.WINDOW + 1, noise.HISTORY)])
+        judges.records.append(record)
+        judges.profiles.append(tonight)
+        flagged = [m for m in judgement.metrics if m.status == noise.REGRESSION]
+        if flagged:
+            alarms["orch nightly"].append(k)
+        if any(m.change for m in flagged):
+            alarms["orch change points"].append(k)
+        for metric, level in tonight.levels.items():
+            series[metric].append(level)
+        if with_otava:
+            new = False
+            for metric, values in series.items():
+                found = otava_changes(values[-noise.HISTORY:])
+                last = otava_last.get(metric)
+                if last is None:
+                    last = otava_changes(values[-noise.HISTORY - 1:-1])
+                new = new or bool(changes.new_drops(found, last))
+                otava_last[metric] = found
+            if new:
+                alarms["Otava 0.8.0 defaults"].append(k)
+    recovered = {}
+    if case == "recovery":
+        total = series["total"][-noise.HISTORY:]
+        recovered["orch"] = not any(c.drop and c.in_effect for c in changes.analyse(total))
+        if with_otava:
+            recovered["Otava 0.8.0 defaults"] = not any(c.drop and c.in_effect
+                                                        for c in otava_changes(total))
+    return {"alarms": alarms, "recovered": recovered}
+
+
+def measure_changes(name: str, trials: int, seed: int, with_otava: bool) -> dict:
+    spreads = SCENARIOS[name]
+    rows = {}
+    for case in CASES:
+        rng = random.Random(f"{seed}-{name}-changes-{case}")
+        runs = [cp_history(rng, spreads, case, with_otava) for _ in range(trials)]
+        for rule in RULES:
+            if rule.startswith("Otava") and not with_otava:
+                continue
+            firsts = [r["alarms"][rule][0] if r["alarms"][rule] else None for r in runs]
+            caught = sorted(f for f in firsts if f is not None)
+            row = {"caught": len(caught) / trials,
+                   "median_nights": caught[len(caught) // 2] if caught else None,
+                   "first_night": sum(f == 1 for f in caught) / trials,
+                   "alarms_per_30": sum(len(r["alarms"][rule]) for r in runs) / trials
+                   * 30 / CP_NIGHTS}
+            if case == "recovery":
+                key = "orch" if rule.startswith("orch") else rule
+                row["caught"] = sum(1 for f in firsts if f is not None and f <= 5) / trials
+                row["recovered"] = sum(r["recovered"].get(key, False) for r in runs) / trials
+            rows[(case, rule)] = row
+    return {"scenario": name, "spreads": spreads, "trials": trials, "rows": rows}
+
+
+def changes_table(results: list[dict]) -> str:
+    lines = ["| scenario | case | rule | caught (by night 30) | median nights to catch | "
+             "on its night | alarms per 30 nights |", "| --- | --- | --- |" + " ---: |" * 4]
+    for result in results:
+        spread = "/".join(f"{s:.0%}" for s in result["spreads"])
+        for (case, rule), row in result["rows"].items():
+            caught = "-" if case in ("healthy", "spread x3") else f"{row['caught']:.0%}"
+            if case == "recovery":
+                caught = f"dip {row['caught']:.0%}, recovery seen {row['recovered']:.0%}"
+            nights = "-" if row["median_nights"] is None or case in ("healthy", "spread x3") \
+                else str(row["median_nights"])
+            first = f"{row['first_night']:.0%}" if case == "step -5 %" else "-"
+            lines.append(f"| {result['scenario']} ({spread}) | {case} | {rule} | {caught} | "
+                         f"{nights} | {first} | {row['alarms_per_30']:.2f} |")
+    return "\n".join(lines)
+
+
+def otava_available() -> bool:
+    try:
+        import otava.analysis  # noqa: F401  (optional: orch[bench])
+    except ImportError:
+        return False
+    return True
+
+
 def table(rows: list[dict]) -> str:
     head = ("| scenario (shared/worker/step sd) | rule | false regressions per 30 healthy nights | "
             + " | ".join(f"{s:.0%} confirmed in 2 nights" for s in SHIFTS) + " |")
@@ -169,7 +330,24 @@ def main(argv=None) -> int:
                         help="runs a night for the noise model (repeatable: one row each; "
                              "default 1)")
     parser.add_argument("--json", action="store_true", help="the figures as JSON")
+    parser.add_argument("--changes", action="store_true",
+                        help="the change-point rules against Otava (default scenarios: quiet, cpu)")
+    parser.add_argument("--no-otava", action="store_true", help="with --changes: leave Otava out")
     args = parser.parse_args(argv)
+    if args.changes:
+        with_otava = not args.no_otava and otava_available()
+        if not with_otava and not args.no_otava:
+            print("apache-otava is not installed (pip install 'orch[bench]'): its rows are left out",
+                  file=sys.stderr)
+        results = [measure_changes(name, args.trials, args.seed, with_otava)
+                   for name in (args.scenario or ["quiet", "cpu"])]
+        if args.json:
+            print(json.dumps([{**r, "rows": [{"case": c, "rule": rule, **row}
+                                             for (c, rule), row in r["rows"].items()]}
+                              for r in results], indent=2))
+        else:
+            print(changes_table(results))
+        return 0
     rows = [measure(name, args.trials, args.seed, repeat)
             for name in (args.scenario or SCENARIOS) for repeat in (args.repeat or [1])]
     print(json.dumps(rows, indent=2) if args.json else table(rows))

@@ -37,7 +37,7 @@ from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
 from orchestrator.nightly import notify_apprise, textfile
 from orchestrator.runs import acks, noise
-from orchestrator.runs.baseline import choose_baseline, night_of, same_shape_nights
+from orchestrator.runs.baseline import choose_baseline, newest_night, same_shape_nights
 from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
                                       environment_diff, throughput)
 from orchestrator.runs.model import RunRecord, now_iso
@@ -470,9 +470,9 @@ def run_night(playbook: str, run: RunFunction, store: RunStore, config: NightlyC
 def judge_noise(store: RunStore, night: list[RunRecord]) -> noise.NoiseJudgement:
     """Tonight's throughput (the mean of its ok runs) against the noise of the nights of its
     shape before it (one more than the window: the previous night is judged again for the
-    persistence rule)."""
+    persistence rule) and against their change points (noise.HISTORY nights)."""
     tonight = [record for record in night if record.verdict == OK] or night[-1:]
-    history = same_shape_nights(store, night, noise.WINDOW + 1)
+    history = same_shape_nights(store, night, max(noise.WINDOW + 1, noise.HISTORY))
     return noise.judge(noise.profile_night(tonight),
                        [noise.profile_night(runs) for runs in history])
 
@@ -491,13 +491,7 @@ def write_textfile(directory: str, playbook: str, outcome: "NightlyOutcome") -> 
 def last_night(store: RunStore, playbook: str) -> tuple[list[RunRecord], noise.NoiseJudgement]:
     """The newest night of PLAYBOOK (its runs, with their series) and the noise model's
     judgement of it, before any acknowledgement: what `orch runs ack` acknowledges."""
-    newest = store.list(playbook, last=1)
-    if not newest:
-        raise OrchError(f"no run of {playbook} in the run store",
-                        hint="`orch runs list` shows the recorded runs")
-    key = night_of(newest[0])
-    night = [store.get(run.run_id) for run in store.list(playbook, last=MAX_REPEAT)
-             if night_of(run) == key][::-1]
+    night = newest_night(store, playbook, repeats=MAX_REPEAT)
     return night, judge_noise(store, night)
 
 

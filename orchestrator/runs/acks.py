@@ -146,8 +146,31 @@ def apply(store: RunStore, playbook: str, judgement: noise.NoiseJudgement,
         else:
             metric.reason += (f"; slower than the acknowledged {ack.level:,.0f} tok/s "
                               f"({ack.describe()})")
+    applied += _absorbed_change_points(store, playbook, by_metric)
     judgement.status = next((s for s in noise.ORDER if s in {m.status for m in judgement.metrics}),
                             noise.INSUFFICIENT)
+    return applied
+
+
+NEW_BASELINE, RECOVERED = "the new level is the baseline", "recovered"
+
+
+def _absorbed_change_points(store: RunStore, playbook: str, by_metric: dict) -> list[Ack]:
+    """The history's change point of a slow-down that was acknowledged and then cleared by
+    itself (the new baseline, or a lucky night read as recovered): e-divisive proves it some
+    nights later, when nobody needs telling (runs/changes.py). Still acknowledged while
+    tonight is no slower than that level; not after it expired or was removed."""
+    applied = []
+    for ack in map(Ack.from_row, store.acks(playbook, cleared=True)):
+        metric = by_metric.get(ack.metric)
+        if (not ack.cleared.startswith((NEW_BASELINE, RECOVERED)) or metric is None
+                or metric.status != noise.REGRESSION or not metric.change
+                or metric.change.get("rule") != "e-divisive" or not covers(ack, metric)):
+            continue
+        metric.status = noise.ACKNOWLEDGED
+        metric.reason = f"{ack.describe()}, since the new baseline; {metric.reason}"
+        metric.ack = asdict(ack)
+        applied.append(ack)
     return applied
 
 
@@ -171,9 +194,9 @@ def clears(ack: Ack, metric: Optional[noise.MetricJudgement], now: str) -> str:
         return ""
     midpoint = (ack.level + ack.centre) / 2
     if metric.tonight >= midpoint:
-        return (f"recovered: {metric.tonight:,.0f} tok/s, nearer the usual {ack.centre:,.0f} "
+        return (f"{RECOVERED}: {metric.tonight:,.0f} tok/s, nearer the usual {ack.centre:,.0f} "
                 f"than the acknowledged {ack.level:,.0f}")
     if metric.centre is not None and metric.centre <= midpoint:
-        return (f"the new level is the baseline: the window's median is {metric.centre:,.0f} "
+        return (f"{NEW_BASELINE}: the window's median is {metric.centre:,.0f} "
                 f"tok/s, nearer the acknowledged {ack.level:,.0f} than the usual {ack.centre:,.0f}")
     return ""

@@ -21,10 +21,11 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
+from orchestrator.ground.errors import OrchError
 from orchestrator.runs.model import RunRecord
 from orchestrator.runs.store import RunStore
 
-OK_RUNS_READ = 1000     # enough for 21 nights of up to 40 repeats each
+OK_RUNS_READ = 1800     # enough for 90 nights (the change points' history) of 20 repeats each
 SHAPE_VARS = ("drafters", "devices", "gpus", "batch", "seq", "d_model", "layers", "heads", "dtype")
 
 
@@ -125,6 +126,20 @@ def night_of(record: RunRecord) -> str:
     its summary by orch nightly), else the run itself."""
     night = (record.summary or {}).get("nightly")
     return str(night.get("night") or record.run_id) if isinstance(night, dict) else record.run_id
+
+
+def newest_night(store: RunStore, playbook: str, *, until: Optional[RunRecord] = None,
+                 repeats: int = 20) -> list[RunRecord]:
+    """The runs (with their series, oldest first) of PLAYBOOK's newest night, or of the
+    night UNTIL belongs to: at most REPEATS runs. OrchError when PLAYBOOK has no run."""
+    newest = [until] if until else store.list(playbook, last=1)
+    if not newest:
+        raise OrchError(f"no run of {playbook} in the run store",
+                        hint="`orch runs list` shows the recorded runs")
+    key = night_of(newest[0])
+    runs = [run for run in store.list(newest[0].playbook, last=repeats * 4)
+            if night_of(run) == key and run.started_at <= newest[0].started_at]
+    return [store.get(run.run_id) for run in runs[:repeats]][::-1]
 
 
 def same_shape_nights(store: RunStore, records: list[RunRecord], last: int) -> list[list[RunRecord]]:

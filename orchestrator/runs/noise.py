@@ -17,15 +17,21 @@ the same shape (runs/baseline.py, `same_shape_nights`). A night is one run, or t
     z         (tonight - centre) / (noise x sqrt(1 + pi / 2n)): against a prediction
               interval, as the centre is itself the median of n noisy runs
     p         one-sided Mann-Whitney U (runs/ranktest.py) of tonight's per-step samples
-              against the window's: are tonight's steps slower? (None without samples)
+              against the window's: are tonight's steps slower? (None without samples) It
+              describes the night and judges nothing: a night's steps share its machine
+              state, so they are not independent evidence and their p overstates it.
 
-A night is slow for a metric at z <= -Z_CONFIRM with p < ALPHA (p is skipped when a run has
-no per-step samples), bad at z <= -Z_BAD. Persistence: one bad night is "suspected" (exit 0,
+A night is slow for a metric at z <= -Z_CONFIRM, bad at z <= -Z_BAD: the evidence is the
+nights' levels (with --repeat N the mean of N replicate runs), never the steps. Persistence: one bad night is "suspected" (exit 0,
 one line); two slow nights in a row are a "regression", and so is one night far outside the
 noise (z <= -Z_FAR) once the window holds FAR_MIN_RUNS nights. Two nights at the lower bar
 rather than two at the higher one: HUD's "consecutive points over the line"; in the
 benchmark it catches more 5 % drops on a quiet machine for a small rise in false regressions
 (docs/benchmarks/regressions.md).
+The history's change points (runs/changes.py, over up to HISTORY nights) add two rules: a
+level drop that e-divisive finds tonight and did not find last night (a slow drift, a step
+a few nights old), and tonight far below the level since the last change point (a step on
+its night): both a "regression".
 Fewer than MIN_RUNS window runs: "insufficient data" (orch nightly keeps the fixed threshold).
 The previous night is judged again against the window behind it, so nothing extra is stored
 and a pinned or deleted run cannot leave a stale state. After a real drop the window's median
@@ -40,14 +46,15 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from orchestrator.runs import changes
 from orchestrator.runs.compare import Change, Comparison, series, throughput
 from orchestrator.runs.model import RunRecord
 from orchestrator.runs.ranktest import mann_whitney_u
 
 WINDOW = 20            # the earlier ok runs of the same shape a night is judged against
+HISTORY = changes.HISTORY_NIGHTS   # the nights whose change points the nightly looks at
 MIN_RUNS = 4           # fewer and the noise cannot be measured
 MIN_SAMPLES = 3        # per-step samples a run needs for the rank test
-ALPHA = 0.01           # the rank test's one-sided level
 Z_BAD = 3.0            # a bad night: this many noise widths below the centre
 Z_CONFIRM = 2.0        # a slow night: two in a row at this lower bar are a regression
 Z_FAR = 6.0            # so far outside the noise that one night confirms it
@@ -90,6 +97,7 @@ class MetricJudgement:
     repeats: int = 1                     # tonight's runs, whose mean "tonight" is
     ack: Optional[dict] = None           # the acknowledgement that covers it (runs/acks.py)
     previous_z: Optional[float] = None   # the night before, against its own window (None: unknown)
+    change: Optional[dict] = None        # the change point that made it a regression (runs/changes.py)
 
 
 @dataclass
@@ -176,17 +184,42 @@ def judge_metric(metric: str, tonight: RunProfile, history: list[RunProfile]) ->
         before_slow = _slow(before, Z_CONFIRM)
         result.previous_z = before.z
     numbers = _numbers(result)
+    change = change_point(metric, tonight, history)
     if bad and result.z <= -Z_FAR and result.window_runs >= FAR_MIN_RUNS:
         result.status, result.reason = REGRESSION, f"far outside the noise tonight: {numbers}"
     elif slow and before_slow:
         result.status, result.reason = REGRESSION, (f"the second slow night in a row: {numbers}; "
                                                     f"the night before z {result.previous_z:+.1f}")
+    elif change:
+        result.status, result.change = REGRESSION, change
+        result.reason = f"{change['text']}: {numbers}"
     elif bad:
         result.status, result.reason = SUSPECTED, (f"slower than the noise explains: {numbers}; "
                                                    "confirmed if the next night is slow too")
     else:
         result.status, result.reason = OK, f"within the noise: {numbers}"
     return result
+
+
+def change_point(metric: str, tonight: RunProfile, history: list[RunProfile]) -> Optional[dict]:
+    """The change-point rules (runs/changes.py) over METRIC's nights through tonight: a new
+    level drop in effect, or tonight far below the level since the last change point."""
+    earlier = [run.levels[metric] for run in history[:HISTORY - 1][::-1] if run.levels.get(metric)]
+    levels = earlier + [tonight.levels[metric]]
+    last_night = changes.analyse(earlier)
+    tail = changes.tail_drop(levels, last_night) if metric in changes.TAIL_METRICS else None
+    if tail:
+        text = (f"far below the level of the {tail.nights_before} nights since the last change "
+                f"point: {changes.describe(tail)}")
+        return {**tail.to_dict(), "rule": "tail", "nights": len(levels), "text": text}
+    drops = changes.new_drops(changes.analyse(levels), last_night)
+    if not drops:
+        return None
+    drop = drops[-1]
+    ago = len(levels) - drop.index
+    text = (f"a change point {ago} night{'s' if ago > 1 else ''} ago in the last {len(levels)} "
+            f"nights (e-divisive, p {drop.p:.2g}): {changes.describe(drop)}")
+    return {**drop.to_dict(), "rule": "e-divisive", "nights": len(levels), "text": text}
 
 
 def measure(metric: str, tonight: RunProfile, window: list[RunProfile]) -> MetricJudgement:
@@ -218,9 +251,9 @@ def measure(metric: str, tonight: RunProfile, window: list[RunProfile]) -> Metri
 
 
 def _slow(result: MetricJudgement, z: float) -> bool:
-    """Tonight at least Z noise widths below the centre, its steps slower by the rank test."""
-    return (result.status != INSUFFICIENT and result.z <= -z
-            and (result.p is None or result.p < ALPHA))
+    """Tonight's level at least Z noise widths below the centre (the rank test's p only
+    describes the night: its steps are not independent of each other)."""
+    return result.status != INSUFFICIENT and result.z <= -z
 
 
 def _numbers(m: MetricJudgement) -> str:

@@ -95,8 +95,13 @@ def test_the_acknowledgement_clears_once_the_new_level_is_the_baseline(playbook)
     seed_history(playbook, QUIET[:4])
     night(playbook, 0.94)
     assert ack(playbook, "--reason", "accepted").exit_code == 0     # every flagged metric
-    statuses = [night(playbook, 0.94).status for _ in range(8)]
-    assert "regression" not in statuses and statuses[-1] == "ok"
+    outcomes = [night(playbook, 0.94) for _ in range(8)]
+    statuses = [o.status for o in outcomes]
+    # The total never alerts again. A worker whose first night was only -3 % may get its
+    # change point named once, when the history proves its -6 % (runs/changes.py).
+    assert not [m for o in outcomes for m in o.judgement.metrics if m.status == "regression"
+                and (m.metric == "total" or not m.change)]
+    assert statuses[-1] == "ok"
     cleared = acks_json(playbook, "--all")
     assert acks_json(playbook) == [] and len(cleared) == 4
     assert all(a["cleared"].startswith("the new level is the baseline") for a in cleared), cleared
@@ -174,3 +179,4 @@ def test_an_acknowledgement_made_on_the_confirming_night_holds_on_a_busy_machine
     tonight.tonight, tonight.centre = 600.0, 4000.0
     assert acks.clears(held, tonight, "2026-12-03T04:00:00+00:00").startswith("the new level is")
     assert acks.clears(held, tonight, "2027-01-02T00:00:00+00:00").startswith("expired on 2027-01-01")
+

@@ -16,6 +16,7 @@ from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.lazy import LazyModule, lazy
 from orchestrator.ground.verdicts import RUNNING
 from orchestrator.runs import acks as acks_mod
+from orchestrator.runs import changes as changes_mod
 from orchestrator.runs import controller
 from orchestrator.runs.baseline import choose_baseline
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
@@ -26,11 +27,13 @@ from orchestrator.runs.store import RunStore
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.nightly import rerun as nightly_mod
     from orchestrator.nightly import schedule as sched
+    from orchestrator.runs import history as history_mod
     from orchestrator.playbook.loader import parse_extra_vars
     from orchestrator.runs.report import render_html, render_markdown, write_reports
 else:
     nightly_mod = LazyModule("orchestrator.nightly.rerun")
     sched = LazyModule("orchestrator.nightly.schedule")
+    history_mod = LazyModule("orchestrator.runs.history")
     parse_extra_vars = lazy("orchestrator.playbook.loader", "parse_extra_vars")
     render_html = lazy("orchestrator.runs.report", "render_html")
     render_markdown = lazy("orchestrator.runs.report", "render_markdown")
@@ -87,6 +90,7 @@ def runs():
       orch runs list --last 10
       orch runs show last
       orch runs compare last~1 last
+      orch runs changes playbooks/dflash.yaml
       orch runs pin 20261129-0215
       orch runs abandon last     # a run whose orch was killed
     """
@@ -278,6 +282,54 @@ def runs_compare(base, new, threshold, as_json):
     else:
         _print_comparison(result, base_record, new_record)
     return ExitCode.REGRESSION if result.regressed else ExitCode.OK
+
+
+@runs.command("changes")
+@click.argument("playbook")
+@click.option("--nights", type=click.IntRange(changes_mod.MIN_NIGHTS, 365),
+              default=changes_mod.HISTORY_NIGHTS, show_default=True, metavar="N",
+              help="Analyse the newest N nights of the playbook's newest shape.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also the changes of spread and those no longer in effect.")
+@JSON_OPTION
+def runs_changes(playbook, nights, show_all, as_json):
+    """The change points in PLAYBOOK's history: for the total tok/s and each worker, the
+    night the level changed, by how much (with a 95 % interval), whether it is still in
+    effect, and what changed in the environment between the nights either side of it
+    (torch, packages, the FX patch's states, driver, CUDA, GPUs, container limits).
+
+    A night is one run, or the runs of one `orch nightly --repeat N` (their mean); the
+    change points are e-divisive means with a permutation test over the nights' levels
+    (docs/design/regressions.md).
+
+    Exit code: 0 no slow-down in effect, 20 a level drop is in effect, 1 no run of PLAYBOOK.
+
+    \b
+    Examples:
+      orch runs changes playbooks/dflash.yaml
+      orch runs changes playbooks/dflash.yaml --nights 30 --all
+      orch runs changes playbooks/dflash.yaml --json | jq '.change_points[].line'
+    """
+    with _store() as store:
+        found = history_mod.playbook_history(store, playbook, nights=nights)
+    shown = [c for c in found.change_points
+             if show_all or (c.change.in_effect and c.change.kind == changes_mod.LEVEL)]
+    in_effect = any(c.change.drop and c.change.in_effect for c in found.change_points)
+    if as_json:
+        console.print_json({**found.to_dict(), "slow_down_in_effect": in_effect})
+    else:
+        first, last = found.nights[0], found.nights[-1]
+        console.out.print(f"{len(found.nights)} nights of {console.escape(playbook)}: "
+                          f"{first.date} (night 1) to {last.date} (night {last.number})")
+        for point in shown:
+            style = "red" if point.change.drop and point.change.in_effect else "default"
+            console.out.print(f"  [{style}]{console.escape(point.line())}[/]")
+        hidden = len(found.change_points) - len(shown)
+        if not shown:
+            console.out.print("  no change of level in effect")
+        if hidden:
+            console.info(f"({hidden} change point(s) of spread or no longer in effect: --all)")
+    return ExitCode.REGRESSION if in_effect else ExitCode.OK
 
 
 def _print_comparison(result, base, new) -> None:
