@@ -169,8 +169,9 @@ def test_cp_runs_in_the_agent_with_the_callers_folder_and_home(env, inventory, t
                                 env=env_of, cwd=caller, capture_output=True, text=True, timeout=60)
         runs[mode] = [(run.returncode, run.stdout, _without_times(run.stderr, mode))
                       for run in pushed + [pulled]]
-        assert (caller / "back" / f"{mode}-0").read_text() == "from the caller's folder\n"
-        assert (remote / f"{mode}-1").read_text() == "from the caller's home\n"
+        copied = {path: path.read_text() if path.exists() else None
+                  for path in (caller / "back" / f"{mode}-0", remote / f"{mode}-1")}
+        assert list(copied.values()) == ["from the caller's folder\n", "from the caller's home\n"], runs[mode]
     assert runs["require"] == runs["off"] and runs["off"][0][0] == 0, runs
     assert status_of(env)["commands_served"] == 3
 
@@ -369,7 +370,9 @@ def test_a_frozen_agent_costs_a_quick_command_at_most_the_accept_wait(env, inven
     finally:
         os.kill(pid, signal.SIGCONT)
     assert (out.returncode, out.stdout) == (0, "hi\n"), out.stderr
-    assert elapsed < client.ACCEPT_WAIT_S + 3, f"{elapsed:.1f} s"
+    # the fall-back's wait, plus a direct command's own time on a loaded machine (the suite
+    # runs on several workers): far below the 60 s of a client that waits for ever
+    assert elapsed < client.ACCEPT_WAIT_S + 10, f"{elapsed:.1f} s"
     time.sleep(1.5)   # the woken agent has read the request by now: it must not run it
     assert mark.read_text() == "ran\n"
     assert _status(env)["commands_served"] in (1, 2) and not _status(env)["running"]
