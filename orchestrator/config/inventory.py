@@ -127,9 +127,16 @@ class Inventory:
                 raise ConfigError(f"{name!r}: {host} is a cluster; name a container of it as "
                                   f"{host}:VMID")
             return [ContainerSpec(name=name, host="", vmid=int(vmid), cluster=host)]
-        known = sorted(self.containers) + sorted(self.groups) + sorted(self.hosts)
         raise ConfigError(f"unknown target {name!r} in {self.path}",
-                          hint="known targets: " + ", ".join(known) + " (or HOST:VMID)")
+                          hint="known targets: " + ", ".join(self.target_names()) + " (or HOST:VMID)")
+
+    def target_names(self) -> list[str]:
+        """Every name -t takes, once each: containers, groups, then hosts and clusters (a
+        host that shares its name with a group is that group as a target)."""
+        names: list[str] = []
+        for kind in (self.containers, self.groups, self.hosts, self.clusters):
+            names += [name for name in sorted(kind) if name not in names]
+        return names
 
 
 def load_inventory(path: Optional[str] = None) -> Inventory:

@@ -14,7 +14,7 @@ from typing import Optional
 import jinja2
 
 from orchestrator import __version__
-from orchestrator.ground import verdicts
+from orchestrator.ground import fx_states, verdicts
 from orchestrator.runs.compare import (Comparison, compare, environment_diff, fx_states_seen,
                                        is_problem, series, throughput, worker_word)
 from orchestrator.runs import gpu
@@ -151,10 +151,32 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
         "fx_states_seen": states,
+        "environment_rows": environment_rows(record),
         "gpu_stats": gpus["stats"],
         "generated_at": now_iso(),
         "orch_version": __version__,
     }
+
+
+def environment_rows(record: RunRecord) -> dict[str, dict]:
+    """Per target, the torch it ran (the patch step's word, else its pip freeze) and what the
+    run learnt of its FX states: each shared state's row from the newest patch step, else the
+    recorded overall state, else "not checked" (no step looked: not the same as "unknown",
+    which is a shape orch saw and does not recognise)."""
+    rows = {}
+    for target in record.targets:
+        pinned = [line.split("==", 1)[1] for line in target.pip_freeze if line.lower().startswith("torch==")]
+        torch = target.torch_version or (pinned[0] if pinned else None)
+        states = next((step.data["states"] for step in reversed(record.steps)
+                       if step.target == target.name and step.kind == "patch"
+                       and isinstance(step.data, dict) and step.data.get("states")), None)
+        if states:
+            fx = "; ".join(f"{fx_states.STATE_TITLES.get(name, name)}: {fx_states.row_meaning(status)}"
+                           for name, status in states.items())
+        else:
+            fx = target.fx_tls_state or "not checked"
+        rows[target.name] = {"torch": torch or "-", "fx": fx, "state": target.fx_tls_state or "unchecked"}
+    return rows
 
 
 def nodes_context(record: RunRecord) -> list[dict]:
