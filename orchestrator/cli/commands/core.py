@@ -19,9 +19,12 @@ from orchestrator.remote.container import require_vmid
 
 # imported when first called: `orch exec --help` needs no SSH code
 if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.config.inventory import inventory_path, load_inventory
     from orchestrator.targets.fleet import GroupResult, fan_out
     from orchestrator.targets.inventory_check import check_targets, row_texts
 else:
+    inventory_path = lazy("orchestrator.config.inventory", "inventory_path")
+    load_inventory = lazy("orchestrator.config.inventory", "load_inventory")
     fan_out = lazy("orchestrator.targets.fleet", "fan_out")
     check_targets = lazy("orchestrator.targets.inventory_check", "check_targets")
     row_texts = lazy("orchestrator.targets.inventory_check", "row_texts")
@@ -208,7 +211,7 @@ def ct_list(app, hosts, as_json):
       orch ct list lab
     """
     inventory = app.fleet.inventory
-    names = list(hosts) or [n for n, h in inventory.hosts.items() if h.transport == "ssh"]
+    names = list(hosts) or [n for n, h in inventory.hosts.items() if h.kind.proxmox]
     for name in names:
         if name not in inventory.hosts and name not in inventory.clusters:
             raise ConfigError(f"unknown host or cluster {name!r}",
@@ -317,7 +320,6 @@ def inventory_list(app, as_json):
       orch inventory list
       orch -i sandbox inventory list --json
     """
-    from orchestrator.config.inventory import inventory_path, load_inventory
     listed = inventory_rows(load_inventory(inventory_path(app.inventory_option)))
     if as_json:
         console.print_json(listed)
