@@ -194,11 +194,11 @@ def test_an_interrupted_cp_in_the_agent_leaves_no_file_and_the_agent_serves_the_
         child = subprocess.Popen([{sys.executable!r}, *sys.argv[1:]], stdout=subprocess.PIPE)
         for piece in iter(lambda: child.stdout.read1(65536), b""):
             os.write(1, piece)
-            time.sleep(0.05)
+            time.sleep(0.25)
         sys.exit(child.wait())
         """))
     (slow / "python3").chmod(0o755)
-    (tmp_path / "big.bin").write_bytes(os.urandom(8 << 20))   # 6 s at 64 KiB per 50 ms
+    (tmp_path / "big.bin").write_bytes(os.urandom(8 << 20))   # 32 s at 64 KiB per 250 ms
     into = tmp_path / "into"
     into.mkdir()
     assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
@@ -221,11 +221,13 @@ def test_an_interrupted_cp_in_the_agent_leaves_no_file_and_the_agent_serves_the_
 
 
 def _interrupted_at_once(process: subprocess.Popen) -> None:
-    """Ctrl-C of an `orch` client: it ends as the direct path's Ctrl-C does, within 3 s."""
+    """Ctrl-C of an `orch` client: it ends as the direct path's Ctrl-C does, within 10 s (a
+    second or two here; the bound allows a loaded machine and stays far below the commands'
+    own 32 s and 47 s, which a client that waited for them would take)."""
     sent = time.monotonic()
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
-    assert time.monotonic() - sent < 3
+    assert time.monotonic() - sent < 10
     assert (process.returncode, out, err) == (130, "", "orch: error: interrupted\n")
 
 
@@ -418,7 +420,8 @@ def test_quick_commands_run_at_once_while_the_agent_stops(env, inventory):
                            timeout=60)
     elapsed = time.monotonic() - started
     assert (quick.returncode, quick.stdout) == (0, "quick\n"), quick.stderr
-    assert elapsed < 2.5, f"{elapsed:.1f} s for a quick command while the agent stops"
+    # a stalled one took 10 s; this one is refused at once and runs here (a loaded machine: 6 s)
+    assert elapsed < 6, f"{elapsed:.1f} s for a quick command while the agent stops"
     assert long.wait(timeout=60) == 0
 
 
