@@ -562,11 +562,14 @@ class Stacks:
     target: str
     pid: int
     threads: list[dict]       # [{tid, name, label, compile, frames: [{file, line, function, code}]}]
-    locks: list[dict]         # [{key, holders, waiters, sentence}]
+    locks: list[dict]         # [{key, name, kind, holders, waiters, sentence}]
     tool: str = ""
     rank: Optional[int] = None        # under torchrun: the worker's RANK (and its launcher)
     world_size: Optional[int] = None
     launcher_pid: Optional[int] = None
+    waits: list[dict] = field(default_factory=list)    # every edge: [{thread, waits_for, how, words}]
+    # the deadlocks: [{line: "DEADLOCK: A -> B -> A", words, waits, remedy}]
+    cycles: list[dict] = field(default_factory=list)
 
 
 def stacks_of(target: Target, pid: int, logs: Optional[list[LogText]] = None,
@@ -597,7 +600,8 @@ def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None, 
     logs, the threads that died too (their tracebacks), as holders of what they left locked
     (a rank WORKER's: those of its own rank's log only). TOOL: stack_command's answer."""
     command, words = tool
-    result = target.run([*command, "remote", str(int(pid))], timeout=120)
+    # --locals: the Thread objects' addresses, which say whom a join waits for
+    result = target.run([*command, "remote", "--locals", str(int(pid))], timeout=120)
     if not result.ok:
         raise OrchError(f"{target.name}: {words}: remote {pid} failed: "
                         f"{' '.join(result.stderr_tail(2))}",
@@ -612,13 +616,19 @@ def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None, 
     # the files the process runs itself may be read: they are on its own stacks
     roots = _own_folders(f["file"] for f in frames)
     facts = payload_api.explain_frames(target, frames, roots=roots, context=0) if threads else {}
-    locks = stacks.wait_graph(threads, facts, dead)
+    locks, waits, found = stacks.analyse(threads, facts, dead)
     return Stacks(target.name, int(pid),
                   [{"tid": t.tid, "name": t.name, "label": t.label, "compile": t.compile,
                     "frames": [asdict(f) for f in t.frames]} for t in threads],
                   [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], words,
                   rank=(worker or {}).get("rank"), world_size=(worker or {}).get("world_size"),
-                  launcher_pid=launcher_pid)
+                  launcher_pid=launcher_pid, waits=[asdict(w) for w in waits],
+                  cycles=[cycle_entry(c) for c in found])
+
+
+def cycle_entry(cycle: list[stacks.Wait]) -> dict:
+    return {"line": stacks.cycle_line(cycle), "words": stacks.cycle_words(cycle),
+            "waits": [asdict(w) for w in cycle], "remedy": stacks.remedy(cycle)}
 
 
 def launched_pid(record: RunRecord, target: str) -> int:

@@ -304,9 +304,26 @@ def stacks_command(app, run, pid, targets, rank, wheelhouse, as_json):
     if as_json:
         console.print_json([{**vars(r)} for r in results])
     else:
+        _print_deadlocks(results)
         for result in results:
             _print_stacks(result)
-    return ExitCode.FAILED if any(r.locks for r in results) else ExitCode.OK
+    return ExitCode.FAILED if any(r.locks or r.cycles for r in results) else ExitCode.OK
+
+
+def _print_deadlocks(results) -> None:
+    """First, one line per cycle of the wait graph (DEADLOCK: A -> B -> A), who holds what
+    and waits for whom under it, and the remedy orch knows for it."""
+    out, esc = console.out, console.escape
+    for result in results:
+        where = f"{result.target} pid {result.pid}" + (f" rank {result.rank}" if result.rank is not None else "")
+        for cycle in result.cycles:
+            out.print(f"[bold red]{esc(cycle['line'])}[/]" + (f"  [dim]({esc(where)})[/]" if len(results) > 1 else ""))
+            out.print(f"  {esc(cycle['words'])}")
+            fix = cycle.get("remedy")
+            if fix:
+                out.print(f"  [bold]remedy[/]: {esc(fix['summary'])}; {esc(fix['switch'])}; in the run's own code:")
+                for line in fix["lines"]:
+                    out.print(f"    [cyan]{esc(line)}[/]")
 
 
 def _print_stacks(result) -> None:
@@ -317,6 +334,9 @@ def _print_stacks(result) -> None:
               f"({esc(result.tool)})")
     for lock in result.locks:
         out.print(f"  [bold red]waits[/]: {esc(lock['sentence'])}")
+    for wait in result.waits:
+        if wait["how"] != "lock":
+            out.print(f"  [bold red]waits[/]: {esc(wait['thread'])} {esc(wait['words'])}")
     for thread in result.threads:
         inside = f"  [magenta]{esc(compile_words(thread['compile']))}[/]" if thread["compile"] else ""
         out.print(f"\n  [bold]{esc(thread['label'])}[/]{inside}")
