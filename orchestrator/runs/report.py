@@ -142,6 +142,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "word": word,
         "charts": charts,
         "findings": findings,
+        "hang_stacks": hang_stacks_context(record),
         "notes": notes,
         "failed_steps": [s for s in record.steps if s.status == "failed"],
         "baseline": baseline,
@@ -155,6 +156,31 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "generated_at": now_iso(),
         "orch_version": __version__,
     }
+
+
+SHOWN_STACK_FRAMES = 8     # innermost frames per thread in the report; stacks.json has them all
+
+
+def hang_stacks_context(record: RunRecord) -> list[dict]:
+    """The stacks the monitor took of a hung run before it stopped it: per process, its
+    deadlocks, who waits on whom, and each thread's innermost frames."""
+    out = []
+    for step in record.steps:
+        taken = (step.data or {}).get("hang_stacks") if step.kind == "monitor" else None
+        if not taken:
+            continue
+        if taken.get("error"):
+            out.append({"target": step.target, "error": taken["error"], "cycles": [], "locks": [],
+                        "threads": [], "pid": taken.get("pid"), "rank": None})
+        for result in taken.get("results") or []:
+            out.append({"target": step.target, "pid": result.get("pid"), "rank": result.get("rank"),
+                        "error": "", "cycles": result.get("cycles") or [],
+                        "locks": [lock.get("sentence", "") for lock in result.get("locks") or []],
+                        "threads": [{"label": t.get("label"),
+                                     "frames": [f"{f.get('file')}:{f.get('line')} in {f.get('function')}"
+                                                for f in (t.get("frames") or [])[-SHOWN_STACK_FRAMES:]]}
+                                    for t in result.get("threads") or []]})
+    return out
 
 
 def nodes_context(record: RunRecord) -> list[dict]:

@@ -533,9 +533,14 @@ def launched_python(record: RunRecord, target: str) -> Optional[str]:
 
 
 def recorded_stacks(record: RunRecord, target: str) -> list[dict]:
-    """The stacks a hung run's record keeps for TARGET, taken while it hung. The seam for the
-    monitor's hang path (it takes them before it stops the run); until a record holds them
-    there are none, and the explanation says how to take them."""
+    """The stacks a hung run's record keeps for TARGET: those its monitor took when it called
+    the run hung, before it stopped it (each process's: every rank's under torchrun), with
+    their locks, waits and cycles; [] when it took none."""
+    for step in reversed(record.steps):
+        data = step.data or {}
+        if step.kind == "monitor" and step.target == target and data.get("hang_stacks"):
+            taken = data["hang_stacks"]
+            return [dict(result, taken_at=taken.get("taken_at")) for result in taken.get("results") or []]
     return []
 
 

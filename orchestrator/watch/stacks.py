@@ -436,6 +436,35 @@ def remedy(cycle: list[Wait]) -> Optional[dict]:
                       "backward_in_thread var, on by default)"}
 
 
+def hang_words(taken: Optional[dict]) -> tuple[str, str]:
+    """What the stacks taken of a hung run add to its finding: (". DEADLOCK: A -> B -> A:
+    who holds and waits for what", the remedy for that cycle with the lines the run's own
+    code needs, or ""); without a cycle, who waits on whom; ("", "") without stacks."""
+    if not taken:
+        return "", ""
+    if taken.get("error") and not taken.get("results"):
+        return f"; its stacks could not be taken: {taken['error']}", ""
+    results = taken.get("results") or []
+    for result in results:
+        for cycle in result.get("cycles") or []:
+            where = _process_words(result, len(results))
+            fix = cycle.get("remedy")
+            remedy_text = (f"{fix['summary']}: {fix['switch']}; in the run's own code, "
+                           + " then ".join(f"`{line.split('#')[0].strip()}`" for line in fix["lines"])
+                           + " at the start of each thread's function") if fix else ""
+            return f". {cycle['line']}{where}: {cycle['words']}", remedy_text
+    for result in results:
+        for lock in result.get("locks") or []:
+            return f". The stacks{_process_words(result, len(results))}: {lock['sentence']}", ""
+    return "", ""
+
+
+def _process_words(result: dict, count: int) -> str:
+    if count < 2 and result.get("rank") is None:
+        return ""
+    return f" (pid {result.get('pid')}" + (f", rank {result['rank']}" if result.get("rank") is not None else "") + ")"
+
+
 def analyse(threads: list[ThreadStack], facts: dict,
             dead: list[tracebacks.Traceback] = ()) -> tuple[list[Lock], list[Wait], list[list[Wait]]]:
     """The locks, every wait (a lock's, the native ones) and the cycles among them."""

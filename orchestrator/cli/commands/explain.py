@@ -135,9 +135,9 @@ def _print_lead(result, lead, all_frames: bool) -> None:
             out.print(f"    {esc(line)}")
     if lead.kind == "hang":
         if result.stacks:
-            out.print("  the stacks taken while it hung (the run's record):")
-            for thread in result.stacks:
-                out.print(f"    {esc(str(thread.get('label') or thread.get('tid')))}")
+            out.print("  the stacks orch took when it called the run hung (the run's record):")
+            for taken in result.stacks:
+                _print_recorded_stacks(taken)
         else:
             out.print("  no stacks in the run's record: while a run hangs, `orch stacks RUN` takes "
                       "every thread's stack (and who waits on whom)")
@@ -145,6 +145,27 @@ def _print_lead(result, lead, all_frames: bool) -> None:
         out.print("\n[bold]What followed from it[/]:")
         for item in result.consequences:
             out.print(f"  - {esc(item.what)}\n      {esc(item.because)}")
+
+
+def _print_recorded_stacks(taken: dict) -> None:
+    """One process's recorded stacks: its deadlocks first, then who waits on whom, then each
+    thread's innermost frames."""
+    out, esc = console.out, console.escape
+    rank = f", rank {taken['rank']}" if taken.get("rank") is not None else ""
+    out.print(f"    pid {taken.get('pid')}{rank}: {len(taken.get('threads') or [])} thread(s)")
+    for cycle in taken.get("cycles") or []:
+        out.print(f"    [bold red]{esc(cycle['line'])}[/]\n      {esc(cycle['words'])}")
+        fix = cycle.get("remedy")
+        if fix:
+            out.print(f"      [bold]remedy[/]: {esc(fix['summary'])}; {esc(fix['switch'])}; in the run's own code:")
+            for line in fix["lines"]:
+                out.print(f"        [cyan]{esc(line)}[/]")
+    for lock in taken.get("locks") or []:
+        out.print(f"      waits: {esc(lock['sentence'])}")
+    for thread in taken.get("threads") or []:
+        frame = (thread.get("frames") or [{}])[-1]
+        out.print(f"      {esc(str(thread.get('label')))}: {esc(str(frame.get('function', '?')))} "
+                  f"({esc(str(frame.get('file', '?')))}:{frame.get('line', '?')})")
 
 
 def _print_shared_state(result) -> None:
