@@ -368,7 +368,7 @@ def with_blocks(function, line, lines):
             entering = line < statement.body[0].lineno
             for item in statement.items:
                 found.append({"expr": segment(lines, item.context_expr), "line": statement.lineno,
-                              "entering": entering, "node": item.context_expr})
+                              "entering": entering, "node": item.context_expr, "how": "with"})
     return found[:20]
 
 
@@ -385,7 +385,7 @@ def acquired_locks(function, line, lines):
         if call.func.attr == "acquire":
             found = [f for f in found if f["expr"] != expr]
             found.append({"expr": expr, "line": call.lineno, "entering": call.lineno == line,
-                          "node": call.func.value})
+                          "node": call.func.value, "how": "acquire"})
         else:
             found = [f for f in found if f["expr"] != expr]
     return found[:20]

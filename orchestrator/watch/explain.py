@@ -144,6 +144,11 @@ def run_logs(record: RunRecord, target: Target) -> list[LogText]:
     return [LogText(local, _read_local(local))] if os.path.isfile(local) else []
 
 
+def launch_logs(target: Target, launch: dict) -> list[LogText]:
+    """One launch's logs as they are now in TARGET (a live run's: its monitor's hang path)."""
+    return logs_from_files(target.name, _remote_files(target, launch["run_dir"], bool(launch.get("ranks"))))
+
+
 def _remote_files(target: Target, run_dir: str, ranks: bool) -> list[tuple[str, str]]:
     names = [posixpath.join(run_dir, "output.log")]
     if ranks:

@@ -215,8 +215,10 @@ def wait_graph(threads: list[ThreadStack], facts: dict,
                                          "compile": thread.compile})
                 elif not block["entering"]:
                     lock.holders.append({"thread": thread.label, "where": where, "inside": inside,
-                                         "compile": thread.compile, "died": death})
+                                         "compile": thread.compile, "died": death,
+                                         "how": block.get("how", "with")})
     for lock in locks.values():
+        _not_held_by_its_waiters(lock)
         _reentered(lock)
     return [lock for lock in locks.values() if lock.waiters]
 
@@ -236,6 +238,14 @@ def lock_identity(block: dict, relpath: str) -> Optional[tuple[str, str, str]]:
     if "unresolved" in block and not _LOCKISH.search(expr):
         return None
     return f"{relpath}:{expr}", expr.rsplit(".", 1)[-1], ""
+
+
+def _not_held_by_its_waiters(lock: Lock) -> None:
+    """An acquire() earlier in a function is read as holding its lock, though it may sit in a
+    branch that never ran (`if k == me: lock.acquire()`); a thread that waits for the lock
+    shows it does not hold it that way. A `with` body it stands in is certain."""
+    waiting = {w["thread"] for w in lock.waiters}
+    lock.holders = [h for h in lock.holders if not (h.get("how") == "acquire" and h["thread"] in waiting)]
 
 
 def _reentered(lock: Lock) -> None:

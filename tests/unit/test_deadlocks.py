@@ -72,7 +72,7 @@ ALIASED = textwrap.dedent('''
     two = threading.Thread(target=lambda: (report("two"), wb.second_half(b_ready, a_ready)), name="two")
     one.start(); two.start()
     a_ready.wait(30); b_ready.wait(30)
-    time.sleep(0.3)
+    time.sleep(1.0)                    # both reach their inner `with` (a loaded machine is slow)
     print("ready", flush=True)
     one.join()
 ''')
@@ -94,7 +94,7 @@ JOINED = textwrap.dedent('''
 
     t = threading.Thread(target=boss, name="boss")
     t.start()
-    time.sleep(0.5)
+    time.sleep(1.0)                    # helper reaches its `with`
     print("ready", flush=True)
     t.join()
 ''')

@@ -21,7 +21,7 @@ from orchestrator.ground.errors import OrchError
 from orchestrator.ground.fx_states import patch_state
 from orchestrator.ground.verdicts import OK
 from orchestrator.watch.logformats import FORMATS, command_line_settings, make_format
-from orchestrator.watch.explain import stacks_of
+from orchestrator.watch.explain import launch_logs, stacks_of
 from orchestrator.watch.monitor import MonitorSettings, monitor_run
 from orchestrator.watch.nodes import monitor_nodes
 from orchestrator.playbook.model import Playbook, StepSpec
@@ -238,7 +238,9 @@ def stacks_taker(target: Target, launch: Optional[dict]) -> Optional[Callable[[]
     def take() -> dict:
         taken_at = time.time()
         try:
-            results = stacks_of(target, int(pid))
+            # with the run's logs: a thread that died holding a lock is named as its holder
+            logs = launch_logs(target, launch) if launch.get("run_dir") else None
+            results = stacks_of(target, int(pid), logs)
         except OrchError as error:
             return {"taken_at": taken_at, "pid": int(pid), "results": [], "error": str(error)[:600]}
         return {"taken_at": taken_at, "pid": int(pid), "results": [asdict(r) for r in results]}
