@@ -28,6 +28,11 @@ directories (site-packages, the standard library) or one of `roots`; a path from
 machine is matched by its part after site-packages/ (or dist-packages/). Anything else
 (`<frozen ...>`, C++ frames, files elsewhere) is reported as not available, with why.
 
+Each frame's `with`: the `with` items around its line and its un-released acquire()s,
+[{expr, line, entering, how: with|acquire, lock}], `lock` the object the expression names
+(_locks.py: {id, name, kind, defined}), or None with `not_lock` (a context manager, an
+object that is no lock) or `unresolved` (why it could not be followed).
+
 Result::
 
     {"event": "result", "python": "...", "files": {FILE: {...}}, "frames": [...],

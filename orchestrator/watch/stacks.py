@@ -1,8 +1,16 @@
 """A hung run's threads: every thread's Python stack of the live process, as pystack prints
-it (`pystack remote PID`, taken from outside the process), and the wait graph read from the
-source: a frame stopped on a `with LOCK:` line waits for LOCK; a frame inside the body of a
-`with LOCK:` block holds it. Pure functions over pystack's text and the explain_frames
-payload's facts; no I/O.
+it (`pystack remote --locals PID`, taken from outside the process), and the wait graph:
+
+- a frame stopped on a `with LOCK:` line waits for LOCK; a frame inside the body of a
+  `with LOCK:` block holds it; each lock is the object the payload resolved (one RLock
+  imported under two names is one lock; a context manager on the same line is none);
+- a thread in autograd's engine waits for its CUDA device threads (pt_autograd_N), a
+  Thread.join for the joined thread (by the Thread object's address), a c10d collective
+  for the peer ranks;
+- a cycle among those waits (Tarjan's strongly connected components) is a deadlock:
+  `DEADLOCK: A -> B -> A` (docs/design/deadlocks.md).
+
+Pure functions over pystack's text and the explain_frames payload's facts; no I/O.
 
 pystack 1.7's words (checked on CPython 3.11):
 

@@ -291,10 +291,16 @@ def stacks_command(app, run, pid, targets, rank, wheelhouse, as_json):
     fits the target's python into its own folder there, /var/lib/orch/tools; it uses
     ptrace: root in the container), reads each frame's source with the target's python,
     and reads the wait graph from it: a thread stopped on a `with LOCK:` line waits for
-    LOCK, a thread inside a `with LOCK:` block holds it; a thread inside torch.compile,
-    dynamo, inductor or FX tracing is labelled so. RUN's process is the one its last launch
-    started; when that is torchrun, the stacks are its rank workers' (--rank N: one).
-    Exit code: 0 stacks taken, 1 some thread waits on a lock (a likely deadlock), 2 a
+    LOCK, a thread inside a `with LOCK:` block holds it, each lock the object its name
+    resolves to through the module's imports (a context manager on the same line is no
+    lock); a thread in autograd's engine waits for its CUDA device thread (pt_autograd_N),
+    a Thread.join for the joined thread, a c10d collective for the peer ranks. A cycle is a
+    deadlock and comes first: `DEADLOCK: A -> B -> A`, who holds and waits for what, and
+    the remedy orch knows for it (--json: `cycles`, `waits`). A thread inside
+    torch.compile, dynamo, inductor or FX tracing is labelled so. RUN's process is the one
+    its last launch started; when that is torchrun, the stacks are its rank workers'
+    (--rank N: one).
+    Exit code: 0 stacks taken, 1 a deadlock or a thread waiting on a lock, 2 a
     --wheelhouse, --rank or wheel that does not fit, other codes for errors
     (docs/reference/exit-codes.md).
 
