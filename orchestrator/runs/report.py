@@ -165,15 +165,12 @@ def hang_stacks_context(record: RunRecord) -> list[dict]:
     """The stacks the monitor took of a hung run before it stopped it: per process, its
     deadlocks, who waits on whom, and each thread's innermost frames."""
     out = []
-    for step in record.steps:
-        taken = (step.data or {}).get("hang_stacks") if step.kind == "monitor" else None
-        if not taken:
-            continue
+    for name, taken in _taken_stacks(record):
         if taken.get("error"):
-            out.append({"target": step.target, "error": taken["error"], "cycles": [], "locks": [],
+            out.append({"target": name, "error": taken["error"], "cycles": [], "locks": [],
                         "threads": [], "pid": taken.get("pid"), "rank": None})
         for result in taken.get("results") or []:
-            out.append({"target": step.target, "pid": result.get("pid"), "rank": result.get("rank"),
+            out.append({"target": name, "pid": result.get("pid"), "rank": result.get("rank"),
                         "error": "", "cycles": result.get("cycles") or [],
                         "locks": [lock.get("sentence", "") for lock in result.get("locks") or []],
                         "threads": [{"label": t.get("label"),
@@ -181,6 +178,17 @@ def hang_stacks_context(record: RunRecord) -> list[dict]:
                                                 for f in (t.get("frames") or [])[-SHOWN_STACK_FRAMES:]]}
                                     for t in result.get("threads") or []]})
     return out
+
+
+def _taken_stacks(record: RunRecord) -> list[tuple[str, dict]]:
+    """(target, hang_stacks) of each monitor step; a job over several nodes: each node's."""
+    found = []
+    for step in record.steps:
+        data = (step.data or {}) if step.kind == "monitor" else {}
+        per_target = data.get("nodes") or {step.target: data}
+        found += [(name, node["hang_stacks"]) for name, node in per_target.items()
+                  if isinstance(node, dict) and node.get("hang_stacks")]
+    return found
 
 
 def nodes_context(record: RunRecord) -> list[dict]:

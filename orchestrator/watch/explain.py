@@ -543,7 +543,10 @@ def recorded_stacks(record: RunRecord, target: str) -> list[dict]:
     their locks, waits and cycles; [] when it took none."""
     for step in reversed(record.steps):
         data = step.data or {}
-        if step.kind == "monitor" and step.target == target and data.get("hang_stacks"):
+        # a job over several nodes keeps each node's monitor data under "nodes"
+        data = ((data.get("nodes") or {}).get(target) or {}) if data.get("nodes") else \
+            (data if step.target == target else {})
+        if step.kind == "monitor" and data.get("hang_stacks"):
             taken = data["hang_stacks"]
             return [dict(result, taken_at=taken.get("taken_at")) for result in taken.get("results") or []]
     return []

@@ -27,17 +27,13 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from orchestrator.ground import invocation
 from orchestrator.ground.errors import BadArgument, OrchError
 from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
-
-# remote/wheels.py needs `packaging`, which a torch venv may lack: imported only to carry a
-# wheel in, so that `orch stacks` with a pystack already there runs on the standard library
-if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.remote.wheels import Platform
+from orchestrator.remote.wheels import Platform, file_sha256, fitting_wheel, push_wheels
 
 TOOL = "pystack"
 PIN = "pystack==1.7.2"            # what orch downloads: the version stacks.py's parser is checked on
@@ -93,7 +89,6 @@ def carried(target: Target, python: str, wheelhouse: Optional[str],
     unpacked when it is not there yet."""
     tools = f"{target.state_dir()}/tools"
     facts = payload_api.bootstrap(target, "platform", python=python, timeout=120, tools=tools)
-    from orchestrator.remote.wheels import Platform, push_wheels   # packaging: only to carry one
     platform = Platform.from_facts(facts)
     wheel = _wheel_for(platform, wheelhouse, progress, where=f"{target.name}'s {python}")
     name = os.path.basename(wheel)
@@ -122,7 +117,6 @@ def _wheel_for(platform: Platform, wheelhouse: Optional[str], progress: Callable
     folder = invocation.current().path(wheelhouse or WHEEL_CACHE)
     if wheelhouse and not os.path.isdir(folder):
         raise BadArgument(f"--wheelhouse {wheelhouse}: no such folder here")
-    from orchestrator.remote.wheels import fitting_wheel
     found, misfits = fitting_wheel(folder, TOOL, platform)
     if found is None and not wheelhouse:
         _download(folder, platform, progress)
@@ -133,11 +127,6 @@ def _wheel_for(platform: Platform, wheelhouse: Optional[str], progress: Callable
                         hint="put one for it there: " + " ".join(
                             ["pip", *download_argv(folder, platform, _short_platforms(platform))[3:]]))
     return found
-
-
-def file_sha256(path: str) -> str:
-    from orchestrator.remote.wheels import file_sha256 as sha256
-    return sha256(path)
 
 
 def checked_sha256(wheel: str, pinned_only: bool) -> str:

@@ -119,3 +119,16 @@ def test_the_html_report_has_the_stacks_section(tmp_path):
     html = render_html(record, None)
     assert 'id="hang-stacks"' in html and "DEADLOCK: thread " in html
     assert "torch.autograd.set_multithreading_enabled(False)" in html
+
+
+def test_a_job_over_nodes_keeps_each_nodes_stacks(tmp_path):
+    from orchestrator.runs.report import hang_stacks_context
+    record = RunRecord(run_id="20261203-0200-abcdef", playbook="p.yaml", playbook_sha256="", name="p")
+    taken = taken_stacks(tmp_path)
+    record.steps.append(StepResult("launch", "launch", "n0", "changed", data={"hang_stacks": taken}))
+    record.steps.append(StepResult("monitor", "monitor", "n0", "failed",
+                                   data={"nodes": {"n0": {"verdict": "ok"}, "n1": {"hang_stacks": taken}}}))
+    assert explain.recorded_stacks(record, "n0") == []      # a launch step's data is no monitor's
+    [recorded] = explain.recorded_stacks(record, "n1")
+    assert recorded["cycles"][0]["line"].startswith("DEADLOCK: ")
+    assert [p["target"] for p in hang_stacks_context(record)] == ["n1"]

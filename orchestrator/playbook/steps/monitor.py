@@ -250,8 +250,11 @@ def stacks_taker(target: Target, launch: Optional[dict]) -> Optional[Callable[[]
 def follow_nodes(run: RunInfo, reporter: Reporter, nodes: list) -> StepOutcome:
     """Watch one job over many nodes to its end, as a step's outcome (the monitor step and
     `orch attach`)."""
+    takers = {target.name: stacks_taker(target, run.recorder.launch_info(target.name))
+              for target, _run_dir, _settings in nodes}
     result, data = monitor_nodes(nodes, recorder=run.recorder, reporter=reporter, cli=run.cli,
-                                 rerun=run.rerun_hint(), fresh_facts=_fresh_patch_facts)
+                                 rerun=run.rerun_hint(), fresh_facts=_fresh_patch_facts,
+                                 stacks_takers=takers)
     status = "ok" if result.verdict == OK else "failed"
     return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
                        findings=result.findings)
