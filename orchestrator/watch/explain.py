@@ -475,8 +475,9 @@ def explain_logs(record: RunRecord, logs: list[tuple[Target, list[LogText]]], **
         explained = explain(target, texts, roots=own_roots(record, target.name),
                             hints=run_hints(record, target.name), ran_at=launched_at(record, target.name),
                             python=launched_python(record, target.name), **options)
-        if explained.lead is not None and explained.lead.kind == "hang":
-            explained.stacks = recorded_stacks(record, target.name)
+        # the stacks the monitor took when it called the run hung: whatever the cause (a
+        # drafter that raised first leaves the others waiting on its lock), they show who waits
+        explained.stacks = recorded_stacks(record, target.name)
         out.append(explained)
     return first_node_first(out, record)
 

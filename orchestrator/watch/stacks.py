@@ -29,6 +29,7 @@ tracebacks.MAX_FRAMES frames.
 
 from __future__ import annotations
 
+import collections
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -351,10 +352,13 @@ def cycles(waits: list[Wait]) -> list[list[Wait]]:
         graph.setdefault(wait.thread, []).append(wait)
         graph.setdefault(wait.waits_for, [])
     found = []
+    order = {node: n for n, node in enumerate(graph)}     # a cycle starts at its first thread
     for part in strongly_connected(graph):
         members = set(part)
         if len(part) > 1 or any(w.waits_for == part[0] for w in graph[part[0]]):
-            found.append(_cycle_in(graph, members, min(part, key=list(graph).index)))
+            cycle = _cycle_in(graph, members, min(part, key=order.__getitem__))
+            if cycle:
+                found.append(cycle)
     return found
 
 
@@ -403,9 +407,9 @@ def strongly_connected(graph: dict[str, list[Wait]]) -> list[list[str]]:
 def _cycle_in(graph: dict[str, list[Wait]], members: set[str], start: str) -> list[Wait]:
     """A shortest cycle through START inside one strongly connected part (breadth first)."""
     paths: dict[str, list[Wait]] = {start: []}
-    queue = [start]
+    queue = collections.deque([start])
     while queue:
-        node = queue.pop(0)
+        node = queue.popleft()
         for wait in graph[node]:
             if wait.waits_for == start:
                 return paths[node] + [wait]

@@ -192,6 +192,9 @@ def test_a_hang_is_detected_and_the_process_stopped(sandbox, torch_in_container)
     assert "The stacks: " in hang.message and "died holding" in hang.message
     saved = json.loads(open(os.path.join(paths.run_dir(record.run_id), TARGET, "stacks.json")).read())
     assert saved["results"][0]["pid"] == process["pid"]
+    code, explained = orch(sandbox, "explain", record.run_id)
+    assert "the stacks orch took when it called the run hung" in explained, explained[-4000:]
+    assert "died holding" in explained
 
 
 def test_link_down_while_monitoring_loses_and_repeats_nothing(sandbox, torch_in_container):

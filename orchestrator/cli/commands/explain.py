@@ -133,14 +133,13 @@ def _print_lead(result, lead, all_frames: bool) -> None:
         out.print("  the logs' last lines:")
         for line in lead.last_lines:
             out.print(f"    {esc(line)}")
-    if lead.kind == "hang":
-        if result.stacks:
-            out.print("  the stacks orch took when it called the run hung (the run's record):")
-            for taken in result.stacks:
-                _print_recorded_stacks(taken)
-        else:
-            out.print("  no stacks in the run's record: while a run hangs, `orch stacks RUN` takes "
-                      "every thread's stack (and who waits on whom)")
+    if result.stacks:
+        out.print("  the stacks orch took when it called the run hung (the run's record):")
+        for taken in result.stacks:
+            _print_recorded_stacks(taken)
+    elif lead.kind == "hang":
+        out.print("  no stacks in the run's record: while a run hangs, `orch stacks RUN` takes "
+                  "every thread's stack (and who waits on whom)")
     if result.consequences:
         out.print("\n[bold]What followed from it[/]:")
         for item in result.consequences:
