@@ -358,8 +358,17 @@ def cycles(waits: list[Wait]) -> list[list[Wait]]:
         if len(part) > 1 or any(w.waits_for == part[0] for w in graph[part[0]]):
             cycle = _cycle_in(graph, members, min(part, key=order.__getitem__))
             if cycle:
-                found.append(cycle)
+                found.append(_from_a_holder(cycle))
     return found
+
+
+def _from_a_holder(cycle: list[Wait]) -> list[Wait]:
+    """The cycle told from the first thread that holds a lock another in it waits for: "A
+    holds L, waits for ...; B waits for L" reads as it happened."""
+    for n in range(len(cycle)):
+        if cycle[n - 1].how == "lock":
+            return cycle[n:] + cycle[:n]
+    return cycle
 
 
 def strongly_connected(graph: dict[str, list[Wait]]) -> list[list[str]]:
