@@ -142,6 +142,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "word": word,
         "charts": charts,
         "findings": findings,
+        "hang_stacks": hang_stacks_context(record),
         "notes": notes,
         "failed_steps": [s for s in record.steps if s.status == "failed"],
         "baseline": baseline,
@@ -177,6 +178,39 @@ def environment_rows(record: RunRecord) -> dict[str, dict]:
             fx = target.fx_tls_state or "not checked"
         rows[target.name] = {"torch": torch or "-", "fx": fx, "state": target.fx_tls_state or "unchecked"}
     return rows
+
+
+SHOWN_STACK_FRAMES = 8     # innermost frames per thread in the report; stacks.json has them all
+
+
+def hang_stacks_context(record: RunRecord) -> list[dict]:
+    """The stacks the monitor took of a hung run before it stopped it: per process, its
+    deadlocks, who waits on whom, and each thread's innermost frames."""
+    out = []
+    for name, taken in _taken_stacks(record):
+        if taken.get("error"):
+            out.append({"target": name, "error": taken["error"], "cycles": [], "locks": [],
+                        "threads": [], "pid": taken.get("pid"), "rank": None})
+        for result in taken.get("results") or []:
+            out.append({"target": name, "pid": result.get("pid"), "rank": result.get("rank"),
+                        "error": "", "cycles": result.get("cycles") or [],
+                        "locks": [lock.get("sentence", "") for lock in result.get("locks") or []],
+                        "threads": [{"label": t.get("label"),
+                                     "frames": [f"{f.get('file')}:{f.get('line')} in {f.get('function')}"
+                                                for f in (t.get("frames") or [])[-SHOWN_STACK_FRAMES:]]}
+                                    for t in result.get("threads") or []]})
+    return out
+
+
+def _taken_stacks(record: RunRecord) -> list[tuple[str, dict]]:
+    """(target, hang_stacks) of each monitor step; a job over several nodes: each node's."""
+    found = []
+    for step in record.steps:
+        data = (step.data or {}) if step.kind == "monitor" else {}
+        per_target = data.get("nodes") or {step.target: data}
+        found += [(name, node["hang_stacks"]) for name, node in per_target.items()
+                  if isinstance(node, dict) and node.get("hang_stacks")]
+    return found
 
 
 def nodes_context(record: RunRecord) -> list[dict]:
