@@ -464,7 +464,9 @@ def remedy(cycle: list[Wait]) -> Optional[dict]:
                       "torch.autograd.set_multithreading_enabled(False)   # first, in each thread's "
                       "function (thread-local: that thread only)"],
             "switch": "the stand-in trainer: --backward-in-thread (the DFlash playbooks' "
-                      "backward_in_thread var, on by default)"}
+                      "backward_in_thread var, on by default); the compiles then overlap, so the FX "
+                      "state threads share must be thread-local too: orch patch fx-threads apply "
+                      "(on an H200 an unpatched torch then raised the FX race)"}
 
 
 def hang_words(taken: Optional[dict]) -> tuple[str, str]:
