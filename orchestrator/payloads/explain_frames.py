@@ -298,18 +298,6 @@ def source_lines(lines, start, end):
 
 
 # ------------------------------------------------------------------ calls a frame makes
-def dotted(node):
-    """'a.b.c' for the expression a.b.c; None for anything else."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
-
-
 def imports(tree, module):
     """Local name -> the dotted name it stands for, from the module's imports."""
     names = {}
@@ -341,7 +329,7 @@ def aliases(functions, line):
         for node in own_nodes(function):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                     and isinstance(node.targets[0], ast.Name) and node.lineno <= line:
-                name = dotted(node.value)
+                name = expression_name(node.value)
                 if name:
                     found[node.targets[0].id] = name
     return found
@@ -402,7 +390,7 @@ def segment(lines, node):
     if end == node.lineno and 1 <= node.lineno <= len(lines):
         raw = lines[node.lineno - 1].encode("utf-8")
         return raw[node.col_offset:node.end_col_offset].decode("utf-8", "replace")[:200]
-    return dotted(node) or "?"
+    return expression_name(node) or "?"
 
 
 def calls_on_the_way(function, line, innermost):
@@ -427,7 +415,7 @@ class Callees:
         self.files, self.modules, self.followed = files, modules, 0
 
     def resolve(self, info, scan, tree_imports, local_aliases, call):
-        name = dotted(call.func)
+        name = expression_name(call.func)
         if not name:
             return None
         first, _, rest = name.partition(".")
