@@ -154,11 +154,7 @@ def _print_recorded_stacks(taken: dict) -> None:
     out.print(f"    pid {taken.get('pid')}{rank}: {len(taken.get('threads') or [])} thread(s)")
     for cycle in taken.get("cycles") or []:
         out.print(f"    [bold red]{esc(cycle['line'])}[/]\n      {esc(cycle['words'])}")
-        fix = cycle.get("remedy")
-        if fix:
-            out.print(f"      [bold]remedy[/]: {esc(fix['summary'])}; {esc(fix['switch'])}; in the run's own code:")
-            for line in fix["lines"]:
-                out.print(f"        [cyan]{esc(line)}[/]")
+        _print_remedy(cycle.get("remedy"), indent="      ")
     for lock in taken.get("locks") or []:
         out.print(f"      waits: {esc(lock['sentence'])}")
     for thread in taken.get("threads") or []:
@@ -345,11 +341,17 @@ def _print_deadlocks(results) -> None:
         for cycle in result.cycles:
             out.print(f"[bold red]{esc(cycle['line'])}[/]" + (f"  [dim]({esc(where)})[/]" if len(results) > 1 else ""))
             out.print(f"  {esc(cycle['words'])}")
-            fix = cycle.get("remedy")
-            if fix:
-                out.print(f"  [bold]remedy[/]: {esc(fix['summary'])}; {esc(fix['switch'])}; in the run's own code:")
-                for line in fix["lines"]:
-                    out.print(f"    [cyan]{esc(line)}[/]")
+            _print_remedy(cycle.get("remedy"), indent="  ")
+
+
+def _print_remedy(fix, indent: str) -> None:
+    """A cycle's remedy: what breaks it, orch's switch, and the lines the run's own code needs."""
+    if not fix:
+        return
+    out, esc = console.out, console.escape
+    out.print(f"{indent}[bold]remedy[/]: {esc(fix['summary'])}; {esc(fix['switch'])}; in the run's own code:")
+    for line in fix["lines"]:
+        out.print(f"{indent}  [cyan]{esc(line)}[/]")
 
 
 def _print_stacks(result) -> None:
