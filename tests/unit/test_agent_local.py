@@ -214,6 +214,7 @@ def test_an_interrupted_cp_in_the_agent_leaves_no_file_and_the_agent_serves_the_
         time.sleep(0.02)
     _interrupted_at_once(process)
     assert os.listdir(into) == []
+    _wait_until_idle(env)   # the agent's side of the cp winds down (its sender is slow)
     after = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "next"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert (after.returncode, after.stdout) == (0, "next\n"), after.stderr
@@ -346,6 +347,13 @@ def _status(env) -> dict:
     out = subprocess.run([*ORCH, "agent", "status", "--json"], env=env, capture_output=True,
                          text=True, timeout=60)
     return json.loads(out.stdout)
+
+
+def _wait_until_idle(env, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while (_status(env) or {}).get("running"):
+        assert time.monotonic() < deadline, "the agent still runs the interrupted command"
+        time.sleep(0.1)
 
 
 def _wait_until_running(env, seconds: float = 30) -> None:
