@@ -24,15 +24,26 @@ if [ "$whole" = 1 ] && [ "${ORCH_TEST_PREFETCH:-1}" != 0 ]; then
 fi
 trap '[ -n "$prefetch" ] && kill -- -"$prefetch" 2>/dev/null; true' EXIT
 
-# Workers (pytest-xdist): the sandbox's tests run one after another on one of them, the rest
-# (unit tests, real torch, real trainers) on the others. ORCH_TEST_WORKERS=0: no workers.
-workers=${ORCH_TEST_WORKERS:-3}
+# The whole suite runs as two pytest sessions side by side: the tests that share the sandbox
+# (its hosts and containers) or the agent's package stamps, marked `sandbox` or `serial`, one
+# after another here, on the terminal; everything else (unit tests, real torch, real trainers)
+# on ORCH_TEST_WORKERS pytest-xdist workers (default 2; 0: all in one session), its output
+# kept in a file and printed when it ends. With -k, -m or a test path: one session, as asked.
+workers=${ORCH_TEST_WORKERS:-2}
 started=$(date +%s)
 status=0
-if [ "$workers" = 0 ]; then
+if [ "$whole" = 0 ] || [ "$workers" = 0 ]; then
     .venv/bin/python -m pytest "$@" || status=$?
 else
-    .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@" || status=$?
+    side="${TMPDIR:-/tmp}/orch-test-parallel.log"
+    echo "test: the tests beside the sandbox run on $workers workers (log: $side)"
+    .venv/bin/python -m pytest -n "$workers" -m "not sandbox and not serial" "$@" >"$side" 2>&1 &
+    beside=$!
+    .venv/bin/python -m pytest -m "sandbox or serial" "$@" || status=$?
+    echo "test: the sandbox's tests took $(( $(date +%s) - started )) s (pytest exit code $status)"
+    wait "$beside" || status=$(( status ? status : $? ))
+    echo "test: ---------------- the tests beside the sandbox ----------------"
+    cat "$side"
 fi
 echo "test: the suite took $(( $(date +%s) - started )) s (pytest exit code $status)"
 [ -n "$prefetch" ] && grep '^prefetch: ' "$log" || true

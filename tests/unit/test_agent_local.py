@@ -23,10 +23,10 @@ from tests.agents import agent_pids, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 
-# Under pytest-xdist these run with the sandbox's tests, one at a time: some touch the
+# These run with the sandbox's tests, one at a time (scripts/test.sh): some touch the
 # installed package's files (an agent steps aside when its code changes), which would make
-# every other worker's agent step aside too, mid-test.
-pytestmark = pytest.mark.xdist_group("sandbox")
+# the agents of the tests beside them step aside too, mid-test.
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture()

@@ -48,9 +48,9 @@ LISTENER = textwrap.dedent("""\
 
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="the fake listener runs as nobody: needs root")
 
-# Under pytest-xdist these run with the sandbox's tests, one at a time: an agent steps aside
+# These run with the sandbox's tests, one at a time (scripts/test.sh): an agent steps aside
 # when its code changes, and test_agent_local.py touches the installed package's files.
-pytestmark = pytest.mark.xdist_group("sandbox")
+pytestmark = pytest.mark.serial
 
 
 def _nobody() -> pwd.struct_passwd:
