@@ -29,6 +29,7 @@ import argparse
 import ast
 import base64
 import csv
+import fcntl
 import functools
 import hashlib
 import io
@@ -194,7 +195,15 @@ def fetch_by_pip(version: str, destination: Path) -> dict:
 
 
 def release_site(version: str, method: str = "range", cache: Path = CACHE) -> tuple[Path, dict]:
-    """The cached source tree of one release (fetched on first use), and how it was got."""
+    """The cached source tree of one release (fetched on first use), and how it was got.
+    Under a lock per release: two test workers that ask at once fetch it once."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".lock-{version}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _release_site(version, method, cache)
+
+
+def _release_site(version: str, method: str, cache: Path) -> tuple[Path, dict]:
     home = cache / version
     site, info_file = home / "site", home / "fetched.json"
     if info_file.exists():

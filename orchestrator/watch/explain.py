@@ -543,11 +543,14 @@ def recorded_stacks(record: RunRecord, target: str) -> list[dict]:
     the run hung, before it stopped it (each process's: every rank's under torchrun), with
     their locks, waits and cycles; [] when it took none."""
     for step in reversed(record.steps):
-        data = step.data or {}
-        # a job over several nodes keeps each node's monitor data under "nodes"
-        data = ((data.get("nodes") or {}).get(target) or {}) if data.get("nodes") else \
-            (data if step.target == target else {})
-        if step.kind == "monitor" and data.get("hang_stacks"):
+        if step.kind != "monitor" or not isinstance(step.data, dict):
+            continue
+        # a job over several nodes keeps each node's monitor data under "nodes" (a launch
+        # step's "nodes" is a list of another shape: only the monitor's are read)
+        nodes = step.data.get("nodes")
+        data = (nodes.get(target) or {}) if isinstance(nodes, dict) else \
+            (step.data if step.target == target else {})
+        if data.get("hang_stacks"):
             taken = data["hang_stacks"]
             return [dict(result, taken_at=taken.get("taken_at")) for result in taken.get("results") or []]
     return []
