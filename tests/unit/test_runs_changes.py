@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from orchestrator.cli.app import main
 from orchestrator.runs import changes, edivisive, history, noise
 from orchestrator.runs.store import RunStore
-from tests.fixtures.synthetic import FREEZE, synthetic_run
+from tests.fixtures.synthetic import FREEZE, nights_with_an_upgrade, synthetic_run
 
 # Series and answers from Apache Otava 0.8.0 (otava.change_point_divisive.calculator
 # PairDistanceCalculator.get_candidate_change_point over the whole series, and
@@ -132,26 +132,6 @@ def test_the_nightly_names_a_slow_drift_a_regression_through_its_change_point():
     assert change["rule"] in ("e-divisive", "tail") and change["effect"] < 0
     assert any(c and c["rule"] == "e-divisive" for _, c in statuses[30:])
     assert all(status != noise.REGRESSION for status, _ in statuses[:30])
-
-
-def nights_with_an_upgrade(store=None):
-    """20 nights at 5400 tok/s, then torch 2.14.1 and a reinstall that undid the patch
-    (re-applied by the playbook) from night 21 on, 6 % slower."""
-    records = []
-    freeze_new = [line for line in FREEZE if not line.startswith("torch")] + ["torch==2.14.1"]
-    for n in range(1, 31):
-        late = n > 20
-        record = synthetic_run(f"202611{n:02d}-020000-cp{n:04d}", seed=n,
-                               started_at=f"2026-11-{n:02d}T02:00:00+00:00",
-                               tok_s=5400 * (0.94 if late else 1.0) * (1 + 0.004 * ((n * 7) % 5 - 2)),
-                               torch_version="2.14.1" if late else "2.13.0+cpu",
-                               freeze=freeze_new if late else None,
-                               states_seen=["vulnerable", "patched"] if n == 21 else None)
-        record.summary["total_tok_s"] = 3 * 5400 * (0.94 if late else 1.0) * (1 + 0.004 * ((n * 7) % 5 - 2))
-        records.append(record)
-        if store is not None:
-            store.begin(record)
-    return records
 
 
 def test_each_change_point_names_the_environment_diff_between_its_nights():
