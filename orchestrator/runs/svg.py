@@ -246,10 +246,11 @@ def _history_mark(mark: dict, row: int, series_color: str, sx, sy, top, right_ed
                      f'y1="{sy(level):.1f}" y2="{sy(level):.1f}" stroke="{series_color}" '
                      f'stroke-width="2" stroke-dasharray="6 3"/>')
     label_y = top - 6 - 14 * row
-    anchor = "end" if x > right_edge - 6 * len(mark["label"]) else "start"
-    shift = -4 if anchor == "end" else 4
+    # Left-aligned at the line where it fits, else pulled left to end at the edge (about
+    # 6.5 px a character of 11 px bold text).
+    label_x = max(4.0, min(x + 4, right_edge - 6.5 * len(mark["label"])))
     parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{label_y + 3}" y2="{top + plot_h}" '
                  f'stroke="{color}" stroke-width="1.5" stroke-dasharray="3 2"/>'
-                 f'<text x="{x + shift:.1f}" y="{label_y}" text-anchor="{anchor}" fill="{color}" '
+                 f'<text x="{label_x:.1f}" y="{label_y}" fill="{color}" '
                  f'font-weight="600">{escape(mark["label"])}</text></g>')
     return parts
