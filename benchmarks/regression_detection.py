@@ -288,6 +288,14 @@ def measure_case(name: str, case: str, trials: int, seed: int, with_otava: bool,
     return rows
 
 
+def progress(task: tuple, rows: dict) -> dict:
+    """A finished case on stderr (one JSON line: the run takes minutes), then its rows."""
+    print(json.dumps({"scenario": task[0], "case": task[1],
+                      "rows": [{"rule": rule, **row} for (_, rule), row in rows.items()]}),
+          file=sys.stderr, flush=True)
+    return rows
+
+
 def measure_changes(names: list[str], trials: int, seed: int, with_otava: bool,
                     repeat: int = 1, jobs: int = 1) -> list[dict]:
     """Every case of every scenario in NAMES, JOBS processes at a time (each case has its own
@@ -297,9 +305,10 @@ def measure_changes(names: list[str], trials: int, seed: int, with_otava: bool,
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(jobs) as pool:
-            done = list(pool.map(measure_case, *zip(*args)))
+            futures = [pool.submit(measure_case, *a) for a in args]
+            done = [progress(task, future.result()) for task, future in zip(tasks, futures)]
     else:
-        done = [measure_case(*a) for a in args]
+        done = [progress(task, measure_case(*a)) for task, a in zip(tasks, args)]
     results = []
     for name in names:
         rows = {}
