@@ -255,7 +255,7 @@ def judge_cp_night(judges: Judges, tonight, series: dict, alarms: dict, otava_la
         last = otava_last.get(metric)
         if last is None:
             last = otava_changes(values[-noise.HISTORY - 1:-1])
-        new = new or bool(changes.new_drops(found, last))
+        new = new or bool(changes.new_drops(found, last, min_drop=None))   # no interval
         otava_last[metric] = found
     if new:
         alarms["Otava 0.8.0 defaults"].append(k)

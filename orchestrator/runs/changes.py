@@ -114,11 +114,14 @@ def _analyse(levels: tuple, alpha: float, permutations: int) -> tuple:
     return tuple(changes)
 
 
-def new_drops(tonight: list[Change], last_night: list[Change]) -> list[Change]:
+def new_drops(tonight: list[Change], last_night: list[Change], *,
+              min_drop: Optional[float] = MIN_DROP) -> list[Change]:
     """The level drops in effect in TONIGHT's analysis that LAST_NIGHT's did not have, whose
-    interval lies wholly below -MIN_DROP (a drop that may be smaller is no alert)."""
+    interval lies wholly below -MIN_DROP (a drop that may be smaller is no alert; None: no
+    size rule, for change points without an interval)."""
     known = [c.index for c in last_night if c.drop]
-    return [c for c in tonight if c.drop and c.in_effect and c.high < -MIN_DROP
+    return [c for c in tonight if c.drop and c.in_effect
+            and (min_drop is None or c.high < -min_drop)
             and not any(abs(c.index - k) <= MATCH_NIGHTS for k in known)]
 
 

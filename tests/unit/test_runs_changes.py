@@ -105,6 +105,15 @@ def test_new_drops_alert_once_where_last_night_had_the_change_within_three_night
     assert changes.new_drops(tonight, far) == tonight
 
 
+def test_a_drop_that_may_be_under_one_percent_is_no_alert():
+    levels = night_levels(3, 40, shift_at=30, shift=0.05)
+    drop = changes.analyse(levels)[0]
+    small = changes.Change(**{**drop.to_dict(), "effect": -0.012, "low": -0.02, "high": -0.004})
+    assert changes.new_drops([small], []) == []
+    assert changes.new_drops([small], [], min_drop=None) == [small]     # no size rule
+    assert changes.new_drops([drop], []) == [drop] and drop.high < -changes.MIN_DROP
+
+
 def test_a_step_on_its_own_night_is_a_tail_drop_and_a_healthy_night_is_not():
     levels = night_levels(6, 31)
     assert changes.tail_drop(levels, []) is None
