@@ -192,3 +192,14 @@ def test_orch_runs_changes_lists_them_with_json_and_exits_20_for_a_drop_in_effec
 def test_orch_runs_changes_without_runs_is_a_sentence():
     result = CliRunner().invoke(main, ["runs", "changes", "nope.yaml"])
     assert result.exit_code == 1 and "no run of nope.yaml in the run store" in result.output
+
+
+def test_orch_report_shows_the_playbooks_change_points():
+    with RunStore() as store:
+        nights_with_an_upgrade(store)
+    result = CliRunner().invoke(main, ["report", "last", "--md", "-"])
+    assert result.exit_code == 0, result.output
+    assert "### Change points over 30 nights (2026-11-01 to 2026-11-30)" in result.output
+    assert "since 2026-11-21 (night 21): torch 2.13.0+cpu -> 2.14.1" in result.output
+    html = CliRunner().invoke(main, ["report", "last", "--html", "-"]).output
+    assert html.count('class="chart chart-history') == 2
