@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.ground import fx_states
+from orchestrator.ground import fx_states, verdicts
 from orchestrator.runs import changes, noise
 from orchestrator.runs.baseline import newest_night, same_shape_nights
 from orchestrator.runs.compare import compare, fx_states_seen
@@ -89,7 +89,7 @@ def playbook_history(store: RunStore, playbook: str, *, nights: int = changes.HI
     """The newest NIGHTS nights of PLAYBOOK's newest shape (or of UNTIL's night and the
     nights before it), their levels and change points. OrchError when there is no run."""
     tonight = newest_night(store, until.playbook if until else playbook, until=until)
-    ok = [record for record in tonight if record.verdict == "ok"]
+    ok = [record for record in tonight if record.verdict == verdicts.OK]
     groups = same_shape_nights(store, tonight, nights - 1)[::-1] + ([ok] if ok else [])
     return analyse_nights(playbook, groups)
 
