@@ -47,9 +47,14 @@ An alarm is a night that exits 20 for throughput (any metric). Rules: "orch chan
 (a metric's regression that came from runs/changes.py's rules), "orch nightly" (every
 throughput rule of `orch nightly`: noise model and change points), "Otava" (each metric's
 series so far through otava.analysis.compute_change_points with its defaults, a new drop
-in effect being an alarm, as for orch).
+in effect being an alarm, as for orch, without orch's 1 % rule: Otava's change points come
+with no interval). A step's change point "on its night": five nights in, the total's
+analysis puts one exactly on the step's first night. --repeat N plays N runs a night.
+The e-divisive scan runs in numpy where numpy is installed (numpy_scan: checked equal to
+runs/edivisive.py's first); --jobs N runs the cases N processes at a time:
 
-    .venv/bin/python benchmarks/regression_detection.py --changes --trials 100
+    nice .venv/bin/python benchmarks/regression_detection.py --changes --trials 30 --jobs 2
+    nice .venv/bin/python benchmarks/regression_detection.py --changes --scenario cpu --repeat 3 --no-otava
 """
 
 from __future__ import annotations
