@@ -147,6 +147,7 @@ def sparkline(values: Sequence[float]) -> str:
 
 # ------------------------------------------------------------------ a history with its change points
 MARK_COLORS = {"drop": "#cf222e", "rise": "#1a7f37", "spread": "#9a6700", "over": "#8c959f"}
+LABEL_ROWS = 6         # change points labelled above the plot, one row each (no overlaps)
 
 
 def history_chart(series: dict[str, Sequence[tuple[float, Optional[float]]]],
@@ -161,7 +162,7 @@ def history_chart(series: dict[str, Sequence[tuple[float, Optional[float]]]],
     clean = {name: [(float(x), float(y)) for x, y in points if y is not None]
              for name, points in series.items()}
     clean = {name: points for name, points in clean.items() if points}
-    rows = min(len(marks), 3)
+    rows = min(len(marks), LABEL_ROWS)
     left, right, top, bottom = 62, 16, 30 + 14 * rows, 44
     legend_h = (math.ceil(len(clean) / 4) * 16 + 6) if len(clean) > 1 else 0
     height += legend_h + 14 * rows
@@ -199,8 +200,8 @@ def history_chart(series: dict[str, Sequence[tuple[float, Optional[float]]]],
                   f"<title>{escape(name)}, night {x:.0f}: {format_number(y)} tok/s</title></circle>"
                   for x, y in points]
     for index, mark in enumerate(marks):
-        parts += _history_mark(mark, index % 3, colors.get(mark["series"], "#333"), sx, sy,
-                               top, plot_w + left, plot_h)
+        parts += _history_mark(mark, index if index < LABEL_ROWS else None,
+                               colors.get(mark["series"], "#333"), sx, sy, top, plot_w + left, plot_h)
     if legend_h:
         for index, name in enumerate(clean):
             row, col = divmod(index, 4)
@@ -232,7 +233,7 @@ def _history_axes(x_ticks, y_ticks, sx, sy, left, top, plot_w, plot_h) -> list[s
     return parts
 
 
-def _history_mark(mark: dict, row: int, series_color: str, sx, sy, top, right_edge,
+def _history_mark(mark: dict, row: Optional[int], series_color: str, sx, sy, top, right_edge,
                   plot_h) -> list[str]:
     """One change point: its levels either side (dashed, the series' colour), a vertical line
     at its night and its label above the plot (the tone's colour), the culprit as tooltip."""
@@ -245,6 +246,10 @@ def _history_mark(mark: dict, row: int, series_color: str, sx, sy, top, right_ed
         parts.append(f'<line class="level" x1="{sx(first - 0.5):.1f}" x2="{sx(last + 0.5):.1f}" '
                      f'y1="{sy(level):.1f}" y2="{sy(level):.1f}" stroke="{series_color}" '
                      f'stroke-width="2" stroke-dasharray="6 3"/>')
+    if row is None:        # past LABEL_ROWS: the line, its tooltip and the list under the chart
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" '
+                     f'stroke="{color}" stroke-width="1.5" stroke-dasharray="3 2"/></g>')
+        return parts
     label_y = top - 6 - 14 * row
     # Left-aligned at the line where it fits, else pulled left to end at the edge (about
     # 6.5 px a character of 11 px bold text).
