@@ -18,6 +18,7 @@ from orchestrator.ground import verdicts
 from orchestrator.runs.compare import (Comparison, compare, environment_diff, fx_states_seen,
                                        is_problem, series, throughput, worker_word)
 from orchestrator.runs import gpu
+from orchestrator.runs.changes import LEVEL
 from orchestrator.runs.noise import NoiseJudgement
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import history_chart, line_chart, sparkline
@@ -173,16 +174,16 @@ def history_context(history: Optional["History"]) -> Optional[dict]:
     if history is None or len(history.nights) < 2:
         return None
     workers = [m for m in history.metrics if m != "total"]
-    groups = [(["total"], "Total throughput, night by night (tok/s)")]
+    # The total is about N times a worker: on one axis the workers would be flat lines.
+    groups = [(["total"], "total", "Total throughput, night by night (tok/s)")]
     if workers:
-        groups.append((workers, "Each worker's throughput, night by night (tok/s)"))
+        groups.append((workers, "workers", "Each worker's throughput, night by night (tok/s)"))
     charts = []
-    for metrics, title in groups:
+    for metrics, name, title in groups:
         marks = [change_mark(point, history) for point in history.change_points
                  if point.metric in metrics]
         charts.append(history_chart({m: history.series(m) for m in metrics}, marks, title=title,
-                                    css_class=f"chart chart-history chart-history-{metrics[0]}"
-                                    if len(metrics) == 1 else "chart chart-history chart-history-workers"))
+                                    css_class=f"chart chart-history chart-history-{name}"))
     points = [{"line": p.line(), "tone": mark_tone(p), "metric": p.metric, "night": p.night.number}
               for p in history.change_points]
     first, last = history.nights[0], history.nights[-1]
@@ -191,8 +192,9 @@ def history_context(history: Optional["History"]) -> Optional[dict]:
 
 
 def mark_tone(point: "ChangePoint") -> str:
+    """How a change point is coloured: a drop or a rise in effect, one over, or spread only."""
     change = point.change
-    if change.kind != "level":
+    if change.kind != LEVEL:
         return "spread"
     if not change.in_effect:
         return "over"
@@ -210,7 +212,7 @@ def change_mark(point: "ChangePoint", history: "History") -> dict:
     head = "" if point.metric == "total" else f"{point.metric} "
     state = "in effect" if change.in_effect else "no longer in effect"
     size = (f"{change.effect * 100:+.1f} % ({change.low * 100:+.1f} to {change.high * 100:+.1f})"
-            if change.kind == "level" else "spread changed")
+            if change.kind == LEVEL else "spread changed")
     culprit = "; ".join(point.culprit[:2]) if point.culprit else "nothing recorded changed"
     if len(culprit) > CULPRIT_CHARS:
         culprit = culprit[:CULPRIT_CHARS - 1] + "…"
