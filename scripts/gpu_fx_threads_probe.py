@@ -10,6 +10,12 @@ torch venv's python (scripts/gpu-fx-threads-check.sh runs it before and after ap
    each step inside `annotate()` as torch's flex_attention does: errors per thread
    (KeyError 'custom' is the node-meta race; the flag's RuntimeError the old race).
 
+--backward-in-thread: each drafter thread first calls
+torch.autograd.set_multithreading_enabled(False) (thread-local), so its backward runs on the
+thread itself, not on autograd's CUDA device thread: the remedy for issue 39's deadlock
+(a thread holding torch._dynamo's compile_lock waits in the autograd engine for
+pt_autograd_0, which compiles another thread's backward and waits for compile_lock).
+
 Prints one JSON object. Usage: PYTHON scripts/gpu_fx_threads_probe.py [--device cuda]
 """
 
@@ -54,7 +60,7 @@ def graph_meta(torch, device):
     return counts
 
 
-def drafters(torch, device, threads, steps, seconds_allowed):
+def drafters(torch, device, threads, steps, seconds_allowed, backward_in_thread=False):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     errors, seconds = {}, {}
     start = threading.Barrier(threads)
@@ -62,6 +68,9 @@ def drafters(torch, device, threads, steps, seconds_allowed):
     def drafter(index):
         started = time.monotonic()
         try:
+            if backward_in_thread:
+                # thread-local: this thread's backward runs here, not on pt_autograd_N
+                torch.autograd.set_multithreading_enabled(False)
             compiled = torch.compile(flex_attention)
             start.wait(120)
             for _ in range(steps):
@@ -84,7 +93,8 @@ def drafters(torch, device, threads, steps, seconds_allowed):
     for worker in workers:
         worker.join(max(0.0, deadline - time.monotonic()))
     hung = [i for i, w in enumerate(workers) if w.is_alive()]
-    return {"threads": threads, "errors": errors, "hung": hung, "seconds": seconds}
+    return {"threads": threads, "errors": errors, "hung": hung, "seconds": seconds,
+            "backward_in_thread": backward_in_thread}
 
 
 def main():
@@ -94,16 +104,30 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=200,
                         help="how long the drafters may take in all; a drafter still running then is reported hung")
+    parser.add_argument("--backward-in-thread", action="store_true",
+                        help="each thread calls torch.autograd.set_multithreading_enabled(False) first "
+                             "(the remedy for the compile_lock / autograd device thread deadlock)")
+    parser.add_argument("--no-graph-meta", action="store_true",
+                        help="skip the node-meta part (its compile warms the cache the drafters must find cold)")
+    parser.add_argument("--ready-file", default=None,
+                        help="write this file once the drafters have started (for a stacks taker)")
     args = parser.parse_args()
     import torch
     import torch.fx.traceback as fx_traceback
     out = {"torch": torch.__version__, "device": args.device,
            "node_meta_module": type(fx_traceback).__name__}
-    try:
-        out["graph_meta"] = graph_meta(torch, args.device)
-    except Exception as exc:
-        out["graph_meta_error"] = "%s: %s" % (type(exc).__name__, exc)
-    out["drafters"] = drafters(torch, args.device, args.drafters, args.steps, args.seconds)
+    if not args.no_graph_meta:
+        try:
+            out["graph_meta"] = graph_meta(torch, args.device)
+        except Exception as exc:
+            out["graph_meta_error"] = "%s: %s" % (type(exc).__name__, exc)
+    if args.ready_file:
+        with open(args.ready_file, "w") as handle:
+            handle.write(str(os.getpid()))
+    started = time.monotonic()
+    out["drafters"] = drafters(torch, args.device, args.drafters, args.steps, args.seconds,
+                               args.backward_in_thread)
+    out["drafters"]["wall_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(out), flush=True)
     os._exit(0)  # a hung drafter thread must not keep the process alive
 

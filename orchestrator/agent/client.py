@@ -24,11 +24,8 @@ import sys
 import time
 
 from orchestrator.agent import protocol  # stdlib only: no click, no paramiko, no typing
+from orchestrator.ground import commands   # the one table of commands, and what the agent runs
 
-# The commands the agent runs, and for groups which subcommands (None: the whole command).
-FAST_COMMANDS = {"exec": None, "cp": None, "grep-torch": None, "grep-pkg": None,
-                 "verify": None, "inventory": {"check"}, "ct": {"list", "status"},
-                 "patch": {"fx-tls", "fx-threads"}}
 PATCH_ACTIONS_IN_AGENT = {"status", "diff"}   # apply/revert change files: they stay here
 START_WAIT_S = 10.0
 # How long a client waits for a running agent to connect and say "accepted"; it takes a few
@@ -48,12 +45,7 @@ def is_fast_command(args: list[str]) -> bool:
     if index is None:
         return False
     name, rest = args[index], args[index + 1:]
-    if name not in FAST_COMMANDS or _asks_for_help(rest):
-        return False
-    subcommands = FAST_COMMANDS[name]
-    if subcommands is None:
-        return True
-    if not rest or rest[0] not in subcommands:
+    if _asks_for_help(rest) or not commands.agent_runs(name, rest[0] if rest else None):
         return False
     if name == "patch":
         return _first_positional(rest[1:]) in PATCH_ACTIONS_IN_AGENT

@@ -151,7 +151,7 @@ def _stamp(fleet: Fleet, inventory_file: str) -> tuple:
     the inventory, ~/.ssh/config, each host's known_hosts and identity files."""
     files = [inventory_file, invocation.current().expanduser(SSH_CONFIG)]
     for spec in fleet.inventory.hosts.values():
-        if spec.transport != "ssh":
+        if not spec.kind.over_ssh:
             continue
         try:
             settings = fleet.ssh_settings(spec)

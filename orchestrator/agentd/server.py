@@ -23,7 +23,7 @@ from orchestrator import __version__
 
 from orchestrator.cli import app as cli
 from orchestrator.agent import protocol
-from orchestrator.agent.client import FAST_COMMANDS
+from orchestrator.ground import commands
 from orchestrator.agentd.pool import FleetPool
 from orchestrator.agentd.requests import Request
 
@@ -366,8 +366,9 @@ def main() -> None:
     if not _take_lock(lock):
         return
     os.chdir("/")
-    for name in FAST_COMMANDS:   # import them now: the first command is as quick as the next
-        cli.load_command(name)
+    for command in commands.COMMANDS:   # those it runs, imported now: the first is as quick as the next
+        if command.agent is not None:
+            cli.load_command(command.name)
     _remember_code()
     agent = Agent(directory, idle_seconds())
     cli.App.fleet_lender = agent.pool

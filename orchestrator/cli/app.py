@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import importlib.util
+import re
 from typing import TYPE_CHECKING, Optional
 
 import click
 
 from orchestrator import __version__
 
-from orchestrator.ground import console, invocation, paths
+from orchestrator.ground import commands, console, invocation, paths
 from orchestrator.ground.errors import ExitCode, OrchError
 from orchestrator.ground.invocation import Invocation
 from orchestrator.ground.lazy import lazy
@@ -86,93 +89,59 @@ class OrchGroup(click.Group):
         ctx.exit(int(code or 0))
 
 
-# The commands, loaded only when one runs: `orch --help` and `orch CMD --help` import no SSH,
-# no jinja2, no playbook or monitor code (tests/unit/test_cli_startup.py keeps it so). Each
-# entry: name -> (module, attribute, the first paragraph of its help for `orch --help`);
-# tests/unit/test_cli_startup.py checks those against the commands' own help.
-LAZY_COMMANDS = {
-    "attach": ("orchestrator.cli.commands.run", "attach_command",
-               "Follow a launched run again: its log from the start, live progress, the verdict."),
-    "agent": ("orchestrator.cli.commands.agent", "agent",
-              "The warm agent that runs the quick commands in milliseconds (docs/guide/agent.md)."),
-    "cp": ("orchestrator.cli.commands.debug", "cp_command",
-           "Copy files and folders into containers (a group: each of them) or out of one."),
-    "ct": ("orchestrator.cli.commands.core", "ct",
-           "Proxmox containers through the Proxmox API (pvesh over SSH, or HTTPS with a token)."),
-    "exec": ("orchestrator.cli.commands.core", "exec_command",
-             "Run COMMAND in TARGET (a container, group, host or HOST:VMID), output live."),
-    "explain": ("orchestrator.cli.commands.explain", "explain_command",
-                "Explain a failed run: its cause first, what followed from it, and shared state on evidence."),
-    "forward": ("orchestrator.cli.commands.debug", "forward_command",
-                "Forward local TCP ports to ports inside a container, until Ctrl-C."),
-    "grep-pkg": ("orchestrator.cli.commands.torch", "grep_pkg",
-                 "Search any installed package's source (transformers, triton, ...) like grep-torch."),
-    "grep-torch": ("orchestrator.cli.commands.torch", "grep_torch",
-                   "Search the installed torch source in each target's venv (torch is never imported)."),
-    "inventory": ("orchestrator.cli.commands.core", "inventory", "Inspect the inventory."),
-    "mcp": ("orchestrator.mcp.cli", "mcp_command",
-            "Serve orch's tools to an AI agent over MCP (stdio): typed, capped, audited."),
-    "nightly": ("orchestrator.cli.commands.runs", "nightly_command",
-                "Run PLAYBOOK once, unattended (for schedulers and scripts): lock, run, compare with "
-                "the baseline (the pinned run, else the last ok run, of the same shape: targets, "
-                "workers, devices, throughput variables), write report.html and report.md into the "
-                "run's folder, notify, exit with the outcome."),
-    "patch": ("orchestrator.cli.commands.torch", "patch",
-              "Patches orch applies to the installed torch of a container."),
-    "report": ("orchestrator.cli.commands.runs", "report",
-               "Write a report of RUN (default: last): a self-contained HTML page (charts as inline "
-               "SVG, no external assets) and/or Markdown for a ticket. With neither --html nor --md, "
-               "writes report.html and report.md into the run's folder and prints their paths."),
-    "run": ("orchestrator.cli.commands.run", "run_command",
-            "Run PLAYBOOK: bootstrap, patch, launch detached, monitor, collect, record."),
-    "runs": ("orchestrator.cli.commands.runs", "runs",
-             "The run history: every `orch run` and `orch nightly`, in the run store."),
-    "sandbox": ("orchestrator.cli.commands.sandbox", "sandbox",
-                "A Proxmox-like test bed on this machine: hosts with real sshd and LXC containers."),
-    "schedule": ("orchestrator.cli.commands.runs", "schedule",
-                 "Schedule `orch nightly` with a real scheduler: a systemd timer + service (user "
-                 "units by default, --system for /etc/systemd/system), or a crontab line where "
-                 "systemd is not running (or with --cron)."),
-    "stacks": ("orchestrator.cli.commands.explain", "stacks_command",
-               "Every thread's Python stack of a hung run's live process, and who waits on whom."),
-    "stop": ("orchestrator.cli.commands.run", "stop_command",
-             "Stop a launched run: SIGTERM to its process group, SIGKILL after the grace period."),
-    "shell": ("orchestrator.cli.commands.debug", "shell_command",
-              "An interactive shell (or COMMAND) in a container, through a PTY end to end."),
-    "validate": ("orchestrator.cli.commands.run", "validate_command",
-                 "Check PLAYBOOK without running it: keys, types, step kinds, templates, targets."),
-    "verify": ("orchestrator.cli.commands.torch", "verify",
-               "Checks that run a reproducer inside the container."),
-}
-# Subcommands that live in another module than their group: group -> [(module, attribute)].
-LAZY_SUBCOMMANDS = {"runs": [("orchestrator.mcp.cli", "audit_command")]}
-
-
+# The commands (ground/commands.py, the one table), loaded only when one runs: `orch --help`
+# and `orch CMD --help` import no SSH, no jinja2, no playbook or monitor code
+# (tests/unit/test_cli_startup.py keeps it so).
 def load_command(name: str) -> Optional[click.Command]:
     """The command NAME, its module imported now; None when orch has no such command or its
     module is not installed (the sandbox ships separately)."""
-    if name not in LAZY_COMMANDS:
+    entry = commands.BY_NAME.get(name)
+    if entry is None:
         return None
-    module_name, attribute, _ = LAZY_COMMANDS[name]
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name(entry.module))
     except ModuleNotFoundError as error:
-        if error.name != module_name:
+        if error.name != module_name(entry.module):
             raise
         return None
-    command = getattr(module, attribute)
-    for sub_module, sub_attribute in LAZY_SUBCOMMANDS.get(name, []):
-        sub = getattr(importlib.import_module(sub_module), sub_attribute)
+    command = getattr(module, entry.attribute)
+    for sub_module, sub_attribute in entry.grafted:
+        sub = getattr(importlib.import_module(module_name(sub_module)), sub_attribute)
         if sub.name not in command.commands:
             command.add_command(sub)
     return command
 
 
+def module_name(name: str) -> str:
+    """The table's module names are under orchestrator/ (ground/commands.py)."""
+    return f"orchestrator.{name}"
+
+
+@functools.lru_cache(maxsize=None)
+def own_help(name: str) -> str:
+    """The help of command NAME as its own docstring says it, read from its module's source
+    without importing the module (`orch --help` lists every command and imports none)."""
+    entry = commands.BY_NAME[name]
+    with open(importlib.util.find_spec(module_name(entry.module)).origin, encoding="utf-8") as source:
+        text = source.read()
+    # only the function's own lines are parsed (the whole module would cost `orch --help`
+    # twice its time): from its def to the next top-level line
+    found = re.search(rf"^def {re.escape(entry.attribute)}\(.*?(?=^[^\s#)])", text + "\nEND", re.M | re.S)
+    try:
+        node = ast.parse(found.group(0)).body[0] if found else None
+    except SyntaxError:
+        node = None
+    if isinstance(node, ast.FunctionDef):
+        return ast.get_docstring(node) or ""
+    command = load_command(name)   # not a plain def (built some other way): ask click
+    return command.help or "" if command is not None else ""
+
+
 class LazyGroup(OrchGroup):
-    """orch's top level: lists commands from LAZY_COMMANDS, imports one when it is used."""
+    """orch's top level: lists commands from the table, imports one when it is used."""
 
     def list_commands(self, ctx):
-        return sorted(set(LAZY_COMMANDS) | set(self.commands))
+        return sorted(set(commands.BY_NAME) | set(self.commands))
 
     def get_command(self, ctx, name):
         if name not in self.commands:
@@ -191,8 +160,8 @@ class LazyGroup(OrchGroup):
         rows = []
         for name in names:
             loaded = self.commands.get(name)
-            # a stand-in with the same first paragraph shortens it exactly as the command would
-            shown = loaded or click.Command(name, help=LAZY_COMMANDS[name][2])
+            # a stand-in with the same help shortens it exactly as the command would
+            shown = loaded or click.Command(name, help=own_help(name))
             rows.append((name, shown.get_short_help_str(limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
@@ -200,7 +169,7 @@ class LazyGroup(OrchGroup):
 
 def _installed(name: str) -> bool:
     try:
-        return importlib.util.find_spec(LAZY_COMMANDS[name][0]) is not None
+        return importlib.util.find_spec(module_name(commands.BY_NAME[name].module)) is not None
     except ModuleNotFoundError:
         return False
 

@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 
 import click
 
-from orchestrator.cli.app import LAZY_COMMANDS
+from orchestrator.ground import commands
 from orchestrator.cli.app import main as orch_command
 from orchestrator.ground.errors import EXIT_CODE_MEANINGS, ExitCode
 from orchestrator.mcp.policy import ALLOWANCES, Policy
@@ -55,10 +55,10 @@ def command_tree() -> Iterator[CommandDoc]:
     """orch and every command under it, depth first in name order, each module loaded."""
     root = click.Context(orch_command, info_name="orch", terminal_width=100, max_content_width=100)
     yield CommandDoc((), orch_command, root)
-    for name in sorted(LAZY_COMMANDS):
+    for name in sorted(commands.BY_NAME):
         command = orch_command.get_command(root, name)
         if command is None:
-            raise MissingDocs(f"the command {name!r} of LAZY_COMMANDS could not be loaded")
+            raise MissingDocs(f"the command {name!r} of ground/commands.py could not be loaded")
         yield from _subtree((name,), command, root)
 
 

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from orchestrator.config import transports
 from orchestrator.config.concurrency import DEFAULT_JOBS, MAX_JOBS
 from orchestrator.config.inventory_file import inventory_path
 from orchestrator.config.schema import check_keys, expect, expect_list_of
@@ -49,7 +50,7 @@ DNS_NAME_PATTERN = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Z
 @dataclass
 class HostSpec:
     name: str
-    transport: str = "ssh"
+    transport: str = transports.DEFAULT.name   # a name of config/transports.py's table
     address: Optional[str] = None
     user: Optional[str] = None
     port: Optional[int] = None
@@ -66,6 +67,11 @@ class HostSpec:
     connections: Optional[int] = None    # SSH connections orch may open to it at once
     alive_interval: Optional[float] = None   # OpenSSH's ServerAliveInterval (docs/design/transport.md)
     alive_count_max: Optional[int] = None    # OpenSSH's ServerAliveCountMax
+
+    @property
+    def kind(self) -> transports.TransportKind:
+        """What this host's transport can do (config/transports.py)."""
+        return transports.transport(self.transport)
 
 
 @dataclass
@@ -127,9 +133,16 @@ class Inventory:
                 raise ConfigError(f"{name!r}: {host} is a cluster; name a container of it as "
                                   f"{host}:VMID")
             return [ContainerSpec(name=name, host="", vmid=int(vmid), cluster=host)]
-        known = sorted(self.containers) + sorted(self.groups) + sorted(self.hosts)
         raise ConfigError(f"unknown target {name!r} in {self.path}",
-                          hint="known targets: " + ", ".join(known) + " (or HOST:VMID)")
+                          hint="known targets: " + ", ".join(self.target_names()) + " (or HOST:VMID)")
+
+    def target_names(self) -> list[str]:
+        """Every name -t takes, once each: containers, groups, then hosts and clusters (a
+        host that shares its name with a group is that group as a target)."""
+        names: list[str] = []
+        for kind in (self.containers, self.groups, self.hosts, self.clusters):
+            names += [name for name in sorted(kind) if name not in names]
+        return names
 
 
 def load_inventory(path: Optional[str] = None) -> Inventory:
@@ -187,10 +200,10 @@ def _host(source: Source, name: str, spec) -> HostSpec:
     path = ("hosts", name)
     expect(source, path, spec, dict, f"host {name!r}")
     check_keys(source, path, spec, HOST_KEYS)
-    transport = expect(source, path + ("transport",), spec.get("transport", "ssh"), str)
-    if transport not in ("ssh", "local"):
-        raise source.error(path + ("transport",), f"transport must be 'ssh' or 'local', not {transport!r}")
-    if transport == "ssh" and "address" not in spec:
+    transport = expect(source, path + ("transport",), spec.get("transport", transports.DEFAULT.name), str)
+    if transport not in transports.TRANSPORTS:
+        raise source.error(path + ("transport",), f"transport must be {transports.choices()}, not {transport!r}")
+    if transports.transport(transport).over_ssh and "address" not in spec:
         raise source.error(path, f"host {name!r} needs an address (or transport: local)")
     host = HostSpec(name=name, transport=transport)
     for key in ("address", "user", "jump", "known_hosts", "node", "iface", "description"):
@@ -240,9 +253,9 @@ def _container(source: Source, name: str, spec, hosts: dict) -> ContainerSpec:
         vmid = expect(source, path + ("vmid",), spec["vmid"], int)
         if not VMID_PATTERN.fullmatch(str(vmid)):
             raise source.error(path + ("vmid",), f"vmid {vmid} is not a valid Proxmox id (100..999999999)")
-        if hosts[host].transport == "local":
-            raise source.error(path + ("vmid",), f"host {host!r} is local: it has no containers "
-                                                 "(remove vmid)")
+        if not hosts[host].kind.proxmox:
+            raise source.error(path + ("vmid",), f"host {host!r} is {hosts[host].transport}: it has no "
+                                                 "containers (remove vmid)")
         container.vmid = vmid
     return _container_details(source, path, spec, container)
 
@@ -293,8 +306,8 @@ def _clusters(source: Source, data: dict, hosts: dict) -> dict[str, list[str]]:
     def problem(name: str, member: str) -> Optional[str]:
         if member not in hosts:
             return f"cluster {name!r} names {member!r}, which is not in hosts"
-        if hosts[member].transport != "ssh":
-            return f"host {member!r} is local: it cannot be a cluster node"
+        if not hosts[member].kind.proxmox:
+            return f"host {member!r} is {hosts[member].transport}: it cannot be a cluster node"
         return None
     return _named_lists(source, data, "clusters", taken=hosts, taken_kind="host", member_problem=problem,
                         empty=lambda name: f"cluster {name!r} names no host")

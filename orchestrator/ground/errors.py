@@ -17,6 +17,7 @@ class ExitCode:
     NO_CONTAINER = 4      # no such container, or it is not running
     TIMEOUT = 5           # a remote command outlived its timeout
     REMOTE_FAILED = 6     # a remote command exited non-zero where orch needed success
+    NEEDS_GPU = 7         # a check that needs a GPU the target does not have (verify compile-deadlock)
     # orch run / orch nightly verdicts
     RUN_FAILED = 10       # FX race, traceback, OOM, non-zero exit, killed
     RUN_HANG = 11         # no progress for hang_after seconds while the process lived
@@ -45,6 +46,8 @@ EXIT_CODE_MEANINGS = {
     ExitCode.RUN_HANG: "run hung (no progress for `hang_after` s; the process was stopped)",
     ExitCode.RUN_DEGRADED: "run degraded (below the playbook's throughput threshold), or the "
                            "recompile limit was hit",
+    ExitCode.NEEDS_GPU: "needs a GPU: `orch verify compile-deadlock` on a target without CUDA (on CPU "
+                        "backward runs on the calling thread and the cycle cannot form); nothing was run",
     ExitCode.RUN_UNREACHABLE: "a target was unreachable during the run",
     ExitCode.REGRESSION: "nightly: a regression against the baseline",
     ExitCode.LOCKED: "busy: another nightly of the same playbook is still running, or another "

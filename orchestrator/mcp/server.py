@@ -10,6 +10,8 @@ unless hosts are allowed) and recorded in the audit trail before it acts and aft
 from __future__ import annotations
 
 import contextvars
+import functools
+import inspect
 import json
 import time
 from typing import Annotated, Any, Callable, Optional
@@ -159,30 +161,50 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
         finish("ok")
         return result
 
-    def tool(name: str, annotations: ToolAnnotations = READ_ONLY):
+    def tool(annotations: ToolAnnotations = READ_ONLY, *, name: str = "",
+             acts_on: Optional[Callable[..., list]] = None,
+             answer: Optional[Callable[[Any], Any]] = None):
+        """The tool table's one decorator: FN is the tool NAME (default: FN's own name),
+        registered only when the policy allows it. Each call's arguments are bound from FN's
+        own signature (what the audit records), checked against the policy (acts_on(**arguments):
+        the containers the call would act on; default: its target), and FN's body is the work;
+        ANSWER shapes what it returns (exec's resource links)."""
         def register(fn):
-            if name in allowed:
-                server.add_tool(fn, name=name, annotations=annotations)
-            return fn
+            tool_name = name or fn.__name__
+            signature = inspect.signature(fn)
+
+            @functools.wraps(fn)   # the SDK reads the input schema from FN's signature
+            def handler(*args, **kwargs):
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                arguments = dict(bound.arguments)
+                containers = (lambda: acts_on(**arguments)) if acts_on else None
+                result = call(tool_name, arguments, lambda: fn(**arguments), containers)
+                return answer(result) if answer else result
+            if tool_name in allowed:
+                server.add_tool(handler, name=tool_name, annotations=annotations)
+            return handler
         return register
 
     # ------------------------------------------------------------ read-only tools
-    @tool("list_targets")
+    @tool()
     def list_targets() -> dict[str, Any]:
         """The inventory: containers (host, vmid, venv, gpus), hosts and groups."""
-        return call("list_targets", {}, tools.list_targets)
+        return tools.list_targets()
 
-    @tool("inventory_check")
+    def checked(targets: list[str]) -> list[str]:
+        """inventory_check's containers: those named, else every one the policy permits."""
+        return list(targets) or [name for name, spec in tools.fleet.inventory.containers.items()
+                                 if policy.permits_place(spec)]
+
+    @tool(acts_on=lambda targets: tools.specs(checked(targets)) if checked(targets) else [])
     def inventory_check(
             targets: Annotated[list[str], Field(description="Containers or groups; empty: all")] = [],
     ) -> dict[str, Any]:
         """The `orch inventory check` rows: reachable, running, python, venv, GPUs per container."""
-        chosen = list(targets) or [name for name, spec in tools.fleet.inventory.containers.items()
-                                   if policy.permits_place(spec)]
-        return call("inventory_check", {"targets": targets}, lambda: tools.inventory_check(chosen),
-                    containers=lambda: tools.specs(chosen) if chosen else [])
+        return tools.inventory_check(checked(targets))
 
-    @tool("grep_source")
+    @tool()
     def grep_source(
             target: Target,
             pattern: Annotated[str, Field(description="A Python regex, or a plain string with fixed; "
@@ -200,19 +222,13 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
         """Search an installed package's Python source in the container (never imported).
         Matches carry path (relative to site-packages), line and text; truncated says when
         max_hits cut the list."""
-        arguments = {"target": target, "pattern": pattern, "package": package, "fixed": fixed,
-                     "word": word, "ignore_case": ignore_case, "context": context,
-                     "definition": definition, "show": show, "max_hits": max_hits}
-        def search():
-            if show and not definition:
-                raise ConfigError("show goes with definition (it returns a definition's body)")
-            return tools.grep_source(target, pattern, package=package, fixed=fixed, word=word,
-                                     ignore_case=ignore_case, context=context,
-                                     mode="def" if definition else "grep", show=show,
-                                     max_hits=max_hits)
-        return call("grep_source", arguments, search)
+        if show and not definition:
+            raise ConfigError("show goes with definition (it returns a definition's body)")
+        return tools.grep_source(target, pattern, package=package, fixed=fixed, word=word,
+                                 ignore_case=ignore_case, context=context,
+                                 mode="def" if definition else "grep", show=show, max_hits=max_hits)
 
-    @tool("read_source")
+    @tool()
     def read_source(
             target: Target,
             path: Annotated[str, Field(description="Relative to the package directory, e.g. "
@@ -225,12 +241,9 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
     ) -> SourceText:
         """Lines of one file of an installed package. Paths leaving the package (.., absolute,
         symlinks out) are refused."""
-        arguments = {"target": target, "package": package, "path": path,
-                     "start_line": start_line, "end_line": end_line, "max_bytes": max_bytes}
-        return call("read_source", arguments, lambda: tools.read_source(
-            target, package, path, start_line, end_line, max_bytes))
+        return tools.read_source(target, package, path, start_line, end_line, max_bytes)
 
-    @tool("read_file")
+    @tool()
     def read_file(
             target: Target,
             path: Annotated[str, Field(description="An absolute path in the container, inside a "
@@ -245,41 +258,37 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
         core dumps), or folders the server's owner allows. Text when it is UTF-8, else
         base64; the sha256 of the bytes is computed where they were read and checked here.
         A path whose real path (symlinks resolved) leads outside is refused."""
-        arguments = {"target": target, "path": path, "offset": offset, "max_bytes": max_bytes}
-        return call("read_file", arguments, lambda: tools.read_file(
-            target, path, offset, max_bytes, extra_roots=policy.paths))
+        return tools.read_file(target, path, offset, max_bytes, extra_roots=policy.paths)
 
-    @tool("fx_tls_status")
+    @tool()
     def fx_tls_status(target: Target) -> dict[str, Any]:
         """Is torch's FX tracing flag thread-local here? status: vulnerable | fixed-upstream |
         patched | drifted | unknown."""
-        return call("fx_tls_status", {"target": target}, lambda: tools.fx_tls(target, "status"))
+        return tools.fx_tls(target, "status")
 
-    @tool("fx_tls_diff")
+    @tool()
     def fx_tls_diff(target: Target) -> dict[str, Any]:
         """The unified diff fx_tls_apply would make; changes nothing."""
-        return call("fx_tls_diff", {"target": target}, lambda: tools.fx_tls(target, "diff"))
+        return tools.fx_tls(target, "diff")
 
-    @tool("verify_fx_race")
+    @tool()
     def verify_fx_race(target: Target,
                        trials: Annotated[int, Field(ge=1, le=50, description="Runs of the reproducer "
                                                                           "and of its same-thread control")] = 3,
                        ) -> dict[str, Any]:
         """The deterministic FX race reproducer: verdict fixed | vulnerable | inconclusive."""
-        return call("verify_fx_race", {"target": target, "trials": trials},
-                    lambda: tools.verify_fx_race(target, trials))
+        return tools.verify_fx_race(target, trials)
 
-    @tool("run_status")
+    @tool()
     def run_status(
             run_id: RunId,
             wait_s: Annotated[float, Field(ge=0, le=600, description="Wait up to this long for "
                                                                      "the run to end")] = 0,
     ) -> dict[str, Any]:
         """A run: steps, live per-drafter progress, verdict, findings with remediation."""
-        return call("run_status", {"run_id": run_id, "wait_s": wait_s},
-                    lambda: tools.run_status(run_id, wait_s))
+        return tools.run_status(run_id, wait_s)
 
-    @tool("run_log")
+    @tool(acts_on=lambda run_id, target, **_: tools.run_containers(run_id, target))
     def run_log(
             run_id: RunId,
             target: Annotated[Optional[str], Field(description="Default: the first launched")] = None,
@@ -288,11 +297,10 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
                                                                           "of the log")] = DEFAULT_OUTPUT_BYTES,
     ) -> LogPage:
         """The training log by byte offsets: pass next_offset back to page on."""
-        arguments = {"run_id": run_id, "target": target, "offset": offset, "max_bytes": max_bytes}
-        return call("run_log", arguments, lambda: tools.run_log(run_id, target, offset, max_bytes),
-                    containers=lambda: tools.run_containers(run_id, target))
+        return tools.run_log(run_id, target, offset, max_bytes)
 
-    @tool("explain_run")
+    # the policy sees what it reads in: the launched targets, as the inventory has them now
+    @tool(acts_on=lambda run_id, target, **_: tools.specs(tools.explain_targets(run_id, target)))
     def explain_run(
             run_id: RunId,
             target: Annotated[Optional[str], Field(description="One of the run's targets; "
@@ -306,31 +314,26 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
         check; the process-wide mutable state the failing frames read, ranked with its
         evidence and confidence, only when threads shared the failing code, and the remedy
         (orch's patch, or generic options). Reads only; changes nothing."""
-        arguments = {"run_id": run_id, "target": target, "context": context}
-        # the policy sees what it reads in: the launched targets, as the inventory has them now
-        return call("explain_run", arguments, lambda: tools.explain_run(run_id, target, context),
-                    containers=lambda: tools.specs(tools.explain_targets(run_id, target)))
+        return tools.explain_run(run_id, target, context)
 
-    @tool("runs_list")
+    @tool()
     def runs_list(last: Annotated[int, Field(ge=1, le=500, description="The newest this many runs")] = 10,
                   playbook: Annotated[Optional[str], Field(description="Only runs of this playbook "
                                                                        "(its path or name); null: all")] = None,
                   ) -> dict[str, Any]:
         """Recorded runs, newest first: verdict, throughput, fx-tls state, problems."""
-        return call("runs_list", {"last": last, "playbook": playbook},
-                    lambda: tools.runs_list(last, playbook))
+        return tools.runs_list(last, playbook)
 
-    @tool("runs_compare")
+    @tool()
     def runs_compare(base: Annotated[str, Field(description="The earlier run (an id, a prefix, "
                                                             "'last~1')")],
                      new: Annotated[str, Field(description="The later run (an id, a prefix, 'last')")],
                      threshold: Annotated[Optional[float], Field(ge=0, lt=1, description="Regression threshold, 0.10 = 10 %")] = None) -> dict[str, Any]:
         """Compare run new with run base: throughput, verdict, torch, patch, packages, regressions."""
-        return call("runs_compare", {"base": base, "new": new, "threshold": threshold},
-                    lambda: tools.runs_compare(base, new, threshold))
+        return tools.runs_compare(base, new, threshold)
 
     # ------------------------------------------------------------ changing tools
-    @tool("exec", CHANGES)
+    @tool(CHANGES, name="exec", answer=_with_links)
     def exec_tool(
             target: Target,
             argv: Annotated[list[str], Field(min_length=1, description="The command as a list of "
@@ -345,22 +348,20 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
         """Run argv in the container: exit code, stdout/stderr (capped: *_truncated and *_bytes
         say so; a larger output is a resource link to page through, stderr's tail is
         included), duration."""
-        arguments = {"target": target, "argv": argv, "timeout_s": timeout_s, "stdin": stdin,
-                     "max_output_bytes": max_output_bytes}
-        return _with_links(call("exec", arguments, lambda: tools.exec(target, argv, timeout_s, stdin,
-                                                                      max_output_bytes)))
+        return tools.exec(target, argv, timeout_s, stdin, max_output_bytes)
 
-    @tool("fx_tls_apply", CHANGES)
+    @tool(CHANGES)
     def fx_tls_apply(target: Target) -> dict[str, Any]:
         """Make the FX tracing flag thread-local (backups, atomic writes, import check, record)."""
-        return call("fx_tls_apply", {"target": target}, lambda: tools.fx_tls(target, "apply"))
+        return tools.fx_tls(target, "apply")
 
-    @tool("fx_tls_revert", CHANGES)
+    @tool(CHANGES)
     def fx_tls_revert(target: Target) -> dict[str, Any]:
         """Restore torch's original files (checked against the wheel's RECORD hashes)."""
-        return call("fx_tls_revert", {"target": target}, lambda: tools.fx_tls(target, "revert"))
+        return tools.fx_tls(target, "revert")
 
-    @tool("run_start", CHANGES)
+    @tool(CHANGES, acts_on=lambda playbook, vars, targets:
+          tools.run_targets(policy.playbook(playbook), vars, targets))
     def run_start(
             playbook: Annotated[str, Field(description="A playbook of the folders the server runs "
                                                        "playbooks from (--allow-playbook): its "
@@ -373,20 +374,15 @@ def build_server(tools: Tools, policy: Policy, audit: AuditLog) -> MCPServer:
             targets: Annotated[list[str], Field(description="Instead of the playbook's targets")] = [],
     ) -> RunStarted:
         """Start a playbook run; returns its run_id at once (follow it with run_status/run_log)."""
-        arguments = {"playbook": playbook, "vars": vars, "targets": targets}
-        return call("run_start", arguments,
-                    lambda: tools.run_start(policy.playbook(playbook), vars, targets),
-                    containers=lambda: tools.run_targets(policy.playbook(playbook), vars, targets))
+        return tools.run_start(policy.playbook(playbook), vars, targets)
 
-    @tool("run_stop", CHANGES)
+    @tool(CHANGES, acts_on=lambda run_id, **_: tools.run_containers(run_id))
     def run_stop(run_id: RunId,
                  grace_s: Annotated[float, Field(ge=0, le=3600, description="Seconds between SIGTERM "
                                                                            "and SIGKILL")] = 10,
                  ) -> dict[str, Any]:
         """SIGTERM the run's process group, SIGKILL after grace_s."""
-        return call("run_stop", {"run_id": run_id, "grace_s": grace_s},
-                    lambda: tools.run_stop(run_id, grace_s),
-                    containers=lambda: tools.run_containers(run_id))
+        return tools.run_stop(run_id, grace_s)
 
     # ------------------------------------------------------ resources and a prompt
     @server.resource("orch://inventory", name="inventory", mime_type="application/json")

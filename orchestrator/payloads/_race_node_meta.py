@@ -20,6 +20,8 @@ control nests ``preserve_node_meta()`` alone ("trial": "flag-leak" in the row).
 import threading
 import time
 
+from _race_pair import *  # orch: inlined when shipped
+
 NODE_META_ANNOTATION = {"orch_race": "thread-A"}
 
 
@@ -66,19 +68,6 @@ def node_meta_flag_leak_trial(torch, timeout):
     if not run_pair(thread_b, thread_a, timeout):
         return None, None, "a thread was still running after %.0fs" % (3 * timeout)
     return outcome.get("leaked"), outcome.get("leaked"), outcome.get("problem")
-
-
-def run_pair(first, second, timeout, names=("node-meta-B", "node-meta-A")):
-    """Start both threads (daemons), wait for them within one bound of 3 x timeout; False
-    on a hang. Every reproducer's two threads run through here."""
-    threads = [threading.Thread(target=first, daemon=True, name=names[0]),
-               threading.Thread(target=second, daemon=True, name=names[1])]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 3 * timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return not any(thread.is_alive() for thread in threads)
 
 
 def node_meta_cross_thread_trial(torch, timeout):

@@ -10,7 +10,6 @@ Same-thread control: a module with a submodule traced in one thread still record
 submodule as a ``call_module`` node (the patch still acts in the tracing thread).
 """
 
-import threading
 import time
 
 from _race_node_meta import *  # orch: inlined when shipped
@@ -19,45 +18,15 @@ TRACE_PATCH_ERROR = "module is not installed as a submodule"
 
 
 def trace_patch_cross_thread_trial(torch, timeout):
-    """(raised, problem) of one forced interleaving."""
-    entered, release = threading.Event(), threading.Event()
-    outcome = {}
-
-    class BlocksWhileTracing(torch.nn.Module):
-        def forward(self, x):
-            entered.set()
-            release.wait(timeout)  # A's trace-time patches stay in place meanwhile
-            return x
-
-    def tracer():
-        try:
-            torch.fx.symbolic_trace(BlocksWhileTracing())
-        except Exception as exc:
-            outcome["tracer_error"] = "%s: %s" % (type(exc).__name__, exc)
-
-    def caller():
-        try:
-            if not entered.wait(timeout):
-                outcome["problem"] = "the tracing thread never reached forward()"
-                return
-            torch.nn.Linear(2, 2)(torch.ones(1, 2))
-            outcome["raised"] = False
-        except NameError as exc:
-            outcome["raised"] = TRACE_PATCH_ERROR in str(exc)
-            if not outcome["raised"]:
-                outcome["problem"] = "unexpected NameError: %s" % exc
-        except Exception as exc:
-            outcome["problem"] = "unexpected %s: %s" % (type(exc).__name__, exc)
-        finally:
-            release.set()
-
-    finished = run_pair(tracer, caller, timeout, names=("trace-patch-A", "trace-patch-B"))
-    release.set()
-    if not finished:
-        return None, "a thread was still running after %.0fs" % (3 * timeout)
-    if "tracer_error" in outcome:
-        return outcome.get("raised"), "the tracing thread failed: " + outcome["tracer_error"]
-    return outcome.get("raised"), outcome.get("problem")
+    """(raised, problem) of one forced interleaving: B builds and calls a Linear while A's
+    trace-time patches are in place."""
+    def judge(exc):
+        if isinstance(exc, NameError):
+            raised = TRACE_PATCH_ERROR in str(exc)
+            return {"raised": raised} if raised else {"raised": False, "problem": "unexpected NameError: %s" % exc}
+        return {"problem": "unexpected %s: %s" % (type(exc).__name__, exc)}
+    return while_tracing(torch, timeout, lambda: torch.nn.Linear(2, 2)(torch.ones(1, 2)), judge,
+                         names=("trace-patch-A", "trace-patch-B"))
 
 
 def trace_patch_same_thread_control(torch):

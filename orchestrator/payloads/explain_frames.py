@@ -28,6 +28,11 @@ directories (site-packages, the standard library) or one of `roots`; a path from
 machine is matched by its part after site-packages/ (or dist-packages/). Anything else
 (`<frozen ...>`, C++ frames, files elsewhere) is reported as not available, with why.
 
+Each frame's `with`: the `with` items around its line and its un-released acquire()s,
+[{expr, line, entering, how: with|acquire, lock}], `lock` the object the expression names
+(_locks.py: {id, name, kind, defined}), or None with `not_lock` (a context manager, an
+object that is no lock) or `unresolved` (why it could not be followed).
+
 Result::
 
     {"event": "result", "python": "...", "files": {FILE: {...}}, "frames": [...],
@@ -45,6 +50,7 @@ import sys
 from _protocol import *  # orch: inlined when shipped
 from _locate import *  # orch: inlined when shipped
 from _state_scan import *  # orch: inlined when shipped
+from _locks import *  # orch: inlined when shipped
 
 ARG_SPEC = {"frames": (list, REQUIRED), "roots": (list, []), "context": (int, 3),
             "ran_at": (float, None)}
@@ -292,18 +298,6 @@ def source_lines(lines, start, end):
 
 
 # ------------------------------------------------------------------ calls a frame makes
-def dotted(node):
-    """'a.b.c' for the expression a.b.c; None for anything else."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
-
-
 def imports(tree, module):
     """Local name -> the dotted name it stands for, from the module's imports."""
     names = {}
@@ -335,7 +329,7 @@ def aliases(functions, line):
         for node in own_nodes(function):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                     and isinstance(node.targets[0], ast.Name) and node.lineno <= line:
-                name = dotted(node.value)
+                name = expression_name(node.value)
                 if name:
                     found[node.targets[0].id] = name
     return found
@@ -367,7 +361,7 @@ def with_blocks(function, line, lines):
             entering = line < statement.body[0].lineno
             for item in statement.items:
                 found.append({"expr": segment(lines, item.context_expr), "line": statement.lineno,
-                              "entering": entering})
+                              "entering": entering, "node": item.context_expr, "how": "with"})
     return found[:20]
 
 
@@ -383,7 +377,8 @@ def acquired_locks(function, line, lines):
         expr = segment(lines, call.func.value)
         if call.func.attr == "acquire":
             found = [f for f in found if f["expr"] != expr]
-            found.append({"expr": expr, "line": call.lineno, "entering": call.lineno == line})
+            found.append({"expr": expr, "line": call.lineno, "entering": call.lineno == line,
+                          "node": call.func.value, "how": "acquire"})
         else:
             found = [f for f in found if f["expr"] != expr]
     return found[:20]
@@ -395,7 +390,7 @@ def segment(lines, node):
     if end == node.lineno and 1 <= node.lineno <= len(lines):
         raw = lines[node.lineno - 1].encode("utf-8")
         return raw[node.col_offset:node.end_col_offset].decode("utf-8", "replace")[:200]
-    return dotted(node) or "?"
+    return expression_name(node) or "?"
 
 
 def calls_on_the_way(function, line, innermost):
@@ -420,7 +415,7 @@ class Callees:
         self.files, self.modules, self.followed = files, modules, 0
 
     def resolve(self, info, scan, tree_imports, local_aliases, call):
-        name = dotted(call.func)
+        name = expression_name(call.func)
         if not name:
             return None
         first, _, rest = name.partition(".")
@@ -482,7 +477,17 @@ class Callees:
 
 
 # ------------------------------------------------------------------ the run
-def explain_frame(frame, files, modules, callees, context):
+def lock_identity(block, info, entry, locks):
+    """A `with` item or acquire() with the lock its expression names (_locks.py)."""
+    node = block.pop("node")
+    try:
+        block.update(locks.resolve(info, entry, block["line"], node))
+    except RecursionError:
+        block.update({"lock": None, "unresolved": "nested too deep"})
+    return block
+
+
+def explain_frame(frame, files, modules, callees, context, locks):
     name, line = str(frame.get("file") or ""), frame.get("line")
     out = {"file": name, "line": line, "function": frame.get("function") or ""}
     info = files.resolve(name)
@@ -504,8 +509,9 @@ def explain_frame(frame, files, modules, callees, context):
     out["qualname"] = function.qualname if function else "<module>"
     if function is not None and frame.get("innermost"):
         out["locals"] = sorted(local_names(function))[:MAX_LOCALS]
-    out["with"] = (with_blocks(function, line, entry["lines"])
-                   + acquired_locks(function, line, entry["lines"])) if function else []
+    blocks = (with_blocks(function, line, entry["lines"])
+              + acquired_locks(function, line, entry["lines"])) if function else []
+    out["with"] = [lock_identity(block, info, entry, locks) for block in blocks]
     reads = []
     if function is not None:
         for key in sorted(scan.reads.get(function.qualname, ())):
@@ -543,7 +549,8 @@ def run(args):
     modules = Modules()
     callees = Callees(files, modules)
     context = max(0, min(args["context"], 20))
-    explained = [explain_frame(f, files, modules, callees, context) for f in frames]
+    locks = Locks(files, modules)
+    explained = [explain_frame(f, files, modules, callees, context, locks) for f in frames]
     return {"python": sys.executable,
             "python_version": "%d.%d.%d" % sys.version_info[:3],
             "files": files.cache, "frames": explained, "ran_before_patch": files.ran_before_patch,

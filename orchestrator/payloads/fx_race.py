@@ -56,7 +56,6 @@ with kind "bad-args", "no-torch" or "internal".
 
 import os
 import sys
-import threading
 import time
 
 from _protocol import *  # orch: inlined when shipped
@@ -117,47 +116,16 @@ def same_thread_control(torch):
 
 
 def cross_thread_trial(torch, timeout):
-    """(raised, problem): thread B calls a compiled function while thread A traces."""
-    entered, release = threading.Event(), threading.Event()
-    outcome = {}
-
-    class BlocksWhileTracing(torch.nn.Module):
-        def forward(self, x):
-            entered.set()
-            release.wait(timeout)  # A's tracing flag stays set meanwhile
-            return x
-
-    def tracer():
-        try:
-            torch.fx.symbolic_trace(BlocksWhileTracing())
-        except Exception as exc:
-            outcome["tracer_error"] = "%s: %s" % (type(exc).__name__, exc)
-
-    def caller():
-        try:
-            if not entered.wait(timeout):
-                outcome["problem"] = "the tracing thread never reached forward()"
-                return
-            fresh_compiled_function(torch)(torch.ones(2))
-            outcome["raised"] = False
-        except Exception as exc:
-            if is_nested_trace_error(exc):
-                outcome["raised"] = True
-            elif isinstance(exc, NameError) and OTHER_FX_LEAK_ERROR in str(exc):
-                outcome["raised"] = False
-                outcome["problem"] = OTHER_FX_LEAK_NOTE
-            else:
-                outcome["problem"] = "unexpected %s: %s" % (type(exc).__name__, exc)
-        finally:
-            release.set()
-
-    finished = run_pair(tracer, caller, timeout, names=("fx-race-tracer", "fx-race-caller"))
-    release.set()
-    if not finished:
-        return None, "a thread was still running after %.0fs (hung compile?)" % (3 * timeout)
-    if "tracer_error" in outcome:
-        return outcome.get("raised"), "the tracing thread failed: " + outcome["tracer_error"]
-    return outcome.get("raised"), outcome.get("problem")
+    """(raised, problem): thread B calls a compiled function while thread A traces (A's
+    tracing flag stays set meanwhile)."""
+    def judge(exc):
+        if is_nested_trace_error(exc):
+            return {"raised": True}
+        if isinstance(exc, NameError) and OTHER_FX_LEAK_ERROR in str(exc):
+            return {"raised": False, "problem": OTHER_FX_LEAK_NOTE}
+        return {"problem": "unexpected %s: %s" % (type(exc).__name__, exc)}
+    return while_tracing(torch, timeout, lambda: fresh_compiled_function(torch)(torch.ones(2)), judge,
+                         names=("fx-race-tracer", "fx-race-caller"), hang_note=" (hung compile?)")
 
 
 def verdict(cross_raised, same_raised, trials, problems):

@@ -254,6 +254,16 @@ def fx_race(target: Target, trials: int = 5, on_event: Optional[EventCallback] =
     return run_payload(target, "fx_race", args, timeout=RACE_TIMEOUT, on_event=on_event)
 
 
+def compile_deadlock(target: Target, drafters: int = 3, steps: int = 3, hang_seconds: int = 90,
+                     remedy_seconds: int = 240, on_event: Optional[EventCallback] = None) -> dict:
+    """The compile-deadlock reproducer (payloads/compile_deadlock.py) with the target's
+    torch: unchanged, bounded by HANG_SECONDS, then with the remedy."""
+    args = {"drafters": drafters, "steps": steps, "hang_seconds": hang_seconds,
+            "remedy_seconds": remedy_seconds}
+    return run_payload(target, "compile_deadlock", args, on_event=on_event,
+                       timeout=hang_seconds + remedy_seconds + 400)
+
+
 # ------------------------------------------------------------------ containers and venvs
 def probe(target: Target) -> dict:
     """What the container offers: python, the inventory's venv, GPUs, ripgrep. In a fork of

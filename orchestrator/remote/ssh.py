@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from orchestrator.config import transports
 from orchestrator.ground import invocation
 from orchestrator.ground.errors import (AuthRefused, ChannelRefused, CommandTimeout, HostKeyChanged,
                                  HostKeyRevoked, HostKeyUnknown, HostUnreachable, OrchError)
@@ -304,7 +305,7 @@ class SshHost(Transport):
         """Connections open now and the session channels in use on them."""
         with self._changed:
             live = [c for c in self._connections if c.alive()]
-            return {"transport": "ssh", "address": f"{self.settings.user}@{self.settings.address}:"
+            return {"transport": transports.SSH.name, "address": f"{self.settings.user}@{self.settings.address}:"
                                                    f"{self.settings.port}",
                     "connections": len(live), "channels_in_use": sum(c.open for c in live)}
 

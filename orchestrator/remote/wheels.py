@@ -14,14 +14,14 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
-
-from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from typing import TYPE_CHECKING, Callable, Optional
 
 from orchestrator.ground.errors import OrchError
 from orchestrator.remote import payload_api, transfer
 from orchestrator.remote.container import Target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from packaging.tags import Tag
 
 # manylinux's first names, and the glibc each stands for (PEP 600's aliases)
 _LEGACY_MANYLINUX = {(2, 17): "manylinux2014", (2, 12): "manylinux2010", (2, 5): "manylinux1"}
@@ -65,6 +65,9 @@ class Platform:
         return tags + [f"linux_{arch}"]
 
     def tags(self) -> set[Tag]:
+        # packaging only when a wheel is matched: a torch venv running `orch stacks` from the
+        # source tree (scripts/stacks_of_pid.py) may lack it
+        from packaging.tags import compatible_tags, cpython_tags
         if self.implementation != "cpython":
             return set()       # a native CPython extension does not load elsewhere
         abis = [f"cp{self.version[0]}{self.version[1]}"]
@@ -75,6 +78,8 @@ class Platform:
 def fitting_wheel(folder: str, project: str, platform: Platform) -> tuple[Optional[str], list[str]]:
     """The newest wheel of PROJECT in FOLDER that PLATFORM's python can load, and a line for
     each wheel of it that does not fit (what it is for), for the error when none does."""
+    # packaging only here, as in Platform.tags
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
     accepted = platform.tags()
     fits, misfits = [], []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:

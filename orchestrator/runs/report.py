@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import jinja2
 
 from orchestrator import __version__
-from orchestrator.ground import verdicts
+from orchestrator.ground import fx_states, verdicts
 from orchestrator.runs.compare import (Comparison, compare, environment_diff, fx_states_seen,
                                        is_problem, series, throughput, worker_word)
 from orchestrator.runs import gpu
@@ -149,6 +149,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "word": word,
         "charts": charts,
         "findings": findings,
+        "hang_stacks": hang_stacks_context(record),
         "notes": notes,
         "failed_steps": [s for s in record.steps if s.status == "failed"],
         "baseline": baseline,
@@ -159,6 +160,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
         "fx_states_seen": states,
+        "environment_rows": environment_rows(record),
         "gpu_stats": gpus["stats"],
         "generated_at": now_iso(),
         "orch_version": __version__,
@@ -219,6 +221,60 @@ def change_mark(point: "ChangePoint", history: "History") -> dict:
     return {"series": point.metric, "night": night, "tone": mark_tone(point),
             "label": f"{head}night {night}: {size}, {state} · {culprit}", "title": point.line(),
             "segments": segments}
+
+
+def environment_rows(record: RunRecord) -> dict[str, dict]:
+    """Per target, the torch it ran (the patch step's word, else its pip freeze) and what the
+    run learnt of its FX states: each shared state's row from the newest patch step, else the
+    recorded overall state, else "not checked" (no step looked: not the same as "unknown",
+    which is a shape orch saw and does not recognise)."""
+    rows = {}
+    for target in record.targets:
+        pinned = [line.split("==", 1)[1] for line in target.pip_freeze if line.lower().startswith("torch==")]
+        torch = target.torch_version or (pinned[0] if pinned else None)
+        states = next((step.data["states"] for step in reversed(record.steps)
+                       if step.target == target.name and step.kind == "patch"
+                       and isinstance(step.data, dict) and step.data.get("states")), None)
+        if states:
+            fx = "; ".join(f"{fx_states.STATE_TITLES.get(name, name)}: {fx_states.row_meaning(status)}"
+                           for name, status in states.items())
+        else:
+            fx = target.fx_tls_state or "not checked"
+        rows[target.name] = {"torch": torch or "-", "fx": fx, "state": target.fx_tls_state or "unchecked"}
+    return rows
+
+
+SHOWN_STACK_FRAMES = 8     # innermost frames per thread in the report; stacks.json has them all
+
+
+def hang_stacks_context(record: RunRecord) -> list[dict]:
+    """The stacks the monitor took of a hung run before it stopped it: per process, its
+    deadlocks, who waits on whom, and each thread's innermost frames."""
+    out = []
+    for name, taken in _taken_stacks(record):
+        if taken.get("error"):
+            out.append({"target": name, "error": taken["error"], "cycles": [], "locks": [],
+                        "threads": [], "pid": taken.get("pid"), "rank": None})
+        for result in taken.get("results") or []:
+            out.append({"target": name, "pid": result.get("pid"), "rank": result.get("rank"),
+                        "error": "", "cycles": result.get("cycles") or [],
+                        "locks": [lock.get("sentence", "") for lock in result.get("locks") or []],
+                        "threads": [{"label": t.get("label"),
+                                     "frames": [f"{f.get('file')}:{f.get('line')} in {f.get('function')}"
+                                                for f in (t.get("frames") or [])[-SHOWN_STACK_FRAMES:]]}
+                                    for t in result.get("threads") or []]})
+    return out
+
+
+def _taken_stacks(record: RunRecord) -> list[tuple[str, dict]]:
+    """(target, hang_stacks) of each monitor step; a job over several nodes: each node's."""
+    found = []
+    for step in record.steps:
+        data = (step.data or {}) if step.kind == "monitor" else {}
+        per_target = data.get("nodes") or {step.target: data}
+        found += [(name, node["hang_stacks"]) for name, node in per_target.items()
+                  if isinstance(node, dict) and node.get("hang_stacks")]
+    return found
 
 
 def nodes_context(record: RunRecord) -> list[dict]:

@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
+from orchestrator.config import transports
 from orchestrator.config.concurrency import DEFAULT_JOBS
 from orchestrator.config.inventory import ContainerSpec, HostSpec, Inventory, load_inventory
 from orchestrator.ground import invocation
@@ -67,8 +68,7 @@ class Fleet:
         with self._lock:
             if name not in self._hosts:
                 spec = self.inventory.hosts[name]
-                self._hosts[name] = (LocalTransport(name) if spec.transport == "local"
-                                     else self._ssh_host(spec))
+                self._hosts[name] = self._ssh_host(spec) if spec.kind.over_ssh else LocalTransport(name)
             return self._hosts[name]
 
     def _ssh_host(self, spec: HostSpec) -> SshHost:
@@ -87,7 +87,7 @@ class Fleet:
         self._early_index_written = True
         hosts = {}
         for name, spec in self.inventory.hosts.items():
-            if spec.transport == "local":
+            if not spec.kind.over_ssh:
                 continue
             try:
                 settings = self.ssh_settings(spec)
@@ -153,8 +153,8 @@ class Fleet:
     def proxmox(self, host_name: str, warn: Callable[[str], None] = lambda message: None) -> ProxmoxClient:
         """The Proxmox API of an inventory host (pvesh over its SSH connection, or HTTPS)."""
         spec = self.inventory.hosts[host_name]
-        if spec.transport == "local":
-            raise OrchError(f"host {host_name} is local: it has no Proxmox API")
+        if not spec.kind.proxmox:
+            raise OrchError(f"host {host_name} is {spec.transport}: it has no Proxmox API")
         # the https backend needs no SSH connection: open none
         ssh = self.host(host_name) if api_backend(spec) == "ssh" else None
         return proxmox_client(spec, ssh, warn=warn)
@@ -229,7 +229,7 @@ class Fleet:
         """What each host opened so far holds (`orch agent status`)."""
         with self._lock:
             hosts = dict(self._hosts)
-        return {name: host.usage() if hasattr(host, "usage") else {"transport": "local"}
+        return {name: host.usage() if hasattr(host, "usage") else {"transport": transports.LOCAL.name}
                 for name, host in hosts.items()}
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from orchestrator.ground.verdicts import (COLLECTIVE_TIMEOUT, CUDA_OOM, DEGRADED
                                           KILLED, NCCL_ERROR, NCCL_WARN, NONZERO_EXIT, OK, RANK_FAILED,
                                           RECOMPILE_LIMIT, RENDEZVOUS_RETRY, RENDEZVOUS_TIMEOUT, STUCK_RANK,
                                           TIMEOUT, TRACEBACK, WORKER_ERROR, Evidence, remedy)
-from orchestrator.watch import causes, dflash, tracebacks
+from orchestrator.watch import causes, dflash, stacks, tracebacks
 from orchestrator.watch.dflash import first_compile_remediation, fx_remediation, fx_state_finding
 from orchestrator.watch.distributed import (ChildFailedReader, handled_signal, rank_failure_remediation,
                                             signal_name, stuck_message)
@@ -126,6 +126,9 @@ class EndState:
     stopped_for: Optional[str] = None     # hang | timeout | user (orch stop) | PEER_FAILED | None
     watch_ended: bool = False             # watch_for elapsed while it ran: left running
     hang_seconds: Optional[float] = None
+    # the stacks orch took when it called the run hung, before stopping it:
+    # {taken_at, results: [explain.Stacks as dicts], error}
+    hang_stacks: Optional[dict] = None
 
 
 PEER_FAILED = "node-failed"   # stopped_for of a node orch stopped because another node failed
@@ -583,7 +586,11 @@ class LogClassifier:
             or list(self.tail)[-5:]
         thread_local = facts.get("fx_tls_state") in THREAD_LOCAL
         stuck = self.never_stepped()
-        if thread_local and stuck and not errored:
+        waits, fix = stacks.hang_words(end.hang_stacks)
+        if waits or fix:        # the stacks say who waits on whom: that, not a guess
+            what = ("no new step line" if self.steps_seen else "no output at all")
+            add(HANG, f"{what} for {silent:.0f} s while the process lived{cause}; " + ended_by + waits, fix or remedy(HANG, cli, self.target), evidence=evidence)
+        elif thread_local and stuck and not errored:
             add(FIRST_COMPILE_HANG, dflash.first_compile_message(stuck, self.expected_workers(), silent, facts)
                 + ended_by,
                 first_compile_remediation(cli, playbook), evidence=evidence)

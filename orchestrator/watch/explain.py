@@ -144,6 +144,11 @@ def run_logs(record: RunRecord, target: Target) -> list[LogText]:
     return [LogText(local, _read_local(local))] if os.path.isfile(local) else []
 
 
+def launch_logs(target: Target, launch: dict) -> list[LogText]:
+    """One launch's logs as they are now in TARGET (a live run's: its monitor's hang path)."""
+    return logs_from_files(target.name, _remote_files(target, launch["run_dir"], bool(launch.get("ranks"))))
+
+
 def _remote_files(target: Target, run_dir: str, ranks: bool) -> list[tuple[str, str]]:
     names = [posixpath.join(run_dir, "output.log")]
     if ranks:
@@ -470,8 +475,9 @@ def explain_logs(record: RunRecord, logs: list[tuple[Target, list[LogText]]], **
         explained = explain(target, texts, roots=own_roots(record, target.name),
                             hints=run_hints(record, target.name), ran_at=launched_at(record, target.name),
                             python=launched_python(record, target.name), **options)
-        if explained.lead is not None and explained.lead.kind == "hang":
-            explained.stacks = recorded_stacks(record, target.name)
+        # the stacks the monitor took when it called the run hung: whatever the cause (a
+        # drafter that raised first leaves the others waiting on its lock), they show who waits
+        explained.stacks = recorded_stacks(record, target.name)
         out.append(explained)
     return first_node_first(out, record)
 
@@ -533,9 +539,17 @@ def launched_python(record: RunRecord, target: str) -> Optional[str]:
 
 
 def recorded_stacks(record: RunRecord, target: str) -> list[dict]:
-    """The stacks a hung run's record keeps for TARGET, taken while it hung. The seam for the
-    monitor's hang path (it takes them before it stops the run); until a record holds them
-    there are none, and the explanation says how to take them."""
+    """The stacks a hung run's record keeps for TARGET: those its monitor took when it called
+    the run hung, before it stopped it (each process's: every rank's under torchrun), with
+    their locks, waits and cycles; [] when it took none."""
+    for step in reversed(record.steps):
+        data = step.data or {}
+        # a job over several nodes keeps each node's monitor data under "nodes"
+        data = ((data.get("nodes") or {}).get(target) or {}) if data.get("nodes") else \
+            (data if step.target == target else {})
+        if step.kind == "monitor" and data.get("hang_stacks"):
+            taken = data["hang_stacks"]
+            return [dict(result, taken_at=taken.get("taken_at")) for result in taken.get("results") or []]
     return []
 
 
@@ -562,11 +576,14 @@ class Stacks:
     target: str
     pid: int
     threads: list[dict]       # [{tid, name, label, compile, frames: [{file, line, function, code}]}]
-    locks: list[dict]         # [{key, holders, waiters, sentence}]
+    locks: list[dict]         # [{key, name, kind, holders, waiters, sentence}]
     tool: str = ""
     rank: Optional[int] = None        # under torchrun: the worker's RANK (and its launcher)
     world_size: Optional[int] = None
     launcher_pid: Optional[int] = None
+    waits: list[dict] = field(default_factory=list)    # every edge: [{thread, waits_for, how, words}]
+    # the deadlocks: [{line: "DEADLOCK: A -> B -> A", words, waits, remedy}]
+    cycles: list[dict] = field(default_factory=list)
 
 
 def stacks_of(target: Target, pid: int, logs: Optional[list[LogText]] = None,
@@ -597,7 +614,8 @@ def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None, 
     logs, the threads that died too (their tracebacks), as holders of what they left locked
     (a rank WORKER's: those of its own rank's log only). TOOL: stack_command's answer."""
     command, words = tool
-    result = target.run([*command, "remote", str(int(pid))], timeout=120)
+    # --locals: the Thread objects' addresses, which say whom a join waits for
+    result = target.run([*command, "remote", "--locals", str(int(pid))], timeout=120)
     if not result.ok:
         raise OrchError(f"{target.name}: {words}: remote {pid} failed: "
                         f"{' '.join(result.stderr_tail(2))}",
@@ -612,13 +630,19 @@ def take_stacks(target: Target, pid: int, logs: Optional[list[LogText]] = None, 
     # the files the process runs itself may be read: they are on its own stacks
     roots = _own_folders(f["file"] for f in frames)
     facts = payload_api.explain_frames(target, frames, roots=roots, context=0) if threads else {}
-    locks = stacks.wait_graph(threads, facts, dead)
+    locks, waits, found = stacks.analyse(threads, facts, dead)
     return Stacks(target.name, int(pid),
                   [{"tid": t.tid, "name": t.name, "label": t.label, "compile": t.compile,
                     "frames": [asdict(f) for f in t.frames]} for t in threads],
                   [dict(asdict(lock), sentence=lock.sentence()) for lock in locks], words,
                   rank=(worker or {}).get("rank"), world_size=(worker or {}).get("world_size"),
-                  launcher_pid=launcher_pid)
+                  launcher_pid=launcher_pid, waits=[asdict(w) for w in waits],
+                  cycles=[cycle_entry(c) for c in found])
+
+
+def cycle_entry(cycle: list[stacks.Wait]) -> dict:
+    return {"line": stacks.cycle_line(cycle), "words": stacks.cycle_words(cycle),
+            "waits": [asdict(w) for w in cycle], "remedy": stacks.remedy(cycle)}
 
 
 def launched_pid(record: RunRecord, target: str) -> int:

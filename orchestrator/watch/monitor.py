@@ -16,6 +16,7 @@ Pieces (the launcher payload's calls themselves are in payload_api):
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import threading
 import time
@@ -291,8 +292,13 @@ class Monitor(FollowHandler):
     METRIC_FLUSH_S = 1.0
 
     def __init__(self, target: Target, run_dir: str, settings: MonitorSettings, sink: MonitorSink,
-                 *, stream_copy: Optional[str] = None, follower_id: Optional[str] = None):
+                 *, stream_copy: Optional[str] = None, follower_id: Optional[str] = None,
+                 stacks_taker: Optional[Callable[[], dict]] = None):
         self.target = target
+        # takes the run's stacks (every rank's under torchrun) when it is called hung, before
+        # anything is stopped: a stopped process has none left to show
+        self.stacks_taker = stacks_taker
+        self.hang_stacks: Optional[dict] = None
         self.run_dir = run_dir
         self.settings = settings
         self.sink = sink
@@ -368,7 +374,7 @@ class Monitor(FollowHandler):
         stopped_for = self.stopped_for or ("user" if stop_requested else None)
         return EndState(state=final.get("state", "unknown"), exit_code=final.get("exit_code"),
                         signal=final.get("signal"), stopped_for=stopped_for,
-                        hang_seconds=self.hang_seconds), final
+                        hang_seconds=self.hang_seconds, hang_stacks=self.hang_stacks), final
 
     TRAINER_STATE_LIMIT = 16 << 20     # bytes of a trainer_state.json read, at most
 
@@ -655,6 +661,8 @@ class Monitor(FollowHandler):
                                          f"{self.settings.grace:g} s)", "warn")
 
         def work() -> None:
+            if reason == "hang" and self.stacks_taker is not None:
+                self._take_hang_stacks()
             try:
                 stop_run(self.target, self.run_dir, self.settings.grace, reason=reason)
             except OrchError as error:
@@ -663,6 +671,25 @@ class Monitor(FollowHandler):
 
         self._stopper = threading.Thread(target=work, daemon=True)
         self._stopper.start()
+
+
+    def _take_hang_stacks(self) -> None:
+        """The hung process's stacks, kept for the record and as stacks.json in the run's
+        folder; a failure to take them is recorded, and the run is stopped all the same."""
+        self.sink.note(self.target.name, "taking the stacks of the run's processes before stopping it")
+        started = time.monotonic()
+        try:
+            taken = self.stacks_taker()
+        except Exception as error:  # noqa: BLE001 - no stacks must never keep a hung run alive
+            taken = {"results": [], "error": f"{type(error).__name__}: {error}"[:600]}
+        taken["seconds"] = round(time.monotonic() - started, 1)
+        self.hang_stacks = taken
+        for result in taken.get("results") or []:
+            for cycle in result.get("cycles") or []:
+                self.sink.note(self.target.name, f"{cycle['line']}: {cycle['words']}", "warn")
+        if self._copy_dir is not None:
+            with open(os.path.join(self._copy_dir, "stacks.json"), "w") as handle:
+                json.dump(taken, handle, indent=1, default=str)
 
 
 def worker_of(name: Optional[str]) -> Optional[int]:
@@ -713,13 +740,14 @@ class ReportingSink(MonitorSink):
 def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
                 recorder: "RunRecorder", reporter: MonitorReporter, cli: str = "orch",
                 rerun: str = "", fresh_facts: Optional[Callable[[Target], dict]] = None,
-                follower_id: Optional[str] = None) -> tuple[Verdict, dict]:
+                follower_id: Optional[str] = None,
+                stacks_taker: Optional[Callable[[], dict]] = None) -> tuple[Verdict, dict]:
     """Watch one run to its end; its metrics, target facts and summary go to the recorder.
     fresh_facts(target) asks the target again (torch version, fx-tls state) once an FX race
     is seen; cli and rerun make the remediation commands. Returns the verdict and the data
     a step records."""
     monitor = make_monitor(target, run_dir, settings, recorder=recorder, reporter=reporter,
-                           follower_id=follower_id)
+                           follower_id=follower_id, stacks_taker=stacks_taker)
     reporter.monitor_started(target.name, run_dir, settings)
     try:
         end, _final = monitor.run()
@@ -730,12 +758,14 @@ def monitor_run(target: Target, run_dir: str, settings: MonitorSettings, *,
 
 def make_monitor(target: Target, run_dir: str, settings: MonitorSettings, *,
                  recorder: "RunRecorder", reporter: MonitorReporter,
-                 follower_id: Optional[str] = None) -> Monitor:
+                 follower_id: Optional[str] = None,
+                 stacks_taker: Optional[Callable[[], dict]] = None) -> Monitor:
     """A run's monitor reporting to the console and the record, its stream kept in the
     run's folder (one folder per target)."""
     local = os.path.join(paths.run_dir(recorder.run_id), target.name)
     return Monitor(target, run_dir, settings, ReportingSink(reporter, recorder),
-                   stream_copy=stream_copy_path(local), follower_id=follower_id)
+                   stream_copy=stream_copy_path(local), follower_id=follower_id,
+                   stacks_taker=stacks_taker)
 
 
 def judge(monitor: Monitor, end: EndState, *, recorder: "RunRecorder", cli: str = "orch",
@@ -773,4 +803,7 @@ def judge(monitor: Monitor, end: EndState, *, recorder: "RunRecorder", cli: str 
             "drafters_ok": result.summary.get("drafters_ok"), "run_dir": run_dir,
             "signatures": sorted({f.signature for f in result.findings}),
             "running": end.state == "running"}
+    if end.hang_stacks is not None:
+        data["hang_stacks"] = end.hang_stacks
+        data["stacks_json"] = os.path.join(local, "stacks.json")
     return result, data

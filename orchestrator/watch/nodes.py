@@ -148,12 +148,15 @@ def lost_peer(monitor: Monitor) -> bool:
 # ------------------------------------------------------------------- the job's monitor
 def monitor_nodes(nodes: list[tuple[Target, str, MonitorSettings]], *, recorder: "RunRecorder",
                   reporter: MonitorReporter, cli: str = "orch", rerun: str = "",
-                  fresh_facts: Optional[Callable[[Target], dict]] = None
-                  ) -> tuple[Verdict, dict]:
+                  fresh_facts: Optional[Callable[[Target], dict]] = None,
+                  stacks_takers: Optional[dict] = None) -> tuple[Verdict, dict]:
     """Watch every node of one job (in node-rank order) to its end, as one run: each node's
-    summary to the recorder, one verdict. Returns it and the data the step records."""
+    summary to the recorder, one verdict. Returns it and the data the step records.
+    stacks_takers: node name -> what takes its stacks when its monitor calls it hung."""
+    takers = stacks_takers or {}
     runs = [NodeRun(rank, target, run_dir, make_monitor(target, run_dir, settings,
-                                                        recorder=recorder, reporter=reporter))
+                                                        recorder=recorder, reporter=reporter,
+                                                        stacks_taker=takers.get(target.name)))
             for rank, (target, run_dir, settings) in enumerate(nodes)]
     for node in runs:
         reporter.monitor_started(node.name, node.run_dir, node.monitor.settings)

@@ -38,6 +38,12 @@ Switches for demos and tests
   --fail-drafter K     drafter K raises at step 1 while holding a lock the others need at
                        step 2: "one errored, the others deadlocked" (a hang for the monitor).
   --serialize-compile  mitigation: each drafter's first (compiling) step under one lock.
+  --backward-in-thread remedy: each drafter runs its backward on its own thread
+                       (torch.autograd.set_multithreading_enabled(False), thread-local),
+                       not on autograd's CUDA device thread: drafters compiling on one GPU
+                       then never deadlock on torch's compile_lock (issue 39's cycle:
+                       a drafter holds compile_lock and waits for the device thread, which
+                       compiles another drafter's backward and waits for compile_lock).
   --max-seconds S      watchdog: past S seconds, print the timeout summary and exit 3.
 
 Log lines (stdout, one per event, flushed at once; key=value, machine-readable)
@@ -506,6 +512,9 @@ class DrafterRun:
         st = self.state
         f = self.faults
         try:
+            if self.args.backward_in_thread:
+                # thread-local: this drafter's backward runs here, never on pt_autograd_N
+                torch.autograd.set_multithreading_enabled(False)
             if f.fail_drafter == self.index:
                 f.leaked_lock.acquire()
             self._setup()
@@ -615,6 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drafter K raises at step 1; the others then block forever")
     p.add_argument("--serialize-compile", action="store_true",
                    help="run each drafter's first (compiling) step under one lock")
+    p.add_argument("--backward-in-thread", action="store_true",
+                   help="run each drafter's backward on its own thread, not on autograd's device "
+                        "thread (set_multithreading_enabled(False)): no compile-lock deadlock on one GPU")
     return p
 
 
@@ -695,6 +707,7 @@ def main(argv=None) -> int:
         f"seq={args.seq} d_model={args.d_model} layers={args.layers} heads={args.heads} "
         f"block={args.block_size} anchors={args.anchors} steps={args.steps} "
         f"compiled={int(not args.uncompiled)} race={int(args.race)} "
+        f"backward_in_thread={int(args.backward_in_thread)} "
         f"cpu_threads={args.cpu_threads}")
 
     race = None

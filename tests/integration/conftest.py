@@ -33,10 +33,13 @@ def sandbox_unavailable(reason: str):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that use the sandbox are marked `sandbox` (select them with -m sandbox)."""
+    """Tests that use the sandbox are marked `sandbox` (select them with -m sandbox), and
+    run on one worker under pytest-xdist (`--dist loadgroup`): they share its hosts and
+    containers, so one at a time; everything else runs beside them on the other workers."""
     for item in items:
         if "sandbox" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.sandbox)
+            item.add_marker(pytest.mark.xdist_group("sandbox"))
 
 
 @pytest.fixture(scope="session")

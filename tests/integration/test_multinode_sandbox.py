@@ -200,11 +200,13 @@ def _started_then_controller_killed(sandbox, venv: str, trainer_args: str):
     whose nodes go on without their controller."""
     controller = subprocess.Popen(run_argv(sandbox, venv, trainer_args), cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = set()
+    seen, lines = set(), []
     try:
         for line in controller.stdout:
-            for _host, _vmid, name in NODES:
-                if line.startswith(f"{name} | [rank 0] Train - Step"):
+            lines.append(line)
+            for (_host, _vmid, name), rank in zip(NODES, range(len(NODES))):
+                # each node's one rank by its global rank: sb1-200 holds rank 0, sb2-200 rank 1
+                if line.startswith(f"{name} | [rank {rank}] Train - Step"):
                     seen.add(name)
             if len(seen) == 2:
                 break
@@ -214,7 +216,7 @@ def _started_then_controller_killed(sandbox, venv: str, trainer_args: str):
         if controller.poll() is None:
             controller.kill()
     record = last_record()
-    assert record.verdict == "running" and seen == {name for _h, _v, name in NODES}
+    assert record.verdict == "running" and seen == {name for _h, _v, name in NODES}, "".join(lines[-40:])
     return record
 
 

@@ -10,6 +10,7 @@ is shared by every run, so only the first compile is cold.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import time
 
 import pytest
 
+from orchestrator.ground import paths
 from orchestrator.remote import payload_api
 from orchestrator.targets.fleet import Fleet
 from orchestrator.remote.payload_api import launcher
@@ -174,6 +176,25 @@ def test_a_hang_is_detected_and_the_process_stopped(sandbox, torch_in_container)
     assert "drafter 1 had raised" in hang.message
     status = launcher(torch_in_container, "status", record.launch["targets"][TARGET]["run_dir"])
     assert status["state"] == "exited" and status["signal"] in (15, 9)
+    # the stacks were taken while it hung, before the stop: the two drafters wait on the
+    # lock the dead one left locked, and the finding says so
+    monitor = next(s for s in record.steps if s.kind == "monitor")
+    taken = monitor.data["hang_stacks"]
+    assert "error" not in taken, taken
+    [process] = taken["results"]
+    launched = next(s for s in record.steps if s.kind == "launch").data["pid"]
+    assert process["pid"] == launched and len(process["threads"]) >= 3
+    [lock] = process["locks"]
+    assert lock["key"].endswith("train_drafters.py:f.leaked_lock") and len(lock["waiters"]) == 2
+    [holder] = lock["holders"]                 # the dead drafter, from the run's log
+    assert holder["died"].startswith("RuntimeError: drafter 1 failed at step 1")
+    assert process["cycles"] == []             # a dead holder waits for nobody: no cycle
+    assert "The stacks: " in hang.message and "died holding" in hang.message
+    saved = json.loads(open(os.path.join(paths.run_dir(record.run_id), TARGET, "stacks.json")).read())
+    assert saved["results"][0]["pid"] == process["pid"]
+    code, explained = orch(sandbox, "explain", record.run_id)
+    assert "the stacks orch took when it called the run hung" in explained, explained[-4000:]
+    assert "died holding" in explained
 
 
 def test_link_down_while_monitoring_loses_and_repeats_nothing(sandbox, torch_in_container):

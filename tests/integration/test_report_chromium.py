@@ -5,6 +5,7 @@ a nightly's report with its playbook's history plots the nights with the change 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -81,3 +82,23 @@ def test_the_history_chart_with_its_change_point_renders_in_headless_chromium(tm
                         f"file://{page}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_a_failed_steps_long_message_is_wholly_visible_in_the_browser(tmp_path):
+    """Laid out by the browser at 1000 px: the message's box is no wider than its text area
+    (nothing hidden behind a horizontal scroll bar). The check is a script added to a copy of
+    the report (the report itself has none), its answer in the title --dump-dom prints."""
+    from orchestrator.runs.model import StepResult
+    record = synthetic_run("20261129-020000-cccccc", verdict="failed")
+    record.steps.append(StepResult("launch", "launch", "sb2-200", "failed", record.started_at, 1.0,
+                                   "sb2-200: " + "the rendezvous at 10.88.1.200:41000 never formed; " * 20))
+    page = tmp_path / "checked.html"
+    html = open(write_reports(record, None, str(tmp_path / "run"))["html"]).read()
+    probe = ("<script>const p = [...document.querySelectorAll('#failed-steps pre')].pop();"
+             "document.title = p ? `${p.scrollWidth <= p.clientWidth} ${p.clientHeight}` : 'none';</script>")
+    page.write_text(html.replace("</body>", probe + "</body>"))
+    done = run_chromium(tmp_path, "--window-size=1000,1400", "--dump-dom", f"file://{page}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    title = re.search(r"<title>(.*?)</title>", done.stdout).group(1)
+    fits, height = title.split()
+    assert fits == "true" and int(height) > 40, title       # wrapped onto several lines

@@ -1,17 +1,14 @@
 """Fixtures for the stand-in trainer tests: a python with real torch, one shared inductor
 cache for the session, and a runner that parses the trainer's key=value log lines.
 
-The torch venv comes from ORCH_TEST_TORCH_VENV, or is created once (and reused) under
-~/.cache/orch-test/torch-venv with `/usr/bin/python3 -m venv` + `pip install torch==2.13.0`
-(pip's configuration decides where the wheel comes from; CI's takes it from local disk).
+The torch venv comes from ORCH_TEST_TORCH_VENV, or is built once (and reused) by
+tests/torchenv.py, the builder every test that needs torch shares.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.torchenv import torch_venv
+
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "playbooks" / "files" / "train_drafters.py"
-TORCH_PIN = "torch==2.13.0"
-# present only while we build the venv: a folder holding it is our own interrupted attempt
-BUILDING_MARKER = ".orch-test-building"
 
 STEP_RE = re.compile(r"^drafter=(\d+) step=(\d+) loss=(\S+) tok_s=(\d+)$")
 
@@ -36,45 +32,10 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _has_pinned_torch(venv: Path) -> bool:
-    """Cheaper than importing torch (2 s): look for the installed distribution."""
-    version = TORCH_PIN.split("==")[1]
-    return _venv_python(venv).exists() and any(
-        venv.glob(f"lib/python3*/site-packages/torch-{version}*.dist-info"))
-
-
-def _build_torch_venv(venv: Path) -> None:
-    venv.mkdir()
-    (venv / BUILDING_MARKER).touch()  # first, so an interruption anywhere is recognisable
-    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(_venv_python(venv)), "-m", "pip", "install", "-q", TORCH_PIN],
-                   check=True, timeout=1800)
-    (venv / BUILDING_MARKER).unlink()
-
-
-def _default_torch_venv() -> Path:
-    venv = Path.home() / ".cache" / "orch-test" / "torch-venv"
-    if _has_pinned_torch(venv):
-        return venv
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    # a lock, so parallel test sessions do not both install 900 MB into one folder
-    with open(venv.parent / "torch-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _has_pinned_torch(venv):
-            return venv
-        if venv.exists():
-            if not (venv / BUILDING_MARKER).exists():
-                pytest.fail(f"{venv} exists without {TORCH_PIN}, and not from us: "
-                            "set ORCH_TEST_TORCH_VENV or move it away")
-            shutil.rmtree(venv)  # our own attempt, interrupted
-        _build_torch_venv(venv)
-    return venv
-
-
 @pytest.fixture(scope="session")
 def torch_python() -> Path:
     env = os.environ.get("ORCH_TEST_TORCH_VENV")
-    venv = Path(env) if env else _default_torch_venv()
+    venv = Path(env) if env else Path(torch_venv())   # the one builder, under its one lock
     python = _venv_python(venv)
     if not python.exists():
         pytest.fail(f"ORCH_TEST_TORCH_VENV={venv}: no {python}")

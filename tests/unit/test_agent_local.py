@@ -169,8 +169,9 @@ def test_cp_runs_in_the_agent_with_the_callers_folder_and_home(env, inventory, t
                                 env=env_of, cwd=caller, capture_output=True, text=True, timeout=60)
         runs[mode] = [(run.returncode, run.stdout, _without_times(run.stderr, mode))
                       for run in pushed + [pulled]]
-        assert (caller / "back" / f"{mode}-0").read_text() == "from the caller's folder\n"
-        assert (remote / f"{mode}-1").read_text() == "from the caller's home\n"
+        copied = {path: path.read_text() if path.exists() else None
+                  for path in (caller / "back" / f"{mode}-0", remote / f"{mode}-1")}
+        assert list(copied.values()) == ["from the caller's folder\n", "from the caller's home\n"], runs[mode]
     assert runs["require"] == runs["off"] and runs["off"][0][0] == 0, runs
     assert status_of(env)["commands_served"] == 3
 
@@ -193,11 +194,11 @@ def test_an_interrupted_cp_in_the_agent_leaves_no_file_and_the_agent_serves_the_
         child = subprocess.Popen([{sys.executable!r}, *sys.argv[1:]], stdout=subprocess.PIPE)
         for piece in iter(lambda: child.stdout.read1(65536), b""):
             os.write(1, piece)
-            time.sleep(0.05)
+            time.sleep(0.25)
         sys.exit(child.wait())
         """))
     (slow / "python3").chmod(0o755)
-    (tmp_path / "big.bin").write_bytes(os.urandom(8 << 20))   # 6 s at 64 KiB per 50 ms
+    (tmp_path / "big.bin").write_bytes(os.urandom(8 << 20))   # 32 s at 64 KiB per 250 ms
     into = tmp_path / "into"
     into.mkdir()
     assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
@@ -213,6 +214,7 @@ def test_an_interrupted_cp_in_the_agent_leaves_no_file_and_the_agent_serves_the_
         time.sleep(0.02)
     _interrupted_at_once(process)
     assert os.listdir(into) == []
+    _wait_until_idle(env)   # the agent's side of the cp winds down (its sender is slow)
     after = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "next"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert (after.returncode, after.stdout) == (0, "next\n"), after.stderr
@@ -220,11 +222,13 @@ def test_an_interrupted_cp_in_the_agent_leaves_no_file_and_the_agent_serves_the_
 
 
 def _interrupted_at_once(process: subprocess.Popen) -> None:
-    """Ctrl-C of an `orch` client: it ends as the direct path's Ctrl-C does, within 3 s."""
+    """Ctrl-C of an `orch` client: it ends as the direct path's Ctrl-C does, within 10 s (a
+    second or two here; the bound allows a loaded machine and stays far below the commands'
+    own 32 s and 47 s, which a client that waited for them would take)."""
     sent = time.monotonic()
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
-    assert time.monotonic() - sent < 3
+    assert time.monotonic() - sent < 10
     assert (process.returncode, out, err) == (130, "", "orch: error: interrupted\n")
 
 
@@ -345,6 +349,13 @@ def _status(env) -> dict:
     return json.loads(out.stdout)
 
 
+def _wait_until_idle(env, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while (_status(env) or {}).get("running"):
+        assert time.monotonic() < deadline, "the agent still runs the interrupted command"
+        time.sleep(0.1)
+
+
 def _wait_until_running(env, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while not (_status(env) or {}).get("running"):
@@ -369,7 +380,9 @@ def test_a_frozen_agent_costs_a_quick_command_at_most_the_accept_wait(env, inven
     finally:
         os.kill(pid, signal.SIGCONT)
     assert (out.returncode, out.stdout) == (0, "hi\n"), out.stderr
-    assert elapsed < client.ACCEPT_WAIT_S + 3, f"{elapsed:.1f} s"
+    # the fall-back's wait, plus a direct command's own time on a loaded machine (the suite
+    # runs on several workers): far below the 60 s of a client that waits for ever
+    assert elapsed < client.ACCEPT_WAIT_S + 10, f"{elapsed:.1f} s"
     time.sleep(1.5)   # the woken agent has read the request by now: it must not run it
     assert mark.read_text() == "ran\n"
     assert _status(env)["commands_served"] in (1, 2) and not _status(env)["running"]
@@ -415,7 +428,8 @@ def test_quick_commands_run_at_once_while_the_agent_stops(env, inventory):
                            timeout=60)
     elapsed = time.monotonic() - started
     assert (quick.returncode, quick.stdout) == (0, "quick\n"), quick.stderr
-    assert elapsed < 2.5, f"{elapsed:.1f} s for a quick command while the agent stops"
+    # a stalled one took 10 s; this one is refused at once and runs here (a loaded machine: 6 s)
+    assert elapsed < 6, f"{elapsed:.1f} s for a quick command while the agent stops"
     assert long.wait(timeout=60) == 0
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator.cli import app as cli
 from orchestrator.agent.client import is_fast_command
+from orchestrator.ground import commands
 
 # Never for start-up or help: these are what made every command cost 0.3-0.6 s.
 HEAVY = ("paramiko", "invoke", "fabric", "jinja2", "proxmoxer", "requests", "yaml", "mcp",
@@ -63,7 +64,7 @@ def test_version_and_help_import_only_click_and_rich(args):
 
 def _every_command_path():
     paths = []
-    for name in cli.LAZY_COMMANDS:
+    for name in commands.BY_NAME:
         command = cli.load_command(name)
         if command is None:
             continue
@@ -89,12 +90,13 @@ def test_the_thin_client_imports_neither_click_nor_paramiko():
 
 
 def test_the_help_table_says_what_each_command_says():
-    """`orch --help` is written from cli.LAZY_COMMANDS: it must match the commands' help."""
-    for name, (_, _, first_paragraph) in cli.LAZY_COMMANDS.items():
+    """`orch --help` reads each command's docstring from its source without importing it:
+    what it shows must be what the loaded command says."""
+    for name in commands.BY_NAME:
         command = cli.load_command(name)
         if command is None:
             continue
-        stand_in = click.Command(name, help=first_paragraph)
+        stand_in = click.Command(name, help=cli.own_help(name))
         assert stand_in.get_short_help_str(1000) == command.get_short_help_str(1000), name
 
 
@@ -102,7 +104,7 @@ def test_help_lists_every_command_without_loading_it():
     listing = subprocess.run([sys.executable, "-m", "orchestrator", "--help"], capture_output=True,
                              text=True, timeout=60).stdout
     listed = [line.split()[0] for line in listing.split("Commands:\n")[1].splitlines()]
-    expected = sorted(n for n in cli.LAZY_COMMANDS if cli.load_command(n) is not None)
+    expected = sorted(n for n in commands.BY_NAME if cli.load_command(n) is not None)
     assert listed == expected
 
 

@@ -103,7 +103,7 @@ def test_the_patch_step_says_each_state_in_the_cli_words(monkeypatch, state):
 
 def test_the_mcp_tool_and_the_cli_help_name_every_state():
     mcp_doc = (Path(payloads.__file__).parents[1] / "mcp" / "server.py").read_text()
-    described = mcp_doc[mcp_doc.index('@tool("fx_tls_status")'):mcp_doc.index('@tool("fx_tls_diff")')]
+    described = mcp_doc[mcp_doc.index("def fx_tls_status("):mcp_doc.index("def fx_tls_diff(")]
     cli_help = CliRunner().invoke(cli.main, ["patch", "fx-tls", "--help"]).output
     for state in fx_states.STATES:
         assert state in described, f"mcp/server.py's fx_tls_status does not name {state}"

@@ -130,7 +130,7 @@ LAYERS = [
     "playbook",  # loader, render, steps/, engine, attach
     "nightly",   # unattended reruns and their schedule
     "mcp",       # the MCP server's tools and policy
-    "agent",     # the thin client of the warm agent (imports nothing of orch's)
+    "agent",     # the thin client of the warm agent (of orch's, only the command table)
     "cli",       # the entry point, the click app, the commands
     "agentd",    # the warm agent: runs the CLI's commands
     "__main__",  # python -m orchestrator
@@ -157,9 +157,26 @@ def test_a_layer_imports_only_the_layers_below_it(room):
     assert above == set(), f"{room} imports {sorted(above)}, which are not below it in LAYERS"
 
 
+def test_the_command_tables_modules_are_ones_the_cli_may_import():
+    """ground/commands.py names each command's module (cli/app.py imports it): a name, not an
+    import of the bottom layer's, so it must name a room the cli may import."""
+    from orchestrator.ground import commands
+    may = set(LAYERS[: LAYERS.index("cli") + 1])
+    named = {module for command in commands.COMMANDS
+             for module in (command.module, *(m for m, _ in command.grafted))}
+    assert {module.split(".")[0] for module in named} <= may, named
+
+
 def test_the_bottom_and_the_payloads_import_nothing_of_orchs():
     graph = room_graph()
-    assert graph["ground"] == set() and graph["payloads"] == set() and graph["agent"] == set()
+    assert graph["ground"] == set() and graph["payloads"] == set()
+    # the thin client reads the one table of commands, a stdlib-only module, and nothing else
+    agent_imports = {target for module, targets in module_imports().items()
+                     if module.startswith("orchestrator.agent.") for target in targets}
+    # (`from orchestrator.ground import commands` is seen as orchestrator.ground; the thin
+    # client's own start-up test, test_cli_startup.py, sees what it loads)
+    assert agent_imports <= {"orchestrator.ground", "orchestrator.ground.commands", "orchestrator.agent",
+                             "orchestrator.agent.protocol", "orchestrator.__version__"}, agent_imports
 
 
 def sublayer_of(module: str, room: str) -> str | None:

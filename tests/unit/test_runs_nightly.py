@@ -35,6 +35,14 @@ def playbook(tmp_path):
 RUNS = iter(range(1, 10_000))
 
 
+@pytest.fixture(autouse=True)
+def run_numbers_from_one(monkeypatch):
+    """Each test numbers its synthetic runs from 1, so their seeds (and so their noise) do not
+    depend on the tests that ran before it in the same process: pytest-xdist's order varies.
+    Modules that use fake_runner import this fixture too."""
+    monkeypatch.setattr(sys.modules[__name__], "RUNS", iter(range(1, 10_000)))
+
+
 def fake_runner(**kw):
     """A stand-in for orchestrator.nightly.rerun.run_playbook that records one synthetic run."""
     calls = []

@@ -224,3 +224,37 @@ def test_a_recovered_change_is_grey_and_one_night_draws_no_history():
     assert '<g class="change-point over"' in html and "no longer in effect" in html
     alone = history.analyse_nights("p.yaml", [[records[0]]])
     assert 'id="history"' not in render_html(records[0], history=alone)
+
+
+def _unpatched_nodes_record():
+    """A two-node run as the ddp playbook records it: no patch step, so no torch version or
+    FX state in the targets, only their pip freeze; one node's step failed with a long message."""
+    from orchestrator.runs.model import StepResult, TargetInfo
+    record = synthetic_run("r2", verdict="failed")
+    record.targets = [TargetInfo(name=name, host=name.split("-")[0], vmid=200,
+                                 pip_freeze=["numpy==2.1.0", "torch==2.13.0+cpu"])
+                      for name in ("sb1-200", "sb2-200")]
+    record.steps = [StepResult("launch", "launch", "sb2-200", "failed", record.started_at, 1.0,
+                               "sb2-200: " + "the rendezvous never formed; " * 30)]
+    return record
+
+
+def test_environment_shows_torch_from_the_freeze_and_unchecked_fx_states_as_such():
+    record = _unpatched_nodes_record()
+    html, markdown = render_html(record), render_markdown(record)
+    assert html.count("<td>2.13.0+cpu</td>") == 2
+    assert html.count(">not checked</span>") == 2 and ">unknown<" not in html
+    assert "| `sb2-200` | sb2:200 | 2.13.0+cpu | not checked |" in markdown
+    # the failed step's message wraps (class message: pre-wrap), none of it behind a scroll bar
+    assert re.search(r'<pre class="message">sb2-200: the rendezvous', html)
+    assert re.search(r"pre\.message \{[^}]*white-space: pre-wrap", html)
+
+
+def test_environment_names_each_fx_state_a_patch_step_reported():
+    record = synthetic_run("r3")
+    patch = next(step for step in record.steps if step.kind == "patch")
+    patch.data["states"] = {"fx-tracing-flag": "patched", "node-meta": "patched",
+                            "trace-patching": "upstream"}
+    html = render_html(record)
+    assert ("FX tracing flag: patched by orch; FX node-meta state: patched by orch; "
+            "FX trace-time patching: thread-local upstream") in html

@@ -7,6 +7,7 @@ import json
 import click
 
 from orchestrator.agent import client, protocol
+from orchestrator.config import transports
 from orchestrator.ground.errors import ExitCode, OrchError
 
 
@@ -107,7 +108,7 @@ def _print_status(reply: dict) -> None:
     for fleet in reply["fleets"]:
         click.echo(f"  inventory {fleet['inventory']} (idle {fleet['idle_s']:.0f} s)")
         for name, host in sorted(fleet["hosts"].items()):
-            if host.get("transport") == "ssh":
+            if transports.TRANSPORTS.get(host.get("transport"), transports.LOCAL).over_ssh:
                 click.echo(f"    {name}: {host['address']}, {host['connections']} connection(s), "
                            f"{host['channels_in_use']} channel(s) in use")
             else:

@@ -1,4 +1,4 @@
-"""orch exec, orch ct list|status|start, orch inventory check."""
+"""orch exec, orch ct list|status|start, orch inventory list|check."""
 
 from __future__ import annotations
 
@@ -19,9 +19,12 @@ from orchestrator.remote.container import require_vmid
 
 # imported when first called: `orch exec --help` needs no SSH code
 if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.config.inventory import inventory_path, load_inventory
     from orchestrator.targets.fleet import GroupResult, fan_out
     from orchestrator.targets.inventory_check import check_targets, row_texts
 else:
+    inventory_path = lazy("orchestrator.config.inventory", "inventory_path")
+    load_inventory = lazy("orchestrator.config.inventory", "load_inventory")
     fan_out = lazy("orchestrator.targets.fleet", "fan_out")
     check_targets = lazy("orchestrator.targets.inventory_check", "check_targets")
     row_texts = lazy("orchestrator.targets.inventory_check", "row_texts")
@@ -208,7 +211,7 @@ def ct_list(app, hosts, as_json):
       orch ct list lab
     """
     inventory = app.fleet.inventory
-    names = list(hosts) or [n for n, h in inventory.hosts.items() if h.transport == "ssh"]
+    names = list(hosts) or [n for n, h in inventory.hosts.items() if h.kind.proxmox]
     for name in names:
         if name not in inventory.hosts and name not in inventory.clusters:
             raise ConfigError(f"unknown host or cluster {name!r}",
@@ -290,15 +293,74 @@ def ct_start(app, target, wait_s):
     console.info(f"{container.describe()} is {'running' if started else 'already running'}")
 
 
-# ---------------------------------------------------------------- orch inventory check
+# ---------------------------------------------------------------- orch inventory list|check
 @click.group("inventory")
 def inventory():
     """Inspect the inventory.
 
     \b
-    Example:
+    Examples:
+      orch inventory list
       orch inventory check
     """
+
+
+@inventory.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+def inventory_list(app, as_json):
+    """Every name -t takes, as the inventory resolves it: containers, groups, hosts, clusters.
+
+    Reads the inventory file only (no host is contacted): a container's host and CT, a
+    group's containers, a host's address. Secrets stay out (an API token, a container's
+    env values: only the env's names are shown).
+
+    \b
+    Examples:
+      orch inventory list
+      orch -i sandbox inventory list --json
+    """
+    listed = inventory_rows(load_inventory(inventory_path(app.inventory_option)))
+    if as_json:
+        console.print_json(listed)
+        return ExitCode.OK
+    console.table(["TARGET", "KIND", "RESOLVES TO"],
+                  [[row["name"], row["kind"], row["resolves_to"]] for row in listed["targets"]])
+    console.out.print("hosts: " + ", ".join(f"{h['name']} ({h['transport']} {h['address'] or h['name']})"
+                                            for h in listed["hosts"]), markup=False, highlight=False)
+    return ExitCode.OK
+
+
+def inventory_rows(inventory) -> dict:
+    """The inventory as `orch inventory list` shows it: one row per target name (the kind
+    that name resolves as: a host named like a group is that group) and its details."""
+    rows = []
+    for name in inventory.target_names():
+        if name in inventory.containers:
+            spec = inventory.containers[name]
+            where = f"{spec.cluster}:{spec.vmid}" if spec.cluster else f"{spec.host}:{spec.vmid or '-'}"
+            rows.append({"name": name, "kind": "container", "resolves_to": where, "host": spec.host,
+                         "vmid": spec.vmid, "cluster": spec.cluster, "venv": spec.venv,
+                         "gpus": spec.gpus, "address": spec.address, "env_names": sorted(spec.env)})
+        elif name in inventory.groups:
+            members = [spec.name for spec in inventory.resolve([name])]
+            rows.append({"name": name, "kind": "group", "resolves_to": ", ".join(members),
+                         "containers": members})
+        elif name in inventory.hosts:
+            host = _host_row(inventory.hosts[name])
+            rows.append({**host, "kind": "host", "resolves_to": f"{host['transport']} {host['address'] or name}"})
+        else:
+            nodes = inventory.clusters[name]
+            rows.append({"name": name, "kind": "cluster", "resolves_to": ", ".join(nodes),
+                         "nodes": nodes})
+    return {"inventory": inventory.path, "default_target": inventory.default_target, "targets": rows,
+            "hosts": [_host_row(host) for host in inventory.hosts.values()]}
+
+
+def _host_row(host) -> dict:
+    """A host's row: how orch reaches it; of its API settings only whether it has them."""
+    return {"name": host.name, "transport": host.transport, "address": host.address, "user": host.user,
+            "port": host.port, "node": host.node, "api": bool(host.api)}
 
 
 @inventory.command("check")

@@ -133,18 +133,34 @@ def _print_lead(result, lead, all_frames: bool) -> None:
         out.print("  the logs' last lines:")
         for line in lead.last_lines:
             out.print(f"    {esc(line)}")
-    if lead.kind == "hang":
-        if result.stacks:
-            out.print("  the stacks taken while it hung (the run's record):")
-            for thread in result.stacks:
-                out.print(f"    {esc(str(thread.get('label') or thread.get('tid')))}")
-        else:
-            out.print("  no stacks in the run's record: while a run hangs, `orch stacks RUN` takes "
-                      "every thread's stack (and who waits on whom)")
+    if result.stacks:
+        out.print("  the stacks orch took when it called the run hung (the run's record):")
+        for taken in result.stacks:
+            _print_recorded_stacks(taken)
+    elif lead.kind == "hang":
+        out.print("  no stacks in the run's record: while a run hangs, `orch stacks RUN` takes "
+                  "every thread's stack (and who waits on whom)")
     if result.consequences:
         out.print("\n[bold]What followed from it[/]:")
         for item in result.consequences:
             out.print(f"  - {esc(item.what)}\n      {esc(item.because)}")
+
+
+def _print_recorded_stacks(taken: dict) -> None:
+    """One process's recorded stacks: its deadlocks first, then who waits on whom, then each
+    thread's innermost frames."""
+    out, esc = console.out, console.escape
+    rank = f", rank {taken['rank']}" if taken.get("rank") is not None else ""
+    out.print(f"    pid {taken.get('pid')}{rank}: {len(taken.get('threads') or [])} thread(s)")
+    for cycle in taken.get("cycles") or []:
+        out.print(f"    [bold red]{esc(cycle['line'])}[/]\n      {esc(cycle['words'])}")
+        _print_remedy(cycle.get("remedy"), indent="      ")
+    for lock in taken.get("locks") or []:
+        out.print(f"      waits: {esc(lock['sentence'])}")
+    for thread in taken.get("threads") or []:
+        frame = (thread.get("frames") or [{}])[-1]
+        out.print(f"      {esc(str(thread.get('label')))}: {esc(str(frame.get('function', '?')))} "
+                  f"({esc(str(frame.get('file', '?')))}:{frame.get('line', '?')})")
 
 
 def _print_shared_state(result) -> None:
@@ -270,10 +286,16 @@ def stacks_command(app, run, pid, targets, rank, wheelhouse, as_json):
     fits the target's python into its own folder there, /var/lib/orch/tools; it uses
     ptrace: root in the container), reads each frame's source with the target's python,
     and reads the wait graph from it: a thread stopped on a `with LOCK:` line waits for
-    LOCK, a thread inside a `with LOCK:` block holds it; a thread inside torch.compile,
-    dynamo, inductor or FX tracing is labelled so. RUN's process is the one its last launch
-    started; when that is torchrun, the stacks are its rank workers' (--rank N: one).
-    Exit code: 0 stacks taken, 1 some thread waits on a lock (a likely deadlock), 2 a
+    LOCK, a thread inside a `with LOCK:` block holds it, each lock the object its name
+    resolves to through the module's imports (a context manager on the same line is no
+    lock); a thread in autograd's engine waits for its CUDA device thread (pt_autograd_N),
+    a Thread.join for the joined thread, a c10d collective for the peer ranks. A cycle is a
+    deadlock and comes first: `DEADLOCK: A -> B -> A`, who holds and waits for what, and
+    the remedy orch knows for it (--json: `cycles`, `waits`). A thread inside
+    torch.compile, dynamo, inductor or FX tracing is labelled so. RUN's process is the one
+    its last launch started; when that is torchrun, the stacks are its rank workers'
+    (--rank N: one).
+    Exit code: 0 stacks taken, 1 a deadlock or a thread waiting on a lock, 2 a
     --wheelhouse, --rank or wheel that does not fit, other codes for errors
     (docs/reference/exit-codes.md).
 
@@ -304,9 +326,32 @@ def stacks_command(app, run, pid, targets, rank, wheelhouse, as_json):
     if as_json:
         console.print_json([{**vars(r)} for r in results])
     else:
+        _print_deadlocks(results)
         for result in results:
             _print_stacks(result)
-    return ExitCode.FAILED if any(r.locks for r in results) else ExitCode.OK
+    return ExitCode.FAILED if any(r.locks or r.cycles for r in results) else ExitCode.OK
+
+
+def _print_deadlocks(results) -> None:
+    """First, one line per cycle of the wait graph (DEADLOCK: A -> B -> A), who holds what
+    and waits for whom under it, and the remedy orch knows for it."""
+    out, esc = console.out, console.escape
+    for result in results:
+        where = f"{result.target} pid {result.pid}" + (f" rank {result.rank}" if result.rank is not None else "")
+        for cycle in result.cycles:
+            out.print(f"[bold red]{esc(cycle['line'])}[/]" + (f"  [dim]({esc(where)})[/]" if len(results) > 1 else ""))
+            out.print(f"  {esc(cycle['words'])}")
+            _print_remedy(cycle.get("remedy"), indent="  ")
+
+
+def _print_remedy(fix, indent: str) -> None:
+    """A cycle's remedy: what breaks it, orch's switch, and the lines the run's own code needs."""
+    if not fix:
+        return
+    out, esc = console.out, console.escape
+    out.print(f"{indent}[bold]remedy[/]: {esc(fix['summary'])}; {esc(fix['switch'])}; in the run's own code:")
+    for line in fix["lines"]:
+        out.print(f"{indent}  [cyan]{esc(line)}[/]")
 
 
 def _print_stacks(result) -> None:
@@ -317,6 +362,9 @@ def _print_stacks(result) -> None:
               f"({esc(result.tool)})")
     for lock in result.locks:
         out.print(f"  [bold red]waits[/]: {esc(lock['sentence'])}")
+    for wait in result.waits:
+        if wait["how"] != "lock":
+            out.print(f"  [bold red]waits[/]: {esc(wait['thread'])} {esc(wait['words'])}")
     for thread in result.threads:
         inside = f"  [magenta]{esc(compile_words(thread['compile']))}[/]" if thread["compile"] else ""
         out.print(f"\n  [bold]{esc(thread['label'])}[/]{inside}")

@@ -95,23 +95,27 @@ def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo, verb
 
 @click.command("validate")
 @click.argument("playbook", type=click.Path(dir_okay=False))
+@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
+              help="The targets the run would get with -t (checked instead of the playbook's).")
 @click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
               help="Variables the run would get with -e (they count as defined).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_app
-def validate_command(app, playbook, extra_vars, as_json):
+def validate_command(app, playbook, targets, extra_vars, as_json):
     """Check PLAYBOOK without running it: keys, types, step kinds, templates, targets.
 
     Every mistake is reported as FILE:LINE:COL with what is wrong; exit code 2.
+    With -t, the targets are checked as `orch run -t` would use them.
 
     \b
     Examples:
       orch validate playbooks/dflash.yaml
       orch validate playbooks/dflash.yaml -e race=true --json
+      orch -i sandbox validate playbooks/ddp-two-nodes.yaml -t sb1-200 -t sb2-200
     """
     try:
         book = load_playbook(playbook, normalize_extra_vars(list(extra_vars)))
-        warnings = _check_targets(app, book)
+        warnings = _check_targets(app, book, list(targets))
     except OrchError as error:
         if as_json:
             console.print_json({"ok": False, "playbook": playbook, "error": str(error)})
@@ -121,24 +125,28 @@ def validate_command(app, playbook, extra_vars, as_json):
              for s in book.steps]
     if as_json:
         console.print_json({"ok": True, "playbook": playbook, "name": book.name,
-                            "targets": book.targets, "vars": sorted(book.vars), "steps": steps,
+                            "targets": list(targets) or book.targets, "vars": sorted(book.vars), "steps": steps,
                             "warnings": warnings, "sha256": book.sha256})
         return
     console.out.print(f"[green]ok[/]: {console.escape(playbook)}: {book.name}, {len(steps)} steps "
                       f"({', '.join(s['kind'] for s in steps)}); targets: "
-                      f"{', '.join(book.targets) or '(give -t)'}")
+                      f"{', '.join(targets or book.targets) or '(give -t)'}")
     for warning in warnings:
         console.warn(warning)
 
 
-def _check_targets(app, book) -> list[str]:
-    """Playbook targets against the inventory, when there is one to check against (the
-    engine's own resolution: an unknown name is an error at its file:line:col)."""
-    if not book.targets:
+def _check_targets(app, book, targets: list[str]) -> list[str]:
+    """TARGETS (-t), else the playbook's, against the inventory when there is one to check
+    against (the engine's own resolution: an unknown name in the playbook is an error at its
+    file:line:col), and the steps that span them (a job's nodes)."""
+    if not (targets or book.targets):
         return ["the playbook names no targets: `orch run` will need -t TARGET"]
     path = inventory_path(app.inventory_option)
     if os.path.exists(path):
-        check_node_steps(book, [spec.name for spec in resolve_specs(book, load_inventory(path))])
+        specs = resolve_specs(book, load_inventory(path), targets)
+        check_node_steps(book, [spec.name for spec in specs])
+    elif targets:
+        return [f"no inventory at {path}: the targets {', '.join(targets)} were not checked"]
     return []
 
 

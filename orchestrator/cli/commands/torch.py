@@ -394,6 +394,77 @@ def _print_race(target, outcome) -> None:
 RACE_TITLES = fx_states.STATE_TITLES
 
 
+@verify.command("compile-deadlock")
+@TARGET_OPTION
+@click.option("--drafters", type=click.IntRange(2, 16), default=3, show_default=True,
+              help="Threads compiling flex_attention side by side on one GPU.")
+@click.option("--steps", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Forward + backward steps per thread.")
+@click.option("--hang-after", "hang_seconds", type=click.IntRange(10, 3600), default=90, show_default=True,
+              metavar="S", help="Seconds the unchanged run may take before it counts as hung (and is killed).")
+@JSON_OPTION
+@pass_app
+def compile_deadlock(app, targets, drafters, steps, hang_seconds, as_json):
+    """Reproduce the compile deadlock of threads on one GPU, then check its remedy.
+
+    DRAFTERS threads each torch.compile(flex_attention) and run forward + backward on one
+    GPU with a cold inductor cache: unchanged, a thread holding torch's compile_lock waits
+    in the autograd engine for its CUDA device thread, which compiles another thread's
+    backward and waits for compile_lock (it is killed after --hang-after S); then again
+    with each thread calling torch.autograd.set_multithreading_enabled(False) first (its
+    backward on its own thread), which must finish. On CPU backward runs on the calling
+    thread, so the cycle cannot form: the check needs a GPU and says so.
+    Exit code: 0 the remedied run finished (unchanged hung: reproduced; or it did not
+    hang here), 1 the remedied run hung or failed, 7 no GPU on the target (nothing run).
+
+    \b
+    Examples:
+      orch verify compile-deadlock -t gpu
+      orch verify compile-deadlock -t gpu --drafters 3 --hang-after 60 --json
+    """
+    chosen = app.fleet.targets(targets)
+
+    def progress(name):
+        def on_event(event):
+            if not as_json and event.get("event") == "trial":
+                console.info(f"{name}: {event.get('mode')}: {event.get('outcome')} after {event.get('seconds')} s")
+        return on_event
+
+    results = fan_out(chosen, lambda target: payload_api.compile_deadlock(
+        target, drafters, steps, hang_seconds, on_event=progress(target.name)))
+    _print_each(results, as_json, _print_compile_deadlock)
+    if not results.ok:
+        return results.first_error().exit_code
+    outcomes = list(results.succeeded.values())
+    if any(o.get("verdict") == "remedy-failed" for o in outcomes):
+        return ExitCode.FAILED
+    if any(o.get("verdict") == "needs-gpu" for o in outcomes):
+        return ExitCode.NEEDS_GPU
+    return ExitCode.OK
+
+
+COMPILE_DEADLOCK_WORDS = {
+    "reproduced": "unchanged it deadlocked, with the remedy it finished",
+    "not-reproduced": "unchanged it did not deadlock here (a warm cache? another torch?); with the remedy it finished",
+    "remedy-failed": "with the remedy it did not finish",
+}
+
+
+def _print_compile_deadlock(target, outcome) -> None:
+    head = f"[bold]{console.escape(target.name)}[/] torch {outcome.get('torch_version')}"
+    if outcome.get("verdict") == "needs-gpu":
+        console.out.print(f"{head}: [bold]needs-gpu[/]: {console.escape(outcome.get('why', ''))}")
+        return
+    runs = ", ".join(f"{mode} {(outcome.get(mode) or {}).get('outcome')} in {(outcome.get(mode) or {}).get('seconds')} s"
+                     for mode in ("unchanged", "remedied"))
+    console.out.print(f"{head}, {outcome.get('drafters')} threads on one GPU: {runs} -> "
+                      f"[bold]{outcome.get('verdict')}[/]: {COMPILE_DEADLOCK_WORDS.get(outcome.get('verdict'), '')}")
+    for mode in ("unchanged", "remedied"):
+        errors = (outcome.get(mode) or {}).get("errors") or {}
+        for index, error in list(errors.items())[:3]:
+            console.out.print(f"  {mode} thread {index}: {console.escape(str(error))}")
+
+
 @verify.command("fx-threads")
 @TARGET_OPTION
 @click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True,

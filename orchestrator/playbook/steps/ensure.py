@@ -47,7 +47,7 @@ class EnsureStep(Step):
     def _ensure_running(self, ctx: StepContext, params: dict) -> bool:
         target = ctx.target
         spec = ctx.run.inventory.hosts.get(target.host.name) if ctx.run.inventory else None
-        if spec is None or spec.transport == "local":
+        if spec is None or not spec.kind.proxmox:
             return False
         client = ProxmoxClient(spec, target.host)
         state = client.status(target.vmid).get("status")

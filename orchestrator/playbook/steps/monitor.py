@@ -11,6 +11,9 @@ is recognised, any output keeps the run alive (format auto says what it looked f
 from __future__ import annotations
 
 import re
+import time
+from dataclasses import asdict
+from typing import Callable, Optional
 
 from orchestrator.remote import payload_api
 from orchestrator.config.yamlsrc import Loc
@@ -18,6 +21,7 @@ from orchestrator.ground.errors import OrchError
 from orchestrator.ground.fx_states import patch_state
 from orchestrator.ground.verdicts import OK
 from orchestrator.watch.logformats import FORMATS, command_line_settings, make_format
+from orchestrator.watch.explain import launch_logs, stacks_of
 from orchestrator.watch.monitor import MonitorSettings, monitor_run
 from orchestrator.watch.nodes import monitor_nodes
 from orchestrator.playbook.model import Playbook, StepSpec
@@ -217,17 +221,40 @@ def follow_run(run: RunInfo, reporter: Reporter, target: Target, run_dir: str,
     `orch attach`."""
     result, data = monitor_run(target, run_dir, settings, recorder=run.recorder,
                                reporter=reporter, cli=run.cli, rerun=run.rerun_hint(),
-                               fresh_facts=_fresh_patch_facts)
+                               fresh_facts=_fresh_patch_facts,
+                               stacks_taker=stacks_taker(target, run.recorder.launch_info(target.name)))
     status = "ok" if result.verdict == OK else "failed"
     return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
                        findings=result.findings)
 
 
+def stacks_taker(target: Target, launch: Optional[dict]) -> Optional[Callable[[], dict]]:
+    """What takes a hung run's stacks (`orch stacks`' way: pystack, every rank under
+    torchrun), or None when the launch recorded no process."""
+    pid = (launch or {}).get("pid")
+    if not pid:
+        return None
+
+    def take() -> dict:
+        taken_at = time.time()
+        try:
+            # with the run's logs: a thread that died holding a lock is named as its holder
+            logs = launch_logs(target, launch) if launch.get("run_dir") else None
+            results = stacks_of(target, int(pid), logs)
+        except OrchError as error:
+            return {"taken_at": taken_at, "pid": int(pid), "results": [], "error": str(error)[:600]}
+        return {"taken_at": taken_at, "pid": int(pid), "results": [asdict(r) for r in results]}
+    return take
+
+
 def follow_nodes(run: RunInfo, reporter: Reporter, nodes: list) -> StepOutcome:
     """Watch one job over many nodes to its end, as a step's outcome (the monitor step and
     `orch attach`)."""
+    takers = {target.name: stacks_taker(target, run.recorder.launch_info(target.name))
+              for target, _run_dir, _settings in nodes}
     result, data = monitor_nodes(nodes, recorder=run.recorder, reporter=reporter, cli=run.cli,
-                                 rerun=run.rerun_hint(), fresh_facts=_fresh_patch_facts)
+                                 rerun=run.rerun_hint(), fresh_facts=_fresh_patch_facts,
+                                 stacks_takers=takers)
     status = "ok" if result.verdict == OK else "failed"
     return StepOutcome(status=status, message=result.message, data=data, verdict=result.verdict,
                        findings=result.findings)
