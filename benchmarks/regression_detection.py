@@ -47,9 +47,14 @@ An alarm is a night that exits 20 for throughput (any metric). Rules: "orch chan
 (a metric's regression that came from runs/changes.py's rules), "orch nightly" (every
 throughput rule of `orch nightly`: noise model and change points), "Otava" (each metric's
 series so far through otava.analysis.compute_change_points with its defaults, a new drop
-in effect being an alarm, as for orch).
+in effect being an alarm, as for orch, without orch's 1 % rule: Otava's change points come
+with no interval). A step's change point "on its night": five nights in, the total's
+analysis puts one exactly on the step's first night. --repeat N plays N runs a night.
+The e-divisive scan runs in numpy where numpy is installed (numpy_scan: checked equal to
+runs/edivisive.py's first); --jobs N runs the cases N processes at a time:
 
-    .venv/bin/python benchmarks/regression_detection.py --changes --trials 100
+    nice .venv/bin/python benchmarks/regression_detection.py --changes --trials 30 --jobs 2
+    nice .venv/bin/python benchmarks/regression_detection.py --changes --scenario cpu --repeat 3 --no-otava
 """
 
 from __future__ import annotations
@@ -159,6 +164,7 @@ def measure(name: str, trials: int, seed: int, repeat: int = 1) -> dict:
 # ------------------------------------------------------------------ change points (--changes)
 CP_WARMUP = 30         # healthy nights before each case: a month of nightly history
 CP_NIGHTS = 30         # nights of each case judged
+STEP_PLACED = 5        # a step's change point is looked for where these nights of it show it
 CASES = ("healthy", "drift -0.1 %/night", "drift -0.3 %/night", "drift -1 %/night", "step -5 %",
          "spread x3", "recovery")
 RULES = ("orch change points", "orch nightly", "Otava 0.8.0 defaults")
@@ -190,12 +196,14 @@ def otava_changes(values: list[float]) -> list:
             for i, p in enumerate(points)]
 
 
-def cp_history(rng: random.Random, spreads: tuple, case: str, with_otava: bool) -> dict:
-    """One history of CASE: per rule, the case's nights (1-based) that alarmed, and whether
-    each rule sees a recovery as over at the end."""
+def cp_history(rng: random.Random, spreads: tuple, case: str, with_otava: bool,
+               repeat: int = 1) -> dict:
+    """One history of CASE: per rule, the case's nights (1-based) that alarmed, whether each
+    rule sees a recovery as over at the end, and whether a step's change point is placed on
+    its night once STEP_PLACED nights show it."""
     judges = Judges()
     for n in range(CP_WARMUP):
-        judges.add([night(rng, n, spreads)])
+        judges.add(nights(rng, n, spreads, repeat))
     alarms = {rule: [] for rule in RULES if with_otava or not rule.startswith("Otava")}
     otava_last: dict = {}
     series: dict = {}
@@ -208,75 +216,123 @@ def cp_history(rng: random.Random, spreads: tuple, case: str, with_otava: bool) 
     judged = CP_NIGHTS if case in ("healthy", "spread x3") else 5 if case == "recovery" else None
     for k in range(1, CP_NIGHTS + 1):
         shift, scale = case_night(case, k)
-        if (judged is not None and k > judged) or (judged is None and all(alarms.values())):
-            if judged is None:
-                break
-            record = night(rng, CP_WARMUP + k, tuple(s * scale for s in spreads), shift)
-            for metric, level in noise.profile(record).levels.items():
+        tonight = noise.profile_night(nights(rng, CP_WARMUP + k, tuple(s * scale for s in spreads),
+                                             repeat, shift))
+        if (k <= judged) if judged is not None else not all(alarms.values()):
+            judge_cp_night(judges, tonight, series, alarms, otava_last, with_otava, k)
+        else:
+            for metric, level in tonight.levels.items():
                 series[metric].append(level)
-            continue
-        record = night(rng, CP_WARMUP + k, tuple(s * scale for s in spreads), shift)
-        tonight = noise.profile(record)
-        judgement = noise.judge(tonight, judges.profiles[::-1][:max(noise.WINDOW + 1, noise.HISTORY)])
-        judges.records.append(record)
-        judges.profiles.append(tonight)
-        flagged = [m for m in judgement.metrics if m.status == noise.REGRESSION]
-        if flagged:
-            alarms["orch nightly"].append(k)
-        if any(m.change for m in flagged):
-            alarms["orch change points"].append(k)
-        for metric, level in tonight.levels.items():
-            series[metric].append(level)
-        if with_otava:
-            new = False
-            for metric, values in series.items():
-                found = otava_changes(values[-noise.HISTORY:])
-                last = otava_last.get(metric)
-                if last is None:
-                    last = otava_changes(values[-noise.HISTORY - 1:-1])
-                new = new or bool(changes.new_drops(found, last))
-                otava_last[metric] = found
-            if new:
-                alarms["Otava 0.8.0 defaults"].append(k)
-    recovered = {}
+        if judged is None and all(alarms.values()) and (case != "step -5 %" or k >= STEP_PLACED):
+            break
+    recovered, placed = {}, {}
     if case == "recovery":
         total = series["total"][-noise.HISTORY:]
         recovered["orch"] = not any(c.drop and c.in_effect for c in changes.analyse(total))
         if with_otava:
             recovered["Otava 0.8.0 defaults"] = not any(c.drop and c.in_effect
                                                         for c in otava_changes(total))
-    return {"alarms": alarms, "recovered": recovered}
+    if case == "step -5 %":
+        total = series["total"][:CP_WARMUP + STEP_PLACED]
+        placed["orch"] = any(c.index == CP_WARMUP for c in changes.analyse(total))
+        if with_otava:
+            placed["Otava 0.8.0 defaults"] = any(c.index == CP_WARMUP for c in otava_changes(total))
+    return {"alarms": alarms, "recovered": recovered, "placed": placed}
 
 
-def measure_changes(name: str, trials: int, seed: int, with_otava: bool) -> dict:
+def judge_cp_night(judges: Judges, tonight, series: dict, alarms: dict, otava_last: dict,
+                   with_otava: bool, k: int) -> None:
+    """Night K judged by orch's rules and Otava's, its alarms noted, then kept."""
+    judgement = noise.judge(tonight, judges.profiles[::-1][:max(noise.WINDOW + 1, noise.HISTORY)])
+    judges.profiles.append(tonight)
+    flagged = [m for m in judgement.metrics if m.status == noise.REGRESSION]
+    if flagged:
+        alarms["orch nightly"].append(k)
+    if any(m.change for m in flagged):
+        alarms["orch change points"].append(k)
+    for metric, level in tonight.levels.items():
+        series[metric].append(level)
+    if not with_otava:
+        return
+    new = False
+    for metric, values in series.items():
+        found = otava_changes(values[-noise.HISTORY:])
+        last = otava_last.get(metric)
+        if last is None:
+            last = otava_changes(values[-noise.HISTORY - 1:-1])
+        new = new or bool(changes.new_drops(found, last, min_drop=None))   # no interval
+        otava_last[metric] = found
+    if new:
+        alarms["Otava 0.8.0 defaults"].append(k)
+
+
+def measure_case(name: str, case: str, trials: int, seed: int, with_otava: bool,
+                 repeat: int) -> dict:
     spreads = SCENARIOS[name]
+    tag = f"-x{repeat}" if repeat > 1 else ""
+    rng = random.Random(f"{seed}-{name}-changes-{case}{tag}")
+    runs = [cp_history(rng, spreads, case, with_otava, repeat) for _ in range(trials)]
     rows = {}
-    for case in CASES:
-        rng = random.Random(f"{seed}-{name}-changes-{case}")
-        runs = [cp_history(rng, spreads, case, with_otava) for _ in range(trials)]
-        for rule in RULES:
-            if rule.startswith("Otava") and not with_otava:
-                continue
-            firsts = [r["alarms"][rule][0] if r["alarms"][rule] else None for r in runs]
-            caught = sorted(f for f in firsts if f is not None)
-            row = {"caught": len(caught) / trials,
-                   "median_nights": caught[len(caught) // 2] if caught else None,
-                   "first_night": sum(f == 1 for f in caught) / trials,
-                   "alarms_per_30": sum(len(r["alarms"][rule]) for r in runs) / trials
-                   * 30 / CP_NIGHTS}
-            if case == "recovery":
-                key = "orch" if rule.startswith("orch") else rule
-                row["caught"] = sum(1 for f in firsts if f is not None and f <= 5) / trials
-                row["recovered"] = sum(r["recovered"].get(key, False) for r in runs) / trials
-            rows[(case, rule)] = row
-    return {"scenario": name, "spreads": spreads, "trials": trials, "rows": rows}
+    for rule in RULES:
+        if rule.startswith("Otava") and not with_otava:
+            continue
+        key = "orch" if rule.startswith("orch") else rule
+        firsts = [r["alarms"][rule][0] if r["alarms"][rule] else None for r in runs]
+        caught = sorted(f for f in firsts if f is not None)
+        row = {"caught": len(caught) / trials,
+               "median_nights": caught[len(caught) // 2] if caught else None,
+               "first_night": sum(f == 1 for f in caught) / trials,
+               "alarms_per_30": sum(len(r["alarms"][rule]) for r in runs) / trials
+               * 30 / CP_NIGHTS}
+        if case == "recovery":
+            row["caught"] = sum(1 for f in firsts if f is not None and f <= 5) / trials
+            row["recovered"] = sum(r["recovered"].get(key, False) for r in runs) / trials
+        if case == "step -5 %":
+            row["placed"] = sum(r["placed"].get(key, False) for r in runs) / trials
+        rows[(case, rule)] = row
+    return rows
+
+
+def progress(task: tuple, rows: dict) -> dict:
+    """A finished case on stderr (one JSON line: the run takes minutes), then its rows."""
+    print(json.dumps({"scenario": task[0], "case": task[1],
+                      "rows": [{"rule": rule, **row} for (_, rule), row in rows.items()]}),
+          file=sys.stderr, flush=True)
+    return rows
+
+
+def measure_changes(names: list[str], trials: int, seed: int, with_otava: bool,
+                    repeat: int = 1, jobs: int = 1) -> list[dict]:
+    """Every case of every scenario in NAMES, JOBS processes at a time (each case has its own
+    seeded generator: the figures do not depend on JOBS)."""
+    tasks = [(name, case) for name in names for case in CASES]
+    args = [(name, case, trials, seed, with_otava, repeat) for name, case in tasks]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(jobs) as pool:
+            futures = [pool.submit(measure_case, *a) for a in args]
+            done = [progress(task, future.result()) for task, future in zip(tasks, futures)]
+    else:
+        done = [progress(task, measure_case(*a)) for task, a in zip(tasks, args)]
+    results = []
+    for name in names:
+        rows = {}
+        for (task_name, _), found in zip(tasks, done):
+            if task_name == name:
+                rows.update(found)
+        results.append({"scenario": name, "spreads": SCENARIOS[name], "trials": trials,
+                        "repeat": repeat, "rows": rows})
+    return results
 
 
 def changes_table(results: list[dict]) -> str:
     lines = ["| scenario | case | rule | caught (by night 30) | median nights to catch | "
-             "on its night | alarms per 30 nights |", "| --- | --- | --- |" + " ---: |" * 4]
+             "alarm on its night | change point on its night | alarms per 30 nights |",
+             "| --- | --- | --- |" + " ---: |" * 5]
     for result in results:
         spread = "/".join(f"{s:.0%}" for s in result["spreads"])
+        if result.get("repeat", 1) > 1:
+            spread += f", {result['repeat']} runs a night"
         for (case, rule), row in result["rows"].items():
             caught = "-" if case in ("healthy", "spread x3") else f"{row['caught']:.0%}"
             if case == "recovery":
@@ -284,9 +340,64 @@ def changes_table(results: list[dict]) -> str:
             nights = "-" if row["median_nights"] is None or case in ("healthy", "spread x3") \
                 else str(row["median_nights"])
             first = f"{row['first_night']:.0%}" if case == "step -5 %" else "-"
+            placed = f"{row['placed']:.0%}" if case == "step -5 %" else "-"
             lines.append(f"| {result['scenario']} ({spread}) | {case} | {rule} | {caught} | "
-                         f"{nights} | {first} | {row['alarms_per_30']:.2f} |")
+                         f"{nights} | {first} | {placed} | {row['alarms_per_30']:.2f} |")
     return "\n".join(lines)
+
+
+def numpy_scan():
+    """runs/edivisive.py's best_split in numpy (2-D prefix sums of the distances: every
+    (tau, kappa) at once), or None without numpy. The benchmark judges thousands of
+    histories, each night again with hundreds of shuffles; the pure-Python scan (what a
+    controller runs) takes days for that. Checked equal to it before use (use_numpy_scan)."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+
+    def best_split(values, start, end):
+        z = np.asarray(values[start:end], dtype=float)
+        n = len(z)
+        if n < 2:
+            return None
+        distances = np.abs(z[:, None] - z[None, :])
+        prefix = np.zeros((n + 1, n + 1))
+        prefix[1:, 1:] = distances.cumsum(0).cumsum(1)
+        diagonal = prefix.diagonal()                      # within z[:b], twice
+        tau = np.arange(1, n)[:, None]
+        kappa = np.arange(2, n + 1)[None, :]
+        valid = kappa > tau
+        t, k = np.broadcast_to(tau, valid.shape), np.where(valid, kappa, n)
+        between = prefix[t, k] - prefix[t, t]
+        within_y = (prefix[k, k] - 2 * prefix[t, k] + prefix[t, t]) / 2
+        within_x = diagonal[t] / 2
+        m = k - t
+        x_term = np.where(t > 1, 2 * within_x / np.maximum(t - 1, 1), 0.0)
+        y_term = np.where(m > 1, 2 * t * within_y / np.maximum(m - 1, 1), 0.0)
+        q = np.where(valid, (2 * between - m * x_term - y_term) / (t + m), -np.inf)
+        at = int(np.argmax(q))          # row-major: the first best (tau, kappa), as the loop
+        return float(q.flat[at]), start + 1 + at // q.shape[1]
+    return best_split
+
+
+def use_numpy_scan() -> bool:
+    """Put the numpy scan in runs/edivisive.py's place if it gives the same splits as the
+    pure-Python one on random series (else keep the pure-Python one)."""
+    from orchestrator.runs import edivisive
+    fast = numpy_scan()
+    if fast is None:
+        return False
+    rng = random.Random(5)
+    for n in (2, 3, 7, 30, 61):
+        values = [rng.gauss(100, 3) for _ in range(n)]
+        mine, theirs = fast(values, 0, n), edivisive.best_split(values, 0, n)
+        if mine[1] != theirs[1] or abs(mine[0] - theirs[0]) > 1e-9 * max(1.0, abs(theirs[0])):
+            print(f"the numpy scan differs ({mine} vs {theirs}): the pure-Python one is used",
+                  file=sys.stderr)
+            return False
+    edivisive.best_split = fast
+    return True
 
 
 def otava_available() -> bool:
@@ -332,15 +443,19 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="the figures as JSON")
     parser.add_argument("--changes", action="store_true",
                         help="the change-point rules against Otava (default scenarios: quiet, cpu)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="with --changes: processes (one case of a scenario each; default 1)")
     parser.add_argument("--no-otava", action="store_true", help="with --changes: leave Otava out")
     args = parser.parse_args(argv)
     if args.changes:
+        use_numpy_scan()
         with_otava = not args.no_otava and otava_available()
         if not with_otava and not args.no_otava:
             print("apache-otava is not installed (pip install 'orch[bench]'): its rows are left out",
                   file=sys.stderr)
-        results = [measure_changes(name, args.trials, args.seed, with_otava)
-                   for name in (args.scenario or ["quiet", "cpu"])]
+        results = [result for repeat in (args.repeat or [1])
+                   for result in measure_changes(args.scenario or ["quiet", "cpu"], args.trials,
+                                                 args.seed, with_otava, repeat, args.jobs)]
         if args.json:
             print(json.dumps([{**r, "rows": [{"case": c, "rule": rule, **row}
                                              for (c, rule), row in r["rows"].items()]}

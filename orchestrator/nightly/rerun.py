@@ -36,7 +36,7 @@ from orchestrator.playbook.engine import run_playbook as run_with_engine
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.verdicts import OK, exit_code_for
 from orchestrator.nightly import notify_apprise, textfile
-from orchestrator.runs import acks, noise
+from orchestrator.runs import acks, history, noise
 from orchestrator.runs.baseline import choose_baseline, newest_night, same_shape_nights
 from orchestrator.runs.compare import (DEFAULT_THRESHOLD, Change, Comparison, compare,
                                       environment_diff, throughput)
@@ -420,7 +420,8 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
             noise.apply_to(comparison, judgement)
             directory = record.artifacts_dir or paths.run_dir(record.run_id)
             reports = write_reports(record, baseline, directory, comparison=comparison,
-                                    baseline_reason=choice.reason, noise=judgement)
+                                    baseline_reason=choice.reason, noise=judgement,
+                                    history=playbook_nights(store, record))
             outcome = NightlyOutcome(record, baseline, comparison,
                                      outcome_code(record, comparison), reports,
                                      baseline_reason=choice.reason, judgement=judgement,
@@ -433,6 +434,15 @@ def nightly(playbook: str, *, targets: list[str], extra_vars: dict[str, str],
         finally:
             if own_store:
                 store.close()
+
+
+def playbook_nights(store: RunStore, record: RunRecord) -> Optional[history.History]:
+    """The playbook's nights through RECORD's with their change points, for the report's
+    chart; None for a run without an ok night of its shape (nothing to plot)."""
+    try:
+        return history.playbook_history(store, record.playbook, until=record)
+    except OrchError:
+        return None
 
 
 def run_night(playbook: str, run: RunFunction, store: RunStore, config: NightlyConfig, *,

@@ -19,8 +19,9 @@ levels of a playbook's history, oldest first, go through e-divisive means
 The nightly's two rules over a metric's history through tonight:
 
   new_drops   the level drops in effect tonight that last night's analysis did not have
-              (within MATCH_NIGHTS of where it put its own): a change alerts once, on the
-              night the history first proves it (a slow drift, a step a few nights old);
+              (within MATCH_NIGHTS of where it put its own), whose 95 % interval lies
+              wholly below -MIN_DROP: a change alerts once, on the night the history
+              first proves it larger than 1 % (a slow drift, a step a few nights old);
   tail_drop   tonight alone far below the level since the last change point: t <= -T_TAIL
               against that segment's mean and spread (at least TAIL_NIGHTS nights), a
               prediction interval. E-divisive cannot split off one night (a shuffle puts
@@ -49,6 +50,10 @@ T_TAIL = 3.0           # tonight this many prediction-interval widths below the 
 TAIL_NIGHTS = 10       # ... of at least this many nights
 TAIL_METRICS = ("total",)
 Z_INTERVAL = 1.96      # a 95 % interval
+MIN_DROP = 0.01        # a new drop alerts when its interval lies wholly below -1 %: the
+                       # smallest drop worth a page, and on a quiet machine it drops the
+                       # chance splits of its four nearly independent metrics (measured:
+                       # docs/benchmarks/regressions.md)
 LEVEL, SPREAD = "level", "spread"
 
 
@@ -74,10 +79,12 @@ class Change:
         return asdict(self)
 
 
-def analyse(levels: Sequence[float], *, alpha: float = edivisive.ALPHA,
-            permutations: int = edivisive.PERMUTATIONS) -> list[Change]:
-    """The change points of LEVELS (per-night levels, oldest first), oldest first."""
-    return list(_analyse(tuple(float(v) for v in levels), alpha, permutations))
+def analyse(levels: Sequence[float], *, alpha: Optional[float] = None,
+            permutations: Optional[int] = None) -> list[Change]:
+    """The change points of LEVELS (per-night levels, oldest first), oldest first; ALPHA and
+    PERMUTATIONS default to edivisive's (read at the call)."""
+    return list(_analyse(tuple(float(v) for v in levels), alpha or edivisive.ALPHA,
+                         permutations or edivisive.PERMUTATIONS))
 
 
 @functools.lru_cache(maxsize=64)
@@ -107,10 +114,14 @@ def _analyse(levels: tuple, alpha: float, permutations: int) -> tuple:
     return tuple(changes)
 
 
-def new_drops(tonight: list[Change], last_night: list[Change]) -> list[Change]:
-    """The level drops in effect in TONIGHT's analysis that LAST_NIGHT's did not have."""
+def new_drops(tonight: list[Change], last_night: list[Change], *,
+              min_drop: Optional[float] = MIN_DROP) -> list[Change]:
+    """The level drops in effect in TONIGHT's analysis that LAST_NIGHT's did not have, whose
+    interval lies wholly below -MIN_DROP (a drop that may be smaller is no alert; None: no
+    size rule, for change points without an interval)."""
     known = [c.index for c in last_night if c.drop]
     return [c for c in tonight if c.drop and c.in_effect
+            and (min_drop is None or c.high < -min_drop)
             and not any(abs(c.index - k) <= MATCH_NIGHTS for k in known)]
 
 

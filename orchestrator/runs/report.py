@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from datetime import datetime
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import jinja2
 
@@ -18,9 +18,13 @@ from orchestrator.ground import fx_states, verdicts
 from orchestrator.runs.compare import (Comparison, compare, environment_diff, fx_states_seen,
                                        is_problem, series, throughput, worker_word)
 from orchestrator.runs import gpu
+from orchestrator.runs.changes import LEVEL
 from orchestrator.runs.noise import NoiseJudgement
 from orchestrator.runs.model import RunRecord, now_iso
-from orchestrator.runs.svg import line_chart, sparkline
+from orchestrator.runs.svg import history_chart, line_chart, sparkline
+
+if TYPE_CHECKING:
+    from orchestrator.runs.history import ChangePoint, History
 
 def _remedy(signature: str, target: str) -> str:
     """What to do about a finding the runner left without a remediation of its own (records
@@ -90,9 +94,12 @@ def _elapsed(record: RunRecord) -> Optional[float]:
 def context(record: RunRecord, baseline: Optional[RunRecord] = None,
             comparison: Optional[Comparison] = None, threshold: float = 0.10,
             baseline_reason: Optional[str] = None,
-            noise: Optional[NoiseJudgement] = None) -> dict:
+            noise: Optional[NoiseJudgement] = None,
+            history: Optional["History"] = None) -> dict:
     """Everything both templates show. baseline_reason: which baseline and why (or why none),
-    from runs/baseline.py. noise: orch nightly's runs/noise.py judgement, shown per metric."""
+    from runs/baseline.py. noise: orch nightly's runs/noise.py judgement, shown per metric.
+    history: the playbook's nights through this run with their change points
+    (runs/history.py), plotted."""
     if baseline is None:
         comparison = None        # a comparison with nothing: the verdict already says it all
     elif comparison is None:
@@ -148,6 +155,7 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "baseline": baseline,
         "baseline_reason": baseline_reason,
         "noise": noise,
+        "history": history_context(history),
         "environment": environment_diff(comparison) if comparison else [],
         "comparison": comparison,
         "comparison_dict": comparison.to_dict() if comparison else None,
@@ -157,6 +165,62 @@ def context(record: RunRecord, baseline: Optional[RunRecord] = None,
         "generated_at": now_iso(),
         "orch_version": __version__,
     }
+
+
+CULPRIT_CHARS = 60     # of the culprit on the chart; the whole line is under it and a tooltip
+
+
+def history_context(history: Optional["History"]) -> Optional[dict]:
+    """The history's charts (the total; the workers together) with their change points
+    marked, and each change point's line with its culprit. None under two nights."""
+    if history is None or len(history.nights) < 2:
+        return None
+    workers = [m for m in history.metrics if m != "total"]
+    # The total is about N times a worker: on one axis the workers would be flat lines.
+    groups = [(["total"], "total", "Total throughput, night by night (tok/s)")]
+    if workers:
+        groups.append((workers, "workers", "Each worker's throughput, night by night (tok/s)"))
+    charts = []
+    for metrics, name, title in groups:
+        marks = [change_mark(point, history) for point in history.change_points
+                 if point.metric in metrics]
+        charts.append(history_chart({m: history.series(m) for m in metrics}, marks, title=title,
+                                    css_class=f"chart chart-history chart-history-{name}"))
+    points = [{"line": p.line(), "tone": mark_tone(p), "metric": p.metric, "night": p.night.number}
+              for p in history.change_points]
+    first, last = history.nights[0], history.nights[-1]
+    return {"charts": charts, "points": points, "nights": len(history.nights),
+            "first": first.date, "last": last.date}
+
+
+def mark_tone(point: "ChangePoint") -> str:
+    """How a change point is coloured: a drop or a rise in effect, one over, or spread only."""
+    change = point.change
+    if change.kind != LEVEL:
+        return "spread"
+    if not change.in_effect:
+        return "over"
+    return "drop" if change.effect < 0 else "rise"
+
+
+def change_mark(point: "ChangePoint", history: "History") -> dict:
+    """A change point as svg.history_chart marks it: the levels either side over their nights."""
+    night, change = point.night.number, point.change
+    numbers = [n for n, level in history.series(point.metric) if level]
+    before = [n for n in numbers if n < night][-change.nights_before:]
+    after = [n for n in numbers if n >= night][:change.nights_after]
+    segments = [(before[0], before[-1], change.before)] if before else []
+    segments += [(after[0], after[-1], change.after)] if after else []
+    head = "" if point.metric == "total" else f"{point.metric} "
+    state = "in effect" if change.in_effect else "no longer in effect"
+    size = (f"{change.effect * 100:+.1f} % ({change.low * 100:+.1f} to {change.high * 100:+.1f})"
+            if change.kind == LEVEL else "spread changed")
+    culprit = "; ".join(point.culprit[:2]) if point.culprit else "nothing recorded changed"
+    if len(culprit) > CULPRIT_CHARS:
+        culprit = culprit[:CULPRIT_CHARS - 1] + "…"
+    return {"series": point.metric, "night": night, "tone": mark_tone(point),
+            "label": f"{head}night {night}: {size}, {state} · {culprit}", "title": point.line(),
+            "segments": segments}
 
 
 def environment_rows(record: RunRecord) -> dict[str, dict]:

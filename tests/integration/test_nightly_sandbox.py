@@ -242,5 +242,9 @@ def test_the_real_runs_report_renders_in_chromium(env, tmp_path):
     done = run_chromium(tmp_path, "--dump-dom", f"file://{html}")
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
-    assert dom.count("<svg") == 2 and dom.count("<polyline") == 6
+    # the run's two charts (3 drafters each) and, from the second night of its shape on, the
+    # playbook's nights: the total's chart and the workers' (1 + 3 lines)
+    history = dom.count('class="chart chart-history')
+    assert history in (0, 2) and dom.count("<svg") == 2 + history
+    assert dom.count("<polyline") == 6 + (4 if history else 0)
     assert 'data-verdict="ok"' in dom and "2.13.0+cpu" in dom and TARGET in dom

@@ -1,5 +1,6 @@
 """The HTML report in a real headless browser (Debian's chromium): it renders, the charts
-(inline SVG polylines) and the verdict are in the rendered DOM, and a screenshot is drawn."""
+(inline SVG polylines) and the verdict are in the rendered DOM, and a screenshot is drawn;
+a nightly's report with its playbook's history plots the nights with the change point marked."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from orchestrator.runs.model import Finding
 from orchestrator.runs.report import write_reports
-from tests.fixtures.synthetic import synthetic_run
+from orchestrator.runs import history
+from tests.fixtures.synthetic import nights_with_an_upgrade, synthetic_run
 
 
 def chromium() -> str:
@@ -61,6 +63,25 @@ def test_report_screenshot(tmp_path, report_file):
     assert done.returncode == 0, done.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000   # a page, not a blank
+
+
+def test_the_history_chart_with_its_change_point_renders_in_headless_chromium(tmp_path):
+    records = nights_with_an_upgrade()
+    nights = history.analyse_nights("playbooks/dflash.yaml", [[r] for r in records])
+    page = write_reports(records[-1], records[-2], str(tmp_path / "run"), history=nights)["html"]
+    done = run_chromium(tmp_path, "--dump-dom", f"file://{page}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    # the total's and the workers' history, then the run's two charts
+    assert dom.count('class="chart chart-history') == 2 and dom.count("<svg") == 4
+    assert dom.count('class="change-point drop"') >= 2          # the total's and a worker's
+    assert "night 21: -6.0 % (-6.4 to -5.6), in effect" in dom
+    assert "since 2026-11-21 (night 21): torch 2.13.0+cpu -&gt; 2.14.1; fx-tls re-applied" in dom
+    shot = tmp_path / "history.png"
+    done = run_chromium(tmp_path, "--window-size=1200,1400", f"--screenshot={shot}",
+                        f"file://{page}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
 def test_a_failed_steps_long_message_is_wholly_visible_in_the_browser(tmp_path):

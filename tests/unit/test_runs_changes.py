@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from orchestrator.cli.app import main
 from orchestrator.runs import changes, edivisive, history, noise
 from orchestrator.runs.store import RunStore
-from tests.fixtures.synthetic import FREEZE, synthetic_run
+from tests.fixtures.synthetic import FREEZE, nights_with_an_upgrade, synthetic_run
 
 # Series and answers from Apache Otava 0.8.0 (otava.change_point_divisive.calculator
 # PairDistanceCalculator.get_candidate_change_point over the whole series, and
@@ -105,6 +105,15 @@ def test_new_drops_alert_once_where_last_night_had_the_change_within_three_night
     assert changes.new_drops(tonight, far) == tonight
 
 
+def test_a_drop_that_may_be_under_one_percent_is_no_alert():
+    levels = night_levels(3, 40, shift_at=30, shift=0.05)
+    drop = changes.analyse(levels)[0]
+    small = changes.Change(**{**drop.to_dict(), "effect": -0.012, "low": -0.02, "high": -0.004})
+    assert changes.new_drops([small], []) == []
+    assert changes.new_drops([small], [], min_drop=None) == [small]     # no size rule
+    assert changes.new_drops([drop], []) == [drop] and drop.high < -changes.MIN_DROP
+
+
 def test_a_step_on_its_own_night_is_a_tail_drop_and_a_healthy_night_is_not():
     levels = night_levels(6, 31)
     assert changes.tail_drop(levels, []) is None
@@ -132,26 +141,6 @@ def test_the_nightly_names_a_slow_drift_a_regression_through_its_change_point():
     assert change["rule"] in ("e-divisive", "tail") and change["effect"] < 0
     assert any(c and c["rule"] == "e-divisive" for _, c in statuses[30:])
     assert all(status != noise.REGRESSION for status, _ in statuses[:30])
-
-
-def nights_with_an_upgrade(store=None):
-    """20 nights at 5400 tok/s, then torch 2.14.1 and a reinstall that undid the patch
-    (re-applied by the playbook) from night 21 on, 6 % slower."""
-    records = []
-    freeze_new = [line for line in FREEZE if not line.startswith("torch")] + ["torch==2.14.1"]
-    for n in range(1, 31):
-        late = n > 20
-        record = synthetic_run(f"202611{n:02d}-020000-cp{n:04d}", seed=n,
-                               started_at=f"2026-11-{n:02d}T02:00:00+00:00",
-                               tok_s=5400 * (0.94 if late else 1.0) * (1 + 0.004 * ((n * 7) % 5 - 2)),
-                               torch_version="2.14.1" if late else "2.13.0+cpu",
-                               freeze=freeze_new if late else None,
-                               states_seen=["vulnerable", "patched"] if n == 21 else None)
-        record.summary["total_tok_s"] = 3 * 5400 * (0.94 if late else 1.0) * (1 + 0.004 * ((n * 7) % 5 - 2))
-        records.append(record)
-        if store is not None:
-            store.begin(record)
-    return records
 
 
 def test_each_change_point_names_the_environment_diff_between_its_nights():
@@ -203,3 +192,14 @@ def test_orch_runs_changes_lists_them_with_json_and_exits_20_for_a_drop_in_effec
 def test_orch_runs_changes_without_runs_is_a_sentence():
     result = CliRunner().invoke(main, ["runs", "changes", "nope.yaml"])
     assert result.exit_code == 1 and "no run of nope.yaml in the run store" in result.output
+
+
+def test_orch_report_shows_the_playbooks_change_points():
+    with RunStore() as store:
+        nights_with_an_upgrade(store)
+    result = CliRunner().invoke(main, ["report", "last", "--md", "-"])
+    assert result.exit_code == 0, result.output
+    assert "### Change points over 30 nights (2026-11-01 to 2026-11-30)" in result.output
+    assert "since 2026-11-21 (night 21): torch 2.13.0+cpu -> 2.14.1" in result.output
+    html = CliRunner().invoke(main, ["report", "last", "--html", "-"]).output
+    assert html.count('class="chart chart-history') == 2

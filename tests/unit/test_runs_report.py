@@ -191,6 +191,41 @@ def test_a_multi_node_run_lists_its_nodes_and_the_one_that_failed_first():
     assert "### Nodes" not in render_markdown(synthetic_run("b", tok_s=4000))
 
 
+def test_the_history_is_plotted_with_its_change_points_and_culprit_lines():
+    from orchestrator.runs import history
+    from tests.fixtures.synthetic import nights_with_an_upgrade
+    records = nights_with_an_upgrade()
+    nights = history.analyse_nights("playbooks/dflash.yaml", [[r] for r in records])
+    html = render_html(records[-1], records[-2], history=nights)
+    total = html[html.index('class="chart chart-history chart-history-total"'):]
+    total = total[:total.index("</svg>")]
+    # one dot per night, one drop marked at night 21 with its size, state and culprit
+    assert total.count("<circle") == 30
+    assert total.count('<g class="change-point drop"') == 1
+    assert 'data-night="21"' in total and "night 21: -6.0 % (-6.4 to -5.6), in effect" in total
+    assert "torch 2.13.0+cpu -&gt; 2.14.1" in total
+    workers = html[html.index("chart-history-workers"):]
+    assert workers[:workers.index("</svg>")].count("<polyline") == 3
+    assert '<li class="change-point drop">tok/s -6.0 % (-6.4 to -5.6 %) since 2026-11-21 (night 21)' in html
+    md = render_markdown(records[-1], records[-2], history=nights)
+    assert "### Change points over 30 nights (2026-11-01 to 2026-11-30)" in md
+
+
+def test_a_recovered_change_is_grey_and_one_night_draws_no_history():
+    from orchestrator.runs import history
+    from tests.fixtures.synthetic import nights_with_an_upgrade
+    records = nights_with_an_upgrade()
+    for n, record in enumerate(records[25:]):      # back to the old speed from night 26 on
+        record.summary["total_tok_s"] /= 0.94
+        for point in record.metrics:
+            point.tok_s = round(point.tok_s / 0.94)
+    nights = history.analyse_nights("p.yaml", [[r] for r in records])
+    html = render_html(records[-1], history=nights)
+    assert '<g class="change-point over"' in html and "no longer in effect" in html
+    alone = history.analyse_nights("p.yaml", [[records[0]]])
+    assert 'id="history"' not in render_html(records[0], history=alone)
+
+
 def _unpatched_nodes_record():
     """A two-node run as the ddp playbook records it: no patch step, so no torch version or
     FX state in the targets, only their pip freeze; one node's step failed with a long message."""

@@ -513,7 +513,8 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
         elif not no_baseline:
             choice = choose_baseline(store, record)
             baseline, reason = choice.record, choice.reason
-    kw = {"threshold": _threshold(threshold), "baseline_reason": reason}
+        nights = nightly_mod.playbook_nights(store, record)
+    kw = {"threshold": _threshold(threshold), "baseline_reason": reason, "history": nights}
     if not html_file and not md_file:
         written = write_reports(record, baseline, record.artifacts_dir or paths.run_dir(record.run_id), **kw)
         for path in written.values():
