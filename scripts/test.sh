@@ -37,7 +37,10 @@ if [ "$whole" = 0 ] || [ "$workers" = 0 ]; then
 else
     side="${TMPDIR:-/tmp}/orch-test-parallel.log"
     echo "test: the tests beside the sandbox run on $workers workers (log: $side)"
-    .venv/bin/python -m pytest -n "$workers" -m "not sandbox and not serial" "$@" >"$side" 2>&1 &
+    # a script's background job starts with SIGINT ignored (POSIX), and python then installs
+    # no Ctrl-C handler: the tests of Ctrl-C need the one a terminal's command has
+    ( trap - INT QUIT; exec .venv/bin/python -m pytest -n "$workers" -m "not sandbox and not serial" "$@" ) \
+        >"$side" 2>&1 &
     beside=$!
     .venv/bin/python -m pytest -m "sandbox or serial" "$@" || status=$?
     echo "test: the sandbox's tests took $(( $(date +%s) - started )) s (pytest exit code $status)"
