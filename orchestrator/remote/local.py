@@ -164,6 +164,16 @@ def _feed_stdin(pipe, stdin) -> None:
         pass
 
 
+def _take_the_terminal() -> None:
+    """In the child: the pty becomes the new session's terminal, and Ctrl-C and Ctrl-\\ do
+    there what they do on any terminal. orch's own dispositions are not the command's: an
+    orch started with SIGINT ignored (a script's background job) would pass that on, and a
+    shell on the pty could then not even trap Ctrl-C."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    for number in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_DFL)
+
+
 class _PtyChannel:
     """A command on a pty of its own on this machine, with the methods of an SSH channel
     that remote/terminal.py's relay uses: the local half of `orch shell` for a host orch
@@ -179,7 +189,7 @@ class _PtyChannel:
             self._process = subprocess.Popen(
                 argv, stdin=slave, stdout=slave, stderr=slave, cwd=command.cwd,
                 env={**command.env, "TERM": term}, start_new_session=True,
-                preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+                preexec_fn=_take_the_terminal)
         except OSError as error:
             os.close(self._master)
             raise OrchError(f"{argv[0]}: {error.strerror or error}") from None
