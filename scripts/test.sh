@@ -30,6 +30,9 @@ trap '[ -n "$prefetch" ] && kill -- -"$prefetch" 2>/dev/null; true' EXIT
 # on ORCH_TEST_WORKERS pytest-xdist workers (default 2; 0: all in one session), its output
 # kept in a file and printed when it ends. With -k, -m or a test path: one session, as asked.
 workers=${ORCH_TEST_WORKERS:-2}
+# A script's background job starts with SIGINT ignored (POSIX), as does a script started that
+# way, and python then installs no Ctrl-C handler: the tests of Ctrl-C need the one a
+# terminal's command has, so each session starts with the usual dispositions.
 usual_signals() {
     .venv/bin/python -c 'import os, signal, sys
 for number in (signal.SIGINT, signal.SIGQUIT):
@@ -39,13 +42,10 @@ os.execv(sys.argv[1], sys.argv[1:])' "$@"
 started=$(date +%s)
 status=0
 if [ "$whole" = 0 ] || [ "$workers" = 0 ]; then
-    .venv/bin/python -m pytest "$@" || status=$?
+    usual_signals .venv/bin/python -m pytest "$@" || status=$?
 else
     side="${TMPDIR:-/tmp}/orch-test-parallel.log"
     echo "test: the tests beside the sandbox run on $workers workers (log: $side)"
-    # a script's background job starts with SIGINT ignored (POSIX), as does a script started
-    # that way, and python then installs no Ctrl-C handler: the tests of Ctrl-C need the one a
-    # terminal's command has, so each session starts with the usual dispositions
     usual_signals .venv/bin/python -m pytest -n "$workers" -m "not sandbox and not serial" "$@" >"$side" 2>&1 &
     beside=$!
     usual_signals .venv/bin/python -m pytest -m "sandbox or serial" "$@" || status=$?
