@@ -60,15 +60,9 @@ def line_chart(series: dict[str, Sequence[tuple[float, float]]], *, title: str,
     legend_h = legend_rows * 16 + (6 if legend_rows else 0)
     height += legend_h
     plot_w, plot_h = width - left - right, height - top - bottom - legend_h
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{escape(css_class)}" role="img" '
-             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             f'font-family="system-ui, sans-serif" font-size="11">',
-             f"<title>{escape(title)}</title>",
-             f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>']
+    parts = _opened(css_class, title, width, height, left)
     if not clean:
-        parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#888">'
-                     f"no data recorded</text></svg>")
-        return Markup("".join(parts))
+        return _empty(parts, width, height, "no data recorded")
 
     xs = [x for points in clean.values() for x, _ in points]
     ys = [y for points in clean.values() for _, y in points]
@@ -167,15 +161,9 @@ def history_chart(series: dict[str, Sequence[tuple[float, Optional[float]]]],
     legend_h = (math.ceil(len(clean) / 4) * 16 + 6) if len(clean) > 1 else 0
     height += legend_h + 14 * rows
     plot_w, plot_h = width - left - right, height - top - bottom - legend_h
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{escape(css_class)}" role="img" '
-             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             f'font-family="system-ui, sans-serif" font-size="11">',
-             f"<title>{escape(title)}</title>",
-             f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>']
+    parts = _opened(css_class, title, width, height, left)
     if not clean:
-        parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#888">'
-                     "no throughput recorded</text></svg>")
-        return Markup("".join(parts))
+        return _empty(parts, width, height, "no throughput recorded")
     xs = [x for points in clean.values() for x, _ in points]
     ys = [y for points in clean.values() for _, y in points]
     ys += [level for mark in marks for _, _, level in mark.get("segments", [])]
@@ -259,3 +247,19 @@ def _history_mark(mark: dict, row: Optional[int], series_color: str, sx, sy, top
                  f'<text x="{label_x:.1f}" y="{label_y}" fill="{color}" '
                  f'font-weight="600">{escape(mark["label"])}</text></g>')
     return parts
+
+
+def _opened(css_class: str, title: str, width: int, height: int, left: int) -> list[str]:
+    """A chart's <svg> element opened, with its title (for screen readers and on the page)."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" class="{escape(css_class)}" role="img" '
+            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            f'font-family="system-ui, sans-serif" font-size="11">',
+            f"<title>{escape(title)}</title>",
+            f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>']
+
+
+def _empty(parts: list[str], width: int, height: int, words: str) -> Markup:
+    """A chart with nothing to draw: it says so in its middle."""
+    parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#888">'
+                 f"{escape(words)}</text></svg>")
+    return Markup("".join(parts))
