@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator.runs.model import RunRecord  # noqa: E402
 from orchestrator.targets.fleet import Fleet  # noqa: E402
-from orchestrator.watch import explain as explaining  # noqa: E402
+from orchestrator.forensics import explain as explaining  # noqa: E402
 from tests.torchenv import torch_venv  # noqa: E402
 
 CORPUS = REPO / "tests" / "fixtures" / "explain_corpus"

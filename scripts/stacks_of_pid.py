@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`orch stacks --pid PID` on this machine with the standard library only: for a GPU machine
 where orch is not installed and its dependencies (click, yaml, paramiko, jinja2, packaging)
-may be absent. The same code as orch stacks (orchestrator/watch/explain.py's take_stacks:
+may be absent. The same code as orch stacks (orchestrator/forensics/explain.py's take_stacks:
 pystack --locals, the explain_frames payload with VENV's python, the wait graph and its
 cycles); prints the DEADLOCK line(s) first, like orch stacks, and writes the JSON.
 
@@ -28,8 +28,8 @@ from dataclasses import asdict
 from orchestrator.ground.errors import OrchError
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
-from orchestrator.watch.explain import take_stacks
-from orchestrator.watch.stacktool import PINNED_SHA256, RUNNER
+from orchestrator.forensics.explain import take_stacks
+from orchestrator.forensics.stacktool import PINNED_SHA256, RUNNER
 
 
 def pystack_tool(python: str, wheel: str, scratch: str) -> tuple[list[str], str]:

@@ -15,7 +15,7 @@ import glob
 import os
 import subprocess
 
-from orchestrator.watch.stacktool import PIN
+from orchestrator.forensics.stacktool import PIN
 from tests.torchenv import BASE_PYTHON, CACHE
 
 PYSTACK_PIN = PIN

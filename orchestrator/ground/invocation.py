@@ -159,7 +159,7 @@ class Invocation:
     # -- printing ---------------------------------------------------------------------
     def console_options(self, which: str) -> dict:
         """How orch's rich console for stdout ("out") or stderr ("err") is made for this
-        invocation (ground/console builds and keeps it in `consoles`). rich reads the
+        invocation (ground/console.py builds and keeps it in `consoles`). rich reads the
         terminal's size from fds 0-2 and its colours from os.environ, the process's: this
         passes the invocation's (a new pseudo-terminal says 0 x 0, which rich takes as
         unknown: so do we)."""

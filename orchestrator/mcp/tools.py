@@ -31,7 +31,7 @@ from orchestrator.remote.session import SessionPool, SessionTarget
 from orchestrator.runs.compare import DEFAULT_THRESHOLD, compare, is_problem, throughput
 from orchestrator.runs.controller import controller_state
 from orchestrator.runs.store import RunStore
-from orchestrator.watch.explain import explain_record, launched_targets
+from orchestrator.forensics.explain import explain_record, launched_targets
 
 MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_OUTPUT_BYTES = 64 << 10

@@ -182,6 +182,9 @@ def test_twelve_connections_at_once_on_one_ssh_connection_of_ten_channels(sandbo
         forwarder, local = serving(target, port)
         clients = [socket.create_connection(("127.0.0.1", local), timeout=120) for _ in range(12)]
         wait_for(lambda: forwarder.stats.active == 12)
+        # a connection counts as active when accepted; its channel opens on its own thread
+        # a moment later, so the host's one SSH connection may not be up yet
+        wait_for(lambda: target.host.usage()["channels_in_use"] > 0)
         usage = target.host.usage()
         assert usage["connections"] == 1 and usage["channels_in_use"] <= 10
         for client in clients:

@@ -4,7 +4,7 @@ which rich would otherwise turn into emoji (":cd:" is a disc), and a path may ho
 from __future__ import annotations
 
 from orchestrator.ground import console
-from orchestrator.ground.console.run import ConsoleReporter
+from orchestrator.cli.screens.run import ConsoleReporter
 
 FINGERPRINT = "D9:49:1D:B8:CD:B8:E1:A2:AB:CD:OK:ID:5E:C6:EF"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from orchestrator.ground.console.fanout import (FanoutProgress, failure_lines, progress_wanted)
+from orchestrator.cli.screens.fanout import (FanoutProgress, failure_lines, progress_wanted)
 from orchestrator.ground.errors import HostUnreachable
 
 

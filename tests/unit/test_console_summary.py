@@ -11,9 +11,9 @@ import stat
 
 from orchestrator.ground import paths
 from orchestrator.ground.console import make_console
-from orchestrator.ground.console import run as run_console
-from orchestrator.ground.console import steplog
-from orchestrator.ground.console.run import ConsoleReporter
+from orchestrator.cli.screens import run as run_console
+from orchestrator.cli.screens import steplog
+from orchestrator.cli.screens.run import ConsoleReporter
 from orchestrator.payloads import payload_source
 from tests.unit.step_fakes import RUN_ID, Call, Reply, harness
 

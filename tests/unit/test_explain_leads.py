@@ -1,6 +1,6 @@
 """What `orch explain` leads with, on the labelled corpus of real failures
 (tests/fixtures/explain_corpus, made by tests/corpus/make_explain_corpus.py): the logs alone,
-as explain reads them (watch/explain.py's read_logs, causes.py), no source read. The whole
+as explain reads them (forensics/explain.py's read_logs, causes.py), no source read. The whole
 answer, shared state included, is tests/torch/test_explain_corpus.py's."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.explain_corpus import case_logs, case_record, lead_right, load_cases
-from orchestrator.watch import causes, explain, tracebacks
+from orchestrator.watch import causes, tracebacks
+from orchestrator.forensics import explain
 
 CASES = load_cases()
 

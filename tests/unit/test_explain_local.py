@@ -309,7 +309,7 @@ def patched_venv(venv, tmp_path) -> Path:
 
 def _explained_on(patched_venv, crash_log, **options):
     from orchestrator.targets.fleet import Fleet
-    from orchestrator.watch import explain
+    from orchestrator.forensics import explain
 
     path = patched_venv.parent / "inventory.yaml"
     path.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"

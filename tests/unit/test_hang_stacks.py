@@ -11,7 +11,8 @@ from orchestrator.remote import payload_api
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.runs.model import RunRecord, StepResult
-from orchestrator.watch import explain, stacks
+from orchestrator.watch import stacks
+from orchestrator.forensics import explain
 from orchestrator.watch import monitor as monitor_module
 from orchestrator.watch.classify import EndState, LogClassifier
 from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path

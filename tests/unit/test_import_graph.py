@@ -127,6 +127,7 @@ LAYERS = [
     "targets",   # the fleet, the Proxmox API, distros, inventory check
     "runs",      # the run store: records, baselines, compare, reports
     "watch",     # log formats, workers, the classifier, the monitor
+    "forensics", # explain, suspects in the installed source, live stacks: after the fact
     "playbook",  # loader, render, steps/, engine, attach
     "nightly",   # unattended reruns and their schedule
     "mcp",       # the MCP server's tools and policy
@@ -140,8 +141,9 @@ LAYERS = [
 SUBLAYERS = {
     "playbook": ["model", "render", "steps", "loader", "engine", "attach"],
     "watch": ["logformats", "tbevents", "distributed", "torchrun", "dflash", "tracebacks", "causes", "stacks",
-              "stacktool", "classify", "monitor", "nodes", "suspects", "explain"],
-    "cli": ["commands", "app", "reference", "main"],  # main names app in a string: the hand-off
+              "classify", "monitor", "nodes"],
+    "forensics": ["stacktool", "suspects", "explain"],
+    "cli": ["screens", "commands", "app", "reference", "main"],  # main names app in a string: the hand-off
     "nightly": ["notify_apprise", "textfile", "rerun", "schedule"],
 }
 

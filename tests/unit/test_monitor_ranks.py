@@ -289,7 +289,7 @@ def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
 
     from orchestrator.watch.logformats import LogPoint
     from orchestrator.watch.classify import LogClassifier
-    from orchestrator.ground.console.run import ConsoleReporter
+    from orchestrator.cli.screens.run import ConsoleReporter
 
     out = io.StringIO()
     reporter = ConsoleReporter(Console(file=out, width=120, force_terminal=False), live=False, echo="events")
@@ -315,7 +315,7 @@ def test_the_live_view_says_when_no_metric_line_was_recognised():
 
     from rich.console import Console
 
-    from orchestrator.ground.console.run import ConsoleReporter
+    from orchestrator.cli.screens.run import ConsoleReporter
     from orchestrator.watch.classify import LogClassifier
 
     reporter = ConsoleReporter(Console(file=io.StringIO(), width=160, force_terminal=False), live=False,

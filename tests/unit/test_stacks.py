@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from orchestrator.watch import stacks, stacktool
+from orchestrator.watch import stacks
+from orchestrator.forensics import stacktool
 from tests.pystackenv import pystack_venv, pystack_wheelhouse
 
 DEADLOCK = textwrap.dedent('''

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from orchestrator.mcp.tools import LiveReporter
-from orchestrator.ground.console.run import ConsoleReporter
+from orchestrator.cli.screens.run import ConsoleReporter
 from orchestrator.runs.model import Finding, RunRecord, StepResult, TargetInfo
 from orchestrator.runs.recorder import RunRecorder, masked
 from orchestrator.playbook.steps.base import Reporter

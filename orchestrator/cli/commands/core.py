@@ -163,7 +163,7 @@ def _writer(stream):
 
 def _prefixed(name: str, stream, printing) -> LineSplitter:
     """A target's output as `[NAME] line` lines on stream; printing() is held while one is
-    written (it takes the progress line away: console/fanout.py)."""
+    written (it takes the progress line away: cli/screens/fanout.py)."""
     def line(text: str) -> None:
         with printing():
             try:

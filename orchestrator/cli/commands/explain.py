@@ -1,5 +1,5 @@
 """orch explain: a failed run's cause, what followed from it, its source as it ran, and the
-shared state behind it when threads shared it (orchestrator/watch/explain.py does the work)."""
+shared state behind it when threads shared it (orchestrator/forensics/explain.py does the work)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ pass_app = click.pass_obj
 # the analysis, the run store and SSH only when the command runs: `--help` stays instant
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.store import RunStore
-    from orchestrator.watch.explain import (explain, explain_record, launched_pid, launched_targets,
+    from orchestrator.forensics.explain import (explain, explain_record, launched_pid, launched_targets,
                                             read_log_file, run_logs, stacks_of)
     from orchestrator.watch.stacks import compile_words
 else:
-    explain = lazy("orchestrator.watch.explain", "explain")
-    explain_record = lazy("orchestrator.watch.explain", "explain_record")
-    launched_targets = lazy("orchestrator.watch.explain", "launched_targets")
-    read_log_file = lazy("orchestrator.watch.explain", "read_log_file")
+    explain = lazy("orchestrator.forensics.explain", "explain")
+    explain_record = lazy("orchestrator.forensics.explain", "explain_record")
+    launched_targets = lazy("orchestrator.forensics.explain", "launched_targets")
+    read_log_file = lazy("orchestrator.forensics.explain", "read_log_file")
     RunStore = lazy("orchestrator.runs.store", "RunStore")
-    stacks_of = lazy("orchestrator.watch.explain", "stacks_of")
-    launched_pid = lazy("orchestrator.watch.explain", "launched_pid")
+    stacks_of = lazy("orchestrator.forensics.explain", "stacks_of")
+    launched_pid = lazy("orchestrator.forensics.explain", "launched_pid")
     compile_words = lazy("orchestrator.watch.stacks", "compile_words")
-    run_logs = lazy("orchestrator.watch.explain", "run_logs")
+    run_logs = lazy("orchestrator.forensics.explain", "run_logs")
 SHOWN_FRAMES = 6          # innermost frames printed with their source; --json has them all
 SHOWN_CANDIDATES = 5
 KINDS = {"global": "module global, rebound under `global`",

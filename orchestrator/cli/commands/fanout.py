@@ -10,7 +10,7 @@ import click
 
 from orchestrator.config.concurrency import DEFAULT_JOBS, MAX_JOBS
 from orchestrator.ground import console
-from orchestrator.ground.console.fanout import FanoutProgress, failure_lines, progress_wanted
+from orchestrator.cli.screens.fanout import FanoutProgress, failure_lines, progress_wanted
 from orchestrator.ground.lazy import lazy
 
 if TYPE_CHECKING:  # pragma: no cover

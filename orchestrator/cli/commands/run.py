@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.ground import console
-from orchestrator.ground.console.run import ConsoleReporter
+from orchestrator.cli.screens.run import ConsoleReporter
 from orchestrator.ground.errors import ExitCode, OrchError
 from orchestrator.ground.lazy import lazy
 

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from orchestrator.ground import console, paths
-from orchestrator.ground.console.run import ConsoleReporter
+from orchestrator.cli.screens.run import ConsoleReporter
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.ground.lazy import LazyModule, lazy
 from orchestrator.ground.verdicts import RUNNING

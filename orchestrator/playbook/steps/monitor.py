@@ -21,7 +21,7 @@ from orchestrator.ground.errors import OrchError
 from orchestrator.ground.fx_states import patch_state
 from orchestrator.ground.verdicts import OK
 from orchestrator.watch.logformats import FORMATS, command_line_settings, make_format
-from orchestrator.watch.explain import launch_logs, stacks_of
+from orchestrator.forensics.explain import launch_logs, stacks_of
 from orchestrator.watch.monitor import MonitorSettings, monitor_run
 from orchestrator.watch.nodes import monitor_nodes
 from orchestrator.playbook.model import Playbook, StepSpec

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.ground.console import escape, make_console
-from orchestrator.ground.console.steplog import StepLog, step_log_path
+from orchestrator.cli.screens.steplog import StepLog, step_log_path
 from orchestrator.ground.verdicts import DEGRADED, HANG, OK, RECOMPILE_LIMIT, rule
 
 

@@ -1,7 +1,7 @@
 """Printing: human tables and messages on the terminal, JSON for scripts.
 
-The presentation room: commands, the engine and the MCP server call it; it imports
-nothing of orch's (console.run holds what `orch run` shows).
+Every layer prints through it; it imports nothing of orch's (the screens that draw a run
+or a fan-out are the CLI's: cli/screens/).
 """
 
 from __future__ import annotations

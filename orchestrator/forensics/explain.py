@@ -39,8 +39,8 @@ from orchestrator.runs.model import RunRecord
 from orchestrator.watch import causes, stacks, tracebacks
 from orchestrator.watch.causes import OWN, Consequence, Lead, RunHints
 from orchestrator.watch.distributed import ChildFailedReader, RankFailure
-from orchestrator.watch.stacktool import stack_command
-from orchestrator.watch.suspects import (CONFIDENT, Candidate, Remedy, applied_notes, facts_by_frame,
+from orchestrator.forensics.stacktool import stack_command
+from orchestrator.forensics.suspects import (CONFIDENT, Candidate, Remedy, applied_notes, facts_by_frame,
                                          patch_rows, rank, remedies)
 from orchestrator.watch.torchrun import RANK_LOG_DIR
 
