@@ -2,7 +2,7 @@
 (tests/fixtures/explain_corpus, made by tests/corpus/make_explain_corpus.py).
 
 For every case: its logs (and run record) are explained as `orch explain` explains them, the
-frames read in a local target with the real torch 2.13 CPU venv (tests/torchenv.py), or in a
+frames read in a local target with the real torch 2.13 CPU venv (tests/support/torchenv.py), or in a
 hard-link copy of it with orch's fx-threads patch applied for the cases explained after the
 patch. Then, against the case's labels:
 
@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from orchestrator.runs.model import RunRecord  # noqa: E402
 from orchestrator.targets.fleet import Fleet  # noqa: E402
 from orchestrator.forensics import explain as explaining  # noqa: E402
-from tests.torchenv import torch_venv  # noqa: E402
+from tests.support.torchenv import torch_venv  # noqa: E402
 
 CORPUS = REPO / "tests" / "fixtures" / "explain_corpus"
 WORKLOADS = REPO / "tests" / "corpus" / "workloads"

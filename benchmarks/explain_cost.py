@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.timing import print_table  # noqa: E402
 from orchestrator.watch import tracebacks  # noqa: E402
 from orchestrator.watch.classify import LogClassifier  # noqa: E402
-from tests.torchenv import torch_venv  # noqa: E402
+from tests.support.torchenv import torch_venv  # noqa: E402
 
 SIZE = 64 << 20
 CASE = REPO / "tests" / "fixtures" / "explain_corpus" / "ddp-raise"

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import orch_sandbox as sandboxes  # noqa: E402
 from orchestrator.agent.client import ACCEPT_WAIT_S, USER_TIMEOUT_GRACE_S  # noqa: E402
-from tests.agents import agent_pids, stop_agents  # noqa: E402
+from tests.support.agents import agent_pids, stop_agents  # noqa: E402
 
 HOST, TARGET = "sb2", "sb2-201"
 ORCH = [sys.executable, "-m", "orchestrator"]

@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from tests.agents import stop_agents
+from tests.support.agents import stop_agents
 
 _SESSION_DATA_DIR = tempfile.mkdtemp(prefix="orch-test-data-")
 _SESSION_AGENT_DIR = tempfile.mkdtemp(prefix="orch-test-agent-")

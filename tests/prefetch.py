@@ -22,9 +22,9 @@ from pathlib import Path
 def builders():
     """(name, build) in the order the suite needs them: torch first (most tests), the
     trainers' layers on it, pystack, then the old releases (the last sandbox tests)."""
-    from tests import pystackenv
+    from tests.support import pystackenv
     from tests.torch.releases import RUNTIME_RELEASES, release_venv
-    from tests.torchenv import torch_venv
+    from tests.support.torchenv import torch_venv
     from tests.trainer import realenv, specforgeenv
 
     def torch_python() -> Path:

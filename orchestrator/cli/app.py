@@ -91,7 +91,7 @@ class OrchGroup(click.Group):
 
 # The commands (ground/commands.py, the one table), loaded only when one runs: `orch --help`
 # and `orch CMD --help` import no SSH, no jinja2, no playbook or monitor code
-# (tests/unit/test_cli_startup.py keeps it so).
+# (tests/unit/cli/test_startup.py keeps it so).
 def load_command(name: str) -> Optional[click.Command]:
     """The command NAME, its module imported now; None when orch has no such command or its
     module is not installed (the sandbox ships separately)."""

@@ -4,7 +4,7 @@ Every command and option (the click tree, every lazily loaded command included),
 kind and parameter (STEP_KINDS: `summary` and `Param.doc`), every verdict and exit code, and
 every MCP tool and parameter (as the MCP SDK lists them to a client). The text lives next to
 what it documents; this module only lays it out, so a page can never describe an option that
-is gone. tests/unit/test_docs.py checks the committed pages against a fresh rendering, and a
+is gone. tests/unit/project/test_docs.py checks the committed pages against a fresh rendering, and a
 missing text (a Param without doc, an option without help, a command without an example, a
 tool parameter without a description) stops the rendering with MissingDocs.
 

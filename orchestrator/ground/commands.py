@@ -6,7 +6,7 @@ The entry point (cli/main.py), the agent's thin client (agent/client.py), the cl
 reads the first paragraph from the module's source without importing it.
 
 Standard library only, and nothing else: the thin client imports this before anything else
-(tests/unit/test_cli_startup.py measures it), so no dataclasses or typing here.
+(tests/unit/cli/test_startup.py measures it), so no dataclasses or typing here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import namedtuple
 
 # name: what the user types; module and attribute: the click command, imported by cli/app.py
 # when it runs (module under orchestrator/: a name here, not an import of the bottom layer's;
-# tests/unit/test_import_graph.py checks that cli may import each);
+# tests/unit/project/test_import_graph.py checks that cli may import each);
 # agent: what the warm agent runs of it: ALL, a frozenset of subcommands, or None (nothing);
 # grafted: subcommands kept in other modules, as ((module, attribute), ...)
 Command = namedtuple("Command", "name module attribute agent grafted", defaults=(None, ()))

@@ -37,7 +37,7 @@ def __getattr__(name: str):
 def _stream(name: str) -> Console:
     """The current invocation's console for out or err, made when first used. One set on
     the module (`console.out = ...`: a test's fixed-width screen) is used instead; orch's
-    own code never sets one (tests/unit/test_no_process_patching.py)."""
+    own code never sets one (tests/unit/project/test_no_process_patching.py)."""
     if name in globals():
         return globals()[name]
     current = invocation.current()

@@ -2,9 +2,9 @@
 
 The command modules take their heavy helpers (SSH through the fleet, the Proxmox API, the
 playbook loader) this way, so that `orch CMD --help` imports none of them
-(tests/unit/test_cli_startup.py). A stand-in for `from MODULE import NAME` where NAME is
+(tests/unit/cli/test_startup.py). A stand-in for `from MODULE import NAME` where NAME is
 only ever called. Its twin for IDEs and type checkers is the real import under
-`if TYPE_CHECKING:`, with the lazy name in the `else:` (tests/unit/test_lazy_twins.py).
+`if TYPE_CHECKING:`, with the lazy name in the `else:` (tests/unit/project/test_lazy_twins.py).
 """
 
 from __future__ import annotations

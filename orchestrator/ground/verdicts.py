@@ -14,7 +14,7 @@ console's and the report's colour. Code elsewhere names a verdict by its constan
 
 Adding a verdict: a name constant, a `Rule` in `RULES` at its place in the order (a detector
 over `Evidence`, or None when the engine, attach or the run store gives it), its signatures in
-`SIGNATURES` if a log line shows it, and a test in tests/unit/test_verdicts.py.
+`SIGNATURES` if a log line shows it, and a test in tests/unit/ground/test_verdicts.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ the name of paramiko's `paramiko-VERSION.dist-info` folder beside the package (t
 standard's name); anything else it is asked, or any other layout, goes to the real module.
 
 orch's modules take paramiko from here, never with `import paramiko` of their own (the first
-import decides); tests/unit/test_cli_startup.py checks that the direct `exec` imports no invoke
+import decides); tests/unit/cli/test_startup.py checks that the direct `exec` imports no invoke
 and no importlib.metadata.
 """
 

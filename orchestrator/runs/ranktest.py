@@ -3,7 +3,7 @@
 Written here rather than taken from scipy: scipy.stats.mannwhitneyu is the maintained
 implementation, but scipy is a ~40 MB dependency (numpy with it) for some forty lines, and
 orch installs on controllers that run nothing numeric. The test is textbook (Mann & Whitney
-1947; the tie correction and continuity correction as in scipy) and tests/unit/test_runs_ranktest.py
+1947; the tie correction and continuity correction as in scipy) and tests/unit/runs/test_ranktest.py
 checks it against scipy's documented values and against a brute-force enumeration.
 
     exact        no ties and n1 * n2 <= EXACT_LIMIT: U's distribution counted exactly

@@ -11,7 +11,7 @@ shared state is involved. benchmarks/explain_corpus.py measures `orch explain` o
 Run it with the worktree's venv python (it runs `python -m orchestrator` for the cases made
 through orch). How each case is made (nothing is written by hand: every log is a real run's):
 - `python`: the workload run as orch's launcher runs a command (stdout and stderr into one
-  output.log, python unbuffered), with the cached torch 2.13.0 CPU venv (tests/torchenv.py) or
+  output.log, python unbuffered), with the cached torch 2.13.0 CPU venv (tests/support/torchenv.py) or
   the Trainer venv on top of it (tests/trainer/realenv.py).
 - `torchrun`: `python -m torch.distributed.run --nproc-per-node 2 --log-dir RUN/ranks
   --redirects 3 ...`, the argv orch's launch step builds (orchestrator/watch/torchrun.py), gloo
@@ -45,7 +45,7 @@ from typing import Callable, Optional
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.torchenv import torch_venv  # noqa: E402
+from tests.support.torchenv import torch_venv  # noqa: E402
 
 CORPUS = REPO / "tests" / "fixtures" / "explain_corpus"
 WORKLOADS = Path(__file__).resolve().parent / "workloads"

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from orchestrator.agent import protocol
-from tests.agents import agent_pids, alive, stop_agents
+from tests.support.agents import agent_pids, alive, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 # every process's command line in the container (it has no procps)

@@ -1,6 +1,6 @@
 """Dead links, reset connections and containers stopped under a command, against the
 sandbox (issue 25): every fault ends in a typed error within a stated bound, and the next
-command works. (A frozen agent: tests/unit/test_agent_local.py.)
+command works. (A frozen agent: tests/unit/agent/test_local.py.)
 
 The host's packets are dropped with the sandbox's fault injection (nftables in sb2's own
 namespace). The sandbox is shared: every test removes its fault in a `finally`, and keeps

@@ -18,7 +18,7 @@ import yaml
 
 import orch_sandbox as sb
 from orchestrator.targets.fleet import Fleet
-from tests.agents import agent_pids, stop_agents
+from tests.support.agents import agent_pids, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 VENV, NO_PYTHON, STOPPED = "sbw1-200", "sbw1-201", "sbw1-202"

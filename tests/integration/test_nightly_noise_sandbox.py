@@ -15,8 +15,8 @@ store, the rest of the history made of copies of the first real run's record.
 
 Why copies: the statistics need nights, not their wall time; the same judgements over
 records alone (insufficient data night by night, two slow nights in a row, acknowledgement
-expiry and recovery) are unit-tested (tests/unit/test_runs_noise.py, test_runs_acks.py,
-test_runs_changes.py). Every behaviour here still goes through real runs of the real
+expiry and recovery) are unit-tested (tests/unit/runs/test_noise.py, tests/unit/runs/test_acks.py,
+tests/unit/runs/test_changes.py). Every behaviour here still goes through real runs of the real
 playbook. The tests share the store and run in file order.
 """
 

@@ -31,7 +31,7 @@ import pytest
 
 from orchestrator.runs.store import RunStore
 from tests.integration.torch_seed import container_root, remove_venv, seed_torch_venv
-from tests.torchenv import torch_venv
+from tests.support.torchenv import torch_venv
 from tests.trainer.realenv import trainers_venv
 
 HOST, VMID, TARGET = "sb1", 200, "sb1-200"

@@ -1,5 +1,5 @@
 """Ctrl-C on `orch run` against a sandbox container (real sshd, real LXC): what orch says
-about the launch matches what the container has (tests/unit/test_run_interrupt.py does the
+about the launch matches what the container has (tests/unit/remote/test_run_interrupt.py does the
 same on this machine)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from orchestrator.targets.fleet import Fleet
 from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.runs.store import RunStore
-from tests.unit.test_run_interrupt import GOES_ON, NOTHING, interrupt_when
+from tests.unit.remote.test_run_interrupt import GOES_ON, NOTHING, interrupt_when
 
 pytestmark = pytest.mark.sandbox
 

@@ -23,7 +23,7 @@ import pytest
 
 from orchestrator.runs.store import RunStore
 from tests.integration.torch_seed import container_root, remove_venv, seed_torch_venv
-from tests.torchenv import torch_venv
+from tests.support.torchenv import torch_venv
 from tests.trainer.real.shape_writers import losses
 from tests.trainer.realenv import lightning_venv, trainers_venv
 

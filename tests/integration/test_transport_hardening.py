@@ -26,7 +26,7 @@ import yaml
 
 from orchestrator.ground.errors import BadArgument, ConnectionLost
 from orchestrator.targets.fleet import Fleet
-from tests.agents import agent_pids
+from tests.support.agents import agent_pids
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 # every process's command line in the container, without needing procps there

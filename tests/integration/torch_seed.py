@@ -1,4 +1,4 @@
-"""Real torch inside sandbox containers, fast: the shared test venv (tests/torchenv.py) is
+"""Real torch inside sandbox containers, fast: the shared test venv (tests/support/torchenv.py) is
 hard-linked into the container's private /root/venv from the machine's side.
 
 Why this is honest: the venv is a real torch 2.13 install made by pip with Debian's python,
@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 
-from tests.torchenv import torch_venv
+from tests.support.torchenv import torch_venv
 
 
 def container_root(sandbox, host: str, vmid: int) -> str:

@@ -1,6 +1,6 @@
 """Fixtures for the payload tests that need real torch (marked `torch`).
 
-The torch venv comes from tests/torchenv.py: $ORCH_TEST_TORCH_VENV, else one built once
+The torch venv comes from tests/support/torchenv.py: $ORCH_TEST_TORCH_VENV, else one built once
 under ~/.cache/orch-test. Tests never write into it: patch tests work on a hard-link copy.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.torch.matrix import matrix
-from tests.torchenv import torch_venv
+from tests.support.torchenv import torch_venv
 
 UPSTREAM_FIXED = "2.14.1"
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from tests.torchenv import BASE_PYTHON, CACHE
+from tests.support.torchenv import BASE_PYTHON, CACHE
 
 # The old releases the runtime tests install: the last one before is_fx_symbolic_tracing()
 # appeared (2.8), one from the middle of the 2.3-2.8 shape (2.4), and the oldest with the

@@ -2,7 +2,7 @@
 cache for the session, and a runner that parses the trainer's key=value log lines.
 
 The torch venv comes from ORCH_TEST_TORCH_VENV, or is built once (and reused) by
-tests/torchenv.py, the builder every test that needs torch shares.
+tests/support/torchenv.py, the builder every test that needs torch shares.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.torchenv import torch_venv
+from tests.support.torchenv import torch_venv
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "playbooks" / "files" / "train_drafters.py"

@@ -1,5 +1,5 @@
 """Trainers' metric lines made the way upstream's own format strings make them (stdlib only,
-so a container's python runs it). The unit tests (tests/unit/test_trainer_shapes.py) read
+so a container's python runs it). The unit tests (tests/unit/watch/test_trainer_shapes.py) read
 what these functions return; `python shape_writers.py SHAPE STEPS` prints one shape's log
 line by line, flushed, for a run under `orch run`. The upstream lines and the commits read
 are cited at each function and in docs/design/trainer-logs.md.
