@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from orchestrator.ground import invocation, paths
 from orchestrator.ground.errors import CommandTimeout, OrchError
-from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
+from orchestrator.remote.base import (BufferedProcess, OutputKeeper, Process, Result, RunOptions,
                                       Transport, stdin_pieces, validate_argv)
 
 _READ_SLICE_S = 0.25
@@ -79,10 +79,10 @@ class LocalTransport(Transport):
         return _LocalProcess(process)
 
 
-class _LocalProcess(Process):
+class _LocalProcess(BufferedProcess):
     def __init__(self, process: subprocess.Popen):
         self._process = process
-        self._lines = BufferedLines(self._read_some)
+        super().__init__()
         # close() may run in another thread while a reader waits (a session closed under
         # its command): the pipe is closed only between reads, and a read after it is the
         # end of the output, never a ValueError from a closed file (or a read from the
@@ -105,12 +105,6 @@ class _LocalProcess(Process):
             self._process.stdin.flush()
         except (ValueError, OSError) as error:  # closed, or the process is gone
             raise BrokenPipeError(str(error)) from None
-
-    def readline(self, timeout):
-        return self._lines.readline(timeout)
-
-    def read(self, size, timeout):
-        return self._lines.read(size, timeout)
 
     def close(self) -> None:
         # SIGTERM first: a command server stops the command it runs (in a group of its own)
