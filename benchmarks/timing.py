@@ -8,6 +8,7 @@ import compileall
 import contextlib
 import os
 import statistics
+import sys
 import time
 import uuid
 
@@ -76,6 +77,18 @@ def print_table(headers: list[str], rows: list[list], left: int) -> None:
 def latency_cells(row: dict) -> list[str]:
     """A latency_row's median, p95 and max as table cells."""
     return [f"{row[key]:.0f} ms" for key in ("median_ms", "p95_ms", "max_ms")]
+
+
+def orch_executable() -> str:
+    """The `orch` of this python's venv: the checkout under test, not one elsewhere on PATH."""
+    return os.path.join(os.path.dirname(sys.executable), "orch")
+
+
+def agent_env(scratch: str) -> dict[str, str]:
+    """The environment of a benchmark's orch commands: the warm agent on, its folder and
+    orch's data folder (the direct rows' index of hosts, docs/design/transport.md) in scratch."""
+    return {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent"),
+            "ORCH_DATA_DIR": os.path.join(scratch, "data")}
 
 
 def bench_dir() -> str:
