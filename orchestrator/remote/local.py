@@ -109,12 +109,7 @@ class _LocalProcess(BufferedProcess):
     def close(self) -> None:
         # SIGTERM first: a command server stops the command it runs (in a group of its own)
         # before it exits, as it does when its SSH channel closes
-        _kill_group(self._process, signal.SIGTERM)
-        try:
-            self._process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            _kill_group(self._process)
-            self._process.wait()
+        _stop_group(self._process, signal.SIGTERM)
         # the process has exited: a reader's select sees the end at once and lets go
         with self._pipe_lock:
             self._closed = True
@@ -226,12 +221,7 @@ class _PtyChannel:
     def close(self) -> None:
         """Hang up, as a closed terminal does: the command's group gets SIGHUP."""
         if self._process.poll() is None:
-            _kill_group(self._process, signal.SIGHUP)
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _kill_group(self._process)
-                self._process.wait()
+            _stop_group(self._process, signal.SIGHUP)
         if self._master >= 0:
             os.close(self._master)
             self._master = -1
@@ -242,6 +232,17 @@ def _kill_group(process: subprocess.Popen, number: int = signal.SIGKILL) -> None
         os.killpg(process.pid, number)
     except ProcessLookupError:
         pass
+
+
+def _stop_group(process: subprocess.Popen, first: int) -> None:
+    """Signal the process's group with `first`, give it 5 s to exit, then SIGKILL; returns
+    when the process has exited."""
+    _kill_group(process, first)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        process.wait()
 
 
 def _collect(argv, exit_code, readers, started, target) -> Result:
