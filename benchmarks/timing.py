@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 
+import orch_sandbox as sandboxes
 from orchestrator.config.inventory import inventory_path
 from orchestrator.targets.fleet import Fleet
 
@@ -77,6 +78,13 @@ def print_table(headers: list[str], rows: list[list], left: int) -> None:
 def latency_cells(row: dict) -> list[str]:
     """A latency_row's median, p95 and max as table cells."""
     return [f"{row[key]:.0f} ms" for key in ("median_ms", "p95_ms", "max_ms")]
+
+
+def healthy_bed():
+    """The running sandbox; exits with what to do when it is not up and healthy."""
+    if not sandboxes.status()["healthy"]:
+        raise SystemExit("the sandbox is not up and healthy: `orch sandbox up` first")
+    return sandboxes.current()
 
 
 def orch_executable() -> str:
