@@ -37,7 +37,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import orch_sandbox as sandboxes  # noqa: E402
+from benchmarks.timing import agent_env, healthy_bed, orch_executable  # noqa: E402
 from tests.integration.torch_seed import remove_venv, seed_torch_venv  # noqa: E402
 
 HOST, VMID, TARGET = "sb1", 200, "sb1-200"
@@ -103,15 +103,11 @@ def main() -> int:
     parser.add_argument("--exec-only", action="store_true", help="leave the search rows out")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not sandboxes.status()["healthy"]:
-        raise SystemExit("the sandbox is not up and healthy: `orch sandbox up` first")
-    bed = sandboxes.current()
-    orch = os.path.join(os.path.dirname(sys.executable), "orch")
+    bed = healthy_bed()
+    orch = orch_executable()
     scratch = tempfile.mkdtemp(prefix="orch-cli-bench-")
     open(os.path.join(scratch, "a-file"), "w").close()
-    # the direct rows' index of hosts (docs/design/transport.md) lives in a data folder of their own
-    env = {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent"),
-           "ORCH_DATA_DIR": os.path.join(scratch, "data")}
+    env = agent_env(scratch)
     search = not args.exec_only
     try:
         inventory = yaml.safe_load(bed.inventory_path.read_text())

@@ -41,10 +41,9 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import orch_sandbox as sandboxes  # noqa: E402
 from orch_sandbox import layout  # noqa: E402
 
-from benchmarks.timing import percentile, print_table  # noqa: E402
+from benchmarks.timing import agent_env, healthy_bed, orch_executable, percentile, print_table  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32)
 COMMANDS = {"inventory check": lambda group: ["inventory", "check", "-t", group, "--json"],
@@ -180,13 +179,10 @@ def main() -> int:
                         help="another orch executable (an older checkout's) measured alongside")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not sandboxes.status()["healthy"]:
-        raise SystemExit("the sandbox is not up and healthy: `orch sandbox up` first")
-    bed = sandboxes.current()
-    orch = os.path.join(os.path.dirname(sys.executable), "orch")
+    bed = healthy_bed()
+    orch = orch_executable()
     scratch = tempfile.mkdtemp(prefix="orch-fanout-bench-")
-    env = {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent"),
-           "ORCH_DATA_DIR": os.path.join(scratch, "data")}
+    env = agent_env(scratch)
     try:
         inventory, sizes = fan_inventory(yaml.safe_load(bed.inventory_path.read_text()),
                                          [int(size) for size in args.sizes.split(",")])

@@ -56,36 +56,39 @@ def orch(env, inventory, *args, **kwargs):
                             stderr=subprocess.PIPE, **kwargs)
 
 
-def dead_link_under_a_command(bed, env, inventory) -> tuple[float, int]:
+def warm_up(env, inventory) -> None:
+    """One quick command first, so the fault meets a connection (and agent) already made."""
     subprocess.run([*ORCH, "-i", inventory, "exec", TARGET, "--", "true"], env=env, check=True,
                    capture_output=True)
-    process = orch(env, inventory, "exec", TARGET, "--", "sh", "-c", "echo started; exec sleep 120")
-    process.stdout.readline()
+
+
+def exit_while_ssh_is_blocked(bed, start) -> tuple[float, int]:
+    """Seconds from blocking SSH to the host until the process start() gives exits, and its
+    exit code; SSH is unblocked again however it ends."""
     bed.block_ssh(HOST)
     try:
         started = time.monotonic()
+        process = start()
         process.communicate(timeout=180)
         return time.monotonic() - started, process.returncode
     finally:
         bed.unblock_ssh(HOST)
+
+
+def dead_link_under_a_command(bed, env, inventory) -> tuple[float, int]:
+    warm_up(env, inventory)
+    process = orch(env, inventory, "exec", TARGET, "--", "sh", "-c", "echo started; exec sleep 120")
+    process.stdout.readline()
+    return exit_while_ssh_is_blocked(bed, lambda: process)
 
 
 def command_during_an_outage(bed, env, inventory) -> tuple[float, int]:
-    subprocess.run([*ORCH, "-i", inventory, "exec", TARGET, "--", "true"], env=env, check=True,
-                   capture_output=True)
-    bed.block_ssh(HOST)
-    try:
-        started = time.monotonic()
-        process = orch(env, inventory, "exec", TARGET, "--", "true")
-        process.communicate(timeout=180)
-        return time.monotonic() - started, process.returncode
-    finally:
-        bed.unblock_ssh(HOST)
+    warm_up(env, inventory)
+    return exit_while_ssh_is_blocked(bed, lambda: orch(env, inventory, "exec", TARGET, "--", "true"))
 
 
 def frozen_agent_quick_command(bed, env, inventory) -> tuple[float, int]:
-    subprocess.run([*ORCH, "-i", inventory, "exec", TARGET, "--", "true"], env=env, check=True,
-                   capture_output=True)
+    warm_up(env, inventory)
     (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
     os.kill(pid, signal.SIGSTOP)
     try:

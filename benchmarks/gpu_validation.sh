@@ -17,13 +17,8 @@ export ORCH_DATA_DIR=${ORCH_DATA_DIR:-/tmp/orch-gpu-data}
 PYTHON=${PYTHON:-python3}
 VENV=$($PYTHON -c 'import sys; print(sys.prefix)')
 INVENTORY="$RESULTS/inventory.yaml"
-cat > "$INVENTORY" <<YAML
-hosts:
-  gpu-host: {transport: local}
-containers:
-  gpu: {host: gpu-host, venv: "$VENV", gpus: [0]}
-default_target: gpu
-YAML
+. scripts/local-gpu-inventory.sh
+local_gpu_inventory "$INVENTORY" "$VENV"
 orch() { $PYTHON -m orchestrator -i "$INVENTORY" "$@"; }
 report() {  # report NAME: the last run's Markdown and HTML reports (GPU series, baseline and why)
     orch report last --md "$RESULTS/report-$1.md" --html "$RESULTS/report-$1.html" >/dev/null 2>&1

@@ -8,9 +8,11 @@ import compileall
 import contextlib
 import os
 import statistics
+import sys
 import time
 import uuid
 
+import orch_sandbox as sandboxes
 from orchestrator.config.inventory import inventory_path
 from orchestrator.targets.fleet import Fleet
 
@@ -76,6 +78,25 @@ def print_table(headers: list[str], rows: list[list], left: int) -> None:
 def latency_cells(row: dict) -> list[str]:
     """A latency_row's median, p95 and max as table cells."""
     return [f"{row[key]:.0f} ms" for key in ("median_ms", "p95_ms", "max_ms")]
+
+
+def healthy_bed():
+    """The running sandbox; exits with what to do when it is not up and healthy."""
+    if not sandboxes.status()["healthy"]:
+        raise SystemExit("the sandbox is not up and healthy: `orch sandbox up` first")
+    return sandboxes.current()
+
+
+def orch_executable() -> str:
+    """The `orch` of this python's venv: the checkout under test, not one elsewhere on PATH."""
+    return os.path.join(os.path.dirname(sys.executable), "orch")
+
+
+def agent_env(scratch: str) -> dict[str, str]:
+    """The environment of a benchmark's orch commands: the warm agent on, its folder and
+    orch's data folder (the direct rows' index of hosts, docs/design/transport.md) in scratch."""
+    return {**os.environ, "ORCH_AGENT": "on", "ORCH_AGENT_DIR": os.path.join(scratch, "agent"),
+            "ORCH_DATA_DIR": os.path.join(scratch, "data")}
 
 
 def bench_dir() -> str:

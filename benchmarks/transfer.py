@@ -26,7 +26,6 @@ with sshd and the container, so the figures are for comparing the ways, not for 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -39,6 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import orch_sandbox as sandboxes  # noqa: E402
+from orchestrator.remote.wheels import file_sha256  # noqa: E402
 from timing import bytecode_as_installed  # noqa: E402
 
 HOST, VMID, TARGET = "sb1", 200, "sb1-200"
@@ -93,14 +93,6 @@ def cases(bed, local: str, back: str, agent_dir: str):
     }
 
 
-def sha(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for piece in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-s", "--size-mb", type=int, default=100)
@@ -141,7 +133,7 @@ def main() -> None:
                     os.sync()
                     seconds[label].append(ways[label]())
                     if not _pushes(label) and os.path.exists(back):
-                        assert sha(back) == sha(local), f"{label}: the copy differs"
+                        assert file_sha256(back) == file_sha256(local), f"{label}: the copy differs"
                         os.unlink(back)
         finally:
             bed.pct(HOST, "exec", str(VMID), "--", "rm", "-rf", REMOTE)

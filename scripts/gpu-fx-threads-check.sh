@@ -21,13 +21,8 @@ TRIALS=${TRIALS:-5}
 mkdir -p "$RESULTS"
 export ORCH_DATA_DIR=${ORCH_DATA_DIR:-/tmp/orch-gpu-fx-threads-data}
 INVENTORY="$RESULTS/inventory.yaml"
-cat > "$INVENTORY" <<YAML
-hosts:
-  gpu-host: {transport: local}
-containers:
-  gpu: {host: gpu-host, venv: "$VENV", gpus: [0]}
-default_target: gpu
-YAML
+. scripts/local-gpu-inventory.sh
+local_gpu_inventory "$INVENTORY" "$VENV"
 orch() { "$ORCH_PYTHON" -m orchestrator -i "$INVENTORY" "$@"; }
 probe() { "$VENV/bin/python" scripts/gpu_fx_threads_probe.py --device "${PROBE_DEVICE:-cuda}" --drafters "${PROBE_DRAFTERS:-3}" \
               --steps "${PROBE_STEPS:-3}" \

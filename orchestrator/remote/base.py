@@ -340,6 +340,23 @@ class Process:
         return ""
 
 
+class BufferedProcess(Process):
+    """A Process whose lines and sized reads come from its own `_read_some(timeout)`
+    (bytes; None: no data yet; b"": the end), buffered by BufferedLines."""
+
+    def __init__(self):
+        self._lines = BufferedLines(self._read_some)
+
+    def _read_some(self, timeout: Optional[float]) -> Optional[bytes]:  # pragma: no cover
+        raise NotImplementedError
+
+    def readline(self, timeout: Optional[float]) -> bytes:
+        return self._lines.readline(timeout)
+
+    def read(self, size: int, timeout: Optional[float]) -> bytes:
+        return self._lines.read(size, timeout)
+
+
 class BufferedLines:
     """Line reading over a `read_some(timeout) -> bytes | None` function (None: no data yet).
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from orchestrator.ground import invocation, paths
 from orchestrator.ground.errors import CommandTimeout, OrchError
-from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
+from orchestrator.remote.base import (BufferedProcess, OutputKeeper, Process, Result, RunOptions,
                                       Transport, stdin_pieces, validate_argv)
 
 _READ_SLICE_S = 0.25
@@ -79,10 +79,10 @@ class LocalTransport(Transport):
         return _LocalProcess(process)
 
 
-class _LocalProcess(Process):
+class _LocalProcess(BufferedProcess):
     def __init__(self, process: subprocess.Popen):
         self._process = process
-        self._lines = BufferedLines(self._read_some)
+        super().__init__()
         # close() may run in another thread while a reader waits (a session closed under
         # its command): the pipe is closed only between reads, and a read after it is the
         # end of the output, never a ValueError from a closed file (or a read from the
@@ -106,21 +106,10 @@ class _LocalProcess(Process):
         except (ValueError, OSError) as error:  # closed, or the process is gone
             raise BrokenPipeError(str(error)) from None
 
-    def readline(self, timeout):
-        return self._lines.readline(timeout)
-
-    def read(self, size, timeout):
-        return self._lines.read(size, timeout)
-
     def close(self) -> None:
         # SIGTERM first: a command server stops the command it runs (in a group of its own)
         # before it exits, as it does when its SSH channel closes
-        _kill_group(self._process, signal.SIGTERM)
-        try:
-            self._process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            _kill_group(self._process)
-            self._process.wait()
+        _stop_group(self._process, signal.SIGTERM)
         # the process has exited: a reader's select sees the end at once and lets go
         with self._pipe_lock:
             self._closed = True
@@ -232,12 +221,7 @@ class _PtyChannel:
     def close(self) -> None:
         """Hang up, as a closed terminal does: the command's group gets SIGHUP."""
         if self._process.poll() is None:
-            _kill_group(self._process, signal.SIGHUP)
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _kill_group(self._process)
-                self._process.wait()
+            _stop_group(self._process, signal.SIGHUP)
         if self._master >= 0:
             os.close(self._master)
             self._master = -1
@@ -248,6 +232,17 @@ def _kill_group(process: subprocess.Popen, number: int = signal.SIGKILL) -> None
         os.killpg(process.pid, number)
     except ProcessLookupError:
         pass
+
+
+def _stop_group(process: subprocess.Popen, first: int) -> None:
+    """Signal the process's group with `first`, give it 5 s to exit, then SIGKILL; returns
+    when the process has exited."""
+    _kill_group(process, first)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        process.wait()
 
 
 def _collect(argv, exit_code, readers, started, target) -> Result:

@@ -31,7 +31,7 @@ from orchestrator.config import transports
 from orchestrator.ground import invocation
 from orchestrator.ground.errors import (AuthRefused, ChannelRefused, CommandTimeout, HostKeyChanged,
                                  HostKeyRevoked, HostKeyUnknown, HostUnreachable, OrchError)
-from orchestrator.remote.base import (BufferedLines, OutputKeeper, Process, Result, RunOptions,
+from orchestrator.remote.base import (BufferedProcess, OutputKeeper, Process, Result, RunOptions,
                                       Transport, command_timeout, connection_lost, encode_arg,
                                       stdin_pieces, validate_argv, with_env)
 from orchestrator.remote.known_hosts import KnownHosts, RevokedKey, UnknownKey
@@ -660,12 +660,12 @@ def _ask_alive(transport: paramiko.Transport) -> None:
         pass  # the connection broke: the watchdog's count ends it
 
 
-class _ChannelProcess(Process):
+class _ChannelProcess(BufferedProcess):
     def __init__(self, channel, release: Callable[[], int], lost_reason: Callable[[], str]):
         self._channel = channel
         self._release = release
         self._released = False
-        self._lines = BufferedLines(self._read_some)
+        super().__init__()
         self.lost_reason = lost_reason
 
     def _read_some(self, timeout):
@@ -685,12 +685,6 @@ class _ChannelProcess(Process):
             self._channel.sendall(data)
         except (OSError, paramiko.SSHException, EOFError) as error:
             raise BrokenPipeError(str(error)) from None
-
-    def readline(self, timeout):
-        return self._lines.readline(timeout)
-
-    def read(self, size, timeout):
-        return self._lines.read(size, timeout)
 
     def close(self) -> None:
         _quietly(self._channel.close)

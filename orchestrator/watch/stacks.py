@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from orchestrator.ground import graphs
 from orchestrator.watch import tracebacks
 from orchestrator.watch.logformats import LogStream
 
@@ -372,45 +373,9 @@ def _from_a_holder(cycle: list[Wait]) -> list[Wait]:
 
 
 def strongly_connected(graph: dict[str, list[Wait]]) -> list[list[str]]:
-    """Tarjan's strongly connected components, iterative (a graph of hundreds of threads
-    must not hit the recursion limit)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    parts: list[list[str]] = []
-    for root in graph:
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            node, edge = work.pop()
-            if edge == 0:
-                index[node] = low[node] = len(index)
-                stack.append(node)
-                on_stack.add(node)
-            edges = graph[node]
-            if edge < len(edges):
-                work.append((node, edge + 1))
-                nxt = edges[edge].waits_for
-                if nxt not in index:
-                    work.append((nxt, 0))
-                elif nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-                continue
-            if low[node] == index[node]:
-                part = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    part.append(member)
-                    if member == node:
-                        break
-                parts.append(part)
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-    return parts
+    """The wait graph's strongly connected parts (ground/graphs.py: Tarjan's, iterative)."""
+    return graphs.strongly_connected(
+        {thread: [wait.waits_for for wait in waits] for thread, waits in graph.items()})
 
 
 def _cycle_in(graph: dict[str, list[Wait]], members: set[str], start: str) -> list[Wait]:

@@ -359,9 +359,15 @@ def fx_race(app, targets, trials, as_json):
     results = fan_out(chosen, lambda target: payload_api.fx_race(
         target, trials, on_event=progress(target.name)))
     _print_each(results, as_json, _print_race)
+    return _fixed_everywhere(results, "verdict")
+
+
+def _fixed_everywhere(results: GroupResult, verdict_key: str) -> int:
+    """A reproducer's exit code: a target's error first; else 0 only when every target's
+    outcome says "fixed" under verdict_key."""
     if not results.ok:
         return results.first_error().exit_code
-    return (ExitCode.OK if all(o.get("verdict") == "fixed" for o in results.succeeded.values())
+    return (ExitCode.OK if all(o.get(verdict_key) == "fixed" for o in results.succeeded.values())
             else ExitCode.FAILED)
 
 
@@ -502,10 +508,7 @@ def fx_threads_race(app, targets, trials, as_json):
     results = fan_out(chosen, lambda target: payload_api.fx_race(
         target, trials, on_event=progress(target.name), states=list(fx_states.SHARED_STATES)))
     _print_each(results, as_json, _print_state_races)
-    if not results.ok:
-        return results.first_error().exit_code
-    return (ExitCode.OK if all(o.get("overall_verdict") == "fixed"
-                               for o in results.succeeded.values()) else ExitCode.FAILED)
+    return _fixed_everywhere(results, "overall_verdict")
 
 
 def _print_state_races(target, outcome) -> None:

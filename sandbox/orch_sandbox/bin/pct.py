@@ -101,13 +101,19 @@ def cmd_start(argv):
     pvetasks.start_container(vmid, lambda text: sys.stdout.write(text.rstrip("\n") + "\n"))
 
 
-def cmd_stop(argv):
-    params, _ = parse_command_line(argv, ["vmid"], {"skiplock": "boolean",
-                                                    "overrule-shutdown": "boolean"})
-    vmid = check_vmid(params["vmid"])
+def _running_ct(vmid_param):
+    """stop's and shutdown's check, with pct's words: the vmid of a CT that runs."""
+    vmid = check_vmid(vmid_param)
     if not pvelib.is_running(vmid):
         raise PveError(f"CT {vmid} not running")
     pvelib.load_config(vmid)
+    return vmid
+
+
+def cmd_stop(argv):
+    params, _ = parse_command_line(argv, ["vmid"], {"skiplock": "boolean",
+                                                    "overrule-shutdown": "boolean"})
+    vmid = _running_ct(params["vmid"])
     pvelib.lxc_command(["lxc-stop", "-n", vmid, "--kill"],
                        f"command 'lxc-stop -n {vmid} --kill' failed: exit code 1")
 
@@ -115,10 +121,7 @@ def cmd_stop(argv):
 def cmd_shutdown(argv):
     params, _ = parse_command_line(argv, ["vmid"], {"timeout": "string",
                                                     "forceStop": "boolean"})
-    vmid = check_vmid(params["vmid"])
-    if not pvelib.is_running(vmid):
-        raise PveError(f"CT {vmid} not running")
-    pvelib.load_config(vmid)
+    vmid = _running_ct(params["vmid"])
     timeout = params.get("timeout", "60")
     try:
         pvelib.lxc_command(["lxc-stop", "-n", vmid, "--timeout", timeout],

@@ -14,6 +14,7 @@ import re
 import pytest
 
 import orchestrator
+from orchestrator.ground.graphs import strongly_connected
 
 PACKAGE_DIR = os.path.dirname(orchestrator.__file__)
 DOTTED_MODULE = re.compile(r"orchestrator(\.[a-z_]+)+")
@@ -84,38 +85,10 @@ def room_graph(root: str = PACKAGE_DIR) -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one room (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def connect(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for other in graph.get(node, ()):
-            if other not in index:
-                connect(other)
-                low[node] = min(low[node], low[other])
-            elif other in on_stack:
-                low[node] = min(low[node], index[other])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            connect(node)
-    return found
+    """The strongly connected components with more than one room (ground/graphs.py's Tarjan,
+    which test_a_cycle_is_found and tests/unit/test_deadlocks.py check on graphs of known cycles)."""
+    ordered = {node: sorted(graph[node]) for node in sorted(graph)}
+    return [sorted(part) for part in strongly_connected(ordered) if len(part) > 1]
 
 
 # The layers, bottom first: a room imports only rooms listed before it (docs/design/architecture.md).
