@@ -30,7 +30,7 @@ from orchestrator.watch.dflash import first_compile_remediation, fx_remediation,
 from orchestrator.watch.distributed import (ChildFailedReader, handled_signal, rank_failure_remediation,
                                             signal_name, stuck_message)
 from orchestrator.watch.logformats import DEFAULT_METRIC_REGEX, MAX_WORKERS, LogPoint, WorkerCap
-from orchestrator.runs.model import Finding, MetricPoint
+from orchestrator.runs.model import Finding, MetricPoint, WorkerSummary
 
 _KEYVALUES = re.compile(r"(\w+)=(\S+)")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*")
@@ -158,22 +158,41 @@ def _number(text: Optional[str]) -> Optional[float]:
         return None
 
 
+@dataclass(frozen=True)
+class ClassifierSettings:
+    """What the classifier is told before the first line: the playbook's monitor settings and
+    the log format's. What it learns later it is told by a method (rank_logs_started,
+    format_chosen), never by an attribute set from outside."""
+
+    target: str
+    metric_regex: Optional[str] = None
+    hang_after: float = 120.0
+    expected_tok_s: Optional[float] = None
+    degraded_below: Optional[float] = None
+    warmup_steps: int = 1
+    expect_drafters: Optional[int] = None
+    # False: a log format (logformats.py) reads the points and hands them to observe();
+    # feed() then only looks for failures and the trainer's own words.
+    metrics_from_lines: bool = True
+    worker_word: Optional[str] = None           # the playbook's word for a worker, if it says
+    rank_logs_expected: bool = False            # torchrun was asked for one log per rank
+    metric_lines: Optional[Callable[[str], bool]] = field(default=None, repr=False)  # the format's test
+    format_name: str = "orch"                   # the log format, as the record names it
+    format_tried: str = ""                      # what `auto` looked for, for the note
+
+
 class LogClassifier:
     """Feed it log lines as they come; ask it about progress; classify at the end."""
 
-    def __init__(self, target: str, *, metric_regex: Optional[str] = None, hang_after: float = 120.0,
-                 expected_tok_s: Optional[float] = None, degraded_below: Optional[float] = None,
-                 warmup_steps: int = 1, expect_drafters: Optional[int] = None, now: float = 0.0,
-                 metrics_from_lines: bool = True):
-        self.target = target
-        # metrics_from_lines=False: a log format (logformats.py) reads the points and hands
-        # them to observe(); feed() then only looks for failures and the trainer's own words.
-        self.metric = compile_metric_regex(metric_regex) if metrics_from_lines else None
-        self.hang_after = float(hang_after)
-        self.expected_tok_s = expected_tok_s
-        self.degraded_below = degraded_below
-        self.warmup_steps = warmup_steps
-        self.expect_drafters = expect_drafters
+    def __init__(self, settings: ClassifierSettings, now: float = 0.0):
+        self.settings = settings
+        self.target = settings.target
+        self.metric = compile_metric_regex(settings.metric_regex) if settings.metrics_from_lines else None
+        self.hang_after = float(settings.hang_after)
+        self.expected_tok_s = settings.expected_tok_s
+        self.degraded_below = settings.degraded_below
+        self.warmup_steps = settings.warmup_steps
+        self.expect_drafters = settings.expect_drafters
         self.workers: dict[int, WorkerProgress] = {}
         self.start_fields: dict = {}
         self.summary_fields: dict = {}
@@ -191,16 +210,25 @@ class LogClassifier:
         self.rates_from: set[str] = set()           # the printed fields tok/s came from (tps, ...)
         self.never_met = False                      # a hang before any step, ranks not connected
         self._last_points: dict[int, MetricPoint] = {}
-        self.rank_logs_expected = False             # torchrun was asked for one log per rank
+        self.rank_logs_expected = settings.rank_logs_expected
         self.rank_logs_seen = False                 # ... and one appeared: its workers started
-        self.metric_lines = None                    # the log format's test for a metric line
-        self.explicit_word: Optional[str] = None    # the playbook's word for a worker, if it says
-        self.format_name = "orch"                   # the log format, as the record names it
-        self.format_tried = ""                      # what `auto` looked for, for the note
+        self.metric_lines = settings.metric_lines
+        self.explicit_word: Optional[str] = settings.worker_word or None
+        self.format_name = settings.format_name     # `auto` says later which one it picked
+        self.format_tried = settings.format_tried
         self.steps_seen = False                     # a step (line or bar) was recognised
         self.last_output = now                      # any output at all (liveness before steps)
         self.output_at: dict[Optional[int], float] = {}   # per worker (None: the run's own log)
         self.worker_cap = WorkerCap()               # the workers tracked; the monitor's parsers share it
+
+    # ------------------------------------------------------- what it learns later
+    def rank_logs_started(self) -> None:
+        """A rank's own log appeared: torchrun started its workers (the ranks met)."""
+        self.rank_logs_seen = True
+
+    def format_chosen(self, name: str) -> None:
+        """The log format's name now (`auto` says which one it picked once it has seen lines)."""
+        self.format_name = name
 
     # ------------------------------------------------------------- vocabulary
     @property
@@ -210,10 +238,6 @@ class LogClassifier:
         if self.explicit_word:
             return self.explicit_word
         return dflash.WORD if self.dflash else "worker"
-
-    @worker_word.setter
-    def worker_word(self, word: Optional[str]) -> None:
-        self.explicit_word = word or None
 
     @property
     def dflash(self) -> bool:
@@ -734,9 +758,9 @@ class LogClassifier:
     def summary(self, end: EndState, total: Optional[float]) -> dict:
         return {
             "total_tok_s": round(total, 1) if total is not None else None,
-            "drafters": {str(d.worker): {"step": None if d.counted else d.step, "loss": d.loss,
-                                          "tok_s": d.throughput(), "status": d.status, "error": d.error,
-                                          **({"log_points": d.step} if d.counted else {})}
+            "drafters": {str(d.worker): WorkerSummary(
+                step=None if d.counted else d.step, loss=d.loss, tok_s=d.throughput(), status=d.status,
+                error=d.error, log_points=d.step if d.counted else None).to_dict()
                          for d in sorted(self.workers.values(), key=lambda d: d.worker)},
             "drafters_ok": sum((d.done or d.final == "done") and not d.error for d in self.workers.values()),
             "drafters_expected": self.expected_workers(),

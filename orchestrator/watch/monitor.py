@@ -29,7 +29,7 @@ from orchestrator.ground.errors import CommandTimeout, ExitCode, OrchError
 from orchestrator.watch.logformats import (MAX_WORKERS, DerivedThroughput, LogParser, TrainerStateError,
                                            log_history_points, make_format, trainer_state_spacing)
 from orchestrator.ground.verdicts import FX_RACE
-from orchestrator.watch.classify import EndState, LogClassifier, ProgressSnapshot, Verdict
+from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier, ProgressSnapshot, Verdict
 from orchestrator.watch.tbevents import TAGS, ReaderMissing, read_event_file, tensorboard_points
 from orchestrator.remote.payload_api import collect_files, error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
@@ -303,19 +303,18 @@ class Monitor(FollowHandler):
         self.settings = settings
         self.sink = sink
         self.started = time.monotonic()
-        self.classifier = LogClassifier(
-            target.name, metric_regex=settings.metric_regex, hang_after=settings.hang_after,
-            expected_tok_s=settings.expected_tok_s, degraded_below=settings.degraded_below,
-            warmup_steps=settings.warmup_steps, expect_drafters=settings.expect_drafters,
-            now=self.started, metrics_from_lines=False)
-        self.classifier.worker_word = settings.worker_word
-        self.classifier.rank_logs_expected = bool(settings.follow)
         # One format for all of a run's logs: its state (a Trainer dict waiting for its
         # step) is per worker. One stream per log file: each has its own partial line.
         self.log_format = make_format(settings.format, settings.metric_regex, settings.logging_steps)
-        self.classifier.metric_lines = self.log_format.is_metric_line
-        self.classifier.format_name = self.log_format.describe()
-        self.classifier.format_tried = getattr(self.log_format, "tried", lambda: "")() or self.log_format.shape
+        self.classifier = LogClassifier(ClassifierSettings(
+            target.name, metric_regex=settings.metric_regex, hang_after=settings.hang_after,
+            expected_tok_s=settings.expected_tok_s, degraded_below=settings.degraded_below,
+            warmup_steps=settings.warmup_steps, expect_drafters=settings.expect_drafters,
+            metrics_from_lines=False, worker_word=settings.worker_word,
+            rank_logs_expected=bool(settings.follow), metric_lines=self.log_format.is_metric_line,
+            format_name=self.log_format.describe(),
+            format_tried=getattr(self.log_format, "tried", lambda: "")() or self.log_format.shape),
+            now=self.started)
         self._decoders: dict = {}
         self.parsers: dict[Optional[str], LogParser] = {}
         self.derive = DerivedThroughput(settings.tokens_per_step, settings.tokens_per_sample)
@@ -519,7 +518,7 @@ class Monitor(FollowHandler):
 
     def on_file_data(self, name: str, data: bytes) -> None:
         """A chunk of one more log (a torchrun rank's), kept beside stream.log."""
-        self.classifier.rank_logs_seen = True     # torchrun started its workers
+        self.classifier.rank_logs_started()
         copy = self._copy(name)
         if copy is not None:
             copy.write(data)
@@ -579,7 +578,7 @@ class Monitor(FollowHandler):
                 self._counted.append(metric)        # its step waits for the spacing (the end)
             else:
                 self._points.append(metric)
-        self.classifier.format_name = self.log_format.describe()   # auto says what it picked
+        self.classifier.format_chosen(self.log_format.describe())   # auto says what it picked
         if lines or points:
             self.sink.progress(self.target.name, self.classifier.snapshot(), self._state)
         self._flush_metrics()
