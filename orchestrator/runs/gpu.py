@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from orchestrator.runs.model import RunRecord
+from orchestrator.runs.model import RunRecord, RunState
 
 MAX_SAMPLES = 2000        # a long run keeps every other sample once this many are kept
 
@@ -35,7 +35,7 @@ def gpu_row(row: dict) -> dict:
 def gpu_sample(event: dict, elapsed_s: float) -> dict:
     """One monitor gpu event as a series sample."""
     rows = [gpu_row(row) for row in event.get("gpus") or [] if isinstance(row, dict)]
-    return {"t": round(elapsed_s, 1), "running": event.get("state", "running") == "running",
+    return {"t": round(elapsed_s, 1), "running": event.get("state", RunState.RUNNING) == RunState.RUNNING,
             "gpus": rows}
 
 

@@ -16,9 +16,9 @@ import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Any, Mapping, Optional
 
+from orchestrator.ground.strenum import StrEnum
 from orchestrator.ground.verdicts import RUNNING
 
 # The verdicts, their order and exit codes: the verdict table, orchestrator/ground/verdicts.py.
@@ -35,10 +35,9 @@ LAUNCH_MONITOR = "monitor"
 LAUNCH_MONITOR_STEP = "monitor_step"
 
 
-class RunState(str, Enum):
+class RunState(StrEnum):
     """A launched process's state, as the launcher payload reports it (payloads/launcher.py,
-    which cannot import this: the strings are spelled there too). str-valued: records keep
-    the strings."""
+    which imports nothing of orch's, spells the same words) and records keep it."""
 
     STARTING = "starting"
     RUNNING = "running"
@@ -47,23 +46,13 @@ class RunState(str, Enum):
     MISSING = "missing"        # no run folder
     UNKNOWN = "unknown"        # the final event did not say
 
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
     @classmethod
-    def of(cls, text: Optional[str]) -> "RunState | str":
-        """The state a payload named; a state this orch does not know stays its string."""
+    def of(cls, text: Any) -> Any:
+        """The state a payload named; one this orch does not know stays as it came."""
         try:
-            return cls(text if text is not None else cls.UNKNOWN)
+            return cls(text)
         except ValueError:
-            return str(text)
-
-    @property
-    def gone(self) -> bool:
-        """Ended without an exit status: nobody saw the process end."""
-        return self in (RunState.VANISHED, RunState.MISSING)
+            return text
 
 
 def now_iso() -> str:

@@ -30,7 +30,7 @@ from orchestrator.watch.dflash import first_compile_remediation, fx_remediation,
 from orchestrator.watch.distributed import (ChildFailedReader, handled_signal, rank_failure_remediation,
                                             signal_name, stuck_message)
 from orchestrator.watch.logformats import DEFAULT_METRIC_REGEX, MAX_WORKERS, LogPoint, WorkerCap
-from orchestrator.runs.model import Finding, MetricPoint, WorkerSummary
+from orchestrator.runs.model import Finding, MetricPoint, RunState, WorkerSummary
 
 _KEYVALUES = re.compile(r"(\w+)=(\S+)")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*")
@@ -120,7 +120,7 @@ class ProgressSnapshot:
 class EndState:
     """How the process ended (or why the monitor stopped watching)."""
 
-    state: str = "exited"                 # exited | vanished | running | unknown
+    state: str = RunState.EXITED          # a RunState (or a state this orch does not know)
     exit_code: Optional[int] = None
     signal: Optional[int] = None
     stopped_for: Optional[str] = None     # hang | timeout | user (orch stop) | PEER_FAILED | None
@@ -489,11 +489,11 @@ class LogClassifier:
     def failed_end(self, end: EndState) -> bool:
         """Whether the run ended badly (or, still running, has already failed)."""
         return bool(end.exit_code not in (None, 0) or end.signal is not None
-                    or end.state in ("vanished", "missing") or end.stopped_for
+                    or end.state in (RunState.VANISHED, RunState.MISSING) or end.stopped_for
                     or self.summary_fields.get("status") in ("failed", "timeout")
                     or self.child_failed.root_cause() is not None
                     or any(d.error for d in self.workers.values())
-                    or (end.state == "running" and ({FX_RACE, CUDA_OOM} & set(self.seen))))
+                    or (end.state == RunState.RUNNING and ({FX_RACE, CUDA_OOM} & set(self.seen))))
 
     def _warnings(self, end: EndState) -> list[dict]:
         demote = (NCCL_WARN,) if self.failed_end(end) else tuple(WARNINGS)
@@ -503,14 +503,14 @@ class LogClassifier:
 
     def _settle(self, end: EndState) -> None:
         """Once the process has ended, no worker is still "running"."""
-        if end.state == "running":
+        if end.state == RunState.RUNNING:
             return
         failed = {f.rank: f for f in self.child_failed.failures if f.rank is not None}
         root = self.child_failed.root_cause()
         for progress in self.workers.values():
             if progress.done or progress.error:
                 continue
-            if end.exit_code == 0 and end.state == "exited" and not end.stopped_for:
+            if end.exit_code == 0 and end.state == RunState.EXITED and not end.stopped_for:
                 progress.final = "done"
             elif root is not None and progress.worker == root.rank:
                 progress.final = "failed"
@@ -570,12 +570,12 @@ class LogClassifier:
             hang=hang, never_met=hang and self.never_met, rank_killed=self._rank_killed(end),
             signalled=handled is not None and not self.child_failed.failures,
             stopped_for=end.stopped_for,
-            ended_killed=end.state in ("vanished", "missing") or (
+            ended_killed=end.state in (RunState.VANISHED, RunState.MISSING) or (
                 end.signal is not None and not end.stopped_for and not aborted_on_timeout),
             failed_exit=end.exit_code not in (None, 0) or self.summary_fields.get("status") == "failed",
             traceback=TRACEBACK in self.seen or WORKER_ERROR in self.seen,
-            workers_short=bool(self.expect_drafters) and end.state == "exited" and done < self.expect_drafters,
-            degraded=self.degraded(live=end.state == "running"))
+            workers_short=bool(self.expect_drafters) and end.state == RunState.EXITED and done < self.expect_drafters,
+            degraded=self.degraded(live=end.state == RunState.RUNNING))
 
     def _signature_findings(self, add, hang: bool, end: EndState, facts: dict, cli: str,
                             playbook: Optional[str]) -> None:
@@ -742,7 +742,7 @@ class LogClassifier:
         rate = (f", {total:,.0f} tok/s total" + (f" (derived from {how})" if self.derived else printed)
                 if total else "")
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
-                  else "still running" if end.state == "running" else end.state)
+                  else "still running" if end.state == RunState.RUNNING else end.state)
         if not self.workers:
             # nothing recognised: say what was looked for, never "0 workers trained to step 0"
             return f"ok: {self.metric_note()}" if verdict == OK else f"{verdict}: {self.metric_note()} ({ending})"
@@ -807,7 +807,7 @@ class LogClassifier:
                 return f"healthy: {len(workers)} {words} training{rate}; the run goes on"
             return f"ok: {done}/{len(workers)} {words} trained{rate}"
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
-                  else "still running" if end.state == "running" else end.state)
+                  else "still running" if end.state == RunState.RUNNING else end.state)
         return f"{verdict}: {done}/{expected} {words} finished{rate} ({ending})"
 
 
