@@ -134,7 +134,7 @@ def run_logs(record: RunRecord, target: Target) -> list[LogText]:
     launches = [step.data for step in record.steps
                 if step.kind == "launch" and step.target == target.name and step.data.get("run_dir")]
     if not launches:   # a record whose launch step never ended (attach's case): the launch entry
-        entry = ((record.launch or {}).get("targets") or {}).get(target.name) or {}
+        entry = record.launches().get(target.name) or {}
         launches = [entry] if entry.get("run_dir") else []
     for launch in launches:
         files += _remote_files(target, launch["run_dir"], bool(launch.get("ranks")))
@@ -449,7 +449,7 @@ def launched_targets(record: RunRecord) -> list[str]:
     for step in record.steps:
         if step.kind == "launch" and step.data.get("run_dir") and step.target not in names:
             names.append(step.target)
-    for name in ((record.launch or {}).get("targets") or {}):
+    for name in record.launches():
         if name not in names:
             names.append(name)
     return names
@@ -653,7 +653,7 @@ def launched_pid(record: RunRecord, target: str) -> int:
     for step in reversed(record.steps):
         if step.kind == "launch" and step.target == target and step.data.get("pid"):
             return int(step.data["pid"])
-    entry = ((record.launch or {}).get("targets") or {}).get(target) or {}
+    entry = record.launches().get(target) or {}
     if entry.get("pid"):
         return int(entry["pid"])
     raise OrchError(f"run {record.run_id} has no launched process on {target}")

@@ -324,8 +324,7 @@ class Tools:
 
     def run_log(self, run_id: str, target: Optional[str], offset: int, max_bytes: int) -> dict:
         record = self.store.get(run_id, metrics=False)
-        launches = {n: e for n, e in ((record.launch or {}).get("targets") or {}).items()
-                    if e.get("run_dir")}
+        launches = {n: e for n, e in record.launches().items() if e.get("run_dir")}
         if not launches:
             return {"run_id": record.run_id, "target": target, "launched": False, "offset": offset,
                     "next_offset": offset, "size": 0, "text": "", "bytes": 0, "eof": True}
@@ -365,8 +364,7 @@ class Tools:
         # This server's own thread watches the run: stop the processes and let the watching
         # runner record the verdict (killed), as `orch stop` does for a live `orch run`.
         record = self.store.get(run_id, metrics=False)
-        launches = {n: e for n, e in ((record.launch or {}).get("targets") or {}).items()
-                    if e.get("run_dir")}
+        launches = {n: e for n, e in record.launches().items() if e.get("run_dir")}
         if not launches:
             raise OrchError(f"run {run_id} has not launched its process yet",
                             hint="run_status shows its steps; stop it once the launch step is done")

@@ -46,8 +46,7 @@ def _recorded_playbook(record: RunRecord) -> tuple[Playbook, bool]:
 
 def _launched(record: RunRecord) -> dict[str, dict]:
     """target -> launch entry, for each target where the run launched a process."""
-    return {name: entry for name, entry in ((record.launch or {}).get("targets") or {}).items()
-            if entry.get("run_dir")}
+    return {name: entry for name, entry in record.launches().items() if entry.get("run_dir")}
 
 
 def _open_fleet(record: RunRecord, inventory: Optional[str], trust_on_first_use: bool) -> Fleet:

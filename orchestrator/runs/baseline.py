@@ -40,9 +40,9 @@ def run_shape(record: RunRecord) -> dict:
     extra = variables.get("shape_vars")
     names = list(SHAPE_VARS) + [n for n in (extra if isinstance(extra, list) else [])
                                 if isinstance(n, str) and n not in SHAPE_VARS]
-    launches = (record.launch or {}).get("targets") or {}
+    launches = record.launches()
     devices = {name: str(info.get("cuda_visible_devices")) for name, info in sorted(launches.items())
-               if isinstance(info, dict) and info.get("cuda_visible_devices") is not None}
+               if info.get("cuda_visible_devices") is not None}
     return {"targets": sorted(t.name for t in record.targets) or sorted(launches),
             "workers": worker_count(record),
             "devices": devices,
@@ -50,10 +50,9 @@ def run_shape(record: RunRecord) -> dict:
 
 
 def worker_count(record: RunRecord) -> Optional[int]:
-    monitors = (record.summary or {}).get("monitor")
-    if isinstance(monitors, dict) and monitors:
-        counts = [m.get("drafters_expected") or len(m.get("drafters") or {})
-                  for m in monitors.values() if isinstance(m, dict)]
+    monitors = record.monitors()
+    if monitors:
+        counts = [m.worker_count() for m in monitors.values()]
         if any(counts):
             return sum(c for c in counts if c)
     drafters = (record.vars or {}).get("drafters")

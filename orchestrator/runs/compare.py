@@ -35,8 +35,8 @@ FAILURE_SIGNATURES = verdicts.FAILURES | {verdicts.WORKER_ERROR}
 def worker_word(record: Optional[RunRecord]) -> str:
     """The run's own word for a worker (rank, drafter, worker), as its monitors recorded it;
     "drafter" for records made before they did, "worker" when a run's targets differ."""
-    monitors = ((record.summary or {}).get("monitor") if record else None) or {}
-    words = {m.get("workers") for m in monitors.values() if isinstance(m, dict) and m.get("workers")}
+    monitors = record.monitors() if record else {}
+    words = {m.workers for m in monitors.values() if m.workers}
     if not words:
         return "drafter"
     return words.pop() if len(words) == 1 else "worker"
@@ -79,12 +79,11 @@ def throughput(record: RunRecord) -> dict:
     per_drafter: dict[str, float] = {}
     source = "none"
     recorded = summary.get("per_drafter_tok_s") or summary.get("drafters_tok_s")
-    monitors = summary.get("monitor")
-    if not isinstance(recorded, dict) and isinstance(monitors, dict) and len(monitors) > 1:
-        # The runner's summary for several targets: {"monitor": {target: {"drafters": {...}}}}
-        recorded = {f"{target}/d{k}": v.get("tok_s")
-                    for target, result in sorted(monitors.items()) if isinstance(result, dict)
-                    for k, v in (result.get("drafters") or {}).items() if isinstance(v, dict)}
+    monitors = record.monitors()
+    if not isinstance(recorded, dict) and len(monitors) > 1:
+        # The runner's summary for several targets: each target's monitor, its workers' tok/s
+        recorded = {f"{target}/d{k}": worker.tok_s for target, monitor in sorted(monitors.items())
+                    for k, worker in monitor.drafters.items()}
     if not isinstance(recorded, dict) and isinstance(summary.get("drafters"), dict):
         # The monitor's summary: {"drafters": {"0": {"step": .., "loss": .., "tok_s": ..}}}
         recorded = {k: v.get("tok_s") for k, v in summary["drafters"].items() if isinstance(v, dict)}

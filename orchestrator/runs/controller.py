@@ -57,8 +57,7 @@ def describe(record: RunRecord) -> str:
 
 def settle_hint(record: RunRecord) -> str:
     """The command that settles a record whose controller is gone."""
-    launched = any(entry.get("run_dir") for entry in
-                   ((record.launch or {}).get("targets") or {}).values())
+    launched = any(entry.get("run_dir") for entry in record.launches().values())
     if launched:
         return (f"`orch attach {record.run_id}` follows the run to its end and records its "
                 f"verdict (`orch stop {record.run_id}` ends it)")

@@ -4,7 +4,7 @@ what reports make of them (a chart per quantity, mean and peak while the workers
 A sample is {"t": seconds since the monitor started, "running": the trained process was
 alive, "gpus": [{"index", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w"},
 ...]}, the key names of the payloads' GPU query (orchestrator/payloads/_gpus.py); the monitor
-stores the series in the run's summary (summary["monitor"][TARGET]["gpu_series"]). Records
+stores the series in the run's summary (each target's MonitorSummary.gpu_series). Records
 stored by earlier orch versions named them util_pct, mem_used_mib and mem_total_mib: a series is
 read with either names (gpu_row).
 Only samples taken while the process ran count for the means and peaks: a sample after the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from orchestrator.runs.model import RunRecord
+from orchestrator.runs.model import RunRecord, RunState
 
 MAX_SAMPLES = 2000        # a long run keeps every other sample once this many are kept
 
@@ -35,7 +35,7 @@ def gpu_row(row: dict) -> dict:
 def gpu_sample(event: dict, elapsed_s: float) -> dict:
     """One monitor gpu event as a series sample."""
     rows = [gpu_row(row) for row in event.get("gpus") or [] if isinstance(row, dict)]
-    return {"t": round(elapsed_s, 1), "running": event.get("state", "running") == "running",
+    return {"t": round(elapsed_s, 1), "running": event.get("state", RunState.RUNNING) == RunState.RUNNING,
             "gpus": rows}
 
 
@@ -72,11 +72,8 @@ def gpu_stats(series: list) -> list[dict]:
 
 def series_by_target(record: Optional[RunRecord]) -> dict[str, list]:
     """target -> its GPU series, for the targets whose monitor kept one."""
-    monitors = (record.summary or {}).get("monitor") if record else None
-    if not isinstance(monitors, dict):
-        return {}
-    return {name: m["gpu_series"] for name, m in monitors.items()
-            if isinstance(m, dict) and m.get("gpu_series")}
+    monitors = record.monitors() if record else {}
+    return {name: list(m.gpu_series) for name, m in monitors.items() if m.gpu_series}
 
 
 def chart_series(by_target: dict[str, list], key: str) -> dict[str, list[tuple[float, float]]]:

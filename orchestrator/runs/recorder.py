@@ -17,7 +17,9 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
 
-from orchestrator.runs.model import Finding, MetricPoint, RunRecord, StepResult, TargetInfo, now_iso
+from orchestrator.runs.model import (LAUNCH_MONITOR, LAUNCH_MONITOR_STEP, LAUNCH_TARGETS, MONITOR, MONITORS,
+                                     Finding, MetricPoint, MonitorSummary, RunRecord, StepResult, TargetInfo,
+                                     now_iso)
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.remote.container import Target
@@ -96,7 +98,7 @@ class RunRecorder:
         self._launch_starting: dict[str, tuple] = {}   # target -> (Target, run dir) once a launch begins
         self._monitor_results: dict[str, dict] = {}
         # Every monitor's summary, in order, per target: a playbook may launch and monitor
-        # several runs on one target (summary["monitor"] keeps the last one's).
+        # several runs on one target (the record's monitor() is the last one's).
         self._monitor_history: dict[str, list[dict]] = {}
         self._monitor_step: dict[str, int] = {}
 
@@ -149,15 +151,15 @@ class RunRecorder:
         with self._lock:
             self._launches[target] = launch
             if self.record is not None:
-                self.record.launch.setdefault("targets", {})[target] = json_safe(launch)
+                self.record.launch.setdefault(LAUNCH_TARGETS, {})[target] = json_safe(launch)
         self._update()
 
     def note_monitor(self, target: str, step_index: int, settings: dict) -> None:
         with self._lock:
             if self.record is not None:
-                entry = self.record.launch.setdefault("targets", {}).setdefault(target, {})
-                entry["monitor"] = json_safe(settings)
-                entry["monitor_step"] = step_index
+                entry = self.record.launch.setdefault(LAUNCH_TARGETS, {}).setdefault(target, {})
+                entry[LAUNCH_MONITOR] = json_safe(settings)
+                entry[LAUNCH_MONITOR_STEP] = step_index
             self._monitor_step[target] = step_index
         self._update()
 
@@ -171,9 +173,9 @@ class RunRecorder:
         self._update()
 
     def _monitor_summaries(self) -> dict:
-        summary: dict = {"monitor": dict(self._monitor_results)}
+        summary: dict = {MONITOR: dict(self._monitor_results)}
         if any(len(history) > 1 for history in self._monitor_history.values()):
-            summary["monitors"] = {target: list(history) for target, history in self._monitor_history.items()}
+            summary[MONITORS] = {target: list(history) for target, history in self._monitor_history.items()}
         return summary
 
     def monitor_result(self, target: str) -> Optional[dict]:
@@ -217,16 +219,17 @@ class RunRecorder:
         return record
 
     def _summary(self, targets: dict[str, dict]) -> dict:
-        per_target = dict(self._monitor_results)
+        per_target = [MonitorSummary.from_dict(result) for result in self._monitor_results.values()]
         summary: dict = {"targets": targets}
         if per_target:
             summary.update(self._monitor_summaries())
-            totals = [m.get("total_tok_s") for m in per_target.values() if m.get("total_tok_s")]
+            totals = [m.total_tok_s for m in per_target if m.total_tok_s]
             summary["total_tok_s"] = sum(totals) if totals else None
             if len(per_target) == 1:
-                only = next(iter(per_target.values()))
+                # the workers exactly as the monitor wrote them (the record keeps what it got)
+                only, = self._monitor_results.values()
                 summary["drafters"] = only.get("drafters", {})
-                summary["drafters_ok"] = only.get("drafters_ok")
+                summary["drafters_ok"] = per_target[0].drafters_ok
         return json_safe(summary)
 
     def _update(self) -> None:

@@ -280,16 +280,15 @@ def _taken_stacks(record: RunRecord) -> list[tuple[str, dict]]:
 def nodes_context(record: RunRecord) -> list[dict]:
     """One torchrun job over many nodes: each node (in node-rank order) with its address, the
     rendezvous, its own monitor's verdict and whether it failed first. Empty for other runs."""
-    launches = (record.launch or {}).get("targets") or {}
-    monitors = (record.summary or {}).get("monitor") or {}
+    monitors = record.monitors()
     first = next((s.data.get("first_failure") for s in record.steps
                   if s.kind == "monitor" and (s.data or {}).get("first_failure")), None) or {}
     rows = [{"name": name, "node_rank": entry["node_rank"], "address": entry.get("address"),
              "rdzv_endpoint": entry.get("rdzv_endpoint"), "ranks": entry.get("ranks"),
-             "verdict": (monitors.get(name) or {}).get("verdict"),
+             "verdict": monitors[name].verdict if name in monitors else None,
              "first": first.get("node") == name, "failed_rank": first.get("rank")
              if first.get("node") == name else None}
-            for name, entry in launches.items() if isinstance(entry, dict) and "node_rank" in entry]
+            for name, entry in record.launches().items() if "node_rank" in entry]
     return sorted(rows, key=lambda row: row["node_rank"])
 
 

@@ -30,7 +30,7 @@ from orchestrator.watch.dflash import first_compile_remediation, fx_remediation,
 from orchestrator.watch.distributed import (ChildFailedReader, handled_signal, rank_failure_remediation,
                                             signal_name, stuck_message)
 from orchestrator.watch.logformats import DEFAULT_METRIC_REGEX, MAX_WORKERS, LogPoint, WorkerCap
-from orchestrator.runs.model import Finding, MetricPoint
+from orchestrator.runs.model import Finding, MetricPoint, RunState, WorkerSummary
 
 _KEYVALUES = re.compile(r"(\w+)=(\S+)")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*")
@@ -120,7 +120,7 @@ class ProgressSnapshot:
 class EndState:
     """How the process ended (or why the monitor stopped watching)."""
 
-    state: str = "exited"                 # exited | vanished | running | unknown
+    state: str = RunState.EXITED          # a RunState (or a state this orch does not know)
     exit_code: Optional[int] = None
     signal: Optional[int] = None
     stopped_for: Optional[str] = None     # hang | timeout | user (orch stop) | PEER_FAILED | None
@@ -158,22 +158,41 @@ def _number(text: Optional[str]) -> Optional[float]:
         return None
 
 
+@dataclass(frozen=True)
+class ClassifierSettings:
+    """What the classifier is told before the first line: the playbook's monitor settings and
+    the log format's. What it learns later it is told by a method (rank_logs_started,
+    format_chosen), never by an attribute set from outside."""
+
+    target: str
+    metric_regex: Optional[str] = None
+    hang_after: float = 120.0
+    expected_tok_s: Optional[float] = None
+    degraded_below: Optional[float] = None
+    warmup_steps: int = 1
+    expect_drafters: Optional[int] = None
+    # False: a log format (logformats.py) reads the points and hands them to observe();
+    # feed() then only looks for failures and the trainer's own words.
+    metrics_from_lines: bool = True
+    worker_word: Optional[str] = None           # the playbook's word for a worker, if it says
+    rank_logs_expected: bool = False            # torchrun was asked for one log per rank
+    metric_lines: Optional[Callable[[str], bool]] = field(default=None, repr=False)  # the format's test
+    format_name: str = "orch"                   # the log format, as the record names it
+    format_tried: str = ""                      # what `auto` looked for, for the note
+
+
 class LogClassifier:
     """Feed it log lines as they come; ask it about progress; classify at the end."""
 
-    def __init__(self, target: str, *, metric_regex: Optional[str] = None, hang_after: float = 120.0,
-                 expected_tok_s: Optional[float] = None, degraded_below: Optional[float] = None,
-                 warmup_steps: int = 1, expect_drafters: Optional[int] = None, now: float = 0.0,
-                 metrics_from_lines: bool = True):
-        self.target = target
-        # metrics_from_lines=False: a log format (logformats.py) reads the points and hands
-        # them to observe(); feed() then only looks for failures and the trainer's own words.
-        self.metric = compile_metric_regex(metric_regex) if metrics_from_lines else None
-        self.hang_after = float(hang_after)
-        self.expected_tok_s = expected_tok_s
-        self.degraded_below = degraded_below
-        self.warmup_steps = warmup_steps
-        self.expect_drafters = expect_drafters
+    def __init__(self, settings: ClassifierSettings, now: float = 0.0):
+        self.settings = settings
+        self.target = settings.target
+        self.metric = compile_metric_regex(settings.metric_regex) if settings.metrics_from_lines else None
+        self.hang_after = float(settings.hang_after)
+        self.expected_tok_s = settings.expected_tok_s
+        self.degraded_below = settings.degraded_below
+        self.warmup_steps = settings.warmup_steps
+        self.expect_drafters = settings.expect_drafters
         self.workers: dict[int, WorkerProgress] = {}
         self.start_fields: dict = {}
         self.summary_fields: dict = {}
@@ -191,16 +210,25 @@ class LogClassifier:
         self.rates_from: set[str] = set()           # the printed fields tok/s came from (tps, ...)
         self.never_met = False                      # a hang before any step, ranks not connected
         self._last_points: dict[int, MetricPoint] = {}
-        self.rank_logs_expected = False             # torchrun was asked for one log per rank
+        self.rank_logs_expected = settings.rank_logs_expected
         self.rank_logs_seen = False                 # ... and one appeared: its workers started
-        self.metric_lines = None                    # the log format's test for a metric line
-        self.explicit_word: Optional[str] = None    # the playbook's word for a worker, if it says
-        self.format_name = "orch"                   # the log format, as the record names it
-        self.format_tried = ""                      # what `auto` looked for, for the note
+        self.metric_lines = settings.metric_lines
+        self.explicit_word: Optional[str] = settings.worker_word or None
+        self.format_name = settings.format_name     # `auto` says later which one it picked
+        self.format_tried = settings.format_tried
         self.steps_seen = False                     # a step (line or bar) was recognised
         self.last_output = now                      # any output at all (liveness before steps)
         self.output_at: dict[Optional[int], float] = {}   # per worker (None: the run's own log)
         self.worker_cap = WorkerCap()               # the workers tracked; the monitor's parsers share it
+
+    # ------------------------------------------------------- what it learns later
+    def rank_logs_started(self) -> None:
+        """A rank's own log appeared: torchrun started its workers (the ranks met)."""
+        self.rank_logs_seen = True
+
+    def format_chosen(self, name: str) -> None:
+        """The log format's name now (`auto` says which one it picked once it has seen lines)."""
+        self.format_name = name
 
     # ------------------------------------------------------------- vocabulary
     @property
@@ -210,10 +238,6 @@ class LogClassifier:
         if self.explicit_word:
             return self.explicit_word
         return dflash.WORD if self.dflash else "worker"
-
-    @worker_word.setter
-    def worker_word(self, word: Optional[str]) -> None:
-        self.explicit_word = word or None
 
     @property
     def dflash(self) -> bool:
@@ -465,11 +489,11 @@ class LogClassifier:
     def failed_end(self, end: EndState) -> bool:
         """Whether the run ended badly (or, still running, has already failed)."""
         return bool(end.exit_code not in (None, 0) or end.signal is not None
-                    or end.state in ("vanished", "missing") or end.stopped_for
+                    or end.state in (RunState.VANISHED, RunState.MISSING) or end.stopped_for
                     or self.summary_fields.get("status") in ("failed", "timeout")
                     or self.child_failed.root_cause() is not None
                     or any(d.error for d in self.workers.values())
-                    or (end.state == "running" and ({FX_RACE, CUDA_OOM} & set(self.seen))))
+                    or (end.state == RunState.RUNNING and ({FX_RACE, CUDA_OOM} & set(self.seen))))
 
     def _warnings(self, end: EndState) -> list[dict]:
         demote = (NCCL_WARN,) if self.failed_end(end) else tuple(WARNINGS)
@@ -479,14 +503,14 @@ class LogClassifier:
 
     def _settle(self, end: EndState) -> None:
         """Once the process has ended, no worker is still "running"."""
-        if end.state == "running":
+        if end.state == RunState.RUNNING:
             return
         failed = {f.rank: f for f in self.child_failed.failures if f.rank is not None}
         root = self.child_failed.root_cause()
         for progress in self.workers.values():
             if progress.done or progress.error:
                 continue
-            if end.exit_code == 0 and end.state == "exited" and not end.stopped_for:
+            if end.exit_code == 0 and end.state == RunState.EXITED and not end.stopped_for:
                 progress.final = "done"
             elif root is not None and progress.worker == root.rank:
                 progress.final = "failed"
@@ -546,12 +570,12 @@ class LogClassifier:
             hang=hang, never_met=hang and self.never_met, rank_killed=self._rank_killed(end),
             signalled=handled is not None and not self.child_failed.failures,
             stopped_for=end.stopped_for,
-            ended_killed=end.state in ("vanished", "missing") or (
+            ended_killed=end.state in (RunState.VANISHED, RunState.MISSING) or (
                 end.signal is not None and not end.stopped_for and not aborted_on_timeout),
             failed_exit=end.exit_code not in (None, 0) or self.summary_fields.get("status") == "failed",
             traceback=TRACEBACK in self.seen or WORKER_ERROR in self.seen,
-            workers_short=bool(self.expect_drafters) and end.state == "exited" and done < self.expect_drafters,
-            degraded=self.degraded(live=end.state == "running"))
+            workers_short=bool(self.expect_drafters) and end.state == RunState.EXITED and done < self.expect_drafters,
+            degraded=self.degraded(live=end.state == RunState.RUNNING))
 
     def _signature_findings(self, add, hang: bool, end: EndState, facts: dict, cli: str,
                             playbook: Optional[str]) -> None:
@@ -718,7 +742,7 @@ class LogClassifier:
         rate = (f", {total:,.0f} tok/s total" + (f" (derived from {how})" if self.derived else printed)
                 if total else "")
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
-                  else "still running" if end.state == "running" else end.state)
+                  else "still running" if end.state == RunState.RUNNING else end.state)
         if not self.workers:
             # nothing recognised: say what was looked for, never "0 workers trained to step 0"
             return f"ok: {self.metric_note()}" if verdict == OK else f"{verdict}: {self.metric_note()} ({ending})"
@@ -734,9 +758,9 @@ class LogClassifier:
     def summary(self, end: EndState, total: Optional[float]) -> dict:
         return {
             "total_tok_s": round(total, 1) if total is not None else None,
-            "drafters": {str(d.worker): {"step": None if d.counted else d.step, "loss": d.loss,
-                                          "tok_s": d.throughput(), "status": d.status, "error": d.error,
-                                          **({"log_points": d.step} if d.counted else {})}
+            "drafters": {str(d.worker): WorkerSummary(
+                step=None if d.counted else d.step, loss=d.loss, tok_s=d.throughput(), status=d.status,
+                error=d.error, log_points=d.step if d.counted else None).to_dict()
                          for d in sorted(self.workers.values(), key=lambda d: d.worker)},
             "drafters_ok": sum((d.done or d.final == "done") and not d.error for d in self.workers.values()),
             "drafters_expected": self.expected_workers(),
@@ -783,7 +807,7 @@ class LogClassifier:
                 return f"healthy: {len(workers)} {words} training{rate}; the run goes on"
             return f"ok: {done}/{len(workers)} {words} trained{rate}"
         ending = (f"exit {end.exit_code}" if end.exit_code is not None
-                  else "still running" if end.state == "running" else end.state)
+                  else "still running" if end.state == RunState.RUNNING else end.state)
         return f"{verdict}: {done}/{expected} {words} finished{rate} ({ending})"
 
 

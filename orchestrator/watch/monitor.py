@@ -25,16 +25,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from orchestrator.ground import paths
+from orchestrator.ground.strenum import StrEnum
 from orchestrator.ground.errors import CommandTimeout, ExitCode, OrchError
 from orchestrator.watch.logformats import (MAX_WORKERS, DerivedThroughput, LogParser, TrainerStateError,
                                            log_history_points, make_format, trainer_state_spacing)
 from orchestrator.ground.verdicts import FX_RACE
-from orchestrator.watch.classify import EndState, LogClassifier, ProgressSnapshot, Verdict
+from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier, ProgressSnapshot, Verdict
 from orchestrator.watch.tbevents import TAGS, ReaderMissing, read_event_file, tensorboard_points
 from orchestrator.remote.payload_api import collect_files, error_event, launcher, parse_event, start_tail, stop_run
 from orchestrator.remote.container import Target
 from orchestrator.runs.gpu import append_sample, gpu_sample, gpu_stats
-from orchestrator.runs.model import MetricPoint
+from orchestrator.runs.model import MetricPoint, RunState
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.recorder import RunRecorder
@@ -45,6 +46,18 @@ class RunUnreachable(OrchError):
 
 
 # ------------------------------------------------------------------------ the follower
+class FollowOutcome(StrEnum):
+    """How one tail channel ended (LogFollower._pump); follow() decides what comes next."""
+
+    ENDED = "ended"                     # the run's result came: the process ended, its log read whole
+    STOP = "stop"                       # the handler said stop
+    ROTATE = "connected-rotate"         # the tail ended on purpose (its max_seconds, superseded): a new one
+    LOST = "lost"                       # the channel closed before the tail's first word
+    CONNECTED_LOST = "connected-lost"   # ... after it: the link went away under a running tail
+    STALLED = "stalled"                 # no first word in first_event_after seconds
+    ERROR = "error"                     # starting or reading the tail raised
+
+
 class FollowHandler:
     """What a follower tells its user; every method is optional."""
 
@@ -100,19 +113,19 @@ class LogFollower:
                 process = self._spawn()
                 outcome, final = self._pump(process, handler, down_since)
             except OrchError as error:
-                outcome, final = "error", str(error)
+                outcome, final = FollowOutcome.ERROR, str(error)
                 timed_out = isinstance(error, CommandTimeout)   # by type: not by its wording
             finally:
                 if process is not None:
                     _close_quietly(process)
-            if outcome == "ended":
+            if outcome == FollowOutcome.ENDED:
                 return final
-            if outcome == "stop":
+            if outcome == FollowOutcome.STOP:
                 return None
-            if outcome == "connected-rotate":
+            if outcome == FollowOutcome.ROTATE:
                 down_since, backoff, silent_starts = None, 0.5, 0
                 continue
-            if outcome == "lost":
+            if outcome == FollowOutcome.LOST:
                 # The payload ended without a word: ask the launcher the usual way, which
                 # raises the real reason (container stopped, no python3, no such CT).
                 silent_starts += 1
@@ -123,14 +136,14 @@ class LogFollower:
                                     hint=f"try `orch exec {self.target.name} -- python3 -V`")
             # Lost: a stall, an end of output without a result, or a failed start.
             now = self.clock()
-            if outcome == "connected-lost":
+            if outcome == FollowOutcome.CONNECTED_LOST:
                 down_since = None
             if down_since is None:
                 # The link went quiet when its last event came, not when the silence was noticed.
-                down_since = self._last_event if outcome == "connected-lost" else now
+                down_since = self._last_event if outcome == FollowOutcome.CONNECTED_LOST else now
                 self.reconnects += 1
                 handler.on_connection(False, final if isinstance(final, str) else outcome)
-            if outcome in ("stalled", "connected-lost") or timed_out:
+            if outcome in (FollowOutcome.STALLED, FollowOutcome.CONNECTED_LOST) or timed_out:
                 # A silent channel on a dead link leaves the SSH connection half-open: drop it
                 # so the next try connects afresh instead of waiting out TCP's back-off.
                 _drop_connection(self.target)
@@ -165,16 +178,17 @@ class LogFollower:
                 now = self.clock()
                 handler.tick()
                 if handler.should_stop():
-                    return "stop", None
+                    return FollowOutcome.STOP, None
                 limit = self.stall_after if connected else self.first_event_after
                 if now - last_event > limit:
-                    return ("connected-lost" if connected else "stalled"), \
+                    return (FollowOutcome.CONNECTED_LOST if connected else FollowOutcome.STALLED), \
                         f"no word from the monitor in {now - last_event:.0f} s"
                 continue
             except (BrokenPipeError, ConnectionError, EOFError, OSError) as error:
-                return ("connected-lost" if connected else "lost"), str(error)
+                return (FollowOutcome.CONNECTED_LOST if connected else FollowOutcome.LOST), str(error)
             if not line:
-                return ("connected-lost" if connected else "lost"), "the monitor's channel closed"
+                return (FollowOutcome.CONNECTED_LOST if connected else FollowOutcome.LOST), \
+                    "the monitor's channel closed"
             event = parse_event(line)
             if event is None:
                 continue
@@ -199,13 +213,13 @@ class LogFollower:
             elif kind == "result":
                 self.last_beat = event
                 if event.get("rotate") or event.get("superseded"):
-                    return "connected-rotate", event
-                return "ended", event
+                    return FollowOutcome.ROTATE, event
+                return FollowOutcome.ENDED, event
             elif kind == "error":
                 raise error_event(self.target, event)
             handler.tick()
             if handler.should_stop():
-                return "stop", None
+                return FollowOutcome.STOP, None
 
     def _data(self, event: dict, handler: FollowHandler) -> None:
         raw = str(event.get("text", "")).encode("utf-8", "surrogateescape")
@@ -303,19 +317,18 @@ class Monitor(FollowHandler):
         self.settings = settings
         self.sink = sink
         self.started = time.monotonic()
-        self.classifier = LogClassifier(
-            target.name, metric_regex=settings.metric_regex, hang_after=settings.hang_after,
-            expected_tok_s=settings.expected_tok_s, degraded_below=settings.degraded_below,
-            warmup_steps=settings.warmup_steps, expect_drafters=settings.expect_drafters,
-            now=self.started, metrics_from_lines=False)
-        self.classifier.worker_word = settings.worker_word
-        self.classifier.rank_logs_expected = bool(settings.follow)
         # One format for all of a run's logs: its state (a Trainer dict waiting for its
         # step) is per worker. One stream per log file: each has its own partial line.
         self.log_format = make_format(settings.format, settings.metric_regex, settings.logging_steps)
-        self.classifier.metric_lines = self.log_format.is_metric_line
-        self.classifier.format_name = self.log_format.describe()
-        self.classifier.format_tried = getattr(self.log_format, "tried", lambda: "")() or self.log_format.shape
+        self.classifier = LogClassifier(ClassifierSettings(
+            target.name, metric_regex=settings.metric_regex, hang_after=settings.hang_after,
+            expected_tok_s=settings.expected_tok_s, degraded_below=settings.degraded_below,
+            warmup_steps=settings.warmup_steps, expect_drafters=settings.expect_drafters,
+            metrics_from_lines=False, worker_word=settings.worker_word,
+            rank_logs_expected=bool(settings.follow), metric_lines=self.log_format.is_metric_line,
+            format_name=self.log_format.describe(),
+            format_tried=getattr(self.log_format, "tried", lambda: "")() or self.log_format.shape),
+            now=self.started)
         self._decoders: dict = {}
         self.parsers: dict[Optional[str], LogParser] = {}
         self.derive = DerivedThroughput(settings.tokens_per_step, settings.tokens_per_sample)
@@ -368,11 +381,11 @@ class Monitor(FollowHandler):
         if final is None:
             # watch_for elapsed (or a stop was asked): the run goes on.
             status = self.follower.last_beat or {}
-            return EndState(state="running", watch_ended=self._watch_ended,
+            return EndState(state=RunState.RUNNING, watch_ended=self._watch_ended,
                             stopped_for=self.stopped_for), status
         stop_requested = bool(final.get("stop_requested"))
         stopped_for = self.stopped_for or ("user" if stop_requested else None)
-        return EndState(state=final.get("state", "unknown"), exit_code=final.get("exit_code"),
+        return EndState(state=RunState.of(final.get("state", RunState.UNKNOWN)), exit_code=final.get("exit_code"),
                         signal=final.get("signal"), stopped_for=stopped_for,
                         hang_seconds=self.hang_seconds, hang_stacks=self.hang_stacks), final
 
@@ -489,7 +502,7 @@ class Monitor(FollowHandler):
             handle.write(data)
 
     def verdict(self, end: EndState, facts: dict, cli: str, playbook: Optional[str]) -> Verdict:
-        if end.state != "running":
+        if end.state != RunState.RUNNING:
             self.settle_counted()
         result = self.classifier.classify(end, facts, cli=cli, playbook=playbook)
         result.summary["reconnects"] = self.follower.reconnects
@@ -519,7 +532,7 @@ class Monitor(FollowHandler):
 
     def on_file_data(self, name: str, data: bytes) -> None:
         """A chunk of one more log (a torchrun rank's), kept beside stream.log."""
-        self.classifier.rank_logs_seen = True     # torchrun started its workers
+        self.classifier.rank_logs_started()
         copy = self._copy(name)
         if copy is not None:
             copy.write(data)
@@ -579,7 +592,7 @@ class Monitor(FollowHandler):
                 self._counted.append(metric)        # its step waits for the spacing (the end)
             else:
                 self._points.append(metric)
-        self.classifier.format_name = self.log_format.describe()   # auto says what it picked
+        self.classifier.format_chosen(self.log_format.describe())   # auto says what it picked
         if lines or points:
             self.sink.progress(self.target.name, self.classifier.snapshot(), self._state)
         self._flush_metrics()
@@ -595,7 +608,7 @@ class Monitor(FollowHandler):
 
     def on_beat(self, event: dict) -> None:
         self._state = event
-        self._alive = event.get("state") == "running"
+        self._alive = event.get("state") == RunState.RUNNING
         if event.get("cpu_s") is not None:
             self.cpu_s = event["cpu_s"]
         self.sink.progress(self.target.name, self.classifier.snapshot(), event)
@@ -787,7 +800,7 @@ def judge(monitor: Monitor, end: EndState, *, recorder: "RunRecorder", cli: str 
             recorder.save_targets()
     if not facts.get("torch_version"):
         facts.pop("torch_version", None)
-    ended = end.state != "running"
+    ended = end.state != RunState.RUNNING
     trainer_state = monitor.read_trainer_state() if settings.trainer_state and ended else None
     tensorboard = monitor.read_tensorboard() if settings.tensorboard and ended else None
     result = monitor.verdict(end, facts, cli=cli, playbook=rerun)
@@ -802,7 +815,7 @@ def judge(monitor: Monitor, end: EndState, *, recorder: "RunRecorder", cli: str 
             "exit_code": end.exit_code, "total_tok_s": result.summary.get("total_tok_s"),
             "drafters_ok": result.summary.get("drafters_ok"), "run_dir": run_dir,
             "signatures": sorted({f.signature for f in result.findings}),
-            "running": end.state == "running"}
+            "running": end.state == RunState.RUNNING}
     if end.hang_stacks is not None:
         data["hang_stacks"] = end.hang_stacks
         data["stacks_json"] = os.path.join(local, "stacks.json")

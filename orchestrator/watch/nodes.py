@@ -28,6 +28,7 @@ from orchestrator.watch.distributed import PEER_LOST
 from orchestrator.watch.monitor import (Monitor, MonitorReporter, MonitorSettings, judge,
                                         make_monitor)
 from orchestrator.remote.container import Target
+from orchestrator.runs.model import RunState
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.runs.recorder import RunRecorder
@@ -53,7 +54,7 @@ class NodeRun:
         return self.target.name
 
     def failed(self) -> bool:
-        return (self.end is not None and self.end.state != "running"
+        return (self.end is not None and self.end.state != RunState.RUNNING
                 and self.monitor.classifier.failed_end(self.end))
 
 

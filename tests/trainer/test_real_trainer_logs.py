@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.watch.logformats import LogPoint, make_format, parse_text
-from orchestrator.watch.classify import EndState, LogClassifier
+from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier
 from tests.trainer.realenv import trainers_venv
 
 pytestmark = pytest.mark.torch
@@ -123,7 +123,7 @@ def test_torchrun_tee_and_per_rank_logs_give_each_ranks_points(python, tmp_path)
 
 
 def classify(text: str, end: EndState):
-    classifier = LogClassifier("dev")
+    classifier = LogClassifier(ClassifierSettings("dev"))
     for i, line in enumerate(text.splitlines()):
         classifier.feed(line, float(i))
     return classifier.classify(end, {}, cli="orch")

@@ -28,6 +28,7 @@ from orchestrator.playbook.model import Playbook, StepSpec
 from orchestrator.playbook.steps.launch import spans_nodes as launch_spans_nodes
 from orchestrator.watch.classify import compile_metric_regex
 from orchestrator.remote.container import Target
+from orchestrator.runs.model import recorded_monitor_settings
 from orchestrator.playbook.steps.base import (Param, Reporter, RunInfo, Step, StepContext, StepFailed,
                                      StepOutcome)
 
@@ -201,7 +202,7 @@ class FollowAgain(MonitorStep):
 
     @staticmethod
     def _again(launch: dict) -> MonitorSettings:
-        settings = MonitorSettings.from_params(launch.get("monitor") or {})
+        settings = MonitorSettings.from_params(recorded_monitor_settings(launch))
         settings.offset = 0
         settings.offsets = {}
         return settings

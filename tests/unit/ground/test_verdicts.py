@@ -16,7 +16,7 @@ from orchestrator.ground.errors import ExitCode
 from orchestrator.ground.verdicts import (CUDA_OOM, DEGRADED, FAILED, FX_RACE, HANG, KILLED, NCCL_ERROR,
                                           NONZERO_EXIT, OK, RULES, TIMEOUT, TRACEBACK, Evidence, decide,
                                           exit_code_for, remedy, worst)
-from orchestrator.watch.classify import EndState, LogClassifier
+from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier
 
 # For each verdict a detector decides, the least evidence that shows it.
 EXAMPLES = {
@@ -112,7 +112,7 @@ def test_verdict_rules_lists_the_table_for_the_reference():
 
 # ------------------------------------------------------------ the classifier reads it
 def classified(lines: list[str], end: EndState, **options):
-    classifier = LogClassifier("ct1", **options)
+    classifier = LogClassifier(ClassifierSettings("ct1", **options))
     for number, line in enumerate(lines):
         classifier.feed(line, float(number))
     return classifier.classify(end, cli="orch")

@@ -146,10 +146,9 @@ def test_notes_are_apart_from_problems():
 
 
 def test_a_torchrun_run_is_reported_in_ranks_with_its_killed_finding():
-    from orchestrator.watch.classify import EndState, LogClassifier
+    from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier
 
-    classifier = LogClassifier("ct200", metrics_from_lines=False)
-    classifier.worker_word = "rank"
+    classifier = LogClassifier(ClassifierSettings("ct200", metrics_from_lines=False, worker_word="rank"))
     log = (__import__("pathlib").Path(__file__).resolve().parents[2] / "fixtures" / "logs"
            / "torchrun-sigkill.log").read_text().splitlines()
     for i, line in enumerate(log):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.watch.classify import EndState, LogClassifier
+from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier
 
 FX = ("RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized "
       "function. This is not supported at the moment.")
@@ -27,7 +27,7 @@ def healthy(drafters=3, steps=20, rate=5000, every=10):
 
 
 def classify(lines, end=EndState(state="exited", exit_code=0), facts=None, **settings):
-    classifier = LogClassifier("dev", **settings)
+    classifier = LogClassifier(ClassifierSettings("dev", **settings))
     points = [p for i, line in enumerate(lines) if (p := classifier.feed(line, float(i))) is not None]
     return classifier, points, classifier.classify(end, facts or {}, cli="orch", playbook="pb.yaml")
 
@@ -85,7 +85,7 @@ def test_hang():
 
 
 def test_hang_clock_and_shift():
-    classifier = LogClassifier("dev", hang_after=10, now=0.0)
+    classifier = LogClassifier(ClassifierSettings("dev", hang_after=10), now=0.0)
     classifier.feed("drafter=0 step=1 loss=1 tok_s=1", 5.0)
     assert not classifier.hung(14.0, True) and classifier.hung(15.0, True)
     classifier.shift(10.0)  # ten seconds the monitor could not see
@@ -157,11 +157,12 @@ def test_still_running_after_watch_for_is_healthy():
 
 
 def test_custom_metric_regex():
-    classifier = LogClassifier("dev", metric_regex=r"it (?P<step>\d+) loss (?P<loss>[\d.]+) (?P<tok_s>\d+) tok/s")
+    classifier = LogClassifier(ClassifierSettings(
+        "dev", metric_regex=r"it (?P<step>\d+) loss (?P<loss>[\d.]+) (?P<tok_s>\d+) tok/s"))
     point = classifier.feed("it 7 loss 1.5 900 tok/s", 1.0)
     assert point.drafter == 0 and point.step == 7 and point.loss == 1.5 and point.tok_s == 900
     with pytest.raises(ValueError):
-        LogClassifier("dev", metric_regex=r"(\d+)")
+        LogClassifier(ClassifierSettings("dev", metric_regex=r"(\d+)"))
 
 
 HUNG_IN_COMPILE = [START.replace("devices=cpu,cpu,cpu", "devices=cuda:0,cuda:0,cuda:0"),
@@ -250,7 +251,7 @@ def test_reporters_read_a_frozen_snapshot_not_the_live_classifier():
     reported; the classifier changing later in the monitor's thread does not reach them."""
     from orchestrator.mcp.tools import LiveReporter
 
-    classifier = LogClassifier("dev")
+    classifier = LogClassifier(ClassifierSettings("dev"))
     classifier.feed("drafter=0 step=3 loss=2.5 tok_s=100", 1.0)
     reporter = LiveReporter()
     reporter.monitor_progress("dev", classifier.snapshot(), {"state": "running"})
@@ -266,8 +267,7 @@ def test_reporters_read_a_frozen_snapshot_not_the_live_classifier():
 def test_a_run_that_is_not_dflashs_is_told_in_its_own_words():
     """The DFlash trainer's word (drafter) is the DFlash workload's (watch/dflash.py), not the
     generic classifier's: another trainer's run is told in its own word for a worker."""
-    classifier = LogClassifier("dev", expect_drafters=2)
-    classifier.worker_word = "worker"
+    classifier = LogClassifier(ClassifierSettings("dev", expect_drafters=2, worker_word="worker"))
     classifier.feed("drafter=0 step=5 loss=1.0 tok_s=100", 1.0)
     classifier.feed("RuntimeError: boom", 2.0)
     failed = classifier.classify(EndState(exit_code=1))

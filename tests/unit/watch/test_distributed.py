@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.watch.distributed import ChildFailedReader, RankFailure, behind, stuck_message
-from orchestrator.watch.classify import PEER_FAILED, EndState, LogClassifier
+from orchestrator.watch.classify import PEER_FAILED, ClassifierSettings, EndState, LogClassifier
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 
 
 def classify_log(name: str, end=EndState(state="exited", exit_code=1), **settings):
-    classifier = LogClassifier("dev", **settings)
+    classifier = LogClassifier(ClassifierSettings("dev", **settings))
     for i, line in enumerate((LOGS / name).read_text().splitlines()):
         classifier.feed(line, float(i))
     return classifier.classify(end, {}, cli="orch", playbook="pb.yaml")
@@ -57,7 +57,7 @@ def test_a_rank_sigkilled_before_orch_stopped_its_node_for_a_peer_is_still_kille
 def test_a_rank_ended_by_the_stops_sigterm_is_not_a_kill_of_its_own():
     text = (LOGS / "torchrun-sigkill.log").read_text()
     text = text.replace("exitcode  : -9 (pid: 6370)  (SIGKILL)", "exitcode  : -15 (pid: 6370)  (SIGTERM)")
-    classifier = LogClassifier("dev")
+    classifier = LogClassifier(ClassifierSettings("dev"))
     for i, line in enumerate(text.splitlines()):
         classifier.feed(line, float(i))
     verdict = classifier.classify(EndState(state="exited", exit_code=1, stopped_for=PEER_FAILED),
@@ -85,8 +85,7 @@ def test_rendezvous_that_never_completes(log):
 
 
 def test_a_hang_names_the_rank_behind_the_others():
-    classifier = LogClassifier("dev", hang_after=60)
-    classifier.worker_word = "rank"
+    classifier = LogClassifier(ClassifierSettings("dev", hang_after=60, worker_word="rank"))
     for step in range(1, 11):
         classifier.feed(f"drafter=0 step={step} loss=1.0 tok_s=10", float(step))
         if step <= 7:
@@ -125,7 +124,7 @@ def test_ranks_that_never_reach_their_store_are_a_rendezvous_failure_not_a_plain
 
 
 def test_a_retry_before_a_run_that_trains_is_no_failure():
-    classifier = LogClassifier("dev")
+    classifier = LogClassifier(ClassifierSettings("dev"))
     lines = (LOGS / "torchrun-store-unreachable.log").read_text().splitlines()[8:10]
     for i, line in enumerate(lines + ["drafter=0 step=1 loss=1 tok_s=5", "drafter=0 done steps=1"]):
         classifier.feed(line, float(i))
@@ -133,15 +132,14 @@ def test_a_retry_before_a_run_that_trains_is_no_failure():
 
 
 def test_torchrun_that_never_starts_a_rank_is_a_rendezvous_failure():
-    classifier = LogClassifier("dev", hang_after=20)
-    classifier.rank_logs_expected = True
+    classifier = LogClassifier(ClassifierSettings("dev", hang_after=20, rank_logs_expected=True))
     classifier.feed("[W1130 12:46:03.221483212 socket.cpp:207] [c10d] The hostname of the client "
                     "socket cannot be retrieved. err=-3", 0.0)
     end = EndState(state="exited", exit_code=143, signal=None, stopped_for="hang", hang_seconds=20)
     verdict = classifier.classify(end, {})
     assert verdict.verdict == "rendezvous-timeout"
     assert verdict.message == "rendezvous-timeout: the ranks never met: torchrun's rendezvous never completed"
-    classifier.rank_logs_seen = True       # its workers started: then it is a plain hang
+    classifier.rank_logs_started()       # its workers started: then it is a plain hang
     assert classifier.classify(end, {}).verdict == "hang"
 
 
@@ -193,8 +191,7 @@ Root Cause (first observed failure):
 def test_after_a_clean_two_rank_end_every_rank_is_done():
     from orchestrator.watch.logformats import LogPoint
 
-    classifier = LogClassifier("dev", metrics_from_lines=False)
-    classifier.worker_word = "rank"
+    classifier = LogClassifier(ClassifierSettings("dev", metrics_from_lines=False, worker_word="rank"))
     for rank in (0, 1):
         classifier.observe(LogPoint(step=40, worker=rank, loss=1.0), 1.0)
     verdict = classifier.classify(EndState(state="exited", exit_code=0))
@@ -203,12 +200,12 @@ def test_after_a_clean_two_rank_end_every_rank_is_done():
 
 
 def test_output_keeps_a_run_alive_before_any_step_but_rendezvous_retries_do_not():
-    classifier = LogClassifier("dev", metrics_from_lines=False, hang_after=10)
+    classifier = LogClassifier(ClassifierSettings("dev", metrics_from_lines=False, hang_after=10))
     for second in range(30):
         classifier.saw_output(float(second))
         classifier.feed("loading shards ...", float(second))
     assert not classifier.hung(30.0, alive=True)
-    retrying = LogClassifier("dev", metrics_from_lines=False, hang_after=10)
+    retrying = LogClassifier(ClassifierSettings("dev", metrics_from_lines=False, hang_after=10))
     for second in range(30):
         retrying.saw_output(float(second))
         retrying.feed("[W1130 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host "
@@ -225,7 +222,7 @@ def classify_run(case: str, end: EndState) -> "Verdict":
     own file under its local rank)."""
     from orchestrator.watch.logformats import LogParser, WorkerCap, make_format
     from orchestrator.watch.monitor import worker_of
-    classifier = LogClassifier("dev")
+    classifier = LogClassifier(ClassifierSettings("dev"))
     folder = CORPUS / case
     for path in [folder / "output.log", *sorted(folder.glob("ranks/**/*.log"))]:
         name = None if path.name == "output.log" else str(path.relative_to(folder / "ranks"))
@@ -248,7 +245,7 @@ def test_the_verdict_quotes_the_workers_exception_not_torchruns_wrapper():
 
 
 def test_a_plain_traceback_verdict_quotes_its_exception():
-    classifier = LogClassifier("dev")
+    classifier = LogClassifier(ClassifierSettings("dev"))
     for line in (CORPUS / "single-config-keyerror" / "output.log").read_text().splitlines():
         classifier.feed(line, 0.0)
     verdict = classifier.classify(EndState(state="exited", exit_code=1), {}, cli="orch")

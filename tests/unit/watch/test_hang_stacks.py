@@ -14,7 +14,7 @@ from orchestrator.runs.model import RunRecord, StepResult
 from orchestrator.watch import stacks
 from orchestrator.forensics import explain
 from orchestrator.watch import monitor as monitor_module
-from orchestrator.watch.classify import EndState, LogClassifier
+from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier
 from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
 from tests.unit.watch.test_deadlocks import fake_torch, issue_stacks
 
@@ -35,7 +35,7 @@ def taken_stacks(tmp_path) -> dict:
 
 
 def test_the_hang_finding_names_the_cycle_and_its_remedy(tmp_path):
-    classifier = LogClassifier("dev", hang_after=20, now=0.0)
+    classifier = LogClassifier(ClassifierSettings("dev", hang_after=20), now=0.0)
     for n, line in enumerate([START, "drafter=0 step=1 loss=6 tok_s=100"]):
         classifier.feed(line, float(n))
     end = EndState(state="exited", signal=15, exit_code=143, stopped_for="hang", hang_seconds=20,

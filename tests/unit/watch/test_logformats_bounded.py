@@ -133,9 +133,9 @@ def test_the_monitor_keeps_up_with_a_megabyte_digit_line_64_mb_without_a_newline
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("word", ["ProcessGroupNCCL", "gloo ", "DistBackendError", "client socket has timed out after "])
 def test_failure_signatures_are_bounded_on_a_long_repeating_line(word):
-    from orchestrator.watch.classify import LogClassifier
+    from orchestrator.watch.classify import ClassifierSettings, LogClassifier
 
-    classifier = LogClassifier("t", metrics_from_lines=False)
+    classifier = LogClassifier(ClassifierSettings("t", metrics_from_lines=False))
     line = word * (MAX_LINE // len(word))
     began = time.process_time()
     for _ in range(20):

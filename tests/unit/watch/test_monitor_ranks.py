@@ -273,9 +273,9 @@ def test_the_specforge_run_config_renders_to_its_sections(tmp_path):
 
 def test_one_step_said_twice_becomes_one_point_with_both():
     from orchestrator.watch.logformats import LogPoint
-    from orchestrator.watch.classify import LogClassifier
+    from orchestrator.watch.classify import ClassifierSettings, LogClassifier
 
-    classifier = LogClassifier("dev", metrics_from_lines=False)
+    classifier = LogClassifier(ClassifierSettings("dev", metrics_from_lines=False))
     first = classifier.observe(LogPoint(step=20, loss=5.4, metrics={"grad_norm": 1.8}), 1.0)
     again = classifier.observe(LogPoint(step=20, metrics={"train_loss": 5.39}), 2.0)
     assert (first.loss, again.loss) == (5.4, 5.4)
@@ -288,14 +288,13 @@ def test_the_live_view_names_ranks_and_hides_the_lines_its_table_shows():
     from rich.console import Console
 
     from orchestrator.watch.logformats import LogPoint
-    from orchestrator.watch.classify import LogClassifier
+    from orchestrator.watch.classify import ClassifierSettings, LogClassifier
     from orchestrator.cli.screens.run import ConsoleReporter
 
     out = io.StringIO()
     reporter = ConsoleReporter(Console(file=out, width=120, force_terminal=False), live=False, echo="events")
-    classifier = LogClassifier("dev", metrics_from_lines=False)
-    classifier.worker_word = "rank"
-    classifier.metric_lines = make_format("specforge").is_metric_line
+    classifier = LogClassifier(ClassifierSettings("dev", metrics_from_lines=False, worker_word="rank",
+                                                  metric_lines=make_format("specforge").is_metric_line))
     for rank in (0, 1):
         classifier.observe(LogPoint(step=50, worker=rank, loss=2.1), 1.0)
     reporter.monitor_started("dev", "/r", MonitorSettings())
@@ -316,12 +315,12 @@ def test_the_live_view_says_when_no_metric_line_was_recognised():
     from rich.console import Console
 
     from orchestrator.cli.screens.run import ConsoleReporter
-    from orchestrator.watch.classify import LogClassifier
+    from orchestrator.watch.classify import ClassifierSettings, LogClassifier
 
     reporter = ConsoleReporter(Console(file=io.StringIO(), width=160, force_terminal=False), live=False,
                                echo="events")
-    classifier = LogClassifier("dev", metrics_from_lines=False)
-    classifier.format_name, classifier.format_tried = "auto", "orch, specforge"
+    classifier = LogClassifier(ClassifierSettings("dev", metrics_from_lines=False, format_name="auto",
+                                                  format_tried="orch, specforge"))
     classifier.feed("warming caches", 1.0)
     rendered = io.StringIO()
     Console(file=rendered, width=160).print(
