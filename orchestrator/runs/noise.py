@@ -23,7 +23,8 @@ the same shape (runs/baseline.py, `same_shape_nights`). A night is one run, or t
 
 A night is slow for a metric at z <= -Z_CONFIRM, bad at z <= -Z_BAD: the evidence is the
 nights' levels (with --repeat N the mean of N replicate runs), never the steps. Persistence: one bad night is "suspected" (exit 0,
-one line); two slow nights in a row are a "regression", and so is one night far outside the
+one line); two slow nights in a row are a "regression" (each worker's bar corrected for the
+number of workers, confirm_bar: they vary nearly independently on a quiet machine), and so is one night far outside the
 noise (z <= -Z_FAR) once the window holds FAR_MIN_RUNS nights. Two nights at the lower bar
 rather than two at the higher one: HUD's "consecutive points over the line"; in the
 benchmark it catches more 5 % drops on a quiet machine for a small rise in false regressions
