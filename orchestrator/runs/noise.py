@@ -23,7 +23,8 @@ the same shape (runs/baseline.py, `same_shape_nights`). A night is one run, or t
 
 A night is slow for a metric at z <= -Z_CONFIRM, bad at z <= -Z_BAD: the evidence is the
 nights' levels (with --repeat N the mean of N replicate runs), never the steps. Persistence: one bad night is "suspected" (exit 0,
-one line); two slow nights in a row are a "regression", and so is one night far outside the
+one line); two slow nights in a row are a "regression" (each worker's bar corrected for the
+number of workers, confirm_bar: they vary nearly independently on a quiet machine), and so is one night far outside the
 noise (z <= -Z_FAR) once the window holds FAR_MIN_RUNS nights. Two nights at the lower bar
 rather than two at the higher one: HUD's "consecutive points over the line"; in the
 benchmark it catches more 5 % drops on a quiet machine for a small rise in false regressions
@@ -56,7 +57,9 @@ HISTORY = changes.HISTORY_NIGHTS   # the nights whose change points the nightly 
 MIN_RUNS = 4           # fewer and the noise cannot be measured
 MIN_SAMPLES = 3        # per-step samples a run needs for the rank test
 Z_BAD = 3.0            # a bad night: this many noise widths below the centre
-Z_CONFIRM = 2.0        # a slow night: two in a row at this lower bar are a regression
+Z_CONFIRM = 2.0        # a slow night: two in a row at this lower bar are a regression (the
+                       # total's bar; each worker's is confirm_bar's, corrected for the workers)
+TOTAL = "total"        # the primary metric: tested at the full level, the workers as a family
 Z_FAR = 6.0            # so far outside the noise that one night confirms it
 FAR_MIN_RUNS = 8       # ... once the window holds this many: the noise of 4-7 runs is itself
                        # too uncertain (seen: a drafter's -25 % quiet night at z below -6
@@ -167,21 +170,36 @@ def samples(record: RunRecord) -> dict[str, list[float]]:
 def judge(tonight: RunProfile, history: list[RunProfile]) -> NoiseJudgement:
     """TONIGHT against HISTORY (earlier runs of the same shape, newest first)."""
     window = history[:WINDOW]
-    metrics = [judge_metric(metric, tonight, history) for metric in sorted(tonight.levels)]
+    workers = sum(1 for metric in tonight.levels if metric != TOTAL)
+    metrics = [judge_metric(metric, tonight, history, confirm_bar(metric, workers))
+               for metric in sorted(tonight.levels)]
     judged = [m.status for m in metrics]
     status = next((s for s in ORDER if s in judged), INSUFFICIENT)
     return NoiseJudgement(status, metrics, [run.run_id for run in window])
 
 
-def judge_metric(metric: str, tonight: RunProfile, history: list[RunProfile]) -> MetricJudgement:
+def confirm_bar(metric: str, workers: int) -> float:
+    """The z bar of the two-slow-nights rule for METRIC: Z_CONFIRM for the total; for each of
+    WORKERS worker metrics a Bonferroni bar, so that the chance of two chance-slow nights in a
+    row on any worker is that of one metric at Z_CONFIRM. On a quiet machine the workers vary
+    nearly independently, and at the total's bar each added its own chance alarms (measured:
+    docs/benchmarks/regressions.md); a real slow-down of every worker shows in the total."""
+    if metric == TOTAL or workers <= 1:
+        return Z_CONFIRM
+    one_night = statistics.NormalDist().cdf(-Z_CONFIRM) / math.sqrt(workers)   # the pair: / workers
+    return -statistics.NormalDist().inv_cdf(one_night)
+
+
+def judge_metric(metric: str, tonight: RunProfile, history: list[RunProfile],
+                 z_confirm: float = Z_CONFIRM) -> MetricJudgement:
     result = measure(metric, tonight, history[:WINDOW])
     if result.status == INSUFFICIENT:
         return result
-    bad, slow = _slow(result, Z_BAD), _slow(result, Z_CONFIRM)
+    bad, slow = _slow(result, Z_BAD), _slow(result, z_confirm)
     before_slow = False
     if history:
         before = measure(metric, history[0], history[1:WINDOW + 1])
-        before_slow = _slow(before, Z_CONFIRM)
+        before_slow = _slow(before, z_confirm)
         result.previous_z = before.z
     numbers = _numbers(result)
     change = change_point(metric, tonight, history)

@@ -165,3 +165,42 @@ def test_repeats_catch_a_drop_that_one_run_a_night_cannot_tell_from_its_noise():
     assert judged.status == noise.REGRESSION and total.repeats == 3
     assert "far outside the noise" in total.reason and total.window_runs == len(SPREAD)
     assert total.effect == pytest.approx(-0.06, abs=0.01) and "mean of 3 runs" in total.reason
+
+
+def profiles(worker_levels: list[float], base: float = 5400.0) -> list:
+    """Nights whose d0 is BASE x each of WORKER_LEVELS and whose d1, d2 and total hold still
+    (the first the newest): one worker's chance wobble, the rest of the machine steady."""
+    return [noise.RunProfile(f"night{i}", {"d0": base * level, "d1": base, "d2": base,
+                                           "total": base * (2 + level)}, {})
+            for i, level in enumerate(worker_levels)]
+
+
+def test_each_workers_two_slow_nights_bar_is_bonferroni_corrected_over_the_workers():
+    assert noise.confirm_bar("total", 3) == noise.Z_CONFIRM
+    assert noise.confirm_bar("d0", 1) == noise.Z_CONFIRM
+    three = noise.confirm_bar("d0", 3)
+    # two chance-slow nights on any of 3 workers: as likely as on one metric at Z_CONFIRM
+    one = noise.statistics.NormalDist().cdf
+    assert 3 * one(-three) ** 2 == pytest.approx(one(-noise.Z_CONFIRM) ** 2)
+    assert 2.2 < three < 2.25
+
+
+def test_one_worker_slow_two_nights_at_the_totals_bar_only_is_no_regression():
+    """d0 at z about -2.1 two nights running, the other workers steady: under the old rule (every
+    metric at Z_CONFIRM) a regression; each of three workers adding its own chance alarms, the
+    worker's bar is now about 2.22 and the night stays ok."""
+    window = [1.004, 0.996, 1.008, 0.992, 1.0, 1.006, 0.994, 1.002, 0.998, 1.001, 1.0, 0.997]
+    records = profiles(window)
+    last_night, tonight = profiles([0.9885])[0], profiles([0.9865])[0]   # z -2.08, then -2.15
+    before = noise.measure("d0", last_night, records)
+    now = noise.measure("d0", tonight, [last_night] + records)
+    assert -noise.confirm_bar("d0", 3) < now.z <= -noise.Z_CONFIRM
+    assert -noise.confirm_bar("d0", 3) < before.z <= -noise.Z_CONFIRM
+    judgement = noise.judge(tonight, [last_night] + records)
+    d0 = next(m for m in judgement.metrics if m.metric == "d0")
+    assert d0.status == noise.OK and judgement.status != noise.REGRESSION
+    # the same two nights far enough below: still a regression
+    slower, slower_before = profiles([0.97, 0.97])
+    judgement = noise.judge(slower, [slower_before] + records)
+    d0 = next(m for m in judgement.metrics if m.metric == "d0")
+    assert d0.status == noise.REGRESSION
