@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.test_cp_sandbox import (RSS_LIMIT_MB, random_file, remote_sha, run_measured,
                                                sha)
-from tests.unit.payloads.test_tarstream import make_tree, snapshot
+from tests.support.trees import make_tree, snapshot
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ from orchestrator.remote import transfer
 from orchestrator.remote.session import SessionPool
 from orchestrator.targets.fleet import Fleet
 from tests.support.agents import agent_pids, stop_agents
-from tests.unit.payloads.test_tarstream import leftovers, make_tree, snapshot
+from tests.support.trees import leftovers, make_tree, snapshot
 
 pytestmark = pytest.mark.sandbox
 

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.targets.fleet import Fleet
 from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.runs.store import RunStore
-from tests.unit.remote.test_run_interrupt import GOES_ON, NOTHING, interrupt_when
+from tests.support.interrupts import GOES_ON, NOTHING, interrupt_when
 
 pytestmark = pytest.mark.sandbox
 

@@ -22,7 +22,7 @@ from orchestrator.remote.payload_api import launcher, stop_run
 from orchestrator.targets.fleet import Fleet
 from tests.integration.torch_seed import container_root, remove_venv, seed_torch_venv
 from tests.support.pystackenv import foreign_wheelhouse, pystack_venv, pystack_wheelhouse
-from tests.unit.watch.test_stacks import DEADLOCK
+from tests.support.stack_texts import DEADLOCK
 
 HOST, VMID = "sb2", 201
 NAME = f"{HOST}-{VMID}"

@@ -17,7 +17,7 @@ from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.payload_api import launcher
 from orchestrator.watch.monitor import Monitor, MonitorSettings, stream_copy_path
 from tests.trainer.realenv import tensorboard_venv
-from tests.unit.watch.test_trainer_replays import Sink
+from tests.support.monitor_sinks import Sink
 
 pytestmark = pytest.mark.torch
 pytest.importorskip("tensorboard", reason="the test extra installs tensorboard")

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from orchestrator.cli.commands.debug import _remote
-from tests.unit.cli.test_local import inventory, orch  # noqa: F401 (a fixture)
-from tests.unit.payloads.test_tarstream import make_tree, snapshot
+from tests.support.cli import inventory, orch  # noqa: F401 (a fixture)
+from tests.support.trees import make_tree, snapshot
 
 
 @pytest.mark.parametrize("argument, parsed", [

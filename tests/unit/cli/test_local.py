@@ -7,27 +7,7 @@ import sys
 import textwrap
 
 import pytest
-
-
-@pytest.fixture()
-def inventory(tmp_path):
-    path = tmp_path / "inv.yaml"
-    path.write_text(textwrap.dedent("""\
-        hosts:
-          here: {transport: local}
-        containers:
-          dev: {host: here, venv: /nonexistent/venv}
-          dev2: {host: here}
-        groups:
-          both: [dev, dev2]
-        default_target: dev
-        """))
-    return str(path)
-
-
-def orch(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
-                          text=True, input=stdin, timeout=120)
+from tests.support.cli import inventory, orch  # noqa: F401 (fixtures among them)
 
 
 def test_exec_passes_argv_and_exit_code(inventory):

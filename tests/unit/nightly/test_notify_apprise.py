@@ -18,7 +18,7 @@ from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
 from orchestrator.nightly import notify_apprise
 from orchestrator.nightly import rerun as nightly_mod
 from orchestrator.nightly.rerun import NightlyConfig, NotifyConfig, load_config, nightly
-from tests.unit.nightly.test_rerun import Hook, fake_runner, run_numbers_from_one, seed_baseline, webhook  # noqa: F401
+from tests.support.nightly import Hook, fake_runner, run_numbers_from_one, seed_baseline, webhook  # noqa: F401
 
 SECRET = "T0SECRET-xoxb-4242"
 

@@ -17,7 +17,7 @@ from orchestrator.nightly import rerun as nightly_mod
 from orchestrator.nightly import textfile
 from orchestrator.nightly.rerun import NightlyConfig, load_config, nightly, playbook_key
 from orchestrator.runs.store import RunStore
-from tests.unit.nightly.test_rerun import fake_runner, run_numbers_from_one, seed_history  # noqa: F401
+from tests.support.nightly import fake_runner, run_numbers_from_one, seed_history  # noqa: F401
 
 QUIET = [1.01, 0.99, 1.008, 0.992, 1.0, 1.012, 0.988, 1.004]
 

@@ -8,17 +8,16 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.payloads import payload_source
 
 from tests.fixtures.payloads import (
     FAKE_TORCH_VERSION, PAYLOADS, dist_record_hash, env_with_path, install_fake_torch, read_dist_record,
     replace_file, run_payload, tree_hashes)
+from tests.support.fx_patch import FX_PATCH
 
 CHANGED = ["torch/_higher_order_ops/utils.py", "torch/fx/_symbolic_trace.py",
            "torch/utils/checkpoint.py"]
@@ -345,14 +344,6 @@ def test_unknown_action_is_refused(fake):
 # --- adding a with item: every legal layout (property test) -----------------------------------
 
 
-def load_fx_patch_module():
-    """The payload as shipped (helpers inlined), loaded as a module for its functions."""
-    module = types.ModuleType("fx_patch_shipped")
-    exec(compile(payload_source("fx_patch"), "fx_patch.py", "exec"), module.__dict__)
-    return module
-
-
-FX_PATCH = load_fx_patch_module()
 NEW_ITEM = "torch.fx._symbolic_trace._is_fx_tracing_context(is_fx_tracing)"
 EXPRESSIONS = ["a", "f(x)", "m.cm(y, z=1)", "g(\n        1,\n        2,\n    )", "(k)", "((k2))",
                "h(\n  'a, b):'  # a comment inside the call\n)"]

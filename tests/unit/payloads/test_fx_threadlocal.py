@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from tests.unit.payloads.test_fx_patch import FX_PATCH
+from tests.support.fx_patch import FX_PATCH
 
 SPEC = FX_PATCH.SharedState(
     "demo", "demo state", "pkg.state", ["meta", "_on"], holder="_demo_tls",

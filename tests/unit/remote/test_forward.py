@@ -21,7 +21,7 @@ from orchestrator.targets.addresses import FROM_NAMESPACE, Located
 from orchestrator.remote.base import Result, Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
-from tests.unit.cli.test_local import inventory, orch  # noqa: F401 (a fixture)
+from tests.support.cli import inventory, orch  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("text, spec", [

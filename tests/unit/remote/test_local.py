@@ -11,10 +11,8 @@ from orchestrator.remote.base import (STREAMED_TAIL_BYTES, LineSplitter, Result,
                                       validate_argv)
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
+from tests.support.argv import ECHO_ARGV, HOSTILE
 
-ECHO_ARGV = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
-HOSTILE = ["", " ", "'", '"', "$(touch /tmp/orch-pwned)", "`id`", "; rm -rf /", "a && b", "a\nb",
-           "\t", "*", "-n", "--", "ünïcødé ✓", "\\", "${HOME}", "|", ">", "%s%%"]
 ARG = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=40)
 
 

@@ -18,7 +18,7 @@ from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.session import ExecSession, SessionPool, SessionUnavailable
 
-from tests.unit.remote.test_local import ECHO_ARGV, HOSTILE
+from tests.support.argv import ECHO_ARGV, HOSTILE
 
 
 @pytest.fixture()

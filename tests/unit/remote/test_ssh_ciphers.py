@@ -9,7 +9,7 @@ import pytest
 from orchestrator.remote.paramiko_lib import paramiko
 from orchestrator.remote.ssh import AEAD_FIRST, aead_first
 from orchestrator.targets.fleet import Fleet
-from tests.unit.remote.test_early_connection import SshServer
+from tests.support.sshserver import SshServer
 
 
 def test_aes_gcm_comes_first_and_nothing_is_dropped():

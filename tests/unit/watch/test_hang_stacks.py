@@ -16,7 +16,7 @@ from orchestrator.forensics import explain
 from orchestrator.watch import monitor as monitor_module
 from orchestrator.watch.classify import ClassifierSettings, EndState, LogClassifier
 from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, stream_copy_path
-from tests.unit.watch.test_deadlocks import fake_torch, issue_stacks
+from tests.support.fake_torch import fake_torch, issue_stacks
 
 START = "start drafters=3 devices=cuda:0,cuda:0,cuda:0 torch=2.11.0+cu130 pid=1 steps=20"
 

@@ -148,7 +148,7 @@ def hostile_monitor(tmp_path):
     from orchestrator.remote.container import Target
     from orchestrator.remote.local import LocalTransport
     from orchestrator.watch.monitor import Monitor, MonitorSettings
-    from tests.unit.watch.test_trainer_replays import Sink
+    from tests.support.monitor_sinks import Sink
 
     sink = Sink()
     return Monitor(Target("here", LocalTransport("here")), str(tmp_path), MonitorSettings(), sink), sink

@@ -23,6 +23,7 @@ from orchestrator.payloads import payload_source
 from orchestrator.remote.base import command_timeout
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
+from tests.support.follow_handlers import Collect
 
 WRITER = ("import sys, time\n"
           "n, pause = int(sys.argv[1]), float(sys.argv[2])\n"
@@ -175,18 +176,6 @@ def test_tail_returns_exact_bytes_from_any_offset(target, tmp_path):
         assert not ats or ats[0] == offset
         assert events[-1]["event"] == "result" and events[-1]["offset"] == len(payload)
         assert events[-1]["state"] == "exited"
-
-
-class Collect(FollowHandler):
-    def __init__(self):
-        self.data = b""
-        self.connections = []
-
-    def on_data(self, data):
-        self.data += data
-
-    def on_connection(self, up, detail, downtime=0.0):
-        self.connections.append((up, detail))
 
 
 class Flaky(Target):

@@ -22,7 +22,7 @@ from orchestrator.watch.classify import ProgressSnapshot
 from orchestrator.watch.logformats import FORMATS, make_format
 from orchestrator.watch.torchrun import RANK_LOGS, TorchrunError, build_argv, check_spec
 
-from tests.unit.watch.test_monitor_follow import Collect
+from tests.support.follow_handlers import Collect
 
 
 # ------------------------------------------------------------------------------ argv

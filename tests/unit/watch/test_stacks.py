@@ -16,31 +16,8 @@ import pytest
 from orchestrator.watch import stacks
 from orchestrator.forensics import stacktool
 from tests.support.pystackenv import pystack_venv, pystack_wheelhouse
+from tests.support.stack_texts import DEADLOCK
 
-DEADLOCK = textwrap.dedent('''
-    import threading, time
-    compile_lock = threading.Lock()
-    started = threading.Event()
-
-    def compile_step():
-        time.sleep(600)                # a "compile" that never ends
-
-    def first():
-        with compile_lock:
-            started.set()
-            compile_step()
-
-    def others():
-        started.wait(30)
-        with compile_lock:
-            pass
-
-    threads = [threading.Thread(target=first, name="drafter-0")]
-    threads += [threading.Thread(target=others, name=f"drafter-{n}") for n in (1, 2)]
-    for t in threads: t.start()
-    print("ready", flush=True)
-    for t in threads: t.join()
-''')
 
 # One drafter dies in its "compile" after taking the lock with acquire(); the others wait
 # on it forever (the H200's one-drafter-errored-others-silent run).

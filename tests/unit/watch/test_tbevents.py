@@ -23,7 +23,7 @@ from orchestrator.watch.monitor import Monitor, MonitorSettings
 from orchestrator.watch.tbevents import (READER_MISSING, TAGS, ReaderMissing, read_event_file,
                                          tensorboard_points, whole_records)
 
-from tests.unit.watch.test_trainer_replays import Sink
+from tests.support.monitor_sinks import Sink
 
 pytest.importorskip("tensorboard", reason="the test extra installs tensorboard")
 from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402

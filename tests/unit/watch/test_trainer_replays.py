@@ -20,20 +20,7 @@ from orchestrator.watch.monitor import Monitor, MonitorSettings, MonitorSink, st
 from orchestrator.remote.payload_api import launcher
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
-
-
-class Sink(MonitorSink):
-    def __init__(self):
-        self.lines, self.points, self.notes = [], [], []
-
-    def log_line(self, target, line):
-        self.lines.append(line)
-
-    def note(self, target, text, level="info"):
-        self.notes.append(text)
-
-    def metrics(self, target, points):
-        self.points.extend(points)
+from tests.support.monitor_sinks import Sink
 
 
 def watch(tmp_path, script, **settings):
