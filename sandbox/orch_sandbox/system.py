@@ -110,8 +110,12 @@ def descendants(roots: set[int]) -> set[int]:
     return found
 
 
-def kill_and_wait(pids: set[int], timeout: float = 5.0) -> set[int]:
-    """SIGKILL pids and wait until they are gone; returns the ones that outlived timeout."""
+def kill_and_wait(pids: set[int], timeout: float = 30.0) -> set[int]:
+    """SIGKILL pids and wait until they are gone; returns the ones that outlived timeout.
+
+    A killed process is gone within milliseconds on an idle machine, but one that still has
+    to hand back a large address space (a python that imported torch) took over 5 s on a
+    loaded 2-core machine: the wait is generous, since it ends as soon as they are gone."""
     own = os.getpid()
     pids = {pid for pid in pids if pid != own}
     for pid in pids:
