@@ -1,4 +1,5 @@
-"""orch run as a user runs it, against an inventory of this machine (the local transport)."""
+"""orch as a user runs it (any command, a fresh process), against an inventory of this machine
+(the local transport)."""
 
 import subprocess
 import sys
