@@ -22,7 +22,12 @@ if [ "$whole" = 1 ] && [ "${ORCH_TEST_PREFETCH:-1}" != 0 ]; then
     setsid .venv/bin/python -m tests.prefetch >"$log" 2>&1 &
     prefetch=$!
 fi
-trap '[ -n "$prefetch" ] && kill -- -"$prefetch" 2>/dev/null; true' EXIT
+# An if, not `[ ] && kill`: under set -e a failing kill (the prefetch has ended, its group is
+# gone) would end the trap, and the script, with status 1 after a green suite.
+stop_prefetch() {
+    if [ -n "$prefetch" ]; then kill -- -"$prefetch" 2>/dev/null || true; fi
+}
+trap stop_prefetch EXIT
 
 # The whole suite runs as two pytest sessions side by side: the tests that share the sandbox
 # (its hosts and containers) or the agent's package stamps, marked `sandbox` or `serial`, one
@@ -55,5 +60,5 @@ else
     cat "$side"
 fi
 echo "test: the suite took $(( $(date +%s) - started )) s (pytest exit code $status)"
-[ -n "$prefetch" ] && grep '^prefetch: ' "$log" || true
+if [ -n "$prefetch" ]; then grep '^prefetch: ' "$log" || true; fi
 exit "$status"
