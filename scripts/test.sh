@@ -29,11 +29,14 @@ stop_prefetch() {
 }
 trap stop_prefetch EXIT
 
-# The whole suite runs as two pytest sessions side by side: the tests that share the sandbox
-# (its hosts and containers) or the agent's package stamps, marked `sandbox` or `serial`, one
-# after another here, on the terminal; everything else (unit tests, real torch, real trainers)
-# on ORCH_TEST_WORKERS pytest-xdist workers (default 2; 0: all in one session), its output
-# kept in a file and printed when it ends. With -k, -m or a test path: one session, as asked.
+# The whole suite runs as two pytest sessions side by side. The tests of the sandbox (marked
+# `sandbox`: they share its hosts and containers) run here, on the terminal, on
+# ORCH_SANDBOX_WORKERS pytest-xdist workers (default 2; 1: one session), a test file at a time
+# each: the first with the machine's sandbox, every other in a network and mount namespace of
+# its own with a sandbox of its own (scripts/own-sandbox-namespace.sh; state in STATE_DIR-N).
+# Everything else (unit tests, real torch, real trainers) runs beside them on
+# ORCH_TEST_WORKERS workers (default 2; 0: the whole suite in one session), its output kept
+# in a file and printed when it ends. With -k, -m or a test path: one session, as asked.
 workers=${ORCH_TEST_WORKERS:-2}
 # A script's background job starts with SIGINT ignored (POSIX), as does a script started that
 # way, and python then installs no Ctrl-C handler: the tests of Ctrl-C need the one a
@@ -44,6 +47,16 @@ for number in (signal.SIGINT, signal.SIGQUIT):
     signal.signal(number, signal.SIG_DFL)
 os.execv(sys.argv[1], sys.argv[1:])' "$@"
 }
+# pytest-xdist's options for the sandbox's workers: worker 1 uses the machine's sandbox,
+# worker N its own in STATE_DIR-N (execnet starts each worker with the `python=` it is given)
+sandbox_options=()
+sandbox_count=${ORCH_SANDBOX_WORKERS:-2}
+if [ "$sandbox_count" -gt 1 ]; then
+    sandbox_options=(--dist=loadfile --tx=popen//python=.venv/bin/python)
+    for n in $(seq 2 "$sandbox_count"); do
+        sandbox_options+=("--tx=popen//python=bash scripts/own-sandbox-namespace.sh ${ORCH_SANDBOX_DIR:-/var/lib/orch-sandbox}-$n .venv/bin/python")
+    done
+fi
 started=$(date +%s)
 status=0
 if [ "$whole" = 0 ] || [ "$workers" = 0 ]; then
@@ -51,9 +64,9 @@ if [ "$whole" = 0 ] || [ "$workers" = 0 ]; then
 else
     side="${TMPDIR:-/tmp}/orch-test-parallel.log"
     echo "test: the tests beside the sandbox run on $workers workers (log: $side)"
-    usual_signals .venv/bin/python -m pytest -n "$workers" -m "not sandbox and not serial" "$@" >"$side" 2>&1 &
+    usual_signals .venv/bin/python -m pytest -n "$workers" -m "not sandbox" "$@" >"$side" 2>&1 &
     beside=$!
-    usual_signals .venv/bin/python -m pytest -m "sandbox or serial" "$@" || status=$?
+    usual_signals .venv/bin/python -m pytest -m sandbox "${sandbox_options[@]}" "$@" || status=$?
     echo "test: the sandbox's tests took $(( $(date +%s) - started )) s (pytest exit code $status)"
     wait "$beside" || status=$(( status ? status : $? ))
     echo "test: ---------------- the tests beside the sandbox ----------------"

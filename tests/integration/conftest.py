@@ -6,7 +6,8 @@
 
 The sandbox (2 hosts sb1, sb2; CTs 200, 201 running, 202 stopped) is brought up once per
 session (`up` is idempotent and repairs what earlier tests broke) and left up afterwards,
-so the next run starts in about 0.05 s; ORCH_SANDBOX_TEARDOWN=1 takes it down at the end.
+so the next run starts in about 0.05 s; ORCH_SANDBOX_TEARDOWN=1 takes it down at the end
+(as scripts/own-sandbox-namespace.sh asks for the sandboxes it makes for extra workers).
 Where the sandbox cannot run (not root, no LXC, ...) its tests are skipped with the reason;
 with ORCH_REQUIRE_SANDBOX=1 (CI) they fail instead, so CI can never pass by skipping.
 """
@@ -34,8 +35,9 @@ def sandbox_unavailable(reason: str):
 
 def pytest_collection_modifyitems(items):
     """Tests that use the sandbox are marked `sandbox` (select them with -m sandbox):
-    scripts/test.sh runs them one at a time (they share its hosts and containers), and the
-    rest beside them on pytest-xdist workers."""
+    scripts/test.sh runs them on pytest-xdist workers of their own, a test file at a time
+    each, every worker with its own sandbox (they share its hosts and containers), and the
+    rest beside them on other workers."""
     for item in items:
         if "sandbox" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.sandbox)

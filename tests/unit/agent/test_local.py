@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,12 +23,6 @@ from orchestrator.payloads._tarstream import TEMP_MARK
 from tests.support.agents import agent_pids, stop_agents
 
 ORCH = [sys.executable, "-m", "orchestrator"]
-
-# These run with the sandbox's tests, one at a time (scripts/test.sh): some touch the
-# installed package's files (an agent steps aside when its code changes), which would make
-# the agents of the tests beside them step aside too, mid-test.
-pytestmark = pytest.mark.serial
-
 
 @pytest.fixture()
 def env(tmp_path):
@@ -289,45 +284,58 @@ def test_concurrent_requests_never_mix_their_output(env, inventory):
         assert err == "".join(f"{n}-err-{i}\n" for i in range(1, 201))
 
 
+@pytest.fixture()
+def package_copy(tmp_path):
+    """A copy of the installed package, first on PYTHONPATH: what a test edits is the copy,
+    so the agents of the tests running beside it (their code the installed package) never
+    see their code change and step aside mid-test."""
+    parent = tmp_path / "copy"
+    shutil.copytree(os.path.dirname(orchestrator.__file__), parent / "orchestrator",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return parent
+
+
 # a module the agent imported; a payload it reads and caches; a module it never imported
 @pytest.mark.parametrize("name", ["ground/lazy.py", "payloads/exec_server.py", "nightly/rerun.py"])
-def test_an_agent_whose_code_changed_steps_aside(env, inventory, name):
+def test_an_agent_whose_code_changed_steps_aside(env, inventory, package_copy, name):
     """An edit or upgrade in place keeps the socket's name: the old agent must not serve
-    the new orch. It refuses (the command runs here instead) and exits."""
+    the new orch. It refuses (the command runs here instead) and exits. (An agent started
+    by the copy runs the copy's code: had it run the installed package's, the edit would go
+    unseen and it would serve on.)"""
+    # run from the copy's folder: python puts the working folder before PYTHONPATH
+    env, here = {**env, "PYTHONPATH": str(package_copy)}, package_copy
     assert subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "true"], env=env,
-                          timeout=60).returncode == 0
+                          cwd=here, timeout=60).returncode == 0
     (pid,) = agent_pids(env["ORCH_AGENT_DIR"])
-    source = os.path.join(os.path.dirname(orchestrator.__file__), name)
+    source = package_copy / "orchestrator" / name
     before = os.stat(source)
     os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
-    try:
-        out = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "here"],
-                             env={**env, "ORCH_AGENT": "on"}, capture_output=True, text=True, timeout=60)
-        assert (out.returncode, out.stdout) == (0, "here\n"), out.stderr
-        deadline = time.monotonic() + 10
-        while pid in agent_pids(env["ORCH_AGENT_DIR"]):
-            assert time.monotonic() < deadline, "the stale agent did not exit"
-            time.sleep(0.05)
-    finally:
-        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    out = subprocess.run([*ORCH, "-i", inventory, "exec", "dev", "--", "echo", "here"],
+                         env={**env, "ORCH_AGENT": "on"}, cwd=here, capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode, out.stdout) == (0, "here\n"), out.stderr
+    deadline = time.monotonic() + 10
+    while pid in agent_pids(env["ORCH_AGENT_DIR"]):
+        assert time.monotonic() < deadline, "the stale agent did not exit"
+        time.sleep(0.05)
 
 
-def test_every_file_of_the_package_is_stamped(tmp_path):
-    """New, removed or changed: any file of the installed package counts, by stat alone."""
+def test_every_file_of_the_package_is_stamped(package_copy):
+    """New, removed or changed: any file of the package counts, by stat alone."""
     from orchestrator.agentd import server
-    server._remember_code()
-    assert not server._code_changed()
-    package = os.path.dirname(orchestrator.__file__)
-    assert os.path.join(package, "payloads", "reaper.py") in server._CODE_STAMPS
-    assert os.path.join(package, "targets", "proxmox.py") in server._CODE_STAMPS
-    added = os.path.join(package, "payloads", f"stamp-probe-{os.getpid()}.txt")
-    with open(added, "w") as handle:
-        handle.write("new")
-    try:
-        assert server._code_changed()
-    finally:
-        os.unlink(added)
-    assert not server._code_changed()
+    installed = os.path.dirname(orchestrator.__file__)
+    assert os.path.join(installed, "payloads", "reaper.py") in server._code_stamps()
+    package = package_copy / "orchestrator"
+    before = server._code_stamps(str(package))
+    assert str(package / "payloads" / "reaper.py") in before
+    assert str(package / "targets" / "proxmox.py") in before
+    added = package / "payloads" / "stamp-probe.txt"
+    added.write_text("new")
+    assert server._code_stamps(str(package)) != before
+    added.unlink()
+    assert server._code_stamps(str(package)) == before
+    (package / "cli" / "app.py").write_text("# edited in place\n", encoding="utf-8")
+    assert server._code_stamps(str(package)) != before
 
 
 def test_a_wheel_installs_record_is_stamped(tmp_path):

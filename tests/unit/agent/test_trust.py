@@ -48,9 +48,6 @@ LISTENER = textwrap.dedent("""\
 
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="the fake listener runs as nobody: needs root")
 
-# These run with the sandbox's tests, one at a time (scripts/test.sh): an agent steps aside
-# when its code changes, and tests/unit/agent/test_local.py touches the installed package's files.
-pytestmark = pytest.mark.serial
 
 
 def _nobody() -> pwd.struct_passwd:
