@@ -530,9 +530,20 @@ def binds_at(data, start, end):
 def may_define(data, name):
     """False only when no occurrence of name in data (a file's bytes) can be a def, class
     or assignment of it: then the file is not parsed. A cautious yes is always allowed."""
-    if not name.isascii() or declares_other_encoding(data) or has_chars_normalized_to_ascii(data):
+    if not name.isascii() or names_may_differ_from_bytes(data):
         return True
-    needle = name.encode("ascii")
+    return has_binding_occurrence(data, name.encode("ascii"))
+
+
+def names_may_differ_from_bytes(data):
+    """Whether a name Python reads in data may be spelled otherwise in its bytes (another
+    encoding, a character NFKC turns into ASCII): then no byte search may rule a name out.
+    A question about the file alone, asked once per file (it decodes a non-ASCII one)."""
+    return declares_other_encoding(data) or has_chars_normalized_to_ascii(data)
+
+
+def has_binding_occurrence(data, needle):
+    """Whether an occurrence of needle (an ASCII name's bytes) in data may be bound there."""
     start = data.find(needle)
     while start != -1:
         if binds_at(data, start, start + len(needle)):
