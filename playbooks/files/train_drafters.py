@@ -38,6 +38,9 @@ Switches for demos and tests
   --fail-drafter K     drafter K raises at step 1 while holding a lock the others need at
                        step 2: "one errored, the others deadlocked" (a hang for the monitor).
   --serialize-compile  mitigation: each drafter's first (compiling) step under one lock.
+  --compile-per-thread each drafter its own torch.compile(flex_attention) instead of the
+                       process-wide singleton: every thread compiles its own graphs (on
+                       one GPU without --backward-in-thread: the compile deadlock)
   --backward-in-thread remedy: each drafter runs its backward on its own thread
                        (torch.autograd.set_multithreading_enabled(False), thread-local),
                        not on autograd's CUDA device thread: drafters compiling on one GPU
@@ -467,7 +470,12 @@ class DrafterRun:
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         # same language for every drafter (like one dataset), own sampling per drafter
         self.orbits = successor_orbits(a.seed, self.vocab, a.seq, self.device)
-        self.flex_fn = get_flex_attention(compiled=not a.uncompiled, backend=a.compile_backend)
+        if a.compile_per_thread and not a.uncompiled:
+            # each drafter its own torch.compile wrapper: each thread then compiles its own
+            # graphs, where the shared one lets the later drafters reuse the first's
+            self.flex_fn = torch.compile(flex_attention, dynamic=False, backend=a.compile_backend)
+        else:
+            self.flex_fn = get_flex_attention(compiled=not a.uncompiled, backend=a.compile_backend)
 
     # -- one step ------------------------------------------------------------
 
@@ -624,6 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drafter K raises at step 1; the others then block forever")
     p.add_argument("--serialize-compile", action="store_true",
                    help="run each drafter's first (compiling) step under one lock")
+    p.add_argument("--compile-per-thread", action="store_true",
+                   help="each drafter its own torch.compile(flex_attention), not the process-wide "
+                        "one: the layout in which drafters compiling on one GPU deadlock")
     p.add_argument("--backward-in-thread", action="store_true",
                    help="run each drafter's backward on its own thread, not on autograd's device "
                         "thread (set_multithreading_enabled(False)): no compile-lock deadlock on one GPU")
@@ -708,6 +719,7 @@ def main(argv=None) -> int:
         f"block={args.block_size} anchors={args.anchors} steps={args.steps} "
         f"compiled={int(not args.uncompiled)} race={int(args.race)} "
         f"backward_in_thread={int(args.backward_in_thread)} "
+        f"compile_per_thread={int(args.compile_per_thread)} "
         f"cpu_threads={args.cpu_threads}")
 
     race = None

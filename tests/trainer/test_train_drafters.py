@@ -112,12 +112,15 @@ def test_one_failed_drafter_leaves_the_others_hung(healthy, run_trainer):
     assert r.seconds >= max_seconds, "the process lived until the watchdog"
 
 
-def test_backward_in_thread_trains_compiled(run_trainer):
+def test_backward_in_thread_trains_compiled_with_a_compile_per_thread(run_trainer):
     """The remedy for the compile deadlock on one GPU: each drafter's backward on its own
-    thread. On CPU backward runs there anyway (no device thread): it must train the same."""
-    r = run_trainer(*TINY, "--drafters", "3", "--steps", "4", "--log-every", "2", "--backward-in-thread")
+    thread. On CPU backward runs there anyway (no device thread): it must train the same,
+    also with each drafter its own torch.compile wrapper (--compile-per-thread)."""
+    r = run_trainer(*TINY, "--drafters", "3", "--steps", "4", "--log-every", "2", "--backward-in-thread",
+                    "--compile-per-thread")
     assert r.returncode == 0, r.describe()
-    assert r.fields(r.starting("start ")[0])["backward_in_thread"] == "1"
+    started = r.fields(r.starting("start ")[0])
+    assert started["backward_in_thread"] == "1" and started["compile_per_thread"] == "1"
     assert r.summary()["status"] == "ok" and r.summary()["ok"] == "3", r.describe()
 
 
