@@ -1,6 +1,7 @@
 """A playbook's history of nights: each metric's per-night level, its change points
-(runs/changes.py) and, at each, what changed in the environment between the nights either
-side of it: the suspects, in one line.
+(runs/changes.py; for the total also a fall night by night since the last of them, a
+trend) and, at each, what changed in the environment between the nights either side of
+it: the suspects, in one line.
 
     tok/s -6.1 % since 2026-11-14 (night 37): torch 2.13.0 -> 2.14.1; fx-threads re-applied
 
@@ -102,7 +103,12 @@ def analyse_nights(playbook: str, groups: list[list[RunRecord]]) -> History:
     found = []
     for metric in metrics:
         present = [night for night in made if night.levels.get(metric)]
-        for change in changes.analyse([night.levels[metric] for night in present]):
+        levels = [night.levels[metric] for night in present]
+        points = changes.analyse(levels)
+        # the level since the last change point falling night by night (the nightly's trend
+        # rule, the total only): listed as a change from the night the fall is fitted from
+        trend = changes.current_trend(levels, points) if metric in changes.TAIL_METRICS else None
+        for change in points + ([trend] if trend else []):
             night = present[change.index]
             culprit, where = culprit_near(made, night.number - 1)
             found.append(ChangePoint(metric, night, change, culprit, where))

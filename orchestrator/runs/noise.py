@@ -29,10 +29,11 @@ noise (z <= -Z_FAR) once the window holds FAR_MIN_RUNS nights. Two nights at the
 rather than two at the higher one: HUD's "consecutive points over the line"; in the
 benchmark it catches more 5 % drops on a quiet machine for a small rise in false regressions
 (docs/benchmarks/regressions.md).
-The history's change points (runs/changes.py, over up to HISTORY nights) add two rules: a
-level drop that e-divisive finds tonight and did not find last night (a slow drift, a step
-a few nights old), and tonight far below the level since the last change point (a step on
-its night): both a "regression".
+The history's change points (runs/changes.py, over up to HISTORY nights) add three rules: a
+level drop that e-divisive finds tonight and found on none of the nights just before (a slow
+drift, a step a few nights old), tonight far below the level since the last change point (a
+step on its night), and the level since the last change point falling night by night (a
+drift too slow for e-divisive on a noisy machine): each a "regression".
 Fewer than MIN_RUNS window runs: "insufficient data" (orch nightly keeps the fixed threshold).
 The previous night is judged again against the window behind it, so nothing extra is stored
 and a pinned or deleted run cannot leave a stale state. After a real drop the window's median
@@ -222,22 +223,30 @@ def judge_metric(metric: str, tonight: RunProfile, history: list[RunProfile],
 def change_point(metric: str, tonight: RunProfile, history: list[RunProfile]) -> Optional[dict]:
     """The change-point rules (runs/changes.py) over METRIC's nights through tonight: a new
     level drop in effect, or tonight far below the level since the last change point."""
-    earlier = [run.levels[metric] for run in history[:HISTORY - 1][::-1] if run.levels.get(metric)]
+    remembered = history[:HISTORY - 1 + changes.REMEMBER_NIGHTS][::-1]
+    known = [run.levels[metric] for run in remembered if run.levels.get(metric)]
+    earlier = known[-(HISTORY - 1):]
     levels = earlier + [tonight.levels[metric]]
     last_night = changes.analyse(earlier)
-    tail = changes.tail_drop(levels, last_night) if metric in changes.TAIL_METRICS else None
+    steady = metric in changes.TAIL_METRICS
+    tail = changes.tail_drop(levels, last_night) if steady else None
     if tail:
         text = (f"far below the level of the {tail.nights_before} nights since the last change "
                 f"point: {changes.describe(tail)}")
         return {**tail.to_dict(), "rule": "tail", "nights": len(levels), "text": text}
-    drops = changes.new_drops(changes.analyse(levels), last_night)
-    if not drops:
-        return None
-    drop = drops[-1]
-    ago = len(levels) - drop.index
-    text = (f"a change point {ago} night{'s' if ago > 1 else ''} ago in the last {len(levels)} "
-            f"nights (e-divisive, p {drop.p:.2g}): {changes.describe(drop)}")
-    return {**drop.to_dict(), "rule": "e-divisive", "nights": len(levels), "text": text}
+    drops = changes.new_drops(changes.analyse(levels), changes.remembered_drops(known))
+    if drops:
+        drop = drops[-1]
+        ago = len(levels) - drop.index
+        text = (f"a change point {ago} night{'s' if ago > 1 else ''} ago in the last "
+                f"{len(levels)} nights (e-divisive, p {drop.p:.2g}): {changes.describe(drop)}")
+        return {**drop.to_dict(), "rule": "e-divisive", "nights": len(levels), "text": text}
+    trend = changes.trend_drop(levels, last_night) if steady else None
+    if trend:
+        since = "since the last change point" if last_night else "of the history"
+        text = f"a downward trend over the {trend.nights_after} nights {since}: {changes.describe(trend)}"
+        return {**trend.to_dict(), "rule": "trend", "nights": len(levels), "text": text}
+    return None
 
 
 def measure(metric: str, tonight: RunProfile, window: list[RunProfile]) -> MetricJudgement:

@@ -18,7 +18,7 @@ from orchestrator.ground import fx_states, verdicts
 from orchestrator.runs.compare import (Comparison, compare, environment_diff, fx_states_seen,
                                        is_problem, series, throughput, worker_word)
 from orchestrator.runs import gpu
-from orchestrator.runs.changes import LEVEL
+from orchestrator.runs.changes import LEVEL, SPREAD, TREND
 from orchestrator.runs.noise import NoiseJudgement
 from orchestrator.runs.model import RunRecord, now_iso
 from orchestrator.runs.svg import history_chart, line_chart, sparkline
@@ -196,7 +196,7 @@ def history_context(history: Optional["History"]) -> Optional[dict]:
 def mark_tone(point: "ChangePoint") -> str:
     """How a change point is coloured: a drop or a rise in effect, one over, or spread only."""
     change = point.change
-    if change.kind != LEVEL:
+    if change.kind == SPREAD:
         return "spread"
     if not change.in_effect:
         return "over"
@@ -211,16 +211,20 @@ def change_mark(point: "ChangePoint", history: "History") -> dict:
     after = [n for n in numbers if n >= night][:change.nights_after]
     segments = [(before[0], before[-1], change.before)] if before else []
     segments += [(after[0], after[-1], change.after)] if after else []
+    slopes = []
     head = "" if point.metric == "total" else f"{point.metric} "
     state = "in effect" if change.in_effect else "no longer in effect"
     size = (f"{change.effect * 100:+.1f} % ({change.low * 100:+.1f} to {change.high * 100:+.1f})"
             if change.kind == LEVEL else "spread changed")
+    if change.kind == TREND:   # one fitted line over its nights, not two levels
+        segments, slopes = [], [(after[0], after[-1], change.before, change.after)] if after else []
+        size = f"falling, {change.effect * 100:+.1f} % over {change.nights_after} nights"
     culprit = "; ".join(point.culprit[:2]) if point.culprit else "nothing recorded changed"
     if len(culprit) > CULPRIT_CHARS:
         culprit = culprit[:CULPRIT_CHARS - 1] + "…"
     return {"series": point.metric, "night": night, "tone": mark_tone(point),
             "label": f"{head}night {night}: {size}, {state} · {culprit}", "title": point.line(),
-            "segments": segments}
+            "segments": segments, "slopes": slopes}
 
 
 def environment_rows(record: RunRecord) -> dict[str, dict]:

@@ -151,8 +151,9 @@ def history_chart(series: dict[str, Sequence[tuple[float, Optional[float]]]],
     change points marked: MARKS are dicts of series, night (the first night of the new
     level), label (its size, shown above the plot), tone (MARK_COLORS' keys), title (the
     culprit line: a tooltip) and segments [(first night, last night, level)], the levels
-    either side drawn as dashed steps. The vertical line sits between the last night of
-    the old level and the first of the new."""
+    either side drawn as dashed steps, or slopes [(first night, last night, first level,
+    last level)], a trend's fitted line, dashed. The vertical line sits between the last
+    night of the old level and the first of the new."""
     clean = {name: [(float(x), float(y)) for x, y in points if y is not None]
              for name, points in series.items()}
     clean = {name: points for name, points in clean.items() if points}
@@ -167,6 +168,7 @@ def history_chart(series: dict[str, Sequence[tuple[float, Optional[float]]]],
     xs = [x for points in clean.values() for x, _ in points]
     ys = [y for points in clean.values() for _, y in points]
     ys += [level for mark in marks for _, _, level in mark.get("segments", [])]
+    ys += [level for mark in marks for _, _, *ends in mark.get("slopes", []) for level in ends]
     y_ticks = nice_ticks(min(ys), max(ys))
     x_ticks = nice_ticks(min(xs) - 0.5, max(xs) + 0.5, count=8, integer=True)
     x0, x1, y0, y1 = min(xs) - 0.5, max(xs) + 0.5, y_ticks[0], y_ticks[-1]
@@ -233,6 +235,11 @@ def _history_mark(mark: dict, row: Optional[int], series_color: str, sx, sy, top
     for first, last, level in mark.get("segments", []):
         parts.append(f'<line class="level" x1="{sx(first - 0.5):.1f}" x2="{sx(last + 0.5):.1f}" '
                      f'y1="{sy(level):.1f}" y2="{sy(level):.1f}" stroke="{series_color}" '
+                     f'stroke-width="2" stroke-dasharray="6 3"/>')
+    for first, last, start, end in mark.get("slopes", []):
+        # the fitted levels are at the nights themselves, not at their edges
+        parts.append(f'<line class="trend" x1="{sx(first):.1f}" x2="{sx(last):.1f}" '
+                     f'y1="{sy(start):.1f}" y2="{sy(end):.1f}" stroke="{series_color}" '
                      f'stroke-width="2" stroke-dasharray="6 3"/>')
     if row is None:        # past LABEL_ROWS: the line, its tooltip and the list under the chart
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" '

@@ -299,8 +299,9 @@ def runs_changes(playbook, nights, show_all, as_json):
     (torch, packages, the FX patch's states, driver, CUDA, GPUs, container limits).
 
     A night is one run, or the runs of one `orch nightly --repeat N` (their mean); the
-    change points are e-divisive means with a permutation test over the nights' levels
-    (docs/design/regressions.md).
+    change points are e-divisive means with a permutation test over the nights' levels,
+    and the total's level since the last of them falling night by night is listed too, as a
+    trend (docs/design/regressions.md).
 
     Exit code: 0 no slow-down in effect, 20 a level drop is in effect, 1 no run of PLAYBOOK.
 
@@ -313,7 +314,7 @@ def runs_changes(playbook, nights, show_all, as_json):
     with _store() as store:
         found = history_mod.playbook_history(store, playbook, nights=nights)
     shown = [c for c in found.change_points
-             if show_all or (c.change.in_effect and c.change.kind == changes_mod.LEVEL)]
+             if show_all or (c.change.in_effect and c.change.kind != changes_mod.SPREAD)]
     in_effect = any(c.change.drop and c.change.in_effect for c in found.change_points)
     if as_json:
         console.print_json({**found.to_dict(), "slow_down_in_effect": in_effect})

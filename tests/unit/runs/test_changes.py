@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from orchestrator.cli.app import main
 from orchestrator.runs import changes, edivisive, history, noise
 from orchestrator.runs.store import RunStore
-from tests.fixtures.synthetic import FREEZE, nights_with_an_upgrade, synthetic_run
+from tests.fixtures.synthetic import FREEZE, nights_drifting, nights_with_an_upgrade, synthetic_run
 
 # Series and answers from Apache Otava 0.8.0 (otava.change_point_divisive.calculator
 # PairDistanceCalculator.get_candidate_change_point over the whole series, and
@@ -114,6 +114,61 @@ def test_a_drop_that_may_be_under_one_percent_is_no_alert():
     assert changes.new_drops([drop], []) == [drop] and drop.high < -changes.MIN_DROP
 
 
+def test_a_drop_found_on_any_of_the_remembered_nights_is_not_new_again():
+    """Found two nights ago, lost last night (its p near ALPHA), found again tonight: one
+    alert, on the night it was first found."""
+    levels = night_levels(3, 40, shift_at=30, shift=0.05)
+    tonight = changes.analyse(levels)
+    found_before = [changes.Change(**{**tonight[0].to_dict(), "index": 31})]
+    assert changes.new_drops(tonight, found_before) == []
+    remembered = changes.remembered_drops(levels[:-1])
+    assert any(abs(c.index - 30) <= changes.MATCH_NIGHTS for c in remembered)
+    assert changes.new_drops(tonight, remembered) == []
+    assert changes.remembered_drops(levels[:30]) == []          # before the step: nothing
+
+
+def drifting(seed, healthy, drifting_nights, per_night, sd):
+    """HEALTHY nights at one level, then DRIFTING_NIGHTS falling PER_NIGHT a night."""
+    rng = random.Random(seed)
+    return [16000 * (1 - per_night * max(0, n - healthy + 1)) * (1 + rng.gauss(0, sd))
+            for n in range(healthy + drifting_nights)]
+
+
+def first_trend(levels, start=changes.TREND_NIGHTS):
+    """The first night through which trend_drop finds a trend (with no change point), and it."""
+    for night in range(start, len(levels) + 1):
+        trend = changes.trend_drop(levels[:night], [])
+        if trend:
+            return night, trend
+    return None, None
+
+
+def test_a_drift_too_slow_for_e_divisive_on_a_noisy_machine_is_a_trend():
+    """-0.3 % a night under 5 % noise: a fraction of the noise a night."""
+    caught = [first_trend(drifting(seed, 30, 30, 0.003, 0.05))[0] for seed in range(20)]
+    assert sum(night is not None for night in caught) >= 16          # 18 of 20 at T_TREND 2.75
+    night, trend = first_trend(drifting(1, 30, 30, 0.003, 0.05))
+    assert trend.kind == changes.TREND and trend.index == 0 and trend.nights_after == night
+    assert trend.drop and trend.in_effect
+    assert trend.effect < 0 and trend.high < -changes.MIN_DROP and trend.low < trend.effect
+    assert "falling" in changes.describe(trend) and "a night over" in changes.describe(trend)
+
+
+def test_a_trend_alerts_once_per_segment_and_healthy_histories_have_none():
+    levels = drifting(1, 30, 30, 0.003, 0.05)
+    night, _ = first_trend(levels)
+    assert all(changes.trend_drop(levels[:later], []) is None
+               for later in range(night + 1, len(levels) + 1))
+    # tested every night from night 20 to 60, the whole series the segment: 2 of these 30
+    # histories have a chance trend (the nightly from its 30th night on: none in 1,440
+    # healthy nights, docs/benchmarks/regressions.md)
+    healthy = [first_trend(night_levels(seed, 60, sd=0.05))[0] for seed in range(30)]
+    assert sum(night is not None for night in healthy) <= 2
+    # a segment starts at the last change point: a fall before it is no trend of it
+    before = [changes.Change(40, 1, 1, 0, 0, 0, 0.001, changes.LEVEL, True, 40, 15)]
+    assert changes.trend_drop(levels[:55], before) is None      # 15 nights: too few
+
+
 def test_a_step_on_its_own_night_is_a_tail_drop_and_a_healthy_night_is_not():
     levels = night_levels(6, 31)
     assert changes.tail_drop(levels, []) is None
@@ -203,3 +258,24 @@ def test_orch_report_shows_the_playbooks_change_points():
     assert "since 2026-11-21 (night 21): torch 2.13.0+cpu -> 2.14.1" in result.output
     html = CliRunner().invoke(main, ["report", "last", "--html", "-"]).output
     assert html.count('class="chart chart-history') == 2
+
+
+def test_a_fall_night_by_night_is_listed_as_a_trend_and_marked_in_the_report():
+    """A drift with nothing recorded changing: `orch runs changes` lists the total's trend
+    (the exit code of a slow-down in effect), the report draws its fitted line."""
+    with RunStore() as store:
+        nights_drifting(store)
+    found = history.playbook_history(RunStore(), "playbooks/dflash.yaml")
+    trend = [c for c in found.change_points if c.change.kind == changes.TREND]
+    assert len(trend) == 1 and trend[0].metric == "total" and trend[0].change.drop
+    assert trend[0].line().startswith("tok/s falling -0.")
+    assert "nothing recorded changed" in trend[0].line()
+    result = CliRunner().invoke(main, ["runs", "changes", "playbooks/dflash.yaml"])
+    assert result.exit_code == 20, result.output
+    assert "tok/s falling" in result.output
+    data = json.loads(CliRunner().invoke(main, ["runs", "changes", "playbooks/dflash.yaml",
+                                                "--json"]).output)
+    listed = next(c for c in data["change_points"] if c["kind"] == "trend")
+    assert listed["p"] is None and listed["effect"] < -0.05
+    html = CliRunner().invoke(main, ["report", "last", "--html", "-"]).output
+    assert 'class="trend"' in html and "falling" in html
