@@ -14,7 +14,7 @@ import pytest
 from orchestrator.runs.model import Finding
 from orchestrator.runs.report import write_reports
 from orchestrator.runs import history
-from tests.fixtures.synthetic import nights_with_an_upgrade, synthetic_run
+from tests.fixtures.synthetic import nights_drifting, nights_with_an_upgrade, synthetic_run
 
 
 def chromium() -> str:
@@ -82,6 +82,24 @@ def test_the_history_chart_with_its_change_point_renders_in_headless_chromium(tm
                         f"file://{page}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_a_trend_is_drawn_as_its_fitted_falling_line_in_headless_chromium(tmp_path):
+    records = nights_drifting()
+    nights = history.analyse_nights("playbooks/dflash.yaml", [[r] for r in records])
+    page = write_reports(records[-1], records[-2], str(tmp_path / "run"), history=nights)["html"]
+    done = run_chromium(tmp_path, "--dump-dom", f"file://{page}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = re.findall(r'<line class="trend" x1="([\d.]+)" x2="([\d.]+)" y1="([\d.]+)" y2="([\d.]+)"',
+                       done.stdout)
+    assert len(lines) == 1, done.stdout[-3000:]
+    x1, x2, y1, y2 = map(float, lines[0])
+    assert x2 > x1 and y2 > y1             # falling: SVG's y grows downwards
+    assert re.search(r"night \d+: falling, -\d+\.\d % over \d+ nights, in effect", done.stdout)
+    shot = tmp_path / "trend.png"
+    done = run_chromium(tmp_path, "--window-size=1200,1400", f"--screenshot={shot}",
+                        f"file://{page}")
+    assert done.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_failed_steps_long_message_is_wholly_visible_in_the_browser(tmp_path):
