@@ -57,6 +57,10 @@ if [ "$sandbox_count" -gt 1 ]; then
         sandbox_options+=("--tx=popen//python=bash scripts/own-sandbox-namespace.sh ${ORCH_SANDBOX_DIR:-/var/lib/orch-sandbox}-$n .venv/bin/python")
     done
 fi
+# How busy the machine's CPUs were during the suite (all of them, from /proc/stat): near
+# 100 % the suite is CPU-bound and more workers will not make it faster.
+cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8, $5+$6}' /proc/stat; }
+ticks_before=$(cpu_ticks)
 started=$(date +%s)
 status=0
 if [ "$whole" = 0 ] || [ "$workers" = 0 ]; then
@@ -73,5 +77,7 @@ else
     cat "$side"
 fi
 echo "test: the suite took $(( $(date +%s) - started )) s (pytest exit code $status)"
+echo "$ticks_before $(cpu_ticks)" | awk '$3 > $1 {printf "test: the CPUs were busy %.0f %% of that time\n", 100 * (1 - ($4 - $2) / ($3 - $1))}'
+
 if [ -n "$prefetch" ]; then grep '^prefetch: ' "$log" || true; fi
 exit "$status"

@@ -5,6 +5,7 @@ status: what is tested is the script's own control flow, which CI's verdict rest
 """
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -51,6 +52,7 @@ def test_the_whole_suite_exits_with_pytests_status_after_the_prefetch_has_ended(
     assert done.returncode == status, done.stdout + done.stderr
     assert "prefetch: torch ready" in done.stdout
     assert "the suite took" in done.stdout and f"(pytest exit code {status})" in done.stdout
+    assert re.search(r"the CPUs were busy \d+ % of that time", done.stdout)
 
 
 def test_a_chosen_test_path_is_one_session_with_no_prefetch(checkout):
