@@ -185,8 +185,12 @@ def move_to_cgroup(pid: int, relative: str) -> None:
     if hierarchy is None:
         return
     directory = hierarchy / relative
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "cgroup.procs").write_text(str(pid))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "cgroup.procs").write_text(str(pid))
+    except OSError as error:   # e.g. a hierarchy that mountinfo lists but a mount hides
+        raise SandboxError(f"cannot put process {pid} into cgroup {directory}: "
+                           f"{error.strerror or error} (is {hierarchy} mounted and writable?)")
 
 
 def pids_in_cgroup_tree(relative: str) -> set[int]:

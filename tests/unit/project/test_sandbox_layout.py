@@ -127,3 +127,12 @@ def test_each_host_has_a_bridge_address_no_container_has():
         addresses = {ct.address for host in layout.hosts for ct in host.containers}
         assert len(set(bridges)) == len(bridges) and not addresses & set(bridges)
         assert Layout.from_json(layout.to_json()).hosts[1].bridge_address == "10.88.0.2"
+
+
+def test_a_cgroup_that_cannot_be_made_is_a_sandbox_error_not_a_traceback(tmp_path, monkeypatch):
+    from orch_sandbox import system
+    hidden = tmp_path / "pids"
+    hidden.write_text("")              # where the hierarchy should be: mountinfo lists it, a mount hides it
+    monkeypatch.setattr(system, "tagging_hierarchy", lambda: hidden)
+    with pytest.raises(system.SandboxError, match=r"cannot put process 42 into cgroup .*pids/orch-sandbox/sb1"):
+        system.move_to_cgroup(42, "orch-sandbox/sb1")
