@@ -108,12 +108,17 @@ def wait_for(condition, timeout=30):
         time.sleep(0.05)
 
 
+def start_forward(sandbox, port):
+    """`orch forward sb1-200 0:PORT` as a user starts it, in the background: its first stderr
+    line says the local URL; terminate() stops it and its stderr then says what it carried."""
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(sandbox.inventory_path),
+                             "forward", "sb1-200", f"0:{port}"],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "ORCH_AGENT": "off"})
+
+
 def test_the_command_forwards_two_big_downloads_at_once_intact(sandbox, web):
     port, digest = web
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
-                                str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
-                               stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "ORCH_AGENT": "off"})
+    process = start_forward(sandbox, port)
     try:
         line = process.stderr.readline()
         assert line.startswith("http://127.0.0.1:") and f"sb1-200:{port} (relay: its server " \
@@ -266,10 +271,7 @@ def test_a_debugpy_listener_answers_initialize_through_the_forward(sandbox, ct):
         while not forward.probe(ct, port):
             assert time.monotonic() < deadline, ct.run(["cat", f"{folder}/log"], timeout=30).text
             time.sleep(0.3)
-        process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
-                                    str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
-                                   stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "ORCH_AGENT": "off"})
+        process = start_forward(sandbox, port)
         try:
             local = int(process.stderr.readline().split()[0].rsplit(":", 1)[1])
             body = json.dumps({"seq": 1, "type": "request", "command": "initialize",
@@ -318,10 +320,7 @@ def test_a_server_bound_to_any_address_goes_direct_with_no_relay_in_the_containe
     """auto: direct (no process in the container) to a server on 0.0.0.0; by relay (one
     relay process during the download) to one on the container's loopback."""
     port, digest = web
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
-                                str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
-                               stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "ORCH_AGENT": "off"})
+    process = start_forward(sandbox, port)
     try:
         line = process.stderr.readline()
         assert f"sb1-200:{port} (" + way.format(port=port) in line, line
