@@ -119,20 +119,27 @@ def test_life_cycle_on_an_old_release(release):
         assert (code, race["verdict"], race["cross_thread_raised"], race["same_thread_raised"],
                 race["cross_thread_other_fx_leak"]) == (0, "fixed", 0, TRIALS, 0)
 
-    code, again = orch_json(inventory, "patch", "fx-tls", "apply")
-    assert (code, again["changed"]) == (0, False)
-
-    code, reverted = orch_json(inventory, "patch", "fx-tls", "revert")
-    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
-        {("restored", "ok")}
-    record = record_hashes(site)
-    for relpath in changed_files(version):  # read from the machine's side: the bytes on disk
-        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    reverted = reapply_then_revert(inventory, site, "fx-tls", changed_files(version))
     assert reverted["status"] == "vulnerable"
 
     code, race = orch_json(inventory, "verify", "fx-race", "--trials", str(TRIALS))
     assert (race["verdict"], race["cross_thread_raised"], race["same_thread_raised"]) == \
         ("vulnerable", TRIALS, TRIALS)
+
+
+def reapply_then_revert(inventory, site, patch: str, changed: list[str]) -> dict:
+    """`orch patch PATCH apply` once more changes nothing; `revert` then restores every changed
+    file to the hash its dist-info RECORD lists, read from the machine's side (the bytes on
+    disk). Returns revert's report."""
+    code, again = orch_json(inventory, "patch", patch, "apply")
+    assert (code, again["changed"]) == (0, False)
+    code, reverted = orch_json(inventory, "patch", patch, "revert")
+    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
+        {("restored", "ok")}
+    record = record_hashes(site)
+    for relpath in changed:
+        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    return reverted
 
 
 def race_rows(report):
@@ -160,15 +167,7 @@ def test_fx_threads_life_cycle_on_an_old_release(release):
     assert (code, race["overall_verdict"]) == (0, "fixed"), race
     assert set(race_rows(race).values()) == {(0, TRIALS, "fixed")}
     assert race["cross_thread_other_fx_leak"] == 0
-    code, again = orch_json(inventory, "patch", "fx-threads", "apply")
-    assert (code, again["changed"]) == (0, False)
-
-    code, reverted = orch_json(inventory, "patch", "fx-threads", "revert")
-    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
-        {("restored", "ok")}
-    record = record_hashes(site)
-    for relpath in changed:
-        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    reapply_then_revert(inventory, site, "fx-threads", changed)
     code, race = orch_json(inventory, "verify", "fx-threads", "--trials", str(TRIALS))
     assert code == 1 and set(race_rows(race).values()) == {(TRIALS, TRIALS, "vulnerable")}
 
