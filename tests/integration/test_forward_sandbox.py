@@ -20,7 +20,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -29,6 +28,7 @@ import pytest
 from orchestrator.ground.errors import ConnectionLost
 from orchestrator.remote import forward, transfer
 from orchestrator.targets.fleet import Fleet
+from tests.support.forwarders import forwarders_in_threads
 
 pytestmark = pytest.mark.sandbox
 
@@ -62,28 +62,11 @@ def web(ct, request):
 @pytest.fixture
 def serving():
     """serve(target, port, **options) -> (Forwarder, local port), accepting in a thread."""
-    made = []
-
-    def serve(target, port, **options):
-        said = []
-        forwarder = forward.Forwarder(target, [forward.PortSpec(0, port)], say=said.append,
-                                      **options)
-        [(_, local, _)] = forwarder.open()
-        forwarder.said = said
-
-        def run():
-            try:
-                forwarder.serve()
-            except Exception as error:   # the test reads it
-                forwarder.raised = error
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        made.append((forwarder, thread))
-        return forwarder, local
-    yield serve
-    for forwarder, thread in made:
-        forwarder.close()
-        thread.join(10)
+    with forwarders_in_threads() as start:
+        def serve(target, port, **options):
+            forwarder, [local] = start(target, port, **options)
+            return forwarder, local
+        yield serve
 
 
 def fetch_sha(url):

@@ -22,6 +22,7 @@ from orchestrator.remote.base import Result, Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from tests.support.cli import inventory, orch  # noqa: F401 (a fixture)
+from tests.support.forwarders import forwarders_in_threads
 
 
 @pytest.mark.parametrize("text, spec", [
@@ -96,29 +97,8 @@ def digest_of_input(conn):
 @pytest.fixture
 def started():
     """forwarders(target, ports...) -> (Forwarder, [local port]), served in a thread."""
-    made = []
-
-    def start(target, *remote_ports, **options):
-        said = []
-        forwarder = forward.Forwarder(target, [forward.PortSpec(0, p) for p in remote_ports],
-                                      say=said.append, **options)
-        ports = [local for _, local, _ in forwarder.open()]
-        thread = threading.Thread(target=_serve_quietly, args=(forwarder,), daemon=True)
-        thread.start()
-        made.append((forwarder, thread))
-        forwarder.said = said
-        return forwarder, ports
-    yield start
-    for forwarder, thread in made:
-        forwarder.close()
-        thread.join(10)
-
-
-def _serve_quietly(forwarder):
-    try:
-        forwarder.serve()
-    except Exception as error:   # a fatal error: the test reads forwarder.fatal
-        forwarder.raised = error
+    with forwarders_in_threads() as start:
+        yield start
 
 
 def local_target():
