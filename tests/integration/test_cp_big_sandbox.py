@@ -7,12 +7,11 @@ inputs), and `-m "not slow"` leaves them out of a quick run."""
 from __future__ import annotations
 
 import os
-import secrets
 
 import pytest
 
-from tests.integration.test_cp_sandbox import (RSS_LIMIT_MB, random_file, round_trip_file,
-                                               run_measured)
+from tests.integration.test_cp_sandbox import (RSS_LIMIT_MB, a_remote_dir, random_file,
+                                               round_trip_file, run_measured)
 from tests.support.trees import make_tree, snapshot
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -40,10 +39,7 @@ def wide_tree(tmp_path_factory):
 
 @pytest.fixture
 def remote_dir(ct):
-    folder = f"/tmp/cp-big-{secrets.token_hex(4)}"
-    ct.run(["mkdir", "-p", folder], timeout=30).check()
-    yield folder
-    ct.run(["rm", "-rf", folder], timeout=120)
+    yield from a_remote_dir(ct, "cp-big", removal_timeout=120)
 
 
 def test_a_200_mb_file_round_trips_intact_with_bounded_memory(sandbox, ct, remote_dir, big,

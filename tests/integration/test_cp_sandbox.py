@@ -43,12 +43,18 @@ def big(tmp_path_factory):
     return random_file(tmp_path_factory.mktemp("big") / "big.bin", BIG_MB)
 
 
-@pytest.fixture
-def remote_dir(ct):
-    folder = f"/tmp/cp-test-{secrets.token_hex(4)}"
+def a_remote_dir(ct, prefix: str, removal_timeout: float):
+    """A fresh folder /tmp/PREFIX-RANDOM in the container for one test (yielded), removed after
+    it; the tests with more files in it give its removal longer."""
+    folder = f"/tmp/{prefix}-{secrets.token_hex(4)}"
     ct.run(["mkdir", "-p", folder], timeout=30).check()
     yield folder
-    ct.run(["rm", "-rf", folder], timeout=60)
+    ct.run(["rm", "-rf", folder], timeout=removal_timeout)
+
+
+@pytest.fixture
+def remote_dir(ct):
+    yield from a_remote_dir(ct, "cp-test", removal_timeout=60)
 
 
 def run_measured(sandbox, *args):
