@@ -23,6 +23,7 @@ from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from tests.support.cli import inventory, orch  # noqa: F401 (a fixture)
 from tests.support.forwarders import forwarders_in_threads
+from tests.support.listeners import accept_in_a_thread
 
 
 @pytest.mark.parametrize("text, spec", [
@@ -55,15 +56,10 @@ class Server:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.handle = handle
-        threading.Thread(target=self._serve, daemon=True).start()
+        accept_in_a_thread(self.sock, self._start_one)
 
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+    def _start_one(self, conn):
+        threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn):
         try:
