@@ -14,6 +14,7 @@ from orchestrator.ground import console, fx_states, invocation
 
 from orchestrator.remote import payload_api
 from orchestrator.ground.errors import ExitCode
+from orchestrator.cli.commands.options import targets_option
 from orchestrator.ground.lazy import lazy
 from orchestrator.cli.commands.fanout import (JOBS_OPTION, PROGRESS_OPTION, Fanout,
                                               fanout_options, report_failures)
@@ -24,9 +25,8 @@ else:
     fan_out = lazy("orchestrator.targets.fleet", "fan_out")  # no SSH code for --help
 
 pass_app = click.pass_obj
-TARGET_OPTION = click.option(
-    "-t", "--target", "targets", multiple=True, metavar="TARGET",
-    help="Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
+TARGET_OPTION = targets_option(
+    "Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
