@@ -64,8 +64,7 @@ def line_chart(series: dict[str, Sequence[tuple[float, float]]], *, title: str,
     if not clean:
         return _empty(parts, width, height, "no data recorded")
 
-    xs = [x for points in clean.values() for x, _ in points]
-    ys = [y for points in clean.values() for _, y in points]
+    xs, ys = _coordinates(clean)
     if reference:
         ys.append(reference[1])
     y_ticks = nice_ticks(0.0 if y_from_zero else min(ys), max(ys))
@@ -165,8 +164,7 @@ def history_chart(series: dict[str, Sequence[tuple[float, Optional[float]]]],
     parts = _opened(css_class, title, width, height, left)
     if not clean:
         return _empty(parts, width, height, "no throughput recorded")
-    xs = [x for points in clean.values() for x, _ in points]
-    ys = [y for points in clean.values() for _, y in points]
+    xs, ys = _coordinates(clean)
     ys += [level for mark in marks for _, _, level in mark.get("segments", [])]
     ys += [level for mark in marks for _, _, *ends in mark.get("slopes", []) for level in ends]
     y_ticks = nice_ticks(min(ys), max(ys))
@@ -263,6 +261,12 @@ def _opened(css_class: str, title: str, width: int, height: int, left: int) -> l
             f'font-family="system-ui, sans-serif" font-size="11">',
             f"<title>{escape(title)}</title>",
             f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>']
+
+
+def _coordinates(clean: dict[str, list[tuple[float, float]]]) -> tuple[list[float], list[float]]:
+    """Every x and every y of all the series' points: what the axes' ranges must hold."""
+    points = [point for series in clean.values() for point in series]
+    return [x for x, _ in points], [y for _, y in points]
 
 
 def _empty(parts: list[str], width: int, height: int, words: str) -> Markup:

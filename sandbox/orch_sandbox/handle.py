@@ -25,6 +25,11 @@ from .paths import StatePaths
 from .system import SandboxError, in_host
 
 
+def _from_paths(name: str) -> property:
+    """A Sandbox property that is one of its StatePaths (under the name the tests know it by)."""
+    return property(lambda self: getattr(self.paths, name), doc=f"StatePaths.{name}")
+
+
 @dataclass(frozen=True)
 class Sandbox:
     paths: StatePaths
@@ -32,25 +37,11 @@ class Sandbox:
 
     # --- where things are -----------------------------------------------------------------
 
-    @property
-    def state_dir(self) -> Path:
-        return self.paths.root
-
-    @property
-    def inventory_path(self) -> Path:
-        return self.paths.inventory
-
-    @property
-    def ssh_config(self) -> Path:
-        return self.paths.ssh_config
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.paths.known_hosts
-
-    @property
-    def identity(self) -> Path:
-        return self.paths.client_key
+    state_dir = _from_paths("root")
+    inventory_path = _from_paths("inventory")
+    ssh_config = _from_paths("ssh_config")
+    known_hosts = _from_paths("known_hosts")
+    identity = _from_paths("client_key")
 
     @property
     def host_names(self) -> list[str]:

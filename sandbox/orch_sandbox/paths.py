@@ -43,6 +43,11 @@ def shadowing_mount(path: Path) -> str | None:
     return None
 
 
+def _in_state_dir(name: str) -> property:
+    """A StatePaths property for one entry of the layout above: STATE/name."""
+    return property(lambda self: self.root / name, doc=f"STATE/{name}")
+
+
 @dataclass(frozen=True)
 class StatePaths:
     root: Path
@@ -51,41 +56,15 @@ class StatePaths:
     def at(cls, root: Path | str | None = None) -> "StatePaths":
         return cls(Path(root) if root else default_state_dir())
 
-    @property
-    def client_key(self) -> Path:
-        return self.root / "id_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.root / "known_hosts"
-
-    @property
-    def ssh_config(self) -> Path:
-        return self.root / "ssh_config"
-
-    @property
-    def inventory(self) -> Path:
-        return self.root / "inventory.yaml"
-
-    @property
-    def layout_file(self) -> Path:
-        return self.root / "layout.json"
-
-    @property
-    def lock_file(self) -> Path:
-        return self.root / ".lock"
-
-    @property
-    def bin_dir(self) -> Path:
-        return self.root / "bin"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def hosts_dir(self) -> Path:
-        return self.root / "hosts"
+    client_key = _in_state_dir("id_ed25519")
+    known_hosts = _in_state_dir("known_hosts")
+    ssh_config = _in_state_dir("ssh_config")
+    inventory = _in_state_dir("inventory.yaml")
+    layout_file = _in_state_dir("layout.json")
+    lock_file = _in_state_dir(".lock")
+    bin_dir = _in_state_dir("bin")
+    logs = _in_state_dir("logs")
+    hosts_dir = _in_state_dir("hosts")
 
     def host_dir(self, host: str) -> Path:
         return self.hosts_dir / host

@@ -7,12 +7,11 @@ inputs), and `-m "not slow"` leaves them out of a quick run."""
 from __future__ import annotations
 
 import os
-import secrets
 
 import pytest
 
-from tests.integration.test_cp_sandbox import (RSS_LIMIT_MB, random_file, remote_sha, run_measured,
-                                               sha)
+from tests.integration.test_cp_sandbox import (RSS_LIMIT_MB, a_remote_dir, random_file,
+                                               round_trip_file, run_measured)
 from tests.support.trees import make_tree, snapshot
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -40,21 +39,12 @@ def wide_tree(tmp_path_factory):
 
 @pytest.fixture
 def remote_dir(ct):
-    folder = f"/tmp/cp-big-{secrets.token_hex(4)}"
-    ct.run(["mkdir", "-p", folder], timeout=30).check()
-    yield folder
-    ct.run(["rm", "-rf", folder], timeout=120)
+    yield from a_remote_dir(ct, "cp-big", removal_timeout=120)
 
 
 def test_a_200_mb_file_round_trips_intact_with_bounded_memory(sandbox, ct, remote_dir, big,
                                                              tmp_path):
-    code, err, pushed_rss = run_measured(sandbox, "cp", str(big), f"sb1-200:{remote_dir}/big.bin")
-    assert code == 0, err
-    assert remote_sha(ct, f"{remote_dir}/big.bin") == sha(big)
-    code, err, pulled_rss = run_measured(sandbox, "cp", f"sb1-200:{remote_dir}/big.bin",
-                                         str(tmp_path / "back.bin"))
-    assert code == 0, err
-    assert sha(tmp_path / "back.bin") == sha(big)
+    pushed_rss, pulled_rss = round_trip_file(sandbox, ct, remote_dir, big, tmp_path)
     print(f"peak RSS of orch for {BIG_MB} MB: push {pushed_rss:.0f} MB, pull {pulled_rss:.0f} MB")
     assert pushed_rss < RSS_LIMIT_MB and pulled_rss < RSS_LIMIT_MB
 

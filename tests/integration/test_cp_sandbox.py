@@ -43,12 +43,18 @@ def big(tmp_path_factory):
     return random_file(tmp_path_factory.mktemp("big") / "big.bin", BIG_MB)
 
 
-@pytest.fixture
-def remote_dir(ct):
-    folder = f"/tmp/cp-test-{secrets.token_hex(4)}"
+def a_remote_dir(ct, prefix: str, removal_timeout: float):
+    """A fresh folder /tmp/PREFIX-RANDOM in the container for one test (yielded), removed after
+    it; the tests with more files in it give its removal longer."""
+    folder = f"/tmp/{prefix}-{secrets.token_hex(4)}"
     ct.run(["mkdir", "-p", folder], timeout=30).check()
     yield folder
-    ct.run(["rm", "-rf", folder], timeout=60)
+    ct.run(["rm", "-rf", folder], timeout=removal_timeout)
+
+
+@pytest.fixture
+def remote_dir(ct):
+    yield from a_remote_dir(ct, "cp-test", removal_timeout=60)
 
 
 def run_measured(sandbox, *args):
@@ -92,6 +98,19 @@ def sha(path):
     return digest.hexdigest()
 
 
+def round_trip_file(sandbox, ct, remote_dir, big, tmp_path) -> tuple[float, float]:
+    """`orch cp` pushes the file big into remote_dir/big.bin and pulls it back into tmp_path,
+    each time exit 0 and sha256 equal; returns orch's peak RSS in MB (push, pull)."""
+    code, err, pushed_rss = run_measured(sandbox, "cp", str(big), f"sb1-200:{remote_dir}/big.bin")
+    assert code == 0, err
+    assert remote_sha(ct, f"{remote_dir}/big.bin") == sha(big)
+    code, err, pulled_rss = run_measured(sandbox, "cp", f"sb1-200:{remote_dir}/big.bin",
+                                         str(tmp_path / "back.bin"))
+    assert code == 0, err
+    assert sha(tmp_path / "back.bin") == sha(big)
+    return pushed_rss, pulled_rss
+
+
 def test_a_tree_round_trips_through_the_container(sandbox, ct, remote_dir, tmp_path):
     tree = make_tree(tmp_path / "src")
     code, err, _ = run_measured(sandbox, "cp", "-r", str(tree), f"sb1-200:{remote_dir}/")
@@ -108,13 +127,7 @@ def test_a_tree_round_trips_through_the_container(sandbox, ct, remote_dir, tmp_p
 
 def test_a_large_file_both_ways_with_its_sha256_and_bounded_memory(sandbox, ct, remote_dir,
                                                                    big, tmp_path):
-    code, err, pushed_rss = run_measured(sandbox, "cp", str(big), f"sb1-200:{remote_dir}/big.bin")
-    assert code == 0, err
-    assert remote_sha(ct, f"{remote_dir}/big.bin") == sha(big)
-    code, err, pulled_rss = run_measured(sandbox, "cp", f"sb1-200:{remote_dir}/big.bin",
-                                         str(tmp_path / "back.bin"))
-    assert code == 0, err
-    assert sha(tmp_path / "back.bin") == sha(big)
+    pushed_rss, pulled_rss = round_trip_file(sandbox, ct, remote_dir, big, tmp_path)
     print(f"peak RSS of orch: push {pushed_rss:.0f} MB, pull {pulled_rss:.0f} MB "
           f"for {BIG_MB} MB")
     assert pushed_rss < RSS_LIMIT_MB and pulled_rss < RSS_LIMIT_MB

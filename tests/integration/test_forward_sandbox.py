@@ -20,7 +20,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -29,6 +28,7 @@ import pytest
 from orchestrator.ground.errors import ConnectionLost
 from orchestrator.remote import forward, transfer
 from orchestrator.targets.fleet import Fleet
+from tests.support.forwarders import forwarders_in_threads
 
 pytestmark = pytest.mark.sandbox
 
@@ -62,28 +62,11 @@ def web(ct, request):
 @pytest.fixture
 def serving():
     """serve(target, port, **options) -> (Forwarder, local port), accepting in a thread."""
-    made = []
-
-    def serve(target, port, **options):
-        said = []
-        forwarder = forward.Forwarder(target, [forward.PortSpec(0, port)], say=said.append,
-                                      **options)
-        [(_, local, _)] = forwarder.open()
-        forwarder.said = said
-
-        def run():
-            try:
-                forwarder.serve()
-            except Exception as error:   # the test reads it
-                forwarder.raised = error
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        made.append((forwarder, thread))
-        return forwarder, local
-    yield serve
-    for forwarder, thread in made:
-        forwarder.close()
-        thread.join(10)
+    with forwarders_in_threads() as start:
+        def serve(target, port, **options):
+            forwarder, [local] = start(target, port, **options)
+            return forwarder, local
+        yield serve
 
 
 def fetch_sha(url):
@@ -108,12 +91,17 @@ def wait_for(condition, timeout=30):
         time.sleep(0.05)
 
 
+def start_forward(sandbox, port):
+    """`orch forward sb1-200 0:PORT` as a user starts it, in the background: its first stderr
+    line says the local URL; terminate() stops it and its stderr then says what it carried."""
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(sandbox.inventory_path),
+                             "forward", "sb1-200", f"0:{port}"],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "ORCH_AGENT": "off"})
+
+
 def test_the_command_forwards_two_big_downloads_at_once_intact(sandbox, web):
     port, digest = web
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
-                                str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
-                               stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "ORCH_AGENT": "off"})
+    process = start_forward(sandbox, port)
     try:
         line = process.stderr.readline()
         assert line.startswith("http://127.0.0.1:") and f"sb1-200:{port} (relay: its server " \
@@ -266,10 +254,7 @@ def test_a_debugpy_listener_answers_initialize_through_the_forward(sandbox, ct):
         while not forward.probe(ct, port):
             assert time.monotonic() < deadline, ct.run(["cat", f"{folder}/log"], timeout=30).text
             time.sleep(0.3)
-        process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
-                                    str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
-                                   stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "ORCH_AGENT": "off"})
+        process = start_forward(sandbox, port)
         try:
             local = int(process.stderr.readline().split()[0].rsplit(":", 1)[1])
             body = json.dumps({"seq": 1, "type": "request", "command": "initialize",
@@ -318,10 +303,7 @@ def test_a_server_bound_to_any_address_goes_direct_with_no_relay_in_the_containe
     """auto: direct (no process in the container) to a server on 0.0.0.0; by relay (one
     relay process during the download) to one on the container's loopback."""
     port, digest = web
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i",
-                                str(sandbox.inventory_path), "forward", "sb1-200", f"0:{port}"],
-                               stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "ORCH_AGENT": "off"})
+    process = start_forward(sandbox, port)
     try:
         line = process.stderr.readline()
         assert f"sb1-200:{port} (" + way.format(port=port) in line, line

@@ -11,6 +11,7 @@ import sys
 import yaml
 
 from orchestrator.remote.paramiko_lib import paramiko
+from tests.support.known_hosts import inventory_with_known_hosts
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 
@@ -20,17 +21,6 @@ def _key_lines(sandbox) -> dict[str, str]:
     lines = dict(line.split(None, 1) for line in sandbox.known_hosts.read_text().splitlines() if line)
     data = yaml.safe_load(sandbox.inventory_path.read_text())
     return {name: lines[host["address"]] for name, host in data["hosts"].items()}
-
-
-def _setup(sandbox, tmp_path, known_hosts_text: str) -> tuple[str, str]:
-    data = yaml.safe_load(sandbox.inventory_path.read_text())
-    known = tmp_path / "known_hosts"
-    known.write_text(known_hosts_text)
-    for host in data["hosts"].values():
-        host["known_hosts"] = str(known)
-    path = tmp_path / "inventory.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path), str(known)
 
 
 def _address(sandbox, name: str) -> str:
@@ -46,7 +36,7 @@ def test_revoked_key_is_refused_even_where_another_line_lists_it(sandbox, tmp_pa
     keys = _key_lines(sandbox)
     text = (f"{_address(sandbox, 'sb1')} {keys['sb1']}\n@revoked * {keys['sb1']}\n"
             f"{_address(sandbox, 'sb2')} {keys['sb2']}\n")
-    inventory, _ = _setup(sandbox, tmp_path, text)
+    inventory, _ = inventory_with_known_hosts(sandbox, tmp_path, text)
     for extra in ([], ["--trust-new-host-keys"]):
         out = orch(inventory, *extra, "exec", "sb1-200", "--", "true")
         assert out.returncode == 255 and "marks @revoked" in out.stderr, out.stderr
@@ -58,7 +48,7 @@ def test_cert_authority_lines_are_skipped_with_a_reason(sandbox, tmp_path):
     keys = _key_lines(sandbox)
     text = (f"@cert-authority *.example.org {keys['sb1']}\n"
             f"{_address(sandbox, 'sb2')} {keys['sb2']}\nbroken-line ssh-ed25519 %%%notbase64\n")
-    inventory, _ = _setup(sandbox, tmp_path, text)
+    inventory, _ = inventory_with_known_hosts(sandbox, tmp_path, text)
     assert orch(inventory, "exec", "sb2-200", "--", "true").returncode == 0
     out = orch(inventory, "exec", "sb1-200", "--", "true")   # known only through a CA: unknown
     assert out.returncode == 255 and "@cert-authority lines, which orch does not use" in out.stderr
@@ -68,7 +58,7 @@ def test_cert_authority_lines_are_skipped_with_a_reason(sandbox, tmp_path):
 def test_trust_on_first_use_writes_hashed_into_a_hashed_file(sandbox, tmp_path):
     keys = _key_lines(sandbox)
     hashed_sb2 = paramiko.HostKeys.hash_host(_address(sandbox, "sb2"))
-    inventory, known = _setup(sandbox, tmp_path, f"{hashed_sb2} {keys['sb2']}\n")
+    inventory, known = inventory_with_known_hosts(sandbox, tmp_path, f"{hashed_sb2} {keys['sb2']}\n")
     assert orch(inventory, "exec", "sb1-200", "--", "true").returncode == 255   # unknown yet
     assert orch(inventory, "--trust-new-host-keys", "exec", "sb1-200", "--", "true").returncode == 0
     lines = open(known).read().splitlines()
@@ -78,7 +68,7 @@ def test_trust_on_first_use_writes_hashed_into_a_hashed_file(sandbox, tmp_path):
 
 
 def test_trust_on_first_use_into_dev_null_trusts_nothing(sandbox, tmp_path):
-    inventory, _ = _setup(sandbox, tmp_path, "")
+    inventory, _ = inventory_with_known_hosts(sandbox, tmp_path, "")
     data = yaml.safe_load(open(inventory))
     for host in data["hosts"].values():
         host["known_hosts"] = "/dev/null"
@@ -90,7 +80,7 @@ def test_trust_on_first_use_into_dev_null_trusts_nothing(sandbox, tmp_path):
 
 def test_trust_on_first_use_follows_hash_known_hosts_in_ssh_config(sandbox, tmp_path):
     from orchestrator.targets.fleet import Fleet
-    inventory, known = _setup(sandbox, tmp_path, "")
+    inventory, known = inventory_with_known_hosts(sandbox, tmp_path, "")
     config = tmp_path / "ssh_config"
     config.write_text("Host *\n    HashKnownHosts yes\n")
     with Fleet.from_path(inventory, trust_on_first_use=True, ssh_config_path=str(config)) as fleet:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import pytest
 
 from orchestrator.runs.store import RunStore
 from tests.integration.torch_seed import container_root, remove_venv, seed_torch_venv
+from tests.support.processes import sigkilled_after
 
 NODES = [("sb1", 200, "sb1-200"), ("sb2", 200, "sb2-200")]
 VENV_DIR = "orch-mn-venv"
@@ -201,7 +201,7 @@ def _started_then_controller_killed(sandbox, venv: str, trainer_args: str):
     controller = subprocess.Popen(run_argv(sandbox, venv, trainer_args), cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen, lines = set(), []
-    try:
+    with sigkilled_after(controller):
         for line in controller.stdout:
             lines.append(line)
             for (_host, _vmid, name), rank in zip(NODES, range(len(NODES))):
@@ -210,11 +210,6 @@ def _started_then_controller_killed(sandbox, venv: str, trainer_args: str):
                     seen.add(name)
             if len(seen) == 2:
                 break
-        controller.send_signal(signal.SIGKILL)
-        controller.wait(timeout=30)
-    finally:
-        if controller.poll() is None:
-            controller.kill()
     record = last_record()
     assert record.verdict == "running" and seen == {name for _h, _v, name in NODES}, "".join(lines[-40:])
     return record

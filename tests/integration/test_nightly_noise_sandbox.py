@@ -33,17 +33,14 @@ import pytest
 from orchestrator.ground.errors import ExitCode
 from orchestrator.runs.store import RunStore
 from tests.fixtures.synthetic import copy_night
+from tests.integration.nightly_target import HOST, PLAYBOOK, REPO, TARGET, VMID, small_run
 from tests.integration.torch_seed import remove_venv, seed_torch_venv
 
 pytestmark = pytest.mark.sandbox
 
-HOST, VMID, TARGET = "sb1", 201, "sb1-201"
 VENV_DIR = "orch-noise-venv"
 VENV = f"/root/{VENV_DIR}"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLAYBOOK = os.path.join(REPO, "playbooks", "dflash-sandbox.yaml")
-SMALL = ["-e", f"venv={VENV}", "-e", "steps=12", "-e", "log_every=2", "-e", "verify_trials=1",
-         "-e", "degraded_below=0", "-e", "hang_after=90"]
+SMALL = small_run(VENV, steps=12)
 SLOW = ["-e", "extra_args=[--slow-ms, 1500]"]      # 0.5 s steps become 2 s: about -75 %
 # The copies' levels: about 9 % apart, as this shared machine's nights are when it is busy,
 # so a real quiet night is inside their noise (the last one is not slow: no "second slow night").

@@ -26,19 +26,14 @@ import pytest
 
 from orchestrator.ground.errors import ExitCode
 from orchestrator.runs.store import RunStore
+from tests.integration.nightly_target import HOST, PLAYBOOK, REPO, TARGET, VMID, small_run
 from tests.integration.torch_seed import remove_venv, seed_torch_venv
 
 pytestmark = pytest.mark.sandbox
 
-HOST, VMID, TARGET = "sb1", 201, "sb1-201"
 VENV_DIR = "orch-nightly-venv"
 VENV = f"/root/{VENV_DIR}"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLAYBOOK = os.path.join(REPO, "playbooks", "dflash-sandbox.yaml")
-# Small and quick; degraded_below=0: these tests judge throughput by comparison, and a busy
-# 2-core CI machine must not turn a run "degraded" on its own.
-SMALL = ["-e", f"venv={VENV}", "-e", "steps=16", "-e", "log_every=2", "-e", "verify_trials=1",
-         "-e", "degraded_below=0", "-e", "hang_after=90"]
+SMALL = small_run(VENV, steps=16)
 # Run-to-run noise on a shared 2-core machine is large: only a big drop counts here.
 THRESHOLD = "50%"
 SLOW = ["-e", "extra_args=[--slow-ms, 2500]"]      # 0.5 s steps become 3 s: about -80 %

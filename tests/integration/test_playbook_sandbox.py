@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from orchestrator.remote import payload_api
 from orchestrator.targets.fleet import Fleet
 from orchestrator.remote.payload_api import launcher
 from orchestrator.runs.store import RunStore
+from tests.support.processes import sigkilled_after
 
 TARGET = "sb2-201"
 HOST = "sb2"
@@ -237,15 +237,10 @@ def test_killed_controller_then_attach(sandbox, torch_in_container):
         [*ORCH, "-i", str(sandbox.inventory_path), "run", PLAYBOOK, "-t", TARGET, "-e", f"venv={VENV}",
          "-e", "steps=200", "-e", "log_every=10"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with sigkilled_after(controller):
         for line in controller.stdout:
             if line.startswith(f"{TARGET} | start drafters="):
                 break
-        controller.send_signal(signal.SIGKILL)
-        controller.wait(timeout=30)
-    finally:
-        if controller.poll() is None:
-            controller.kill()
     record = last_record()
     assert record.verdict == "running"
     run_dir = record.launch["targets"][TARGET]["run_dir"]

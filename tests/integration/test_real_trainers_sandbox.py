@@ -31,6 +31,7 @@ import pytest
 
 from orchestrator.runs.store import RunStore
 from tests.integration.torch_seed import container_root, remove_venv, seed_torch_venv
+from tests.support.hf_history import assert_recorded_as_history
 from tests.support.torchenv import torch_venv
 from tests.trainer.realenv import trainers_venv
 
@@ -167,9 +168,4 @@ def test_a_hugging_face_trainer_run_is_recorded_as_its_log_history(sandbox, cont
         record = store.get("last")
     root = Path(container_root(sandbox, HOST, VMID))
     history = json.loads((root / CHECKOUT.split("/root/", 1)[1] / "history.json").read_text())
-    logged, closing = history[:-1], history[-1]
-    assert [p.step for p in record.metrics] == [e["step"] for e in logged] == [5, 10, 15, 20]
-    for point, entry in zip(record.metrics, logged):
-        assert point.loss == pytest.approx(entry["loss"], rel=1e-3)
-        assert point.extra["learning_rate"] == pytest.approx(entry["learning_rate"], rel=1e-3)
-    assert record.metrics[-1].extra["train_runtime"] == pytest.approx(closing["train_runtime"], rel=1e-3)
+    assert_recorded_as_history(record, history, "learning_rate")

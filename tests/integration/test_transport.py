@@ -17,6 +17,7 @@ from orchestrator.ground.errors import (CommandTimeout, ContainerNotRunning, Hos
                                  HostKeyUnknown, NoSuchContainer)
 from orchestrator.targets.fleet import Fleet
 from orchestrator.remote.session import ExecSession
+from tests.support.known_hosts import inventory_with_known_hosts
 
 ECHO = ["python3", "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
 HOSTILE = ["", " ", "'", '"', "''", '""', "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "; true",
@@ -107,19 +108,8 @@ def test_unknown_vmid_carries_pct_text(sandbox, fleet):
     assert out.returncode == 4 and "does not exist" in out.stderr
 
 
-def _inventory_with_known_hosts(sandbox, tmp_path, known_hosts_text: str) -> str:
-    data = yaml.safe_load(sandbox.inventory_path.read_text())
-    known = tmp_path / "known_hosts"
-    known.write_text(known_hosts_text)
-    for host in data["hosts"].values():
-        host["known_hosts"] = str(known)
-    path = tmp_path / "inventory.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
 def test_unknown_host_key_is_refused_unless_trusted_explicitly(cli_path, sandbox, tmp_path):
-    inventory = _inventory_with_known_hosts(sandbox, tmp_path, "")
+    inventory, _ = inventory_with_known_hosts(sandbox, tmp_path, "")
     with Fleet.from_path(inventory) as fleet:
         with pytest.raises(HostKeyUnknown, match="not in .*known_hosts"):
             fleet.targets(["sb1-200"])[0].run(["true"])
@@ -134,7 +124,7 @@ def test_unknown_host_key_is_refused_unless_trusted_explicitly(cli_path, sandbox
 
 
 def test_changed_host_key_is_always_refused(sandbox, tmp_path):
-    inventory = _inventory_with_known_hosts(sandbox, tmp_path, sandbox.known_hosts.read_text())
+    inventory, _ = inventory_with_known_hosts(sandbox, tmp_path, sandbox.known_hosts.read_text())
     with sandbox.changed_host_key("sb2"):
         for trust in (False, True):
             with Fleet.from_path(inventory, trust_on_first_use=trust) as fleet:

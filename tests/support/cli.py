@@ -8,20 +8,27 @@ import textwrap
 import pytest
 
 
-@pytest.fixture()
-def inventory(tmp_path):
+def two_local_containers(tmp_path, dev_venv: str = "", default_target: str = "") -> str:
+    """Writes tmp_path/inv.yaml: containers dev and dev2 on this machine (the local transport)
+    and the group both of them, with dev's venv and a default target where given; returns its
+    path."""
+    dev = f"{{host: here, venv: {dev_venv}}}" if dev_venv else "{host: here}"
     path = tmp_path / "inv.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(textwrap.dedent(f"""\
         hosts:
-          here: {transport: local}
+          here: {{transport: local}}
         containers:
-          dev: {host: here, venv: /nonexistent/venv}
-          dev2: {host: here}
+          dev: {dev}
+          dev2: {{host: here}}
         groups:
           both: [dev, dev2]
-        default_target: dev
-        """))
+        """) + (f"default_target: {default_target}\n" if default_target else ""))
     return str(path)
+
+
+@pytest.fixture()
+def inventory(tmp_path):
+    return two_local_containers(tmp_path, dev_venv="/nonexistent/venv", default_target="dev")
 
 
 def orch(*args, stdin=None):

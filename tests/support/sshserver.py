@@ -7,6 +7,7 @@ import socket
 import threading
 
 from orchestrator.remote.paramiko_lib import paramiko
+from tests.support.listeners import accept_in_a_thread
 
 
 class SshServer:
@@ -21,21 +22,16 @@ class SshServer:
         self.transports: list[paramiko.Transport] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+        accept_in_a_thread(self.listener, self._start_session)
 
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            transport = paramiko.Transport(conn)
-            transport.add_server_key(self.host_key)
-            if self.ciphers:
-                transport.get_security_options().ciphers = self.ciphers
-            self.transports.append(transport)
-            threading.Thread(target=self._negotiate, args=(transport,), daemon=True).start()
+    def _start_session(self, conn):
+        self.accepted += 1
+        transport = paramiko.Transport(conn)
+        transport.add_server_key(self.host_key)
+        if self.ciphers:
+            transport.get_security_options().ciphers = self.ciphers
+        self.transports.append(transport)
+        threading.Thread(target=self._negotiate, args=(transport,), daemon=True).start()
 
     def _negotiate(self, transport):
         try:

@@ -9,10 +9,10 @@ Also through the run store: `orch explain last` finds the launch's log by itself
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from orchestrator.runs.model import RunRecord, StepResult
 from orchestrator.runs.store import RunStore
 from tests.torch.conftest import copy_venv
+from tests.support.local_target import local_inventory, orch_without_agent
 
 pytestmark = pytest.mark.torch
 
@@ -52,17 +53,10 @@ def race_log(venv, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def inventory(venv, tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("inv") / "inventory.yaml"
-    path.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
-                    f"  dev: {{host: here, venv: '{venv.root}'}}\ndefault_target: dev\n")
-    return str(path)
+    return local_inventory(tmp_path_factory.mktemp("inv"), venv.root)
 
 
-def orch(inventory, *args):
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", inventory, *args],
-                         capture_output=True, text=True, timeout=600)
-    assert "Traceback" not in out.stderr, out.stderr
-    return out
+orch = functools.partial(orch_without_agent, timeout=600)
 
 
 def _explained(out) -> dict:

@@ -14,9 +14,6 @@ containers; every write orch makes replaces files by rename, so the cache never 
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures.payloads import dist_record_hash, read_dist_record
 from tests.integration.conftest import sandbox  # noqa: F401  (the session's sandbox)
 from tests.integration.torch_seed import container_root
 from tests.torch.releases import RUNTIME_RELEASES, release_venv
@@ -82,13 +80,9 @@ def orch_json(inventory, *args, timeout=900):
 
 
 def record_hashes(site: Path) -> dict:
-    (record,) = site.glob("torch-*.dist-info/RECORD")
-    with open(record, newline="") as f:
-        return {row[0]: row[1] for row in csv.reader(f) if len(row) > 1 and row[1]}
-
-
-def record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    """{relative path: "sha256=..."} from the RECORD of torch's dist-info in site."""
+    (dist_info,) = site.glob("torch-*.dist-info")
+    return read_dist_record(dist_info)
 
 
 def test_life_cycle_on_an_old_release(release):
@@ -119,20 +113,27 @@ def test_life_cycle_on_an_old_release(release):
         assert (code, race["verdict"], race["cross_thread_raised"], race["same_thread_raised"],
                 race["cross_thread_other_fx_leak"]) == (0, "fixed", 0, TRIALS, 0)
 
-    code, again = orch_json(inventory, "patch", "fx-tls", "apply")
-    assert (code, again["changed"]) == (0, False)
-
-    code, reverted = orch_json(inventory, "patch", "fx-tls", "revert")
-    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
-        {("restored", "ok")}
-    record = record_hashes(site)
-    for relpath in changed_files(version):  # read from the machine's side: the bytes on disk
-        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    reverted = reapply_then_revert(inventory, site, "fx-tls", changed_files(version))
     assert reverted["status"] == "vulnerable"
 
     code, race = orch_json(inventory, "verify", "fx-race", "--trials", str(TRIALS))
     assert (race["verdict"], race["cross_thread_raised"], race["same_thread_raised"]) == \
         ("vulnerable", TRIALS, TRIALS)
+
+
+def reapply_then_revert(inventory, site, patch: str, changed: list[str]) -> dict:
+    """`orch patch PATCH apply` once more changes nothing; `revert` then restores every changed
+    file to the hash its dist-info RECORD lists, read from the machine's side (the bytes on
+    disk). Returns revert's report."""
+    code, again = orch_json(inventory, "patch", patch, "apply")
+    assert (code, again["changed"]) == (0, False)
+    code, reverted = orch_json(inventory, "patch", patch, "revert")
+    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
+        {("restored", "ok")}
+    record = record_hashes(site)
+    for relpath in changed:
+        assert dist_record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    return reverted
 
 
 def race_rows(report):
@@ -160,15 +161,7 @@ def test_fx_threads_life_cycle_on_an_old_release(release):
     assert (code, race["overall_verdict"]) == (0, "fixed"), race
     assert set(race_rows(race).values()) == {(0, TRIALS, "fixed")}
     assert race["cross_thread_other_fx_leak"] == 0
-    code, again = orch_json(inventory, "patch", "fx-threads", "apply")
-    assert (code, again["changed"]) == (0, False)
-
-    code, reverted = orch_json(inventory, "patch", "fx-threads", "revert")
-    assert code == 0 and {(f["action"], f["dist_record"]) for f in reverted["files"]} == \
-        {("restored", "ok")}
-    record = record_hashes(site)
-    for relpath in changed:
-        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+    reapply_then_revert(inventory, site, "fx-threads", changed)
     code, race = orch_json(inventory, "verify", "fx-threads", "--trials", str(TRIALS))
     assert code == 1 and set(race_rows(race).values()) == {(TRIALS, TRIALS, "vulnerable")}
 
@@ -178,5 +171,5 @@ def test_the_cached_release_venvs_were_never_written(release):
     (site,) = Path(release_venv(version)).glob("lib/python3*/site-packages")
     record = record_hashes(site)
     for relpath in changed_files(version):
-        assert record_hash((site / relpath).read_bytes()) == record[relpath], relpath
+        assert dist_record_hash((site / relpath).read_bytes()) == record[relpath], relpath
     assert not (site / ".orch-fx-tls").exists()

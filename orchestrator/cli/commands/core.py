@@ -12,6 +12,7 @@ import click
 
 from orchestrator.ground import console
 from orchestrator.ground.errors import ConfigError, ExitCode
+from orchestrator.cli.commands.options import targets_option
 from orchestrator.ground.lazy import lazy
 from orchestrator.remote.base import LineSplitter, stdin_bytes
 from orchestrator.cli.commands.fanout import Fanout, fanout_options, report_failures
@@ -364,8 +365,7 @@ def _host_row(host) -> dict:
 
 
 @inventory.command("check")
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
-              help="Only these containers or groups (default: every container).")
+@targets_option("Only these containers or groups (default: every container).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @fanout_options
 @pass_app

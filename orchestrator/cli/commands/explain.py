@@ -9,6 +9,7 @@ import click
 
 from orchestrator.ground import console
 from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.cli.commands.options import targets_option
 from orchestrator.ground.lazy import lazy
 
 pass_app = click.pass_obj
@@ -38,9 +39,8 @@ KINDS = {"global": "module global, rebound under `global`",
 @click.argument("run", default="last")
 @click.option("--log", "log_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="Explain this log file instead of a recorded run's (its frames are read in -t TARGET).")
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
-              help="With RUN: only these of its targets. With --log: the container whose installed "
-                   "packages the log's frames come from (default: the inventory's default_target).")
+@targets_option("With RUN: only these of its targets. With --log: the container whose installed "
+                "packages the log's frames come from (default: the inventory's default_target).")
 @click.option("-C", "--context", type=click.IntRange(0, 20), default=3, show_default=True,
               metavar="N", help="Source lines shown around each frame's line.")
 @click.option("--all-frames", is_flag=True, help="Print every frame, not only the innermost ones.")
@@ -267,9 +267,8 @@ def _print_candidate(candidate) -> None:
 @click.command("stacks")
 @click.argument("run", default="last")
 @click.option("--pid", type=click.IntRange(1), help="This process instead of RUN's launched one.")
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
-              help="With RUN: only these of its targets. With --pid: the container it runs in "
-                   "(default: the inventory's default_target).")
+@targets_option("With RUN: only these of its targets. With --pid: the container it runs in "
+                "(default: the inventory's default_target).")
 @click.option("--rank", type=click.IntRange(0), metavar="N",
               help="Under torchrun: only rank N's worker (default: every rank's).")
 @click.option("--wheelhouse", metavar="DIR", type=click.Path(file_okay=False),

@@ -10,6 +10,7 @@ import click
 from orchestrator.ground import console
 from orchestrator.cli.screens.run import ConsoleReporter
 from orchestrator.ground.errors import ExitCode, OrchError
+from orchestrator.cli.commands.options import extra_vars_option, targets_option
 from orchestrator.ground.lazy import lazy
 
 pass_app = click.pass_obj
@@ -45,10 +46,8 @@ def _record_json(record) -> dict:
 
 @click.command("run")
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
-              help="Run on this container or group instead of the playbook's targets (repeatable).")
-@click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
-              help="Set a playbook variable (VALUE read as YAML: 50, true, [a, b]); @FILE.yaml too.")
+@targets_option("Run on this container or group instead of the playbook's targets (repeatable).")
+@extra_vars_option("Set a playbook variable (VALUE read as YAML: 50, true, [a, b]); @FILE.yaml too.")
 @click.option("--dry-run", is_flag=True, help="Print every step with its rendered commands; touch nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Progress on stderr, the run's record as JSON on stdout.")
 @click.option("--echo", type=ECHO_CHOICE, default="auto", show_default=True,
@@ -95,10 +94,8 @@ def run_command(app, playbook, targets, extra_vars, dry_run, as_json, echo, verb
 
 @click.command("validate")
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
-              help="The targets the run would get with -t (checked instead of the playbook's).")
-@click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
-              help="Variables the run would get with -e (they count as defined).")
+@targets_option("The targets the run would get with -t (checked instead of the playbook's).")
+@extra_vars_option("Variables the run would get with -e (they count as defined).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_app
 def validate_command(app, playbook, targets, extra_vars, as_json):
@@ -179,8 +176,7 @@ def attach_command(app, run, as_json, echo):
 
 @click.command("stop")
 @click.argument("run", default="last")
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
-              help="Stop it on these targets only.")
+@targets_option("Stop it on these targets only.")
 @click.option("--grace", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

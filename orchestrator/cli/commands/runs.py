@@ -13,6 +13,7 @@ from rich.console import Console
 from orchestrator.ground import console, paths
 from orchestrator.cli.screens.run import ConsoleReporter
 from orchestrator.ground.errors import ConfigError, ExitCode, OrchError
+from orchestrator.cli.commands.options import extra_vars_option, targets_option
 from orchestrator.ground.lazy import LazyModule, lazy
 from orchestrator.ground.verdicts import RUNNING
 from orchestrator.runs import acks as acks_mod
@@ -536,10 +537,8 @@ def report(run, html_file, md_file, baseline_ref, no_baseline, threshold):
 # ---------------------------------------------------------------- orch nightly
 @click.command("nightly")
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET",
-              help="Container or group to run on (repeatable; default: the playbook's targets).")
-@click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
-              help="Set a playbook variable (repeatable).")
+@targets_option("Container or group to run on (repeatable; default: the playbook's targets).")
+@extra_vars_option("Set a playbook variable (repeatable).")
 @THRESHOLD_OPTION
 @click.option("--repeat", metavar="N", default=None,
               help="Run the playbook N times tonight and judge throughput on all N runs "
@@ -675,9 +674,8 @@ def _where_options(command):
 @schedule.command("install")
 @click.argument("playbook", type=click.Path(dir_okay=False))
 @click.option("--at", "at", required=True, metavar="HH:MM", help="Time of day (24 h, local time).")
-@click.option("-t", "--target", "targets", multiple=True, metavar="TARGET", help="Passed to orch nightly.")
-@click.option("-e", "--extra-var", "extra_vars", multiple=True, metavar="KEY=VALUE",
-              help="Passed to orch nightly.")
+@targets_option("Passed to orch nightly.")
+@extra_vars_option("Passed to orch nightly.")
 @click.option("--timeout", default="6h", show_default=True,
               help="systemd: stop a nightly still running after this long.")
 @click.option("--no-enable", is_flag=True, help="systemd: write the units but do not enable the timer.")

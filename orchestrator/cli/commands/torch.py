@@ -14,6 +14,7 @@ from orchestrator.ground import console, fx_states, invocation
 
 from orchestrator.remote import payload_api
 from orchestrator.ground.errors import ExitCode
+from orchestrator.cli.commands.options import targets_option
 from orchestrator.ground.lazy import lazy
 from orchestrator.cli.commands.fanout import (JOBS_OPTION, PROGRESS_OPTION, Fanout,
                                               fanout_options, report_failures)
@@ -24,9 +25,8 @@ else:
     fan_out = lazy("orchestrator.targets.fleet", "fan_out")  # no SSH code for --help
 
 pass_app = click.pass_obj
-TARGET_OPTION = click.option(
-    "-t", "--target", "targets", multiple=True, metavar="TARGET",
-    help="Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
+TARGET_OPTION = targets_option(
+    "Container, group, host or HOST:VMID (repeatable; default: the inventory's default_target).")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
@@ -351,15 +351,24 @@ def fx_race(app, targets, trials, as_json):
       orch verify fx-race -t drafters
       orch verify fx-race -t all-drafters --trials 20 --json
     """
-    chosen = app.fleet.targets(targets)
-    progress = _trial_progress(as_json, lambda event: (
+    return _reproduce_on_each(app, targets, trials, as_json, lambda event: (
         f"trial {event.get('index')}: cross-thread "
         f"{'RAISED' if event.get('cross_thread_raised') else 'ok'}, same-thread control "
-        f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}"))
+        f"{'raised' if event.get('same_thread_raised') else 'DID NOT RAISE'}"),
+        _print_race, "verdict")
+
+
+def _reproduce_on_each(app, targets, trials, as_json, describe, print_outcome, verdict_key,
+                       **payload_options) -> int:
+    """What both verify commands do: the fx_race payload on every target side by side, each
+    trial's event as a line (`describe`), each target's outcome printed (`print_outcome`), and
+    the exit code from every outcome's verdict_key."""
+    chosen = app.fleet.targets(targets)
+    progress = _trial_progress(as_json, describe)
     results = fan_out(chosen, lambda target: payload_api.fx_race(
-        target, trials, on_event=progress(target.name)))
-    _print_each(results, as_json, _print_race)
-    return _fixed_everywhere(results, "verdict")
+        target, trials, on_event=progress(target.name), **payload_options))
+    _print_each(results, as_json, print_outcome)
+    return _fixed_everywhere(results, verdict_key)
 
 
 def _fixed_everywhere(results: GroupResult, verdict_key: str) -> int:
@@ -499,16 +508,11 @@ def fx_threads_race(app, targets, trials, as_json):
       orch verify fx-threads -t drafters
       orch verify fx-threads -t all-drafters --trials 10 --json
     """
-    chosen = app.fleet.targets(targets)
-    progress = _trial_progress(as_json, lambda event: (
+    return _reproduce_on_each(app, targets, trials, as_json, lambda event: (
         f"{RACE_TITLES.get(event.get('state', 'fx-tracing-flag'))} trial "
         f"{event.get('index')}/{event.get('trials')}"
-        + (f": {event['problem']}" if event.get("problem") else "")))
-
-    results = fan_out(chosen, lambda target: payload_api.fx_race(
-        target, trials, on_event=progress(target.name), states=list(fx_states.SHARED_STATES)))
-    _print_each(results, as_json, _print_state_races)
-    return _fixed_everywhere(results, "overall_verdict")
+        + (f": {event['problem']}" if event.get("problem") else "")),
+        _print_state_races, "overall_verdict", states=list(fx_states.SHARED_STATES))
 
 
 def _print_state_races(target, outcome) -> None:

@@ -21,6 +21,7 @@ import orchestrator
 from orchestrator.agent import client, protocol
 from orchestrator.payloads._tarstream import TEMP_MARK
 from tests.support.agents import agent_pids, stop_agents
+from tests.support.cli import two_local_containers
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 
@@ -33,17 +34,7 @@ def env(tmp_path):
 
 @pytest.fixture()
 def inventory(tmp_path):
-    path = tmp_path / "inv.yaml"
-    path.write_text(textwrap.dedent("""\
-        hosts:
-          here: {transport: local}
-        containers:
-          dev: {host: here}
-          dev2: {host: here}
-        groups:
-          both: [dev, dev2]
-        """))
-    return str(path)
+    return two_local_containers(tmp_path)
 
 
 def on_a_terminal(env, *args) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import functools
 import json
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+
+from tests.support.local_target import local_inventory, orch_without_agent
 
 LIBRARY = textwrap.dedent('''
     """cachelib: one process-wide cache (deliberately not thread-safe)."""
@@ -112,17 +115,10 @@ def crash_log(venv, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def inventory(venv, tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("inv") / "inventory.yaml"
-    path.write_text(f"hosts:\n  here: {{transport: local}}\ncontainers:\n"
-                    f"  dev: {{host: here, venv: '{venv}'}}\ndefault_target: dev\n")
-    return str(path)
+    return local_inventory(tmp_path_factory.mktemp("inv"), venv)
 
 
-def orch(inventory, *args):
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "--no-agent", "-i", inventory, *args],
-                         capture_output=True, text=True, timeout=300)
-    assert "Traceback" not in out.stderr, out.stderr
-    return out
+orch = functools.partial(orch_without_agent, timeout=300)
 
 
 def test_an_unknown_shared_cache_is_named_with_its_writers_and_generic_remedies(inventory, crash_log):

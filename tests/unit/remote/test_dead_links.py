@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.ground.errors import ConnectionLost
 from orchestrator.remote.ssh import SshHost, SshSettings, _ChannelProcess, _Connection, _Watchdog
+from tests.support.ssh_fakes import FakeClient
 
 
 class SilentTransport:
@@ -103,12 +104,8 @@ class ResetTransport:
         return ResetChannel()
 
 
-class Client:
-    def __init__(self, transport):
-        self.transport = transport
-
-    def get_transport(self):
-        return self.transport
+class Client(FakeClient):
+    """A client whose close raises EOFError, as paramiko's can on a link that died."""
 
     def close(self):
         raise EOFError()

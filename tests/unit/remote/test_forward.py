@@ -22,6 +22,8 @@ from orchestrator.remote.base import Result, Transport
 from orchestrator.remote.container import Target
 from orchestrator.remote.local import LocalTransport
 from tests.support.cli import inventory, orch  # noqa: F401 (a fixture)
+from tests.support.forwarders import forwarders_in_threads
+from tests.support.listeners import accept_in_a_thread
 
 
 @pytest.mark.parametrize("text, spec", [
@@ -54,15 +56,10 @@ class Server:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.handle = handle
-        threading.Thread(target=self._serve, daemon=True).start()
+        accept_in_a_thread(self.sock, self._start_one)
 
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+    def _start_one(self, conn):
+        threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn):
         try:
@@ -96,29 +93,8 @@ def digest_of_input(conn):
 @pytest.fixture
 def started():
     """forwarders(target, ports...) -> (Forwarder, [local port]), served in a thread."""
-    made = []
-
-    def start(target, *remote_ports, **options):
-        said = []
-        forwarder = forward.Forwarder(target, [forward.PortSpec(0, p) for p in remote_ports],
-                                      say=said.append, **options)
-        ports = [local for _, local, _ in forwarder.open()]
-        thread = threading.Thread(target=_serve_quietly, args=(forwarder,), daemon=True)
-        thread.start()
-        made.append((forwarder, thread))
-        forwarder.said = said
-        return forwarder, ports
-    yield start
-    for forwarder, thread in made:
-        forwarder.close()
-        thread.join(10)
-
-
-def _serve_quietly(forwarder):
-    try:
-        forwarder.serve()
-    except Exception as error:   # a fatal error: the test reads forwarder.fatal
-        forwarder.raised = error
+    with forwarders_in_threads() as start:
+        yield start
 
 
 def local_target():

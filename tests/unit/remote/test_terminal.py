@@ -261,6 +261,15 @@ def test_a_local_command_runs_on_a_terminal_of_the_local_size_and_term(pty_pair)
     assert code == 4 and b"/dev/pts/" in screen.seen
 
 
+def trapping_shell_beside(slave, trap: str, action) -> int:
+    """Runs a shell on the pty slave that sets the trap, says "ready" and waits forever, while
+    action (which waits for "ready") does what should reach it; returns the shell's exit code."""
+    thread = in_background(action, 0)
+    code = shell_here(slave, ["sh", "-c", f"{trap}; echo ready; while :; do sleep 0.05; done"])
+    thread.join(5)
+    return code
+
+
 def test_ctrl_c_interrupts_the_command_on_its_pty_not_orch(pty_pair):
     master, slave = pty_pair
     screen = Screen(master)
@@ -268,10 +277,7 @@ def test_ctrl_c_interrupts_the_command_on_its_pty_not_orch(pty_pair):
     def typist():
         screen.expect(b"ready")
         os.write(master, b"\x03")
-    thread = in_background(typist, 0)
-    code = shell_here(slave, ["sh", "-c", 'trap "echo got-int; exit 9" INT; echo ready; '
-                                          'while :; do sleep 0.05; done'])
-    thread.join(5)
+    code = trapping_shell_beside(slave, 'trap "echo got-int; exit 9" INT', typist)
     screen.expect(b"got-int")
     assert code == 9
 
@@ -285,10 +291,7 @@ def test_a_local_resize_reaches_the_command(pty_pair):
         screen.expect(b"ready")
         set_size(slave, 120, 40)
         os.kill(os.getpid(), signal.SIGWINCH)
-    thread = in_background(resizer, 0)
-    code = shell_here(slave, ["sh", "-c", 'trap "stty size; exit 0" WINCH; echo ready; '
-                                          'while :; do sleep 0.05; done'])
-    thread.join(5)
+    code = trapping_shell_beside(slave, 'trap "stty size; exit 0" WINCH', resizer)
     screen.expect(b"40 120")
     assert code == 0
 

@@ -20,6 +20,7 @@ from orchestrator.remote.base import Result, validate_env
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.ssh import (ARGV_FROM_STDIN, INLINE_COMMAND_LIMIT, SshHost, SshSettings,
                                      _Connection, remote_command)
+from tests.support.ssh_fakes import FakeClient
 
 
 class RefusingTransport:
@@ -31,17 +32,6 @@ class RefusingTransport:
 
     def open_session(self, timeout=None):
         raise self.error
-
-
-class FakeClient:
-    def __init__(self, transport):
-        self.transport = transport
-
-    def get_transport(self):
-        return self.transport
-
-    def close(self):
-        pass
 
 
 def host_with(transport) -> SshHost:
