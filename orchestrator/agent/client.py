@@ -115,7 +115,13 @@ def run_in_agent(args: list[str]) -> int | None:
             reply, _ = reader.receive()
             if not reply or reply.get("type") != "accepted":
                 return None
-            socket.send_fds(sock, [protocol.encode({"type": "go"})], [0, 1, 2])
+            # Once "go" is sent the command runs and may write to our stdout at once: a
+            # signal (Ctrl-C, SIGTERM) from then on is the command's, so it must find the
+            # forwarding handlers in place even if this process is not scheduled again
+            # before its first output reaches the caller (a loaded machine). Held until then.
+            with _signals_held():
+                socket.send_fds(sock, [protocol.encode({"type": "go"})], [0, 1, 2])
+                _forward_signals(sock)
         except (OSError, ValueError):   # a timeout too: the agent does not answer
             return None
         timeout = user_timeout(args)
@@ -170,15 +176,32 @@ def _terminal_size() -> list[int] | None:
     return None
 
 
-def _wait_for_exit(sock: socket.socket, reader: protocol.Reader,
-                   timeout: float | None = None) -> int:
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _signals_held:
+    """FORWARDED_SIGNALS blocked inside (kept pending, delivered when it ends)."""
+
+    def __enter__(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+
+    def __exit__(self, *exc):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+
+
+def _forward_signals(sock: socket.socket) -> None:
+    """From now on a signal of FORWARDED_SIGNALS goes to the agent, for the command it runs."""
     def forward(number, frame):
         try:
             protocol.send(sock, {"type": "signal", "signum": number})
         except OSError:
-            pass  # the agent is gone: the read below says so
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            pass  # the agent is gone: the read in _wait_for_exit says so
+    for number in FORWARDED_SIGNALS:
         signal.signal(number, forward)
+
+
+def _wait_for_exit(sock: socket.socket, reader: protocol.Reader,
+                   timeout: float | None = None) -> int:
     try:
         message, _ = reader.receive()
     except TimeoutError:

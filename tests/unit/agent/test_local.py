@@ -142,6 +142,35 @@ def test_an_interrupted_exec_stops_at_once_and_the_agent_serves_the_next(env, in
     assert len(agent_pids(env["ORCH_AGENT_DIR"])) == 1
 
 
+SIGNAL_RIGHT_AFTER_GO = textwrap.dedent("""\
+    import os, signal, socket, sys
+    from orchestrator.agent import client
+    sent = socket.send_fds
+    def go_then_a_signal(*args):
+        # the command may run and print before this process runs again: a SIGTERM then
+        result = sent(*args)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+    client.socket.send_fds = go_then_a_signal
+    print(client.run_in_agent(sys.argv[1:]), flush=True)
+    """)
+
+
+def test_a_signal_right_after_the_command_was_handed_over_is_the_commands(env, inventory):
+    """A SIGTERM that arrives the moment "go" is sent (before the client would run another
+    line: a loaded machine) is forwarded to the command: exit 143, as on the direct path,
+    never the client killed by it with the command left running."""
+    marker = "48.5"
+    done = subprocess.run([sys.executable, "-c", SIGNAL_RIGHT_AFTER_GO, "-i", inventory, "exec",
+                           "dev", "--", "sleep", marker], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (0, "143\n"), (done.returncode, done.stderr)
+    deadline = time.monotonic() + 5
+    while _processes_running("sleep", marker):
+        assert time.monotonic() < deadline, "the command outlived its SIGTERM"
+        time.sleep(0.05)
+
+
 def test_cp_runs_in_the_agent_with_the_callers_folder_and_home(env, inventory, tmp_path):
     """Relative and ~ paths of `orch cp` are the caller's, in both directions, as on the
     direct path (the agent's own folder is /); the output is the direct path's."""
